@@ -1,0 +1,40 @@
+"""Shared command-line plumbing: a config file plus `--set dotted.key=value`, and one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from raybiphase.config import ConfigError
+
+
+class UserError(RuntimeError):
+    """Bad input the user can fix; printed as one line, exit code 2."""
+
+
+def config_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("config", help="YAML config or sweep spec")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a setting by its dotted name, e.g. --set phases.mask_ratio=0.3 (repeatable)",
+    )
+    return parser
+
+
+def run_main(main: Callable[[], int | None]) -> None:
+    """Call main(); user errors (config, data, assets) become one line on stderr and exit code 2."""
+    try:
+        code = main()
+    except (ConfigError, UserError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted; run the same command again to resume", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code or 0)

@@ -1,0 +1,100 @@
+"""Strict config loading: bad input names its dotted key; the same names serve overrides, Tune and Parquet."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raybiphase.config import (
+    Config,
+    ConfigError,
+    config_from_dict,
+    flatten,
+    load_config,
+    replace,
+    to_dict,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_defaults_are_valid_and_round_trip():
+    cfg = Config()
+    assert config_from_dict(to_dict(cfg)) == cfg
+
+
+def test_two_phase_shorthand_expands_to_phases():
+    cfg = config_from_dict({"phases": {"steps": 22000, "clm_share": 0.25, "mask_ratio": 0.4}}, {"optim.warmup_steps": 2000, "optim.decay_steps": 2000, "train.global_batch_tokens": 2048})
+    clm, mlm = cfg.phases.resolved()
+    assert (clm.objective, clm.steps) == ("clm", 5500)  # the paper's 25% of 22k
+    assert (mlm.objective, mlm.steps, mlm.mask_ratio) == ("mlm", 16500, 0.4)
+
+
+def test_pure_objectives_have_one_phase():
+    assert [p.objective for p in config_from_dict({"phases": {"clm_share": 1.0}}).phases.resolved()] == ["clm"]
+    assert [p.objective for p in config_from_dict({"phases": {"clm_share": 0.0}}).phases.resolved()] == ["mlm"]
+
+
+def test_overrides_use_the_dotted_names_that_flatten_reports():
+    cfg = config_from_dict({}, {"phases.mask_ratio": 0.3, "model.size": "mini"})
+    flat = flatten(cfg)
+    assert flat["phases.mask_ratio"] == 0.3 and flat["model.size"] == "mini"
+    assert replace(cfg, {"phases.mask_ratio": 0.2}).phases.mask_ratio == 0.2
+
+
+@pytest.mark.parametrize(
+    ("data", "overrides", "expected"),
+    [
+        ({"phases": {"mask_ratoi": 0.3}}, {}, "phases.mask_ratoi: unknown key (did you mean 'phases.mask_ratio'?)"),
+        ({"modle": {}}, {}, "modle: unknown key (did you mean 'model'?)"),
+        ({}, {"optim.lrr": 1e-3}, "optim.lrr: unknown key (did you mean 'optim.lr'?)"),
+        ({"phases": {"steps": "many"}}, {}, "phases.steps: expected an integer"),
+        ({"optim": {"lr": "fast"}}, {}, "optim.lr: expected a number"),
+        ({"finetune": {"asha": "yes"}}, {}, "finetune.asha: expected true or false"),
+        ({"phases": {"mask_ratio": 1.5}}, {}, "phases.mask_ratio: 1.5 is out of range; allowed: a ratio in (0, 1)"),
+        ({"phases": {"mask_ratio": 0.0}}, {}, "phases.mask_ratio: 0.0 is out of range"),
+        ({"phases": {"clm_share": 1.2}}, {}, "phases.clm_share: 1.2 is out of range; allowed: a share in [0, 1]"),
+        ({"phases": {"steps": 0}}, {}, "phases.steps: 0 is out of range; allowed: a positive number"),
+        ({"phases": {"mask_prob": 0.8, "random_prob": 0.3}}, {}, "phases.random_prob: mask_prob + random_prob"),
+        (
+            {"phases": {"steps": 100, "plan": [{"objective": "clm", "steps": 30}, {"objective": "mlm", "steps": 60}]}},
+            {},
+            "phases.plan: phase steps add up to 90, but the budget phases.steps is 100",
+        ),
+        ({"phases": {"plan": [{"objective": "xlm", "steps": 100}]}}, {}, "phases.plan.0.objective: 'xlm' is not allowed"),
+        ({"optim": {"decay_steps": 500}}, {}, "optim.decay_steps: decay of 500 steps is longer than the run"),
+        ({"optim": {"warmup_steps": 60, "decay_steps": 60}}, {}, "optim.warmup_steps: warmup + decay = 120 steps"),
+        ({"model": {"size": "7b"}}, {}, "model.size: unknown size '7b'; allowed: tiny, mini, 210m, 610m, 1b"),
+        ({"sweep": {"grid": {"phases.clm_shar": [0.5]}}}, {}, "phases.clm_shar: unknown key"),
+        ({"train": {"global_batch_tokens": 1000}}, {}, "train.global_batch_tokens: 1000 is not a multiple"),
+        ({"phases": {"clm_share": 0.5, "clm_steps": 10}}, {}, "phases.clm_steps: give clm_steps or clm_share, not both"),
+    ],
+)
+def test_bad_input_names_the_key(data, overrides, expected):
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(data, overrides)
+    message = str(err.value)
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_bad_yaml_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("phases: [unclosed\n")
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_cli_rejects_bad_config_with_one_line_and_writes_nothing(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"sweep:\n  name: bad\n  storage: {tmp_path / 'out'}\nphases:\n  mask_ratio: 1.4\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "raybiphase.validate", str(spec), "--set", "optim.lr=0.001"],
+        capture_output=True, text=True, cwd=REPO,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: phases.mask_ratio: 1.4 is out of range; allowed: a ratio in (0, 1)"
+    assert not (tmp_path / "out").exists()
