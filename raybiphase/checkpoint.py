@@ -42,6 +42,8 @@ class _AllowListUnpickler(pickle.Unpickler):
         allowed = (
             module.startswith("torch.distributed.checkpoint.")
             or (module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)))
+            or (module == "torch.serialization" and name == "_get_layout")  # maps a name to torch.strided etc.
+            or (module == "pathlib" and name in {"Path", "PosixPath", "PurePosixPath", "WindowsPath"})
             or (module == "collections" and name == "OrderedDict")
             or (module == "builtins" and name in {"set", "frozenset", "slice", "tuple", "list", "dict"})
         )

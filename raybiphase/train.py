@@ -77,7 +77,11 @@ def evaluate(model, val: dict[str, list[dict]], device) -> dict[str, float]:
 
 
 def train_loop(loop_config: dict) -> None:
-    """Ray Train worker entry point; loop_config = {"config": nested dict, "data_dir": str, "resume_from": str|None}."""
+    """Ray Train worker entry point.
+
+    loop_config: {"config": nested config dict, "data_dir": prepared shards, "resume_from": checkpoint or None,
+    and for the fault-tolerance test only "fail_at_step" and "fail_marker"}.
+    """
     import ray.train
 
     cfg = config_from_dict(loop_config["config"])
@@ -180,8 +184,8 @@ def train_loop(loop_config: dict) -> None:
             else:
                 ray.train.report(metrics)
             window_start, window_tokens = time.perf_counter(), 0
-            if os.environ.get("RAYBIPHASE_FAIL_AT_STEP") == str(step) and rank == world - 1:
-                _fail_once(step)
+            if loop_config.get("fail_at_step") == step and rank == world - 1:
+                _fail_once(step, Path(loop_config["fail_marker"]))
 
 
 class _local:
@@ -200,9 +204,8 @@ class _local:
         return self._ctx.__exit__(*exc)
 
 
-def _fail_once(step: int) -> None:
-    """Fault-injection for the fault-tolerance test: kill this worker process once, hard, at `step`."""
-    marker = Path(os.environ["RAYBIPHASE_FAIL_MARKER"])
+def _fail_once(step: int, marker: Path) -> None:
+    """Fault injection for the fault-tolerance test: kill this worker process once, hard, at `step`."""
     if not marker.exists():
         marker.write_text(str(step))
         os._exit(1)

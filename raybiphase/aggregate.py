@@ -1,0 +1,188 @@
+"""Fine-tuning trials -> the paper's numbers: best LR on validation, mean test score ± 95% CI over seeds.
+
+Pure pandas/numpy (no Ray, no scipy). The protocol (../shared/paper.md, "Fine-tuning and evaluation protocol"):
+for each (source, run, pretrain_step, task)
+
+1. per learning rate, the mean validation score over seeds;
+2. the best LR is the one with the highest mean validation score (ties: more seeds, then the smaller LR);
+3. the reported score is the mean test score over the seeds at that LR, with a 95% confidence interval from the
+   t distribution with n-1 degrees of freedom: mean ± t(0.975, n-1) * std(ddof=1) / sqrt(n);
+4. the LR sensitivity (the paper's finding 2) is the spread of the mean test score across LRs: max - min and the
+   standard deviation (ddof=0: the LR grid is the whole population, not a sample).
+
+Trials stopped by ASHA carry NaN scores and are left out of every mean; `n_seeds` counts the seeds that finished
+at the best LR. Scores stay in the metric's own units (fractions in [0, 1] for accuracy, F1 and NDCG@10).
+`bootstrap_ci` gives a percentile interval from per-example test scores (paired across seeds), seeded.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+GROUP = ("source", "run", "pretrain_step", "task")
+SUMMARY_KEY = GROUP
+PER_TRIAL = frozenset(
+    {"lr", "seed", "val_score", "test_score", "steps", "stopped_early", "seconds", "test_per_example"}
+)
+"""Columns that vary from trial to trial; every other column constant within a group is carried into the summary."""
+
+
+@functools.lru_cache(maxsize=256)
+def t_quantile(prob: float, df: int) -> float:
+    """Quantile of Student's t with `df` degrees of freedom, e.g. t_quantile(0.975, 4) = 2.7764.
+
+    The CDF is 0.5 plus the integral of the density from 0 (Simpson's rule, 4,000 intervals), inverted by
+    bisection: accurate to about 1e-9, which is all a confidence interval needs, without scipy.
+    """
+    if not 0.0 < prob < 1.0 or df < 1:
+        raise ValueError(f"t_quantile needs 0 < prob < 1 and df >= 1, got prob={prob}, df={df}")
+    if prob < 0.5:
+        return -t_quantile(1.0 - prob, df)
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf(x: float) -> float:
+        grid = np.linspace(0.0, x, 4001)
+        density = np.exp(log_norm - (df + 1) / 2 * np.log1p(grid**2 / df))
+        weights = np.ones_like(grid)
+        weights[1:-1:2], weights[2:-1:2] = 4.0, 2.0
+        return 0.5 + float(weights @ density) * (x / 4000) / 3
+
+    low, high = 0.0, 1.0
+    while cdf(high) < prob:
+        high *= 2.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) < prob else (low, mid)
+    return (low + high) / 2
+
+
+@dataclass(frozen=True)
+class MeanCI:
+    """A mean over seeds with the half-width of its confidence interval (NaN with fewer than 2 values)."""
+
+    mean: float
+    half_width: float
+    std: float
+    n: int
+
+
+def mean_ci(values: Sequence[float] | np.ndarray | pd.Series, confidence: float = 0.95) -> MeanCI:
+    """Mean ± t((1+confidence)/2, n-1) * std / sqrt(n) of the finite values."""
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x)]
+    n = len(x)
+    if n == 0:
+        return MeanCI(math.nan, math.nan, math.nan, 0)
+    if n == 1:
+        return MeanCI(float(x[0]), math.nan, math.nan, 1)
+    std = float(x.std(ddof=1))
+    return MeanCI(float(x.mean()), t_quantile((1 + confidence) / 2, n - 1) * std / math.sqrt(n), std, n)
+
+
+def _prepare(trials: pd.DataFrame) -> pd.DataFrame:
+    trials = trials.copy()
+    if "source" not in trials:
+        trials["source"] = "raybiphase"
+    trials["source"] = trials["source"].fillna("raybiphase")
+    missing = [c for c in (*GROUP, "lr", "val_score", "test_score") if c not in trials]
+    if missing:
+        raise ValueError(f"fine-tuning rows lack the column(s) {missing}")
+    return trials
+
+
+def lr_table(trials: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
+    """One row per (source, run, pretrain_step, task, lr): mean validation, mean test ± CI over finished seeds."""
+    trials = _prepare(trials)
+    rows = []
+    for key, group in trials.groupby([*GROUP, "lr"], dropna=False, sort=True):
+        test = mean_ci(group["test_score"], confidence)
+        val = group["val_score"].astype(float)
+        rows.append({
+            **dict(zip((*GROUP, "lr"), key)),
+            "val_mean": float(val.mean()) if val.notna().any() else math.nan,
+            "n_val": int(val.notna().sum()),
+            "test_mean": test.mean, "test_ci95": test.half_width, "test_std": test.std, "n_seeds": test.n,
+            "n_trials": len(group),
+        })
+    return pd.DataFrame(rows, columns=[*GROUP, "lr", "val_mean", "n_val", "test_mean", "test_ci95", "test_std",
+                                       "n_seeds", "n_trials"])
+
+
+def _constant_columns(trials: pd.DataFrame) -> pd.DataFrame:
+    """Per group, the columns with one value (nulls aside): run config, family, dataset, metric, clm_share..."""
+    candidates = [c for c in trials.columns if c not in PER_TRIAL and c not in GROUP
+                  and not trials[c].map(lambda v: isinstance(v, (list, dict, np.ndarray))).any()]
+    grouped = trials.groupby(list(GROUP), dropna=False, sort=True)[candidates]
+    return grouped.first().where(grouped.nunique() == 1)
+
+
+def bootstrap_ci(
+    per_example: Sequence[Sequence[float]], confidence: float = 0.95, n_resamples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile interval of the mean over seeds of the mean per-example test score.
+
+    `per_example` holds one score list per seed, all over the same test examples in the same order; resampling
+    draws examples (the same draw for every seed), so the interval reflects test-set sampling. Seeded: equal
+    inputs give equal intervals.
+    """
+    scores = np.asarray([np.asarray(s, dtype=float) for s in per_example])
+    if scores.ndim != 2 or scores.shape[1] == 0:
+        raise ValueError("bootstrap_ci needs one non-empty score list per seed, all of the same length")
+    per_item = scores.mean(axis=0)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(per_item), size=(n_resamples, len(per_item)))
+    stats = per_item[draws].mean(axis=1)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(stats, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def summarize(trials: pd.DataFrame, confidence: float = 0.95, bootstrap: bool = False) -> pd.DataFrame:
+    """One row per (source, run, pretrain_step, task): the best LR and its mean test score ± CI, LR spread.
+
+    Columns: the group, `best_lr`, `best_val_mean`, `test_mean`, `test_ci95` (half-width), `test_std`, `n_seeds`,
+    `n_lrs`, `lr_spread` (max - min of the mean test score across LRs), `lr_std`, `n_trials`, `n_stopped`, then
+    every column constant within the group (config, family, dataset, metric, clm_share). With `bootstrap=True`
+    and per-example scores present, `test_boot_low` / `test_boot_high` too.
+    """
+    if trials is None or len(trials) == 0:
+        return pd.DataFrame(columns=[*GROUP, "best_lr", "test_mean", "test_ci95", "n_seeds"])
+    trials = _prepare(trials)
+    per_lr = dict(iter(lr_table(trials, confidence).groupby(list(GROUP), dropna=False, sort=True)))
+    constant = _constant_columns(trials)
+    rows = []
+    for key, group in trials.groupby(list(GROUP), dropna=False, sort=True):
+        lrs = per_lr[key]
+        candidates = lrs[lrs["val_mean"].notna()].sort_values(["val_mean", "n_val", "lr"],
+                                                               ascending=[False, False, True])
+        finished = lrs["test_mean"].dropna()
+        row = {**dict(zip(GROUP, key)), "best_lr": math.nan, "best_val_mean": math.nan, "test_mean": math.nan,
+               "test_ci95": math.nan, "test_std": math.nan, "n_seeds": 0, "n_lrs": int(lrs["lr"].nunique()),
+               "lr_spread": float(finished.max() - finished.min()) if len(finished) else math.nan,
+               "lr_std": float(finished.std(ddof=0)) if len(finished) else math.nan,
+               "n_trials": len(group),
+               "n_stopped": int(group["stopped_early"].fillna(False).astype(bool).sum())
+               if "stopped_early" in group else 0}
+        if len(candidates):
+            best = candidates.iloc[0]
+            row.update(best_lr=float(best["lr"]), best_val_mean=float(best["val_mean"]),
+                       test_mean=float(best["test_mean"]), test_ci95=float(best["test_ci95"]),
+                       test_std=float(best["test_std"]), n_seeds=int(best["n_seeds"]))
+            if bootstrap and "test_per_example" in group:
+                at_best = group[(group["lr"] == best["lr"]) & group["test_score"].notna()]
+                lists = [s for s in at_best["test_per_example"] if s is not None and len(s)]
+                if lists and len({len(s) for s in lists}) == 1:
+                    row["test_boot_low"], row["test_boot_high"] = bootstrap_ci(lists, confidence)
+        row.update({c: v for c, v in constant.loc[key].items() if not _is_missing(v)})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _is_missing(value: object) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))

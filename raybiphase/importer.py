@@ -1,0 +1,208 @@
+"""Import evaluation-result trees (the authors' published raw results) into finetune.parquet with source="paper".
+
+    python -m raybiphase.importer TREE RESULTS_DIR [--sweep paper]
+
+The tree is laid out as `<model>/<family>/<dataset>/lr<LR>_sd<SEED>/results.json`, e.g.
+`610m-mlm40-42k/SC/sst2/lr1e-04_sd0/results.json`. The rows then go through the same aggregation and report as
+ours (raybiphase.aggregate, raybiphase.report), and summary.parquet is rewritten.
+
+results.json (scores are fractions in [0, 1]; a score above 1 is read as a percentage and divided by 100):
+
+    {"metric": "accuracy",                                   optional; default by family: SC accuracy, TC/QA f1,
+                                                             IR ndcg@10
+     "validation": {"score": 0.918},                         also named val, valid, eval, dev, validation_results
+     "test": {"score": 0.9186, "per_example": [1, 0, ...]},  also named test_results
+     "steps": 1000, "seconds": 812.5}                        optional
+
+A section may also be a bare number, or a dict whose score sits under `score`, `value`, the metric's name
+(`accuracy`, `eval_accuracy`, `test_f1`, `ndcg@10`...) or is its only number; per-example scores sit under
+`per_example`, `per_example_scores`, `scores` or `examples`. Flat files work too: `val_score` (or
+`validation_score`, `eval_score`), `test_score`, `test_per_example`.
+
+The model name (the paper's scheme, ../shared/paper.md) fills the columns the report groups by: `clm_share`,
+`phases.steps`, `phases.clm_steps`, `phases.mask_ratio`, `model.size`, `model.init_from` (continued pretraining,
+`610m-clm-dec42k-mlm40-64k`) and `pretrain_step` (an intermediate checkpoint, `610m-mlm40-42k-1000`: run
+`610m-mlm40-42k` at step 1,000).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from raybiphase.cli import UserError, run_main
+from raybiphase.results import FINETUNE_FILE, FINETUNE_KEY, append_rows, join, write_summary
+
+DEFAULT_METRIC = {"SC": "accuracy", "TC": "f1", "QA": "f1", "IR": "ndcg@10"}
+VALIDATION_NAMES = ("validation", "val", "valid", "eval", "dev", "validation_results", "eval_results")
+TEST_NAMES = ("test", "test_results")
+PER_EXAMPLE_NAMES = ("per_example", "per_example_scores", "scores", "examples")
+TRIAL_DIR = re.compile(r"lr(?P<lr>[0-9.eE+-]+?)_s(?:ee)?d(?P<seed>\d+)")
+_STEPS = re.compile(r"(?P<dec>dec)?(?P<num>\d+(?:\.\d+)?)(?P<k>k?)")
+_OBJECTIVE = re.compile(r"(?P<obj>clm|mlm)(?P<ratio>\d*)")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def _steps(token: str) -> tuple[int, bool] | None:
+    match = _STEPS.fullmatch(token)
+    if not match:
+        return None
+    return round(float(match["num"]) * (1000 if match["k"] else 1)), bool(match["dec"])
+
+
+def parse_model_name(name: str) -> dict[str, Any]:
+    """The paper's model name -> run, pretrain_step and config columns; {"run": name} alone when unparseable.
+
+    `610m-clm-10k-mlm40-42k` -> clm_share 10/42, phases.steps 42000, phases.mask_ratio 0.4, pretrain_step 42000;
+    `610m-clm-dec42k-mlm40-64k` -> model.init_from "610m-clm-42k", phases.steps 22000 (its own steps), clm_share 0.
+    """
+    size, _, rest = name.partition("-")
+    tokens = rest.split("-")
+    checkpoint = None
+    if len(tokens) % 2 == 1 and tokens[-1].isdigit():  # trailing intermediate-checkpoint step
+        checkpoint = int(tokens.pop())
+    if not re.fullmatch(r"\d+(\.\d+)?[mb]", size.lower()) or not tokens or len(tokens) % 2:
+        return {"run": name}
+    phases, source = [], None
+    for obj_token, steps_token in zip(tokens[::2], tokens[1::2]):
+        objective, steps = _OBJECTIVE.fullmatch(obj_token), _steps(steps_token)
+        if not objective or not steps:
+            return {"run": name}
+        if steps[1]:  # "clm-dec42k": continued from a decayed checkpoint of that objective
+            if phases or source:
+                return {"run": name}
+            source = (obj_token, steps[0])
+            continue
+        ratio = int(objective["ratio"]) / 100 if objective["ratio"] else math.nan
+        phases.append((objective["obj"], ratio, steps[0]))
+    if not phases:
+        return {"run": name}
+    start = source[1] if source else 0
+    total = phases[-1][2]
+    own_steps = total - start
+    clm_steps, previous = 0, start
+    for objective, _, end in phases:
+        clm_steps += end - previous if objective == "clm" else 0
+        previous = end
+    mlm_ratios = [ratio for objective, ratio, _ in phases if objective == "mlm"]
+    run = "-".join([size, *tokens])
+    return {
+        "run": run,
+        "pretrain_step": checkpoint if checkpoint is not None else total,
+        "clm_share": clm_steps / own_steps if own_steps > 0 else math.nan,
+        "model.size": size,
+        "model.init_from": f"{size}-{source[0]}-{source[1] // 1000}k" if source else None,
+        "phases.steps": own_steps,
+        "phases.clm_steps": clm_steps,
+        "phases.mask_ratio": mlm_ratios[-1] if mlm_ratios else math.nan,
+    }
+
+
+def _fraction(value: Any) -> float:
+    value = float(value)
+    return value / 100 if value > 1.0 else value
+
+
+def _find(data: dict, names: tuple[str, ...]) -> Any:
+    wanted = {_norm(n) for n in names}
+    for key, value in data.items():
+        if _norm(key) in wanted:
+            return value
+    return None
+
+
+def _section(value: Any, metric: str, where: str) -> tuple[float, list[float] | None]:
+    """A validation or test section -> (score, per-example scores or None)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _fraction(value), None
+    if not isinstance(value, dict):
+        raise UserError(f"{where}: expected a number or an object, found {type(value).__name__}")
+    per_example = _find(value, PER_EXAMPLE_NAMES)
+    metric_key = _norm(metric)
+    names = ("score", "value", metric, *(p + metric_key for p in ("eval", "test", "validation", "val")))
+    score = _find(value, names)
+    if score is None:
+        numbers = [v for v in value.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if len(numbers) != 1:
+            raise UserError(f"{where}: cannot tell which entry is the {metric} score (keys: {sorted(value)})")
+        score = numbers[0]
+    if per_example is not None:
+        per_example = [float(x) for x in per_example]
+        if per_example and max(per_example) > 1.0:
+            per_example = [x / 100 for x in per_example]
+    return _fraction(score), per_example
+
+
+def read_trial(path: Path, family: str) -> dict[str, Any]:
+    """One results.json -> metric, val_score, test_score, test_per_example, steps, seconds."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise UserError(f"{path}: not readable JSON ({err})") from None
+    metric = str(data.get("metric") or DEFAULT_METRIC.get(family, "score"))
+    val_raw = _find(data, VALIDATION_NAMES)
+    val_raw = val_raw if val_raw is not None else _find(data, ("val_score", "validation_score", "eval_score"))
+    test_raw = _find(data, TEST_NAMES)
+    test_raw = test_raw if test_raw is not None else _find(data, ("test_score",))
+    if val_raw is None or test_raw is None:
+        raise UserError(f"{path}: needs a validation and a test score (keys: {sorted(data)})")
+    val_score, _ = _section(val_raw, metric, f"{path} validation")
+    test_score, per_example = _section(test_raw, metric, f"{path} test")
+    flat = _find(data, ("test_per_example",))
+    per_example = per_example if per_example is not None else ([float(x) for x in flat] if flat else None)
+    return {"metric": metric, "val_score": val_score, "test_score": test_score,
+            "test_per_example": per_example or [], "steps": data.get("steps"),
+            "seconds": float(data.get("seconds", math.nan))}
+
+
+def collect(tree: str | Path, sweep: str = "paper") -> list[dict[str, Any]]:
+    """Every `<model>/<family>/<dataset>/lr<LR>_sd<SEED>/results.json` under `tree` as a finetune row."""
+    tree = Path(tree)
+    if not tree.is_dir():
+        raise UserError(f"{tree}: not a folder of evaluation results")
+    rows = []
+    for path in sorted(tree.glob("*/*/*/*/results.json")):
+        trial_dir, dataset_dir, family_dir, model_dir = path.parents[0], path.parents[1], path.parents[2], path.parents[3]
+        match = TRIAL_DIR.fullmatch(trial_dir.name)
+        if not match:
+            raise UserError(f"{trial_dir}: expected a folder named lr<LR>_sd<SEED>, e.g. lr1e-04_sd0")
+        family = family_dir.name.upper()
+        rows.append({
+            "run": model_dir.name, "sweep": sweep, "checkpoint": model_dir.name, "pretrain_step": -1,
+            "task": dataset_dir.name.lower(), "family": family, "dataset": dataset_dir.name.lower(),
+            "lr": float(match["lr"]), "seed": int(match["seed"]), "stopped_early": False, "source": "paper",
+            **read_trial(path, family), **parse_model_name(model_dir.name),
+        })
+    if not rows:
+        raise UserError(f"{tree}: no <model>/<family>/<dataset>/lr<LR>_sd<SEED>/results.json files found")
+    return rows
+
+
+def import_tree(tree: str | Path, results_dir: str | Path, sweep: str = "paper") -> tuple[int, int]:
+    """Append the tree's trials to RESULTS_DIR/finetune.parquet and rewrite the summary; (added, already there)."""
+    rows = collect(tree, sweep)
+    skipped = append_rows(join(results_dir, FINETUNE_FILE), rows, key=FINETUNE_KEY)
+    write_summary(results_dir)
+    return len(rows) - skipped, skipped
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m raybiphase.importer", description=__doc__.split("\n")[0])
+    parser.add_argument("tree", help="folder laid out as <model>/<family>/<dataset>/lr<LR>_sd<SEED>/results.json")
+    parser.add_argument("results_dir", help="results folder of a sweep (finetune.parquet goes there)")
+    parser.add_argument("--sweep", default="paper", help="value of the sweep column (default: paper)")
+    args = parser.parse_args()
+    added, skipped = import_tree(args.tree, args.results_dir, args.sweep)
+    print(f"imported {added} trials into {join(args.results_dir, FINETUNE_FILE)} ({skipped} already there)")
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

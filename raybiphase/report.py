@@ -1,0 +1,289 @@
+"""The sweep report: the paper's figures and tables of mean ± 95% CI, from Parquet only.
+
+    python -m raybiphase.report RESULTS_DIR [--wandb-project PROJECT]
+
+Reads RESULTS_DIR/pretrain.parquet and finetune.parquet (our rows and the authors', imported with
+raybiphase.importer), rewrites summary.parquet (raybiphase.aggregate) and writes RESULTS_DIR/report/report.md with
+one PNG per figure. Scores are the test metric x 100: the mean over seeds at the LR with the best mean validation
+score, error bars the 95% CI. Paper rows are drawn dashed beside ours. A figure is drawn only when the data varies
+along its axis; otherwise the report says in one line why it is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from raybiphase.aggregate import lr_table, summarize  # noqa: E402
+from raybiphase.cli import UserError, run_main  # noqa: E402
+from raybiphase.naming import steps_label  # noqa: E402
+from raybiphase.results import FINETUNE_FILE, PRETRAIN_FILE, read_rows, write_summary  # noqa: E402
+
+OBJECTIVE_COLORS = {"CLM": "tab:blue", "MLM": "tab:orange", "CLM→MLM": "tab:green", "continued": "tab:purple"}
+
+
+@dataclass
+class Section:
+    """One figure of the report: its file stem, heading, figure (None when absent), caption or reason, table."""
+
+    name: str
+    title: str
+    figure: Figure | None
+    note: str
+    table: str = ""
+
+
+def _col(frame: pd.DataFrame, name: str) -> pd.Series:
+    return frame[name] if name in frame else pd.Series(math.nan, index=frame.index, dtype=object)
+
+
+def _objective(share: float, init_from: object) -> str:
+    if isinstance(init_from, str) and init_from:
+        return "continued"
+    if pd.isna(share):
+        return "?"
+    return "CLM" if share >= 1 else "MLM" if share <= 0 else "CLM→MLM"
+
+
+def _prefix(source: str) -> str:
+    return "paper " if source == "paper" else ""
+
+
+def _enrich(summary: pd.DataFrame) -> pd.DataFrame:
+    """Columns the figures group by: objective, budget, final checkpoint, score and CI in points."""
+    s = summary.copy()
+    s["clm_share"] = pd.to_numeric(_col(s, "clm_share"), errors="coerce")
+    s["init_from"] = _col(s, "model.init_from").replace("", None)
+    s["objective"] = [_objective(a, b) for a, b in zip(s["clm_share"], s["init_from"])]
+    s["budget"] = pd.to_numeric(_col(s, "phases.steps"), errors="coerce")
+    s["mask_ratio"] = pd.to_numeric(_col(s, "phases.mask_ratio"), errors="coerce")
+    s["family"] = _col(s, "family").fillna("?")
+    s["metric"] = _col(s, "metric").fillna("score")
+    s["final"] = s["pretrain_step"] == s.groupby(["source", "run"])["pretrain_step"].transform("max")
+    s["score"], s["ci"] = s["test_mean"] * 100, s["test_ci95"] * 100
+    return s
+
+
+def _budget(value: float) -> str:
+    return "? steps" if pd.isna(value) else f"{steps_label(int(value))} steps"
+
+
+def _task_grid(points: pd.DataFrame, x: str, series: str, title: str, xlabel: str, *, logx: bool = False,
+               colors: dict[str, str] | None = None) -> Figure:
+    """One panel per task (family in its title), one line per series with 95% CI error bars; paper dashed."""
+    tasks = points[["family", "task"]].drop_duplicates().sort_values(["family", "task"])
+    cols = min(len(tasks), 3)
+    rows = math.ceil(len(tasks) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.9 * rows + 0.6), squeeze=False)
+    for ax, (family, task) in zip(axes.flat, tasks.itertuples(index=False)):
+        panel = points[points["task"] == task]
+        for label, line in panel.groupby(series, sort=True):
+            line = line.groupby(x, as_index=False).agg(score=("score", "mean"), ci=("ci", "mean"),
+                                                       color=("color", "first")).sort_values(x)
+            ax.errorbar(line[x], line["score"], yerr=line["ci"].fillna(0), capsize=3, marker="o", markersize=4,
+                        linestyle="--" if str(label).startswith("paper") else "-", label=str(label),
+                        color=(colors or {}).get(line["color"].iloc[0]))
+        ax.set_title(f"{family} · {task}")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"test {panel['metric'].iloc[0]} (%)")
+        if logx:
+            ax.set_xscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(tasks):]:
+        ax.set_visible(False)
+    fig.suptitle(f"{title} (error bars: 95% CI over seeds)")
+    fig.tight_layout()
+    return fig
+
+
+def _score_table(points: pd.DataFrame, index: list[str]) -> str:
+    """Markdown table: one row per `index` value, one column per task, cells 'mean ± CI (LR)'."""
+    cells = points.assign(cell=[f"{m:.2f} ± {c:.2f} (lr {lr:.0e})" if pd.notna(m) else "n/a"
+                                for m, c, lr in zip(points["score"], points["ci"].fillna(math.nan), points["best_lr"])])
+    table = cells.pivot_table(index=index, columns="task", values="cell", aggfunc="first").reset_index()
+    return _markdown(table)
+
+
+def _markdown(frame: pd.DataFrame) -> str:
+    header = "| " + " | ".join(map(str, frame.columns)) + " |"
+    lines = [header, "|" + "---|" * len(frame.columns)]
+    for row in frame.itertuples(index=False):
+        lines.append("| " + " | ".join("" if pd.isna(v) else (f"{v:g}" if isinstance(v, float) else str(v))
+                                       for v in row) + " |")
+    return "\n".join(lines)
+
+
+def clm_share_section(s: pd.DataFrame) -> Section:
+    title = "Downstream score vs CLM share, per budget and task family"
+    pts = s[s["final"] & s["init_from"].isna() & s["clm_share"].notna()]
+    mixed = pts[pts["clm_share"] < 1]
+    note = "Final checkpoints of runs trained from scratch; x = share of the steps spent on CLM before MLM."
+    if mixed["mask_ratio"].nunique() > 1:  # hold the masking ratio fixed (the paper's two-phase default)
+        ratio = mixed["mask_ratio"].mode().iloc[0]
+        pts = pts[(pts["clm_share"] >= 1) | (pts["mask_ratio"] == ratio)]
+        note += f" MLM phases at masking ratio {ratio:g} only."
+    if pts["clm_share"].nunique() < 2:
+        return Section("clm_share", title, None, "Not drawn: the runs do not differ in CLM share.")
+    pts = pts.assign(share_pct=pts["clm_share"] * 100, color="",
+                     line=[_prefix(a) + _budget(b) for a, b in zip(pts["source"], pts["budget"])])
+    fig = _task_grid(pts, "share_pct", "line", title, "CLM share of pretraining steps (%)")
+    pts = pts.assign(**{"CLM share (%)": pts["share_pct"].round(1), "budget": pts["budget"].map(_budget)})
+    return Section("clm_share", title, fig, note, _score_table(pts, ["source", "budget", "CLM share (%)"]))
+
+
+def mask_ratio_section(s: pd.DataFrame) -> Section:
+    title = "Downstream score vs masking ratio (MLM-only runs)"
+    pts = s[s["final"] & s["init_from"].isna() & (s["clm_share"] == 0) & s["mask_ratio"].notna()]
+    if pts["mask_ratio"].nunique() < 2:
+        return Section("mask_ratio", title, None, "Not drawn: no two MLM-only runs differ in masking ratio.")
+    size = _col(pts, "model.size").fillna("")
+    pts = pts.assign(ratio_pct=pts["mask_ratio"] * 100, color="",
+                     line=[f"{_prefix(a)}{z} {_budget(b)}".strip() for a, z, b in zip(pts["source"], size, pts["budget"])])
+    fig = _task_grid(pts, "ratio_pct", "line", title, "masking ratio (% of tokens)")
+    pts = pts.assign(**{"mask ratio (%)": pts["ratio_pct"].round(1)})
+    return Section("mask_ratio", title, fig, "Final checkpoints of MLM-only runs.",
+                   _score_table(pts, ["source", "line", "mask ratio (%)"]))
+
+
+def data_efficiency_section(s: pd.DataFrame) -> Section:
+    title = "Data efficiency: downstream score vs pretraining step"
+    counts = s.groupby(["source", "run"])["pretrain_step"].transform("nunique")
+    pts = s[counts > 1]
+    if pts.empty:
+        return Section("data_efficiency", title, None, "Not drawn: no run was fine-tuned from intermediate checkpoints.")
+    pts = pts.assign(color=pts["objective"], line=[f"{_prefix(a)}{r} ({o})" for a, r, o in
+                                                   zip(pts["source"], pts["run"], pts["objective"])])
+    fig = _task_grid(pts, "pretrain_step", "line", title, "pretraining step (optimizer steps)", colors=None)
+    return Section("data_efficiency", title, fig, "Intermediate checkpoints of each run, fine-tuned with the same grid.",
+                   _score_table(pts, ["source", "run", "pretrain_step"]))
+
+
+def lr_section(s: pd.DataFrame, trials: pd.DataFrame) -> Section:
+    title = "Learning-rate sensitivity per objective"
+    if trials.empty or trials["lr"].nunique() < 2:
+        return Section("lr_sensitivity", title, None, "Not drawn: a single fine-tuning learning rate.")
+    final = s[s["final"]][["source", "run", "pretrain_step", "task", "objective", "family", "metric"]]
+    pts = lr_table(trials).merge(final, on=["source", "run", "pretrain_step", "task"])
+    pts = pts.assign(score=pts["test_mean"] * 100, ci=pts["test_ci95"] * 100, color=pts["objective"],
+                     line=[f"{_prefix(a)}{r}" for a, r in zip(pts["source"], pts["run"])])
+    fig = _task_grid(pts, "lr", "line", title + " (colour: objective)", "fine-tuning learning rate (log scale)",
+                     logx=True, colors=OBJECTIVE_COLORS)
+    spread = s[s["final"]].groupby(["source", "objective"], as_index=False).agg(
+        runs=("run", "nunique"), **{"mean LR spread (max-min, pts)": ("lr_spread", lambda v: 100 * v.mean()),
+                                    "mean LR std (pts)": ("lr_std", lambda v: 100 * v.mean())})
+    note = ("Mean test score over seeds at each LR, one line per model (final checkpoints). A flatter line is a less "
+            "LR-sensitive model; the table averages the spread across tasks.")
+    return Section("lr_sensitivity", title, fig, note, _markdown(spread.round(2)))
+
+
+def _init_objective(run: str, init_from: str) -> str:
+    match = re.search(r"-(clm|mlm)\d*-dec\d", run)
+    if match:
+        return match[1].upper()
+    base = Path(str(init_from).rstrip("/")).name.lower()
+    return "CLM" if "clm" in base and "mlm" not in base else "MLM" if "mlm" in base and "clm" not in base else "?"
+
+
+def continued_section(s: pd.DataFrame) -> Section:
+    title = "Continued MLM pretraining: from a CLM vs from an MLM checkpoint"
+    pts = s[s["final"] & s["init_from"].notna()]
+    pts = pts.assign(start=[_init_objective(r, i) for r, i in zip(pts["run"], pts["init_from"])])
+    if not {"CLM", "MLM"} <= set(pts["start"]):
+        return Section("continued", title, None, "Not drawn: needs continued runs started from both CLM and MLM.")
+    pts = pts.assign(color="", line=[f"{_prefix(a)}from {o}" for a, o in zip(pts["source"], pts["start"])])
+    fig = _task_grid(pts, "budget", "line", title, "continued MLM steps")
+    return Section("continued", title, fig, "Runs whose model.init_from is set, by the objective of the start.",
+                   _score_table(pts.assign(steps=pts["budget"].map(_budget)), ["source", "line", "steps"]))
+
+
+def curves_section(pretrain: pd.DataFrame) -> Section:
+    title = "Pretraining curves: held-out CLM and MLM loss"
+    losses = [c for c in ("val/clm_loss", "val/mlm_loss") if c in pretrain and pretrain[c].notna().any()]
+    if not losses or pretrain.groupby("run")["step"].nunique().max() < 2:
+        return Section("pretrain_curves", title, None, "Not drawn: no run reported held-out losses at two steps.")
+    fig, axes = plt.subplots(1, len(losses), figsize=(6.5 * len(losses), 4.6), squeeze=False)
+    for ax, loss in zip(axes.flat, losses):
+        for run, rows in pretrain.sort_values("step").groupby("run", sort=True):
+            line = rows[rows[loss].notna()]
+            if line.empty:
+                continue
+            (drawn,) = ax.plot(line["step"], line[loss], marker=".", label=run)
+            objective = rows["objective"] if "objective" in rows else pd.Series(dtype=object)
+            for step in rows["step"][objective.ne(objective.shift()) & objective.shift().notna()]:
+                ax.axvline(step, color=drawn.get_color(), linestyle=":", alpha=0.8)
+        ax.set_title(f"held-out {loss.split('/')[1].split('_')[0].upper()} loss")
+        ax.set_xlabel("pretraining step (optimizer steps)")
+        ax.set_ylabel("cross-entropy (nats/token)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{title} (dotted: CLM→MLM switch)")
+    fig.tight_layout()
+    return Section("pretrain_curves", title, fig, "Held-out loss of every run; phases change at the dotted lines.")
+
+
+def build_sections(pretrain: pd.DataFrame, trials: pd.DataFrame) -> list[Section]:
+    """Every section of the report from the raw rows (pure: no files)."""
+    s = _enrich(summarize(trials)) if len(trials) else pd.DataFrame()
+    sections = [curves_section(pretrain)] if len(pretrain) else []
+    if len(s):
+        sections = [clm_share_section(s), mask_ratio_section(s), data_efficiency_section(s),
+                    lr_section(s, trials), continued_section(s), *sections]
+    return sections
+
+
+def write_report(results_dir: str | Path) -> Path:
+    """Write RESULTS_DIR/report/report.md and its PNGs; return the Markdown's path."""
+    results_dir = Path(results_dir)
+    pretrain, trials = read_rows(results_dir / PRETRAIN_FILE), read_rows(results_dir / FINETUNE_FILE)
+    if not results_dir.is_dir() or (pretrain.empty and trials.empty):
+        raise UserError(f"{results_dir}: no results (expected {PRETRAIN_FILE} or {FINETUNE_FILE} with rows)")
+    if len(trials):
+        write_summary(results_dir)
+    out = results_dir / "report"
+    out.mkdir(exist_ok=True)
+    sources = trials["source"].value_counts().to_dict() if "source" in trials else {}
+    lines = [f"# Results: {results_dir.name}", "",
+             f"{len(pretrain)} pretraining rows from {pretrain['run'].nunique() if len(pretrain) else 0} runs; "
+             f"{len(trials)} fine-tuning trials ({', '.join(f'{n} {k}' for k, n in sources.items()) or 'none'}).",
+             "Scores: test metric x 100, mean over seeds at the LR with the best mean validation score, "
+             "± 95% CI (t, n-1 degrees of freedom). Paper rows are dashed in figures.", ""]
+    for number, section in enumerate(build_sections(pretrain, trials), 1):
+        lines += [f"## {number}. {section.title}", ""]
+        if section.figure is None:
+            lines += [f"_{section.note}_", ""]
+            continue
+        section.figure.savefig(out / f"{section.name}.png", dpi=110)
+        plt.close(section.figure)
+        lines += [f"![{section.title}]({section.name}.png)", "", section.note, "", section.table, ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines).rstrip() + "\n")
+    return path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m raybiphase.report", description=__doc__.split("\n")[0])
+    parser.add_argument("results_dir", help="a sweep's results folder (pretrain.parquet, finetune.parquet)")
+    parser.add_argument("--wandb-project", default=None, help="also upload the tables and figures to this project")
+    args = parser.parse_args()
+    path = write_report(args.results_dir)
+    print(f"wrote {path}")
+    if args.wandb_project:
+        from raybiphase.wandb_log import log_report
+
+        log_report(args.results_dir, args.wandb_project, Path(args.results_dir).name)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

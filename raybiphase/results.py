@@ -1,0 +1,246 @@
+"""The results store: flat rows in Parquet, appended atomically, never rewritten (design.md, decision 7).
+
+Files per sweep, under `results/<sweep>/`:
+
+    pretrain.parquet   one row per reported checkpoint/eval of a pretraining run      key (run, step)
+    finetune.parquet   one row per fine-tuning trial (ours: source="raybiphase",     key FINETUNE_KEY
+                       the authors' imported results: source="paper")
+    summary.parquet    derived by `write_summary` from finetune.parquet (raybiphase.aggregate); rewritten freely
+
+`append_rows` reads the file, drops incoming rows whose key is already there (counted, never changed), unions the
+columns (a new column is null in old rows; an old column is null in new rows), writes a temporary file in the same
+folder, fsyncs it and renames it over the old one, so a reader sees either the old file or the new one. Local files
+are also locked (fcntl) so two appenders in the same machine queue up; for s3:// or gs:// URIs the write goes through
+`pyarrow.fs` (temporary object, then move) and there must be one writer per file (the sweep driver).
+
+The Parquet key-value metadata holds `raybiphase.schema_version` and the key columns. Readable by pandas, pyarrow
+and DuckDB (`SELECT * FROM 'results/sweep/finetune.parquet'`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+SCHEMA_VERSION = 1
+"""Bump when a column changes meaning; readers refuse files written by a newer version."""
+VERSION_KEY = b"raybiphase.schema_version"
+KEY_COLUMNS_KEY = b"raybiphase.key"
+
+PRETRAIN_KEY = ("run", "step")
+FINETUNE_KEY = ("run", "pretrain_step", "task", "lr", "seed", "source")
+PRETRAIN_FILE, FINETUNE_FILE, SUMMARY_FILE = "pretrain.parquet", "finetune.parquet", "summary.parquet"
+
+Rows = Sequence[Mapping[str, Any]] | pd.DataFrame
+
+
+def _is_uri(path: str | os.PathLike) -> bool:
+    return "://" in str(path)
+
+
+def _filesystem(path: str | os.PathLike) -> tuple[pafs.FileSystem, str]:
+    if _is_uri(path):
+        return pafs.FileSystem.from_uri(str(path))
+    return pafs.LocalFileSystem(), str(Path(path).absolute())
+
+
+def _exists(path: str | os.PathLike) -> bool:
+    fs, inner = _filesystem(path)
+    return fs.get_file_info(inner).type == pafs.FileType.File
+
+
+def _read_table(path: str | os.PathLike) -> pa.Table | None:
+    if not _exists(path):
+        return None
+    fs, inner = _filesystem(path)
+    table = pq.read_table(inner, filesystem=fs)
+    version = int((table.schema.metadata or {}).get(VERSION_KEY, b"0"))
+    if version > SCHEMA_VERSION:
+        raise RuntimeError(f"{path} has schema version {version}; this raybiphase reads up to {SCHEMA_VERSION}")
+    return table
+
+
+def _with_metadata(table: pa.Table, key: Sequence[str]) -> pa.Table:
+    meta = dict(table.schema.metadata or {})
+    meta.pop(b"pandas", None)  # pandas index metadata would go stale as rows are added
+    meta[VERSION_KEY] = str(SCHEMA_VERSION).encode()
+    meta[KEY_COLUMNS_KEY] = json.dumps(list(key)).encode()
+    return table.replace_schema_metadata(meta)
+
+
+def _write_atomic(table: pa.Table, path: str | os.PathLike) -> None:
+    """Temporary file in the same folder, fsync, rename over `path`: readers never see a half-written file."""
+    if _is_uri(path):
+        fs, inner = _filesystem(path)
+        parent = inner.rsplit("/", 1)[0]
+        fs.create_dir(parent, recursive=True)
+        tmp = f"{parent}/.{inner.rsplit('/', 1)[-1]}.{uuid.uuid4().hex}.tmp"
+        pq.write_table(table, tmp, filesystem=fs)
+        fs.move(tmp, inner)
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            pq.write_table(table, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)  # make the rename itself durable
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+@contextlib.contextmanager
+def _lock(path: str | os.PathLike) -> Iterator[None]:
+    if _is_uri(path):
+        yield
+        return
+    import fcntl
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _to_table(rows: Rows) -> pa.Table:
+    if isinstance(rows, pd.DataFrame):
+        return pa.Table.from_pandas(rows, preserve_index=False)
+    return pa.Table.from_pylist([dict(r) for r in rows])
+
+
+def _key_tuples(table: pa.Table, key: Sequence[str]) -> list[tuple]:
+    missing = [k for k in key if k not in table.column_names]
+    if missing:
+        raise ValueError(f"rows lack the key column(s) {missing}; the key is {list(key)}")
+    columns = [table.column(k).to_pylist() for k in key]
+    return list(zip(*columns)) if columns else []
+
+
+def _conform(new: pa.Table, old_schema: pa.Schema) -> pa.Table:
+    """Give `new` the old file's types for shared columns: old rows keep their exact values and types."""
+    for name in new.column_names:
+        if name not in old_schema.names:
+            continue
+        old_type, new_type = old_schema.field(name).type, new.schema.field(name).type
+        if old_type == new_type or pa.types.is_null(old_type):
+            continue
+        try:
+            column = new.column(name).cast(old_type, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+            raise ValueError(f"column {name!r}: new rows are {new_type}, the file has {old_type}: {err}") from None
+        new = new.set_column(new.schema.get_field_index(name), name, column)
+    return new
+
+
+def _chunks(column: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
+    return list(column.chunks) if isinstance(column, pa.ChunkedArray) else [column]
+
+
+def _union(old: pa.Table, new: pa.Table) -> pa.Table:
+    """Old columns first (types kept; a column null so far takes the new type), then columns only new rows have."""
+    columns, fields = [], []
+    for name in old.column_names:
+        old_col = old.column(name)
+        if name in new.column_names:
+            new_col = new.column(name)
+            if pa.types.is_null(old_col.type) and not pa.types.is_null(new_col.type):
+                old_col = pa.nulls(len(old), new_col.type)
+        else:
+            new_col = pa.nulls(len(new), old_col.type)
+        columns.append(pa.chunked_array([*_chunks(old_col), *_chunks(new_col)], type=old_col.type))
+        fields.append(pa.field(name, old_col.type))
+    for name in new.column_names:
+        if name not in old.column_names:
+            new_col = new.column(name)
+            columns.append(pa.chunked_array([pa.nulls(len(old), new_col.type), *_chunks(new_col)], type=new_col.type))
+            fields.append(pa.field(name, new_col.type))
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields, metadata=old.schema.metadata))
+
+
+def append_rows(path: str | os.PathLike, rows: Rows, key: Sequence[str]) -> int:
+    """Append the rows whose key is not in the file yet; return how many were skipped as already present.
+
+    Rows are dicts (or a DataFrame) of column -> value; a row repeated within `rows` is kept once.
+    """
+    key = tuple(key)
+    new = _to_table(rows)
+    if new.num_rows == 0:
+        return 0
+    with _lock(path):
+        old = _read_table(path)
+        seen = set(_key_tuples(old, key)) if old is not None else set()
+        keep = []
+        for index, row_key in enumerate(_key_tuples(new, key)):
+            if row_key not in seen:
+                seen.add(row_key)
+                keep.append(index)
+        skipped = new.num_rows - len(keep)
+        if not keep:
+            return skipped
+        new = new.take(pa.array(keep, type=pa.int64()))
+        table = new if old is None else _union(old, _conform(new, old.schema))
+        _write_atomic(_with_metadata(table, key), path)
+    return skipped
+
+
+def read_rows(path: str | os.PathLike, columns: Iterable[str] | None = None) -> pd.DataFrame:
+    """All rows as a DataFrame; an empty one when the file does not exist."""
+    table = _read_table(path)
+    if table is None:
+        return pd.DataFrame(columns=list(columns or []))
+    if columns is not None:
+        table = table.select([c for c in columns if c in table.column_names])
+    return table.to_pandas()
+
+
+def done_keys(path: str | os.PathLike, key: Sequence[str]) -> set[tuple]:
+    """The keys already recorded: a resumed sweep skips these runs or trials."""
+    table = _read_table(path)
+    return set(_key_tuples(table, key)) if table is not None else set()
+
+
+def schema_version(path: str | os.PathLike) -> int | None:
+    """The schema version stored in the file's metadata (None when the file does not exist)."""
+    table = _read_table(path)
+    return None if table is None else int(table.schema.metadata[VERSION_KEY])
+
+
+def join(results_dir: str | os.PathLike, name: str) -> str:
+    """results_dir / name for a local path or a URI."""
+    return f"{str(results_dir).rstrip('/')}/{name}" if _is_uri(results_dir) else str(Path(results_dir) / name)
+
+
+def write_summary(results_dir: str | os.PathLike) -> str:
+    """Aggregate finetune.parquet (best LR, mean ± 95% CI, LR spread) into summary.parquet; return its path."""
+    from raybiphase.aggregate import SUMMARY_KEY, summarize
+
+    trials = read_rows(join(results_dir, FINETUNE_FILE))
+    summary = summarize(trials)
+    path = join(results_dir, SUMMARY_FILE)
+    with _lock(path):
+        _write_atomic(_with_metadata(pa.Table.from_pandas(summary, preserve_index=False), SUMMARY_KEY), path)
+    return path

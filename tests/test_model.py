@@ -1,0 +1,94 @@
+"""The model is transformers' EuroBERT: causal mode is a Llama decoder, bidirectional mode is an encoder."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from raybiphase.masking import MaskingSpec, clm_labels, mlm_mask
+from raybiphase.model import build_model, forward_loss, from_decoder, token_loss
+from raybiphase.sizes import SIZES
+
+SPECIALS = {"bos_token": 0, "eos_token": 1, "pad_token": 2, "mask_token": 3}
+VOCAB = 97
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model("tiny", vocab_size=VOCAB, special_ids=SPECIALS, seed=0).eval()
+
+
+def _tokens(seed=0, shape=(2, 12)):
+    return torch.randint(4, VOCAB, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_causal_mode_never_looks_ahead_bidirectional_does(model):
+    x = _tokens()
+    y = x.clone()
+    y[:, 8] = (y[:, 8] + 1) % VOCAB
+    with torch.no_grad():
+        causal_x, causal_y = model(input_ids=x, is_causal=True).logits, model(input_ids=y, is_causal=True).logits
+        bi_x, bi_y = model(input_ids=x).logits, model(input_ids=y).logits
+    assert torch.equal(causal_x[:, :8], causal_y[:, :8])
+    assert not torch.allclose(causal_x[:, 8:], causal_y[:, 8:])
+    assert not torch.allclose(bi_x[:, :8], bi_y[:, :8])
+
+
+def test_causal_logits_equal_llama_with_the_same_weights(model):
+    size = SIZES["tiny"]
+    llama = LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=size.hidden, intermediate_size=size.ffn, num_hidden_layers=size.layers,
+        num_attention_heads=size.heads, num_key_value_heads=size.kv_heads, head_dim=size.head_dim,
+        rms_norm_eps=1e-5, tie_word_embeddings=False, attn_implementation="sdpa",
+    )).eval()
+    llama.load_state_dict(model.state_dict(), strict=True)  # the same names: a decoder is a state-dict load
+    x = _tokens(1)
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=x, is_causal=True).logits, llama(input_ids=x).logits, rtol=0, atol=1e-5)
+
+
+def test_clm_loss_is_next_token_cross_entropy(model):
+    x = _tokens(2).numpy()
+    inputs, labels = clm_labels(x)
+    batch = {"input_ids": torch.as_tensor(inputs), "labels": torch.as_tensor(labels)}
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], is_causal=True).logits
+        expected = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), torch.as_tensor(x)[:, 1:].reshape(-1))
+        assert torch.allclose(forward_loss(model, batch, "clm"), expected)
+
+
+def test_mlm_loss_counts_masked_positions_only(model):
+    x = _tokens(3, (4, 16)).numpy()
+    inputs, labels = mlm_mask(x, torch.arange(4).numpy(), seed=0, spec=MaskingSpec(mask_ratio=0.4),
+                              mask_token_id=3, vocab_size=VOCAB, special_ids=[0, 1, 2, 3])
+    batch = {"input_ids": torch.as_tensor(inputs), "labels": torch.as_tensor(labels)}
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"]).logits
+        masked = batch["labels"] != -100
+        expected = F.cross_entropy(logits[masked], batch["labels"][masked])
+        assert torch.allclose(forward_loss(model, batch, "mlm"), expected)
+        # changing the label of an unmasked position would be ignored: only masked positions count
+        assert torch.allclose(token_loss(logits, batch["labels"]), expected)
+
+
+def test_same_seed_same_weights():
+    a = build_model("tiny", vocab_size=VOCAB, special_ids=SPECIALS, seed=5).state_dict()
+    b = build_model("tiny", vocab_size=VOCAB, special_ids=SPECIALS, seed=5).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_llama_decoder_converts_and_gets_a_mask_row(tmp_path):
+    size = SIZES["tiny"]
+    llama = LlamaForCausalLM(LlamaConfig(
+        vocab_size=90, hidden_size=size.hidden, intermediate_size=size.ffn, num_hidden_layers=2,
+        num_attention_heads=size.heads, num_key_value_heads=size.kv_heads, head_dim=size.head_dim,
+        rms_norm_eps=1e-5, tie_word_embeddings=True,
+    ))
+    llama.save_pretrained(tmp_path / "decoder")
+    model = from_decoder(tmp_path / "decoder", vocab_size=91, special_ids={**SPECIALS, "mask_token": 90}).eval()
+    assert model.get_input_embeddings().weight.shape[0] == 91
+    x = torch.randint(4, 90, (1, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=x, is_causal=True).logits[..., :90], llama(input_ids=x).logits, rtol=0, atol=1e-5)
