@@ -288,6 +288,12 @@ class SweepConfig:
     """Local directory or cloud URI (s3://, gs://) for checkpoints and results."""
     grid: dict[str, list[Any]] = field(default_factory=dict)
     """Dotted key -> list of values; the sweep runs the cross product."""
+    runs: tuple[dict[str, Any], ...] = ()
+    """Further runs, each a mapping of dotted overrides on the base; model.init_from '@NAME' continues run NAME."""
+    mfu: float = 0.4
+    """Model FLOPs utilisation assumed by the dry run's GPU-hour estimate."""
+    gpu_peak_tflops: float = 989.0
+    """Peak dense bf16 TFLOP/s of one GPU for the estimate (H100 SXM: 989)."""
     wandb_project: str | None = None
     """W&B project; runs go there (offline unless WANDB_MODE says otherwise). None disables W&B."""
 
@@ -312,6 +318,8 @@ class Config:
     """Grid and storage."""
 
     def __post_init__(self) -> None:
+        _ratio(self.sweep.mfu, "sweep.mfu")
+        _positive(self.sweep.gpu_peak_tflops, "sweep.gpu_peak_tflops")
         steps = self.phases.steps
         span = self.optim.warmup_steps + self.optim.decay_steps
         _check(
@@ -336,9 +344,14 @@ class Config:
             "model.size",
             f"unknown size {self.model.size!r}; allowed: {', '.join(SIZE_NAMES)}",
         )
-        for key in self.sweep.grid:
+        for key, values in self.sweep.grid.items():
             _check(key.split(".")[0] != "sweep", f"sweep.grid.{key}", "sweep settings cannot be swept")
             _field_type(key)  # raises for unknown keys
+            _check(isinstance(values, list) and len(values) > 0, f"sweep.grid.{key}", "expected a non-empty list of values")
+        for i, run in enumerate(self.sweep.runs):
+            for key in run:
+                _check(key.split(".")[0] != "sweep", f"sweep.runs.{i}.{key}", "sweep settings cannot be set per run")
+                _field_type(key)
 
 
 # --------------------------------------------------------------------------------------------- strict loading

@@ -17,12 +17,26 @@ class Size:
     head_dim: int
     ffn: int
 
+    def non_embedding_params(self) -> int:
+        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        return self.layers * (attn + 3 * self.hidden * self.ffn + 2 * self.hidden) + self.hidden
+
+    def flops_per_token(self, vocab_size: int, seq_len: int) -> float:
+        return flops_per_token(layers=self.layers, hidden=self.hidden, non_embedding_params=self.non_embedding_params(),
+                               vocab_size=vocab_size, seq_len=seq_len)
+
     def params(self, vocab_size: int) -> int:
         """Parameter count: untied input and output embeddings plus the blocks (RMSNorm weights included)."""
         attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
         mlp = 3 * self.hidden * self.ffn
         block = attn + mlp + 2 * self.hidden
         return self.layers * block + 2 * vocab_size * self.hidden + self.hidden
+
+
+def flops_per_token(*, layers: int, hidden: int, non_embedding_params: int, vocab_size: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6 x (matmul parameters, the untied LM head included) + attention scores
+    12 x layers x hidden x seq_len (PaLM, appendix B). The input embedding is a lookup and costs nothing."""
+    return 6 * (non_embedding_params + vocab_size * hidden) + 12 * layers * hidden * seq_len
 
 
 SIZES: dict[str, Size] = {

@@ -197,7 +197,9 @@ def phase_stream(
     quiet_data()
     ids = worker_sample_ids(first_step, steps, rows_per_step, rank, world, sample_offset)
     ds = ray.data.from_numpy(ids).rename_columns({"data": "sample_id"})
-    return ds.map_batches(PhaseBatches(manifest, objective, seed, mask), batch_size=max(64, rows_per_step // world), batch_format="numpy")
+    # half a CPU per masking task: it is light (tens of M tokens/s), and must fit beside the Train workers
+    return ds.map_batches(PhaseBatches(manifest, objective, seed, mask), batch_size=max(64, rows_per_step // world),
+                          batch_format="numpy", num_cpus=0.5)
 
 
 def validation_batches(manifest: Manifest, *, batch_size: int, batches: int, mask_ratio: float) -> dict[str, list[dict]]:

@@ -7,7 +7,8 @@ step k is global batch k (raybiphase.stream), so resuming or branching at any st
 
 Metrics (one dotted namespace): step, tokens_seen, phase, objective, train/{clm,mlm}_loss, val/clm_loss,
 val/mlm_loss, lr, tokens_per_s, and mfu on GPU, where
-    model FLOPs per token = 6 * N_nonembedding + 12 * layers * hidden * seq_len   (PaLM, appendix B)
+    model FLOPs per token = 6 * (N_nonembedding + LM head) + 12 * layers * hidden * seq_len   (PaLM, appendix B;
+                            raybiphase.sizes.flops_per_token)
     mfu = FLOPs per token * tokens_per_s / (peak bf16 FLOP/s of the device * world size).
 """
 
@@ -27,16 +28,17 @@ from raybiphase.masking import MaskingSpec
 from raybiphase.model import build_model, forward_loss, from_decoder
 from raybiphase.parallel import apply_fsdp, use_bf16
 from raybiphase.schedule import Schedule
+from raybiphase.sizes import flops_per_token
 from raybiphase.stream import open_dataset, phase_stream, validation_batches
 
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 
-def flops_per_token(model, seq_len: int) -> float:
+def model_flops_per_token(model, seq_len: int) -> float:
     config = model.config
-    n_embed = 2 * config.vocab_size * config.hidden_size
-    n = sum(p.numel() for p in model.parameters()) - n_embed
-    return 6 * n + 12 * config.num_hidden_layers * config.hidden_size * seq_len
+    embeddings = 2 * config.vocab_size * config.hidden_size  # input embedding and LM head
+    return flops_per_token(layers=config.num_hidden_layers, hidden=config.hidden_size, vocab_size=config.vocab_size,
+                           non_embedding_params=sum(p.numel() for p in model.parameters()) - embeddings, seq_len=seq_len)
 
 
 def peak_flops() -> float | None:
@@ -80,7 +82,8 @@ def train_loop(loop_config: dict) -> None:
     """Ray Train worker entry point.
 
     loop_config: {"config": nested config dict, "data_dir": prepared shards, "resume_from": checkpoint or None,
-    and for the fault-tolerance test only "fail_at_step" and "fail_marker"}.
+    "stop_at": the last step of a sweep segment (default: the end of the run), and for the fault-tolerance test
+    only "fail_at_step" and "fail_marker"}.
     """
     import ray.train
 
@@ -115,17 +118,18 @@ def train_loop(loop_config: dict) -> None:
             meta = checkpoint.load(local, model, optimizer)
         step, data_start = meta["step"], meta["data_start"]
     val = validation_batches(manifest, batch_size=micro, batches=cfg.train.eval_batches, mask_ratio=cfg.train.eval_mask_ratio)
-    fpt, peak = flops_per_token(model, cfg.data.seq_len), peak_flops()
+    fpt, peak = model_flops_per_token(model, cfg.data.seq_len), peak_flops()
     tokens_per_step = rows_per_step * cfg.data.seq_len
     decay_start = schedule.decay_start
-    saves = {*schedule.boundaries[1:], decay_start, schedule.total_steps}
+    stop_at = min(loop_config.get("stop_at") or schedule.total_steps, schedule.total_steps)  # a sweep segment's end
+    saves = {*schedule.boundaries[1:], decay_start, schedule.total_steps, stop_at}
     exports = {*cfg.train.export_steps, schedule.total_steps}
 
-    while step < schedule.total_steps:
+    while step < stop_at:
         # --- phase: a fresh stream from this step to the phase's end (pure function of the sample ids)
         phase_idx = schedule.phase_index(step)
         phase = schedule.phases[phase_idx]
-        phase_end = schedule.boundaries[phase_idx + 1]
+        phase_end = min(schedule.boundaries[phase_idx + 1], stop_at)
         mask = MaskingSpec(mask_ratio=phase.mask_ratio, mask_prob=cfg.phases.mask_prob,
                            random_prob=cfg.phases.random_prob) if phase.objective == "mlm" else None
         stream = phase_stream(manifest, objective=phase.objective, mask=mask, seed=cfg.train.seed,

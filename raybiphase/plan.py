@@ -1,0 +1,251 @@
+"""The sweep planner (pure, no Ray): a grid of runs -> a tree of shared segments, each run once.
+
+Two runs take the same optimizer step t when everything that shapes the weights is equal (model, data, seed,
+batch, optimizer settings, masking probabilities: the run's *base*) and every step before t used the same
+objective, mask ratio and learning rate. Under WSD a 42k-step run is therefore, until its decay starts, the same
+run as its 12k and 22k siblings, and a CLM->MLM run is a CLM run until its switch. The planner compares these
+per-step signatures exactly (numpy, one entry per step) and builds a trie: a segment covers steps [start, end) of
+every run below it, starts from its parent's checkpoint at `start`, and leaves one at `end`. Executing a run as a
+chain of segments gives the same weights as running it alone (tests/test_sweep.py). A segment's id hashes the
+base and the whole signature up to its end, so a changed spec finds the segments it already has.
+
+Continued pretraining: `model.init_from: "@NAME"` names another run of the sweep (by its name without the hash,
+e.g. `@610m-clm-42k`); the continuing run's tree hangs below that run's last segment.
+
+    plan = make_plan(load_config("sweeps/split_grid.yaml"))
+    plan.naive_steps, plan.planned_steps   # 380000, 206000
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from raybiphase.config import Config, ConfigError, config_from_dict, to_dict
+from raybiphase.naming import run_name, steps_label
+from raybiphase.schedule import Schedule
+from raybiphase.sizes import SIZES
+
+# settings that never change the weights: they stay out of a segment's identity
+_NOT_WEIGHTS = {"sweep", "finetune", "resources"}
+_TRAIN_NOT_WEIGHTS = {"eval_every", "eval_batches", "eval_mask_ratio", "checkpoint_every", "export_steps"}
+
+
+@dataclass
+class Run:
+    name: str
+    config: Config
+    signature: np.ndarray  # (steps, 3): objective code, mask ratio, learning rate
+    base: str
+    source: str | None = None  # the run this one continues (init_from '@NAME'), by name
+    segments: list[str] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        return len(self.signature)
+
+
+@dataclass
+class Segment:
+    id: str
+    start: int
+    end: int
+    parent: str | None  # segment whose checkpoint at `start` this one resumes from
+    after_run: str | None  # for the first segment of a continued run: the source run (weights only)
+    runs: list[str]  # runs passing through this segment
+    config: Config  # any run's config: identical on [start, end)
+    ends_runs: list[str] = field(default_factory=list)  # runs whose last step is `end`
+
+    @property
+    def steps(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class Plan:
+    runs: dict[str, Run]
+    segments: dict[str, Segment]  # in dependency order
+
+    @property
+    def naive_steps(self) -> int:
+        return sum(r.steps for r in self.runs.values())
+
+    @property
+    def planned_steps(self) -> int:
+        return sum(s.steps for s in self.segments.values())
+
+    def gpu_hours(self, cfg: Config, *, planned: bool = True) -> float:
+        """Estimated GPU-hours at cfg.sweep.mfu of cfg.sweep.gpu_peak_tflops (vocabulary: Llama-3's 128,256
+        unless a tokenizer is trained, then data.vocab_size)."""
+        total = 0.0
+        items = self.segments.values() if planned else self.runs.values()
+        for item in items:
+            c = item.config
+            vocab = c.data.vocab_size if c.data.tokenizer == "train-bpe" else 128256
+            flops = SIZES[c.model.size].flops_per_token(vocab, c.data.seq_len) * c.train.global_batch_tokens * item.steps
+            total += flops / (c.sweep.gpu_peak_tflops * 1e12 * c.sweep.mfu) / 3600
+        return total
+
+
+def expand(spec: Config) -> list[Config]:
+    """The grid's cross product plus the explicit runs, each validated; errors name the swept key."""
+    base = to_dict(spec)
+    keys = list(spec.sweep.grid)
+    combos = [dict(zip(keys, values)) for values in itertools.product(*spec.sweep.grid.values())] if keys else [{}]
+    combos += [dict(run) for run in spec.sweep.runs]
+    configs = []
+    for combo in combos:
+        data = {k: v for k, v in base.items()}
+        data["sweep"] = {**base["sweep"], "grid": {}, "runs": []}
+        try:
+            configs.append(config_from_dict(data, _with_shorthand(combo, base)))
+        except ConfigError as err:
+            where = ", ".join(f"{k}={v}" for k, v in combo.items())
+            raise ConfigError(f"sweep.grid ({where}): {err}") from None
+    return configs
+
+
+def _with_shorthand(combo: dict, base: dict) -> dict:
+    """Sweeping clm_steps over a base that sets clm_share (or the reverse) replaces it rather than clashing."""
+    out = dict(combo)
+    phases = base.get("phases", {})
+    if "phases.clm_steps" in combo and phases.get("clm_share") is not None:
+        out["phases.clm_share"] = None
+    if "phases.clm_share" in combo and phases.get("clm_steps") is not None:
+        out["phases.clm_steps"] = None
+    return out
+
+
+def signature(cfg: Config) -> np.ndarray:
+    """Per-step (objective, mask ratio, learning rate): what a step does besides the base."""
+    schedule = Schedule.from_config(cfg)
+    rows = []
+    for phase in schedule.phases:
+        code = 0.0 if phase.objective == "clm" else 1.0
+        ratio = phase.mask_ratio if phase.objective == "mlm" else 0.0
+        rows.append(np.tile([code, ratio, 0.0], (phase.steps, 1)))
+    sig = np.concatenate(rows)
+    sig[:, 2] = [schedule.lr(t) for t in range(len(sig))]
+    return sig
+
+
+def base_key(cfg: Config, source: str | None) -> str:
+    data = {k: v for k, v in to_dict(cfg).items() if k not in _NOT_WEIGHTS}
+    data["train"] = {k: v for k, v in data["train"].items() if k not in _TRAIN_NOT_WEIGHTS}
+    data["phases"] = {"mask_prob": cfg.phases.mask_prob, "random_prob": cfg.phases.random_prob}
+    data["optim"] = {k: v for k, v in data["optim"].items() if k not in {"lr", "warmup_steps", "decay_steps"}}
+    data["model"] = {**data["model"], "init_from": source or cfg.model.init_from}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _segment_id(run: Run, end: int, start: int) -> str:
+    digest = hashlib.sha256(run.base.encode() + run.signature[:end].tobytes()).hexdigest()[:8]
+    last = "clm" if run.signature[end - 1, 0] == 0 else f"mlm{round(run.signature[end - 1, 1] * 100)}"
+    return f"{run.config.model.size}-{last}-{steps_label(start)}-{steps_label(end)}-{digest}"
+
+
+def _short(name: str) -> str:
+    return name.rsplit("-", 1)[0]
+
+
+def make_plan(spec: Config) -> Plan:
+    configs = expand(spec)
+    runs: dict[str, Run] = {}
+    by_short: dict[str, str] = {}
+    pending = []
+    for cfg in configs:
+        source = cfg.model.init_from[1:] if cfg.model.init_from and cfg.model.init_from.startswith("@") else None
+        if source:
+            pending.append(cfg)
+            continue
+        run = Run(run_name(cfg), cfg, signature(cfg), base_key(cfg, None))
+        runs.setdefault(run.name, run)
+        by_short[_short(run.name)] = run.name
+    for cfg in pending:
+        source_short = cfg.model.init_from[1:]
+        if source_short not in by_short:
+            known = ", ".join(sorted(by_short)) or "none"
+            raise ConfigError(f"model.init_from: '@{source_short}' names no run of this sweep; runs: {known}")
+        source = runs[by_short[source_short]]
+        label = "clm" if source.signature[-1, 0] == 0 else f"mlm{round(source.signature[-1, 1] * 100)}"
+        name = run_name(cfg, source_label=label, source_steps=source.steps)
+        runs.setdefault(name, Run(name, cfg, signature(cfg), base_key(cfg, source.name), source=source.name))
+
+    segments: dict[str, Segment] = {}
+
+    def build(group: list[Run], start: int, parent: str | None, after_run: str | None) -> None:
+        first = group[0]
+        end = min(r.steps for r in group)
+        for other in group[1:]:
+            differ = np.nonzero((first.signature[start:end] != other.signature[start:end]).any(axis=1))[0]
+            if len(differ):
+                end = start + int(differ[0])
+        if end == start:  # the group disagrees at `start`: split it by the step's signature
+            for _, members in itertools.groupby(sorted(group, key=lambda r: r.signature[start].tolist()),
+                                                key=lambda r: r.signature[start].tolist()):
+                build(list(members), start, parent, after_run)
+            return
+        seg = Segment(_segment_id(first, end, start), start, end, parent, after_run, [r.name for r in group], first.config)
+        segments[seg.id] = seg
+        for r in group:
+            r.segments.append(seg.id)
+        seg.ends_runs = [r.name for r in group if r.steps == end]
+        rest = [r for r in group if r.steps > end]
+        if rest:
+            build(rest, end, seg.id, None)
+
+    roots = [r for r in runs.values() if r.source is None]
+    for _, members in itertools.groupby(sorted(roots, key=lambda r: r.base), key=lambda r: r.base):
+        build(list(members), 0, None, None)
+    continued = [r for r in runs.values() if r.source is not None]
+    for _, members in itertools.groupby(sorted(continued, key=lambda r: r.base), key=lambda r: r.base):
+        members = list(members)
+        build(members, 0, None, members[0].source)
+    ordered = _dependency_order(segments, runs)
+    return Plan(runs=runs, segments=ordered)
+
+
+def _dependency_order(segments: dict[str, Segment], runs: dict[str, Run]) -> dict[str, Segment]:
+    done: dict[str, Segment] = {}
+    remaining = list(segments.values())
+    while remaining:
+        ready = [s for s in remaining if all(d in done for d in dependencies(s, runs))]
+        for s in ready:
+            done[s.id] = s
+        remaining = [s for s in remaining if s.id not in done]
+    return done
+
+
+def dependencies(segment: Segment, runs: dict[str, Run]) -> list[str]:
+    """Segments that must finish before this one starts."""
+    if segment.parent:
+        return [segment.parent]
+    if segment.after_run:
+        return [runs[segment.after_run].segments[-1]]
+    return []
+
+
+def describe(plan: Plan, spec: Config) -> str:
+    """The tree, naive and planned steps, and the GPU-hour estimate, as text."""
+    lines = [f"sweep {spec.sweep.name}: {len(plan.runs)} runs, {len(plan.segments)} segments"]
+    children: dict[str | None, list[Segment]] = {}
+    for seg in plan.segments.values():
+        key = seg.parent or (plan.runs[seg.after_run].segments[-1] if seg.after_run else None)
+        children.setdefault(key, []).append(seg)
+
+    def walk(parent: str | None, depth: int) -> None:
+        for seg in children.get(parent, []):
+            ends = f"  -> {', '.join(seg.ends_runs)}" if seg.ends_runs else ""
+            lines.append(f"{'  ' * depth}{seg.id}  steps {seg.start}-{seg.end} ({seg.steps}){ends}")
+            walk(seg.id, depth + 1)
+
+    walk(None, 1)
+    saved = 1 - plan.planned_steps / plan.naive_steps
+    lines.append(f"steps: naive {plan.naive_steps:,}, planned {plan.planned_steps:,} ({saved:.0%} saved)")
+    lines.append(f"estimate: {plan.gpu_hours(spec):,.0f} GPU-hours planned vs {plan.gpu_hours(spec, planned=False):,.0f} "
+                 f"naive at {spec.sweep.mfu:.0%} MFU of {spec.sweep.gpu_peak_tflops:g} TFLOP/s")
+    return "\n".join(lines)
