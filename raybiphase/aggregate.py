@@ -10,8 +10,9 @@ for each (source, run, pretrain_step, task)
 4. the LR sensitivity (the paper's finding 2) is the spread of the mean test score across LRs: max - min and the
    standard deviation (ddof=0: the LR grid is the whole population, not a sample).
 
-Trials stopped by ASHA carry NaN scores and are left out of every mean; `n_seeds` counts the seeds that finished
-at the best LR. Scores stay in the metric's own units (fractions in [0, 1] for accuracy, F1 and NDCG@10).
+Trials stopped by ASHA carry NaN scores and are left out of every mean (a validation score a stopped trial did
+record counts toward its LR's validation mean); an LR is eligible when at least one seed finished; `n_seeds` counts
+the seeds that finished at the best LR. Scores stay in the metric's own units (fractions in [0, 1] for accuracy, F1 and NDCG@10).
 `bootstrap_ci` gives a percentile interval from per-example test scores (paired across seeds), seeded.
 """
 
@@ -114,12 +115,12 @@ def lr_table(trials: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
                                        "n_seeds", "n_trials"])
 
 
-def _constant_columns(trials: pd.DataFrame) -> pd.DataFrame:
+def _constant_columns(trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per group, the columns with one value (nulls aside): run config, family, dataset, metric, clm_share..."""
     candidates = [c for c in trials.columns if c not in PER_TRIAL and c not in GROUP
                   and not trials[c].map(lambda v: isinstance(v, (list, dict, np.ndarray))).any()]
     grouped = trials.groupby(list(GROUP), dropna=False, sort=True)[candidates]
-    return grouped.first().where(grouped.nunique() == 1)
+    return grouped.first(), grouped.nunique() == 1
 
 
 def bootstrap_ci(
@@ -155,12 +156,12 @@ def summarize(trials: pd.DataFrame, confidence: float = 0.95, bootstrap: bool = 
         return pd.DataFrame(columns=[*GROUP, "best_lr", "test_mean", "test_ci95", "n_seeds"])
     trials = _prepare(trials)
     per_lr = dict(iter(lr_table(trials, confidence).groupby(list(GROUP), dropna=False, sort=True)))
-    constant = _constant_columns(trials)
+    first, is_constant = _constant_columns(trials)
     rows = []
     for key, group in trials.groupby(list(GROUP), dropna=False, sort=True):
         lrs = per_lr[key]
-        candidates = lrs[lrs["val_mean"].notna()].sort_values(["val_mean", "n_val", "lr"],
-                                                               ascending=[False, False, True])
+        eligible = lrs["val_mean"].notna() & lrs["test_mean"].notna()  # an LR whose every seed ASHA stopped is out
+        candidates = lrs[eligible].sort_values(["val_mean", "n_val", "lr"], ascending=[False, False, True])
         finished = lrs["test_mean"].dropna()
         row = {**dict(zip(GROUP, key)), "best_lr": math.nan, "best_val_mean": math.nan, "test_mean": math.nan,
                "test_ci95": math.nan, "test_std": math.nan, "n_seeds": 0, "n_lrs": int(lrs["lr"].nunique()),
@@ -179,10 +180,6 @@ def summarize(trials: pd.DataFrame, confidence: float = 0.95, bootstrap: bool = 
                 lists = [s for s in at_best["test_per_example"] if s is not None and len(s)]
                 if lists and len({len(s) for s in lists}) == 1:
                     row["test_boot_low"], row["test_boot_high"] = bootstrap_ci(lists, confidence)
-        row.update({c: v for c, v in constant.loc[key].items() if not _is_missing(v)})
+        row.update(first.loc[key][is_constant.loc[key]].to_dict())
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def _is_missing(value: object) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))

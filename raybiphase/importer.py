@@ -169,7 +169,7 @@ def collect(tree: str | Path, sweep: str = "paper") -> list[dict[str, Any]]:
         raise UserError(f"{tree}: not a folder of evaluation results")
     rows = []
     for path in sorted(tree.glob("*/*/*/*/results.json")):
-        trial_dir, dataset_dir, family_dir, model_dir = path.parents[0], path.parents[1], path.parents[2], path.parents[3]
+        trial_dir, dataset_dir, family_dir, model_dir = path.parents[:4]
         match = TRIAL_DIR.fullmatch(trial_dir.name)
         if not match:
             raise UserError(f"{trial_dir}: expected a folder named lr<LR>_sd<SEED>, e.g. lr1e-04_sd0")

@@ -6,7 +6,7 @@ Reads RESULTS_DIR/pretrain.parquet and finetune.parquet (our rows and the author
 raybiphase.importer), rewrites summary.parquet (raybiphase.aggregate) and writes RESULTS_DIR/report/report.md with
 one PNG per figure. Scores are the test metric x 100: the mean over seeds at the LR with the best mean validation
 score, error bars the 95% CI. Paper rows are drawn dashed beside ours. A figure is drawn only when the data varies
-along its axis; otherwise the report says in one line why it is absent.
+along its axis; otherwise the report says in one line why it is absent. RESULTS_DIR is a local folder.
 """
 
 from __future__ import annotations
@@ -18,16 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
+import pandas as pd
+from matplotlib.figure import Figure  # figures without pyplot: no global state, PNGs through Agg
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from raybiphase.aggregate import lr_table, summarize  # noqa: E402
-from raybiphase.cli import UserError, run_main  # noqa: E402
-from raybiphase.naming import steps_label  # noqa: E402
-from raybiphase.results import FINETUNE_FILE, PRETRAIN_FILE, read_rows, write_summary  # noqa: E402
+from raybiphase.aggregate import lr_table, summarize
+from raybiphase.cli import UserError, run_main
+from raybiphase.naming import steps_label
+from raybiphase.results import FINETUNE_FILE, PRETRAIN_FILE, read_rows, write_summary
 
 OBJECTIVE_COLORS = {"CLM": "tab:blue", "MLM": "tab:orange", "CLM→MLM": "tab:green", "continued": "tab:purple"}
 
@@ -79,40 +76,59 @@ def _budget(value: float) -> str:
 
 
 def _task_grid(points: pd.DataFrame, x: str, series: str, title: str, xlabel: str, *, logx: bool = False,
-               colors: dict[str, str] | None = None) -> Figure:
-    """One panel per task (family in its title), one line per series with 95% CI error bars; paper dashed."""
+               color_by: str | None = None) -> Figure:
+    """One panel per task (family in its title), one line per series with 95% CI error bars; paper dashed.
+
+    Colours: by the objective when color_by="objective", else one per series, the same in every panel. One legend
+    for the whole figure, outside the panels on the right, so that no line hides under it.
+    """
     tasks = points[["family", "task"]].drop_duplicates().sort_values(["family", "task"])
     cols = min(len(tasks), 3)
     rows = math.ceil(len(tasks) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.9 * rows + 0.6), squeeze=False)
+    fig = Figure(figsize=(4.6 * cols + 3.2, 3.7 * rows + 0.5), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    categories = sorted(points[x].unique()) if points[x].dtype == object or pd.api.types.is_string_dtype(
+        points[x]) else None  # categorical x: markers side by side, no connecting line
+    palette = _palette(points[series].nunique())
+    series_colors: dict[str, object] = {}  # a series keeps its colour across panels
+    legend: dict[str, object] = {}
     for ax, (family, task) in zip(axes.flat, tasks.itertuples(index=False)):
         panel = points[points["task"] == task]
         for label, line in panel.groupby(series, sort=True):
-            line = line.groupby(x, as_index=False).agg(score=("score", "mean"), ci=("ci", "mean"),
-                                                       color=("color", "first")).sort_values(x)
-            ax.errorbar(line[x], line["score"], yerr=line["ci"].fillna(0), capsize=3, marker="o", markersize=4,
-                        linestyle="--" if str(label).startswith("paper") else "-", label=str(label),
-                        color=(colors or {}).get(line["color"].iloc[0]))
+            label = str(label)
+            if label not in series_colors:
+                series_colors[label] = OBJECTIVE_COLORS.get(line[color_by].iloc[0]) if color_by else next(palette)
+            line = line.groupby(x, as_index=False).agg(score=("score", "mean"), ci=("ci", "mean")).sort_values(x)
+            style = "none" if categories else "--" if label.startswith("paper") else "-"
+            xs = [categories.index(v) for v in line[x]] if categories else line[x]
+            legend[label] = ax.errorbar(xs, line["score"], yerr=line["ci"].fillna(0), capsize=3, marker="o",
+                                        markersize=5, linestyle=style, label=label, color=series_colors[label])
         ax.set_title(f"{family} · {task}")
         ax.set_xlabel(xlabel)
+        if categories:
+            ax.set_xticks(range(len(categories)), categories)
+            ax.set_xlim(-0.5, len(categories) - 0.5)
         ax.set_ylabel(f"test {panel['metric'].iloc[0]} (%)")
         if logx:
             ax.set_xscale("log")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(tasks):]:
         ax.set_visible(False)
+    fig.legend(list(legend.values()), list(legend), loc="outside right center", fontsize=8)
     fig.suptitle(f"{title} (error bars: 95% CI over seeds)")
-    fig.tight_layout()
     return fig
 
 
 def _score_table(points: pd.DataFrame, index: list[str]) -> str:
     """Markdown table: one row per `index` value, one column per task, cells 'mean ± CI (LR)'."""
-    cells = points.assign(cell=[f"{m:.2f} ± {c:.2f} (lr {lr:.0e})" if pd.notna(m) else "n/a"
-                                for m, c, lr in zip(points["score"], points["ci"].fillna(math.nan), points["best_lr"])])
+    cells = points.assign(cell=[f"{_mean_ci(m, c)} (lr {lr:.0e})" if pd.notna(m) else "n/a"
+                                for m, c, lr in zip(points["score"], points["ci"], points["best_lr"])])
     table = cells.pivot_table(index=index, columns="task", values="cell", aggfunc="first").reset_index()
     return _markdown(table)
+
+
+def _mean_ci(mean: float, ci: float) -> str:
+    return f"{mean:.2f} ± {ci:.2f}" if pd.notna(ci) else f"{mean:.2f} (1 seed)"
 
 
 def _markdown(frame: pd.DataFrame) -> str:
@@ -135,7 +151,7 @@ def clm_share_section(s: pd.DataFrame) -> Section:
         note += f" MLM phases at masking ratio {ratio:g} only."
     if pts["clm_share"].nunique() < 2:
         return Section("clm_share", title, None, "Not drawn: the runs do not differ in CLM share.")
-    pts = pts.assign(share_pct=pts["clm_share"] * 100, color="",
+    pts = pts.assign(share_pct=pts["clm_share"] * 100,
                      line=[_prefix(a) + _budget(b) for a, b in zip(pts["source"], pts["budget"])])
     fig = _task_grid(pts, "share_pct", "line", title, "CLM share of pretraining steps (%)")
     pts = pts.assign(**{"CLM share (%)": pts["share_pct"].round(1), "budget": pts["budget"].map(_budget)})
@@ -148,12 +164,13 @@ def mask_ratio_section(s: pd.DataFrame) -> Section:
     if pts["mask_ratio"].nunique() < 2:
         return Section("mask_ratio", title, None, "Not drawn: no two MLM-only runs differ in masking ratio.")
     size = _col(pts, "model.size").fillna("")
-    pts = pts.assign(ratio_pct=pts["mask_ratio"] * 100, color="",
-                     line=[f"{_prefix(a)}{z} {_budget(b)}".strip() for a, z, b in zip(pts["source"], size, pts["budget"])])
-    fig = _task_grid(pts, "ratio_pct", "line", title, "masking ratio (% of tokens)")
+    pts = pts.assign(ratio_pct=pts["mask_ratio"] * 100,
+                     model=[f"{_prefix(a)}{z} {_budget(b)}".strip()
+                            for a, z, b in zip(pts["source"], size, pts["budget"])])
+    fig = _task_grid(pts, "ratio_pct", "model", title, "masking ratio (% of tokens)")
     pts = pts.assign(**{"mask ratio (%)": pts["ratio_pct"].round(1)})
     return Section("mask_ratio", title, fig, "Final checkpoints of MLM-only runs.",
-                   _score_table(pts, ["source", "line", "mask ratio (%)"]))
+                   _score_table(pts, ["source", "model", "mask ratio (%)"]))
 
 
 def data_efficiency_section(s: pd.DataFrame) -> Section:
@@ -161,11 +178,12 @@ def data_efficiency_section(s: pd.DataFrame) -> Section:
     counts = s.groupby(["source", "run"])["pretrain_step"].transform("nunique")
     pts = s[counts > 1]
     if pts.empty:
-        return Section("data_efficiency", title, None, "Not drawn: no run was fine-tuned from intermediate checkpoints.")
-    pts = pts.assign(color=pts["objective"], line=[f"{_prefix(a)}{r} ({o})" for a, r, o in
-                                                   zip(pts["source"], pts["run"], pts["objective"])])
-    fig = _task_grid(pts, "pretrain_step", "line", title, "pretraining step (optimizer steps)", colors=None)
-    return Section("data_efficiency", title, fig, "Intermediate checkpoints of each run, fine-tuned with the same grid.",
+        return Section("data_efficiency", title, None,
+                       "Not drawn: no run was fine-tuned from intermediate checkpoints.")
+    pts = pts.assign(line=[f"{_prefix(a)}{r} ({o})" for a, r, o in zip(pts["source"], pts["run"], pts["objective"])])
+    fig = _task_grid(pts, "pretrain_step", "line", title, "pretraining step (optimizer steps)")
+    return Section("data_efficiency", title, fig,
+                   "Intermediate checkpoints of each run, fine-tuned with the same grid.",
                    _score_table(pts, ["source", "run", "pretrain_step"]))
 
 
@@ -175,10 +193,10 @@ def lr_section(s: pd.DataFrame, trials: pd.DataFrame) -> Section:
         return Section("lr_sensitivity", title, None, "Not drawn: a single fine-tuning learning rate.")
     final = s[s["final"]][["source", "run", "pretrain_step", "task", "objective", "family", "metric"]]
     pts = lr_table(trials).merge(final, on=["source", "run", "pretrain_step", "task"])
-    pts = pts.assign(score=pts["test_mean"] * 100, ci=pts["test_ci95"] * 100, color=pts["objective"],
+    pts = pts.assign(score=pts["test_mean"] * 100, ci=pts["test_ci95"] * 100,
                      line=[f"{_prefix(a)}{r}" for a, r in zip(pts["source"], pts["run"])])
     fig = _task_grid(pts, "lr", "line", title + " (colour: objective)", "fine-tuning learning rate (log scale)",
-                     logx=True, colors=OBJECTIVE_COLORS)
+                     logx=True, color_by="objective")
     spread = s[s["final"]].groupby(["source", "objective"], as_index=False).agg(
         runs=("run", "nunique"), **{"mean LR spread (max-min, pts)": ("lr_spread", lambda v: 100 * v.mean()),
                                     "mean LR std (pts)": ("lr_std", lambda v: 100 * v.mean())})
@@ -201,10 +219,42 @@ def continued_section(s: pd.DataFrame) -> Section:
     pts = pts.assign(start=[_init_objective(r, i) for r, i in zip(pts["run"], pts["init_from"])])
     if not {"CLM", "MLM"} <= set(pts["start"]):
         return Section("continued", title, None, "Not drawn: needs continued runs started from both CLM and MLM.")
-    pts = pts.assign(color="", line=[f"{_prefix(a)}from {o}" for a, o in zip(pts["source"], pts["start"])])
-    fig = _task_grid(pts, "budget", "line", title, "continued MLM steps")
+    if pts["budget"].nunique() > 1:  # several continuation lengths: score vs length, a line per start
+        pts = pts.assign(line=[f"{_prefix(a)}from {o}" for a, o in zip(pts["source"], pts["start"])])
+        fig = _task_grid(pts, "budget", "line", title, "continued MLM steps")
+    else:
+        pts = pts.assign(line=[f"{_prefix(a)}{_budget(b)}" for a, b in zip(pts["source"], pts["budget"])],
+                         x=[f"from {o}" for o in pts["start"]])
+        fig = _task_grid(pts, "x", "line", title, "checkpoint the MLM phase continues from")
     return Section("continued", title, fig, "Runs whose model.init_from is set, by the objective of the start.",
-                   _score_table(pts.assign(steps=pts["budget"].map(_budget)), ["source", "line", "steps"]))
+                   _score_table(pts.assign(steps=pts["budget"].map(_budget)), ["source", "start", "steps"]))
+
+
+def summary_section(s: pd.DataFrame) -> Section:
+    """Every (run, task) at its final checkpoint: the table behind all the figures."""
+    final = s[s["final"]].sort_values(["source", "task", "run"])
+    table = pd.DataFrame({
+        "source": final["source"], "run": final["run"], "objective": final["objective"],
+        "CLM share (%)": (final["clm_share"] * 100).round(1), "task": final["task"],
+        "best LR": final["best_lr"].map(lambda v: f"{v:.0e}"),
+        "test (%)": [_mean_ci(m, c) for m, c in zip(final["score"], final["ci"])],
+        "seeds": final["n_seeds"], "LR spread (pts)": (final["lr_spread"] * 100).round(2)})
+    return Section("summary", "All results at the final checkpoint", None,
+                   "Best LR by mean validation score; test mean ± 95% CI over seeds; LR spread = max - min of the "
+                   "mean test score across LRs.", _markdown(table))
+
+
+def _palette(n: int):
+    return iter(matplotlib.colormaps["tab10" if n <= 10 else "tab20"].colors * (1 + n // 10))
+
+
+def _switch_steps(rows: pd.DataFrame) -> list[float]:
+    """Where a run's objective changes: phases.clm_steps when recorded, else the first row of a new objective."""
+    clm_steps = pd.to_numeric(_col(rows, "phases.clm_steps"), errors="coerce").dropna()
+    if len(clm_steps) and 0 < clm_steps.iloc[0] < rows["step"].max():
+        return [float(clm_steps.iloc[0])]
+    objective = _col(rows, "objective")
+    return list(rows["step"][objective.ne(objective.shift()) & objective.shift().notna()])
 
 
 def curves_section(pretrain: pd.DataFrame) -> Section:
@@ -212,38 +262,54 @@ def curves_section(pretrain: pd.DataFrame) -> Section:
     losses = [c for c in ("val/clm_loss", "val/mlm_loss") if c in pretrain and pretrain[c].notna().any()]
     if not losses or pretrain.groupby("run")["step"].nunique().max() < 2:
         return Section("pretrain_curves", title, None, "Not drawn: no run reported held-out losses at two steps.")
-    fig, axes = plt.subplots(1, len(losses), figsize=(6.5 * len(losses), 4.6), squeeze=False)
-    for ax, loss in zip(axes.flat, losses):
-        for run, rows in pretrain.sort_values("step").groupby("run", sort=True):
-            line = rows[rows[loss].notna()]
-            if line.empty:
-                continue
-            (drawn,) = ax.plot(line["step"], line[loss], marker=".", label=run)
-            objective = rows["objective"] if "objective" in rows else pd.Series(dtype=object)
-            for step in rows["step"][objective.ne(objective.shift()) & objective.shift().notna()]:
-                ax.axvline(step, color=drawn.get_color(), linestyle=":", alpha=0.8)
-        ax.set_title(f"held-out {loss.split('/')[1].split('_')[0].upper()} loss")
-        ax.set_xlabel("pretraining step (optimizer steps)")
-        ax.set_ylabel("cross-entropy (nats/token)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    pretrain = pretrain.assign(budget=pd.to_numeric(_col(pretrain, "phases.steps"), errors="coerce"))
+    budgets = sorted(pretrain["budget"].unique(), key=lambda b: (pd.isna(b), b))
+    fig = Figure(figsize=(5.5 * len(losses) + 3.2, 3.8 * len(budgets) + 0.5), layout="constrained")
+    axes = fig.subplots(len(budgets), len(losses), squeeze=False)
+    for row, budget in zip(axes, budgets):
+        runs = pretrain[(pretrain["budget"] == budget) | (pretrain["budget"].isna() & pd.isna(budget))]
+        for ax, loss in zip(row, losses):
+            palette = _palette(runs["run"].nunique())
+            for run, rows in runs.sort_values("step").groupby("run", sort=True):
+                line, color = rows[rows[loss].notna()], next(palette)
+                ax.plot(line["step"], line[loss], marker=".", color=color, label=run)
+                for step in _switch_steps(rows):
+                    ax.axvline(step, color=color, linestyle=":", alpha=0.8)
+            ax.set_title(f"held-out {loss.split('/')[1].split('_')[0].upper()} loss, {_budget(budget)} budget")
+            ax.set_xlabel("pretraining step (optimizer steps)")
+            ax.set_ylabel("cross-entropy (nats/token)")
+            ax.grid(alpha=0.3)
+        row[-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8)
     fig.suptitle(f"{title} (dotted: CLM→MLM switch)")
-    fig.tight_layout()
-    return Section("pretrain_curves", title, fig, "Held-out loss of every run; phases change at the dotted lines.")
+    return Section("pretrain_curves", title, fig, "Held-out loss of every run, one row per step budget; "
+                   "the objective changes at the dotted lines.")
+
+
+FINETUNE_SECTIONS = {"clm_share": "Downstream score vs CLM share", "mask_ratio": "Downstream score vs masking ratio",
+                     "data_efficiency": "Data efficiency", "lr_sensitivity": "Learning-rate sensitivity",
+                     "continued": "Continued MLM pretraining"}
 
 
 def build_sections(pretrain: pd.DataFrame, trials: pd.DataFrame) -> list[Section]:
-    """Every section of the report from the raw rows (pure: no files)."""
-    s = _enrich(summarize(trials)) if len(trials) else pd.DataFrame()
-    sections = [curves_section(pretrain)] if len(pretrain) else []
-    if len(s):
+    """Every section of the report from the raw rows (pure: no files); absent ones say why."""
+    empty = "Not drawn: no {} rows ({}.parquet is empty)."
+    if len(trials):
+        s = _enrich(summarize(trials))
         sections = [clm_share_section(s), mask_ratio_section(s), data_efficiency_section(s),
-                    lr_section(s, trials), continued_section(s), *sections]
-    return sections
+                    lr_section(s, trials), continued_section(s)]
+    else:
+        sections = [Section(name, title, None, empty.format("fine-tuning", "finetune"))
+                    for name, title in FINETUNE_SECTIONS.items()]
+    sections.append(curves_section(pretrain) if len(pretrain) else
+                    Section("pretrain_curves", "Pretraining curves", None, empty.format("pretraining", "pretrain")))
+    return [*sections, summary_section(s)] if len(trials) else sections
 
 
-def write_report(results_dir: str | Path) -> Path:
-    """Write RESULTS_DIR/report/report.md and its PNGs; return the Markdown's path."""
+def write_report(results_dir: str | Path) -> tuple[Path, list[Section]]:
+    """Write RESULTS_DIR/report/report.md and its PNGs; return the Markdown's path and the sections.
+
+    The sections' figures stay inspectable: titles, axes, legends.
+    """
     results_dir = Path(results_dir)
     pretrain, trials = read_rows(results_dir / PRETRAIN_FILE), read_rows(results_dir / FINETUNE_FILE)
     if not results_dir.is_dir() or (pretrain.empty and trials.empty):
@@ -258,17 +324,18 @@ def write_report(results_dir: str | Path) -> Path:
              f"{len(trials)} fine-tuning trials ({', '.join(f'{n} {k}' for k, n in sources.items()) or 'none'}).",
              "Scores: test metric x 100, mean over seeds at the LR with the best mean validation score, "
              "± 95% CI (t, n-1 degrees of freedom). Paper rows are dashed in figures.", ""]
-    for number, section in enumerate(build_sections(pretrain, trials), 1):
+    sections = build_sections(pretrain, trials)
+    for number, section in enumerate(sections, 1):
         lines += [f"## {number}. {section.title}", ""]
         if section.figure is None:
-            lines += [f"_{section.note}_", ""]
+            lines += [f"_{section.note}_", "", *([section.table, ""] if section.table else [])]
             continue
         section.figure.savefig(out / f"{section.name}.png", dpi=110)
-        plt.close(section.figure)
-        lines += [f"![{section.title}]({section.name}.png)", "", section.note, "", section.table, ""]
+        lines += [f"![{section.title}]({section.name}.png)", "", section.note, "",
+                  *([section.table, ""] if section.table else [])]
     path = out / "report.md"
     path.write_text("\n".join(lines).rstrip() + "\n")
-    return path
+    return path, sections
 
 
 def main() -> int:
@@ -276,7 +343,7 @@ def main() -> int:
     parser.add_argument("results_dir", help="a sweep's results folder (pretrain.parquet, finetune.parquet)")
     parser.add_argument("--wandb-project", default=None, help="also upload the tables and figures to this project")
     args = parser.parse_args()
-    path = write_report(args.results_dir)
+    path, _ = write_report(args.results_dir)
     print(f"wrote {path}")
     if args.wandb_project:
         from raybiphase.wandb_log import log_report

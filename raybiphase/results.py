@@ -7,11 +7,21 @@ Files per sweep, under `results/<sweep>/`:
                        the authors' imported results: source="paper")
     summary.parquet    derived by `write_summary` from finetune.parquet (raybiphase.aggregate); rewritten freely
 
+Columns (besides the dotted config settings, `phases.steps`, `model.init_from`..., one column each):
+
+    pretrain   run, sweep, step, tokens_seen, phase, objective ("clm"/"mlm"), train/clm_loss, train/mlm_loss,
+               val/clm_loss, val/mlm_loss, lr, tokens_per_s (NaN where absent), checkpoint ("" when none), clm_share
+    finetune   run, sweep, checkpoint, pretrain_step, task, family (SC/TC/QA/IR), dataset, metric, lr, seed,
+               val_score, test_score (fractions in [0, 1]; NaN when ASHA stopped the trial), steps, stopped_early,
+               seconds, test_per_example (list<double>), source ("raybiphase"/"paper"), clm_share
+    summary    see raybiphase.aggregate.summarize
+
 `append_rows` reads the file, drops incoming rows whose key is already there (counted, never changed), unions the
 columns (a new column is null in old rows; an old column is null in new rows), writes a temporary file in the same
 folder, fsyncs it and renames it over the old one, so a reader sees either the old file or the new one. Local files
-are also locked (fcntl) so two appenders in the same machine queue up; for s3:// or gs:// URIs the write goes through
-`pyarrow.fs` (temporary object, then move) and there must be one writer per file (the sweep driver).
+are also locked (fcntl, on a hidden `.<name>.lock` beside the file) so appenders on one machine queue up. For
+s3:// or gs:// URIs the write goes through `pyarrow.fs` (temporary object, then move: not atomic on object stores)
+and there must be one writer per file (the sweep driver).
 
 The Parquet key-value metadata holds `raybiphase.schema_version` and the key columns. Readable by pandas, pyarrow
 and DuckDB (`SELECT * FROM 'results/sweep/finetune.parquet'`).
@@ -60,11 +70,14 @@ def _exists(path: str | os.PathLike) -> bool:
     return fs.get_file_info(inner).type == pafs.FileType.File
 
 
-def _read_table(path: str | os.PathLike) -> pa.Table | None:
+def _read_table(path: str | os.PathLike, columns: Sequence[str] | None = None) -> pa.Table | None:
     if not _exists(path):
         return None
     fs, inner = _filesystem(path)
-    table = pq.read_table(inner, filesystem=fs)
+    if columns is not None:
+        present = set(pq.read_schema(inner, filesystem=fs).names)
+        columns = [c for c in columns if c in present]
+    table = pq.read_table(inner, filesystem=fs, columns=columns)
     version = int((table.schema.metadata or {}).get(VERSION_KEY, b"0"))
     if version > SCHEMA_VERSION:
         raise RuntimeError(f"{path} has schema version {version}; this raybiphase reads up to {SCHEMA_VERSION}")
@@ -129,7 +142,10 @@ def _lock(path: str | os.PathLike) -> Iterator[None]:
 def _to_table(rows: Rows) -> pa.Table:
     if isinstance(rows, pd.DataFrame):
         return pa.Table.from_pandas(rows, preserve_index=False)
-    return pa.Table.from_pylist([dict(r) for r in rows])
+    columns: dict[str, None] = {}  # every key of every row, in first-seen order (from_pylist reads only row 0's)
+    for row in rows:
+        columns.update(dict.fromkeys(row))
+    return pa.Table.from_pydict({name: [row.get(name) for row in rows] for name in columns})
 
 
 def _key_tuples(table: pa.Table, key: Sequence[str]) -> list[tuple]:
@@ -209,23 +225,19 @@ def append_rows(path: str | os.PathLike, rows: Rows, key: Sequence[str]) -> int:
 
 def read_rows(path: str | os.PathLike, columns: Iterable[str] | None = None) -> pd.DataFrame:
     """All rows as a DataFrame; an empty one when the file does not exist."""
-    table = _read_table(path)
-    if table is None:
-        return pd.DataFrame(columns=list(columns or []))
-    if columns is not None:
-        table = table.select([c for c in columns if c in table.column_names])
-    return table.to_pandas()
+    table = _read_table(path, None if columns is None else list(columns))
+    return pd.DataFrame(columns=list(columns or [])) if table is None else table.to_pandas()
 
 
 def done_keys(path: str | os.PathLike, key: Sequence[str]) -> set[tuple]:
-    """The keys already recorded: a resumed sweep skips these runs or trials."""
-    table = _read_table(path)
+    """The keys already recorded: a resumed sweep skips these runs or trials (reads the key columns only)."""
+    table = _read_table(path, list(key))
     return set(_key_tuples(table, key)) if table is not None else set()
 
 
 def schema_version(path: str | os.PathLike) -> int | None:
     """The schema version stored in the file's metadata (None when the file does not exist)."""
-    table = _read_table(path)
+    table = _read_table(path, [])
     return None if table is None else int(table.schema.metadata[VERSION_KEY])
 
 

@@ -10,8 +10,9 @@
   anyone else gets local files under WANDB_DIR (default ./wandb) and no network (`wandb sync` uploads them later).
 - One run per pretraining segment (`kind="pretrain"`) and per fine-tuning trial (`kind="finetune"`), grouped by
   sweep; the config holds the dotted keys (`phases.mask_ratio`), the same names as the YAML and Parquet columns.
-- Secrets: config keys containing "key", "token", "secret" or "password" are dropped, and so is any value that
-  contains the WANDB_API_KEY; console capture is off, so printed text never reaches W&B either.
+- Secrets: a config key with a word "key", "token", "secret", "password" (split at . _ / -: `sweep.wandb_api_key`,
+  `data.hf_token`) is dropped, and so is any value that contains the WANDB_API_KEY; `train.global_batch_tokens`
+  and `data.tokenizer` stay. Console capture is off, so printed text never reaches W&B either.
 - Rank zero only: under Ray Train V2 `setup_wandb(rank_zero_only=True)` was ignored (design.md), so `init_run`
   returns None unless the world rank (argument, else the RANK variable Ray Train's torch backend sets) is 0.
 """
@@ -19,11 +20,12 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-SECRET_WORDS = ("key", "token", "secret", "password")
+SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd", "credentials"})
 KINDS = ("pretrain", "finetune", "report")
 
 
@@ -32,7 +34,7 @@ def clean_config(config_flat: Mapping[str, Any]) -> dict[str, Any]:
     api_key = os.environ.get("WANDB_API_KEY", "")
     out = {}
     for key, value in config_flat.items():
-        if any(word in key.lower() for word in SECRET_WORDS):
+        if SECRET_WORDS & set(re.split(r"[^a-z0-9]+", key.lower())):
             continue
         if api_key and api_key in str(value):
             continue

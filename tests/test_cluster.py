@@ -1,0 +1,206 @@
+"""Cluster files (cluster/): the autoscaler configs pass the checks `ray up` makes before it calls a cloud, and the
+KubeRay RayJob runs the documented sweep. No cloud, no Kubernetes, no Ray cluster: seconds."""
+
+from __future__ import annotations
+
+import copy
+import shlex
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = ROOT / "cluster"
+DOCUMENTED_ENTRYPOINT = "python -m raybiphase.sweep sweeps/split_grid.yaml"
+AUTOSCALER_CONFIGS = {
+    # file: (the 8xH100 instance type, the single-GPU instance types it may use)
+    "aws.yaml": ("p5.48xlarge", {"g6e.xlarge", "g5.xlarge"}),
+    "gcp.yaml": ("a3-highgpu-8g", {"g2-standard-8", "a2-highgpu-1g"}),
+}
+STORAGE_SCHEME = {"aws.yaml": "s3://", "gcp.yaml": "gs://"}
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load((CLUSTER / name).read_text())
+
+
+def ray_up_checks(config: dict) -> dict:
+    """What `ray up` does to a config before it talks to the cloud (`_bootstrap_config` in
+    ray.autoscaler._private.commands): merge the provider's defaults and fill per-type worker bounds
+    (prepare_config), then check ray-schema.json and the cross-field rules (validate_config)."""
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    prepared = prepare_config(copy.deepcopy(config))
+    validate_config(prepared)
+    return prepared
+
+
+def instance_type(node_type: dict) -> str:
+    node_config = node_type["node_config"]
+    return node_config.get("InstanceType") or node_config["machineType"]
+
+
+def worker_types(config: dict) -> dict[str, dict]:
+    return {name: t for name, t in config["available_node_types"].items() if name != config["head_node_type"]}
+
+
+@pytest.fixture(scope="module", params=sorted(AUTOSCALER_CONFIGS))
+def autoscaler(request):
+    name = request.param
+    raw = load(name)
+    return name, raw, ray_up_checks(raw)
+
+
+# --- Ray autoscaler configs -------------------------------------------------------------------------------------
+
+
+def test_autoscaler_config_passes_rays_validation(autoscaler):
+    name, raw, prepared = autoscaler
+    assert prepared["provider"]["type"] == name.removesuffix(".yaml")
+    assert prepared["head_node_type"] in prepared["available_node_types"]
+
+
+def test_rays_validation_would_catch_a_misspelt_key(autoscaler):
+    """The check above is real: the same function refuses a node type with an unknown field."""
+    import jsonschema
+
+    _, raw, _ = autoscaler
+    broken = copy.deepcopy(raw)
+    next(iter(worker_types(broken).values()))["min_worker"] = 0
+    with pytest.raises(jsonschema.ValidationError, match="min_worker"):
+        ray_up_checks(broken)
+
+
+def test_head_runs_no_work(autoscaler):
+    _, raw, _ = autoscaler
+    head = raw["available_node_types"][raw["head_node_type"]]
+    assert head["resources"] == {"CPU": 0}, "the head only drives the sweep: trials and Ray Data must go to workers"
+    assert head.get("max_workers", 0) == 0
+
+
+def test_gpu_worker_types_scale_from_zero(autoscaler):
+    name, raw, prepared = autoscaler
+    eight_gpu_type, one_gpu_types = AUTOSCALER_CONFIGS[name]
+    workers = worker_types(raw)
+    for type_name, node_type in workers.items():
+        # Declared, not left to autodetection (which calls the cloud): the autoscaler plans with these numbers.
+        assert node_type["resources"].get("GPU", 0) >= 1, f"{type_name}: a worker type without GPUs"
+        assert node_type["resources"].get("CPU", 0) >= 1, f"{type_name}: Ray Data and trial drivers need CPUs"
+        assert node_type["min_workers"] == 0, f"{type_name}: GPU nodes must not run while nothing asks for them"
+        assert 1 <= node_type["max_workers"] <= prepared["max_workers"], type_name
+    gpus_by_instance = {instance_type(t): t["resources"]["GPU"] for t in workers.values()}
+    assert gpus_by_instance.get(eight_gpu_type) == 8
+    assert any(gpus_by_instance.get(t) == 1 for t in one_gpu_types), gpus_by_instance
+
+
+def test_every_node_installs_the_project_and_gpu_workers_its_gpu_extra(autoscaler):
+    _, raw, prepared = autoscaler
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "gpu" in extras
+    assert raw["file_mounts"] == {"~/raybiphase": "."}, "setup installs the working tree that `ray up` syncs"
+    # prepare_config puts setup_commands in front of head_setup_commands and worker_setup_commands.
+    head_cmds = " && ".join(prepared["head_setup_commands"])
+    worker_cmds = " && ".join(prepared["worker_setup_commands"])
+    assert "cd ~/raybiphase && pip install -c constraints.txt -e ." in head_cmds
+    assert "cd ~/raybiphase && pip install -c constraints.txt -e '.[gpu]'" in worker_cmds
+    # No type overrides the GPU workers' setup with its own list.
+    assert all("worker_setup_commands" not in t for t in raw["available_node_types"].values())
+
+
+def test_nodes_run_the_installed_ray_and_python(autoscaler):
+    """The client that submits and the cluster must run the same Ray; the project pins Python 3.11."""
+    import ray
+
+    _, raw, _ = autoscaler
+    tag = f"{ray.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
+    assert raw["docker"]["head_image"] == f"rayproject/ray:{tag}-cpu"
+    assert raw["docker"]["worker_image"] == f"rayproject/ray:{tag}-gpu"
+
+
+def test_workers_may_write_the_bucket(autoscaler):
+    name, raw, _ = autoscaler
+    for type_name, node_type in worker_types(raw).items():
+        node_config = node_type["node_config"]
+        if name == "aws.yaml":
+            assert node_config["IamInstanceProfile"], type_name
+        else:
+            scopes = [s for account in node_config["serviceAccounts"] for s in account["scopes"]]
+            assert any(s.endswith(("/cloud-platform", "/devstorage.read_write")) for s in scopes), type_name
+    assert f"sweep.storage: {STORAGE_SCHEME[name]}" in (CLUSTER / name).read_text()
+
+
+def test_aws_node_configs_are_valid_run_instances_arguments():
+    """Ray hands each node_config to EC2's RunInstances unchanged; botocore's own model of that call checks the
+    field names and types offline (ray-schema.json leaves node_config free-form)."""
+    botocore_session = pytest.importorskip("botocore.session")
+    from botocore.validate import ParamValidator
+
+    shape = botocore_session.get_session().get_service_model("ec2").operation_model("RunInstances").input_shape
+    for type_name, node_type in load("aws.yaml")["available_node_types"].items():
+        report = ParamValidator().validate({**node_type["node_config"], "MinCount": 1, "MaxCount": 1}, shape)
+        assert not report.has_errors(), f"{type_name}: {report.generate_report()}"
+
+
+# --- KubeRay RayJob ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rayjob() -> dict:
+    documents = list(yaml.safe_load_all((CLUSTER / "kuberay-rayjob.yaml").read_text()))
+    assert len(documents) == 1
+    return documents[0]
+
+
+def test_rayjob_runs_the_documented_sweep(rayjob):
+    assert rayjob["apiVersion"] == "ray.io/v1"
+    assert rayjob["kind"] == "RayJob"
+    assert rayjob["spec"]["entrypoint"] == DOCUMENTED_ENTRYPOINT
+    assert rayjob["spec"]["shutdownAfterJobFinishes"] is True
+
+
+def test_rayjob_names_a_sweep_file_in_the_repository(rayjob):
+    specs = [arg for arg in shlex.split(rayjob["spec"]["entrypoint"]) if arg.endswith((".yaml", ".yml"))]
+    assert specs == ["sweeps/split_grid.yaml"]
+    assert (ROOT / specs[0]).is_file(), f"{specs[0]} is not in the repository"
+
+
+def test_rayjob_cluster_has_a_cpu_head_and_gpu_groups_from_zero(rayjob):
+    import ray
+
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    assert cluster["rayVersion"] == ray.__version__
+    assert cluster["enableInTreeAutoscaling"] is True
+    head = cluster["headGroupSpec"]
+    assert head["rayStartParams"]["num-cpus"] == "0"
+    for container in head["template"]["spec"]["containers"]:
+        assert "nvidia.com/gpu" not in container.get("resources", {}).get("limits", {}), "the head needs no GPU"
+    gpus = {}
+    for group in cluster["workerGroupSpecs"]:
+        assert group["minReplicas"] == 0 and group["replicas"] == 0, group["groupName"]
+        assert group["maxReplicas"] >= 1, group["groupName"]
+        (container,) = group["template"]["spec"]["containers"]
+        gpus[group["groupName"]] = int(container["resources"]["limits"]["nvidia.com/gpu"])
+    assert sorted(gpus.values()) == [1, 8], gpus
+
+
+def test_rayjob_storage_is_a_bucket(rayjob):
+    runtime_env = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])
+    assert runtime_env["env_vars"]["RAYBIPHASE_STORAGE"].startswith(("gs://", "s3://"))
+
+
+# --- README -----------------------------------------------------------------------------------------------------
+
+
+def test_readme_commands_match_the_files():
+    readme = (CLUSTER / "README.md").read_text()
+    for name in AUTOSCALER_CONFIGS:
+        assert f"ray up cluster/{name}" in readme
+    assert "kubectl apply -f cluster/kuberay-rayjob.yaml" in readme
+    assert f"{DOCUMENTED_ENTRYPOINT} --dry-run" in readme
+    submits = [line for line in readme.splitlines() if line.startswith("ray job submit")]
+    assert submits, "the README shows no ray job submit"
+    for line in submits:
+        assert f"--working-dir . -- {DOCUMENTED_ENTRYPOINT}" in line, line

@@ -1,0 +1,112 @@
+"""Importer: the authors' evaluation trees become finetune rows (source="paper") aggregating to the paper's numbers."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from raybiphase import importer
+from raybiphase.cli import UserError
+from raybiphase.importer import collect, import_tree, parse_model_name, read_trial
+from raybiphase.results import read_rows
+
+PAPER_TREE = Path(__file__).parent / "fixtures" / "paper_tree"
+
+
+def test_import_fixture_tree_reproduces_the_paper(tmp_path) -> None:
+    assert import_tree(PAPER_TREE, tmp_path) == (60, 0)
+    trials = read_rows(tmp_path / "finetune.parquet")
+    assert set(trials["source"]) == {"paper"} and set(trials["sweep"]) == {"paper"}
+    assert set(trials["task"]) == {"sst2"} and set(trials["family"]) == {"SC"} and set(trials["metric"]) == {"accuracy"}
+    assert sorted(trials["lr"].unique()) == [1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4]
+    for per_example, test_score in zip(trials["test_per_example"], trials["test_score"]):
+        assert len(per_example) == 872 and sum(per_example) / 872 == pytest.approx(test_score, abs=1e-9)
+    summary = read_rows(tmp_path / "summary.parquet").set_index("run")
+    mlm = summary.loc["610m-mlm40-42k"]
+    assert mlm["best_lr"] == 1e-4 and round(mlm["test_mean"] * 100, 2) == 91.74
+    assert round(mlm["test_ci95"] * 100, 2) == 0.35 and mlm["clm_share"] == 0
+    biphasic = summary.loc["610m-clm-10k-mlm40-42k"]
+    assert biphasic["best_lr"] == 5e-5 and round(biphasic["test_mean"] * 100, 2) == 92.41
+    assert round(biphasic["test_ci95"] * 100, 2) == 0.55
+    assert biphasic["clm_share"] == pytest.approx(10 / 42) and biphasic["phases.steps"] == 42000
+
+
+def test_reimport_adds_nothing(tmp_path) -> None:
+    import_tree(PAPER_TREE, tmp_path)
+    assert import_tree(PAPER_TREE, tmp_path) == (0, 60)
+    assert len(read_rows(tmp_path / "finetune.parquet")) == 60
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("610m-clm-42k", {"run": "610m-clm-42k", "clm_share": 1.0, "phases.steps": 42000, "pretrain_step": 42000}),
+    ("610m-clm-10k-mlm40-42k", {"phases.clm_steps": 10000, "phases.mask_ratio": 0.4, "model.init_from": None}),
+    ("610m-mlm40-42k-1000", {"run": "610m-mlm40-42k", "pretrain_step": 1000, "clm_share": 0.0}),
+    ("610m-clm-dec42k-mlm40-64k", {"model.init_from": "610m-clm-42k", "phases.steps": 22000, "clm_share": 0.0,
+                                   "pretrain_step": 64000}),
+    ("210m-mlm20-12k", {"model.size": "210m", "phases.mask_ratio": 0.2}),
+    ("not-a-model-name", {"run": "not-a-model-name"}),
+])
+def test_parse_model_name(name: str, expected: dict) -> None:
+    parsed = parse_model_name(name)
+    for key, value in expected.items():
+        assert parsed[key] == value, key
+
+
+@pytest.mark.parametrize("data, expected", [
+    ({"validation": {"score": 0.8}, "test": {"score": 0.9, "per_example": [1, 0]}}, (0.8, 0.9, [1.0, 0.0])),
+    ({"eval": {"eval_f1": 0.7, "eval_loss": 1.2}, "test": {"test_f1": 0.75}}, (0.7, 0.75, [])),
+    ({"dev": 81.0, "test": 85.5}, (0.81, 0.855, [])),  # percentages
+    ({"val_score": 0.6, "test_score": 0.65, "test_per_example": [0.5, 1.0]}, (0.6, 0.65, [0.5, 1.0])),
+    ({"validation": {"accuracy": 0.5}, "test": {"accuracy": 0.6, "scores": [50, 100]}}, (0.5, 0.6, [0.5, 1.0])),
+])
+def test_lenient_json_fields(tmp_path, data: dict, expected: tuple) -> None:
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(data))
+    trial = read_trial(path, "TC")
+    assert (trial["val_score"], trial["test_score"], trial["test_per_example"]) == pytest.approx(expected)
+    assert trial["metric"] == "f1"
+
+
+def _write(tree: Path, trial_dir: str, data: dict) -> None:
+    folder = tree / "210m-mlm30-12k" / "QA" / "squad" / trial_dir
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("trial_dir, data, message", [
+    ("lr1e-4_sd0", {"test": {"score": 0.5}}, "needs a validation and a test score"),
+    ("lr1e-4_sd0", {"validation": {"a": 0.5, "b": 0.6}, "test": 0.5}, "cannot tell which entry"),
+    ("learning_rate_1e-4", {"validation": 0.5, "test": 0.5}, "lr<LR>_sd<SEED>"),
+])
+def test_bad_trees_are_one_clear_error(tmp_path, trial_dir: str, data: dict, message: str) -> None:
+    _write(tmp_path, trial_dir, data)
+    with pytest.raises(UserError, match=message):
+        collect(tmp_path)
+
+
+def test_empty_or_missing_tree_is_an_error(tmp_path) -> None:
+    with pytest.raises(UserError, match="no <model>"):
+        collect(tmp_path)
+    with pytest.raises(UserError, match="not a folder"):
+        collect(tmp_path / "absent")
+
+
+def test_seed_spelling_and_family_case(tmp_path) -> None:
+    _write(tmp_path, "lr0.0001_seed3", {"validation": 0.5, "test": 0.6})
+    (row,) = collect(tmp_path)
+    assert (row["lr"], row["seed"], row["family"], row["task"], row["metric"]) == (1e-4, 3, "QA", "squad", "f1")
+
+
+def test_cli(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(sys, "argv", ["importer", str(PAPER_TREE), str(tmp_path)])
+    with pytest.raises(SystemExit) as exit_info:
+        importer.run_main(importer.main)
+    assert exit_info.value.code == 0
+    assert "imported 60 trials" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["importer", str(tmp_path / "absent"), str(tmp_path)])
+    with pytest.raises(SystemExit) as exit_info:
+        importer.run_main(importer.main)
+    assert exit_info.value.code == 2

@@ -1,0 +1,163 @@
+"""The report: every figure drawn from a plausible sweep, titled and labelled, paper rows beside ours; clear errors."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import numpy as np
+import pandas as pd
+import pytest
+
+from raybiphase import report
+from raybiphase.importer import import_tree
+from raybiphase.results import FINETUNE_FILE, FINETUNE_KEY, PRETRAIN_FILE, PRETRAIN_KEY, append_rows
+
+PAPER_TREE = Path(__file__).parent / "fixtures" / "paper_tree"
+TASKS = {"tweet_sentiment": ("SC", "accuracy"), "squad_bio": ("TC", "f1")}
+FIGURES = ("clm_share", "mask_ratio", "data_efficiency", "lr_sensitivity", "continued", "pretrain_curves")
+
+
+def _run(share: float, budget: int, ratio: float = 0.4, source: str | None = None) -> dict:
+    clm = round(share * budget)
+    parts = ["tiny"] + ([f"{source}-dec400"] if source else [])
+    parts += ([f"clm-{clm}"] if clm else []) + ([f"mlm{round(ratio * 100)}-{budget}"] if clm < budget else [])
+    return {"run": "-".join(parts) + "-abc123", "clm_share": share, "phases.steps": budget, "phases.clm_steps": clm,
+            "phases.mask_ratio": ratio, "model.size": "tiny", "train.seed": 0,
+            "model.init_from": f"/ckpt/tiny-{source}-400-abc123/step_400" if source else None}
+
+
+def _runs() -> list[dict]:
+    runs = [_run(share, budget) for share in (0, 0.25, 0.5, 0.75, 1) for budget in (200, 400)]
+    runs += [_run(0, 400, ratio) for ratio in (0.2, 0.3)]
+    runs += [_run(0, 200, source=source) for source in ("clm", "mlm40")]
+    return runs
+
+
+def _pretrain_rows(config: dict) -> list[dict]:
+    rows, clm_steps = [], config["phases.clm_steps"]
+    for step in range(50, config["phases.steps"] + 1, 50):
+        objective = "clm" if step <= clm_steps else "mlm"
+        seen = step / 400
+        rows.append({**config, "sweep": "synthetic", "step": step, "tokens_seen": step * 4096,
+                     "phase": int(objective == "mlm" and clm_steps > 0), "objective": objective,
+                     "train/clm_loss": 7 - 2 * seen if objective == "clm" else math.nan,
+                     "train/mlm_loss": 7.5 - 2 * seen if objective == "mlm" else math.nan,
+                     "val/clm_loss": 7.1 - 2 * seen + (0.3 if objective == "mlm" else 0),
+                     "val/mlm_loss": 7.6 - 2 * seen + (0.4 if objective == "clm" else 0),
+                     "lr": 5e-4, "tokens_per_s": 9000.0, "checkpoint": ""})
+    return rows
+
+
+def _finetune_rows(config: dict, rng: np.random.Generator) -> list[dict]:
+    rows, budget = [], config["phases.steps"]
+    steps = (100, 200, 400) if budget == 400 and config["phases.mask_ratio"] == 0.4 else (budget,)
+    for pretrain_step in steps:
+        for task, (family, metric) in TASKS.items():
+            for lr in (1e-4, 5e-4):
+                for seed in (0, 1):
+                    share = config["clm_share"]
+                    base = 0.70 + 0.08 * share * (1 - share) + 0.03 * pretrain_step / 400 - (0.02 if lr == 5e-4 else 0)
+                    val, test = base + rng.normal(0, 0.005, 2)
+                    rows.append({**config, "sweep": "synthetic", "checkpoint": f"/ckpt/{config['run']}/{pretrain_step}",
+                                 "pretrain_step": pretrain_step, "task": task, "family": family, "dataset": task,
+                                 "metric": metric, "lr": lr, "seed": seed, "val_score": val, "test_score": test,
+                                 "steps": 100, "stopped_early": False, "seconds": 3.0,
+                                 "test_per_example": [float(test > 0.7)] * 4, "source": "raybiphase"})
+    return rows
+
+
+def _write_sweep(folder: Path) -> Path:
+    rng = np.random.default_rng(0)
+    runs = _runs()
+    append_rows(folder / PRETRAIN_FILE, [r for c in runs for r in _pretrain_rows(c)], key=PRETRAIN_KEY)
+    append_rows(folder / FINETUNE_FILE, [r for c in runs for r in _finetune_rows(c, rng)], key=FINETUNE_KEY)
+    import_tree(PAPER_TREE, folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> tuple[Path, Path, dict]:
+    """A plausible sweep (5 CLM shares x 2 budgets, 3 masking ratios, intermediate checkpoints, continued runs,
+    2 tasks x 2 LRs x 2 seeds) plus the authors' SST-2 rows, reported once for every test here."""
+    results_dir = _write_sweep(tmp_path_factory.mktemp("sweep"))
+    path, sections = report.write_report(results_dir)
+    return results_dir, path, {s.name: s for s in sections}
+
+
+def test_report_draws_every_figure_with_titles_labels_and_paper_rows(written) -> None:
+    _, _, by_name = written
+    assert set(by_name) == {*FIGURES, "summary"}
+    assert "| paper | 610m-mlm40-42k | MLM | 0 | sst2 | 1e-04 | 91.74 ± 0.35 | 5 |" in by_name.pop("summary").table
+    for section in by_name.values():
+        assert section.figure is not None, f"{section.name}: {section.note}"
+        assert section.title in section.figure._suptitle.get_text()
+        for ax in (a for a in section.figure.axes if a.get_visible()):
+            assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
+        assert _legend_texts(section.figure), section.name
+    assert {"200 steps", "400 steps", "paper 42k steps"} <= _legend_texts(by_name["clm_share"].figure)
+    assert "paper" in by_name["clm_share"].table and "tweet_sentiment" in by_name["clm_share"].table
+    assert "MLM phases at masking ratio 0.4 only" in by_name["clm_share"].note
+    assert [t.get_text() for t in by_name["continued"].figure.axes[0].get_xticklabels()] == ["from CLM", "from MLM"]
+    assert {"held-out CLM loss, 200 steps budget", "held-out MLM loss, 400 steps budget"} <= {
+        ax.get_title() for ax in by_name["pretrain_curves"].figure.axes}
+
+
+def _legend_texts(figure) -> set[str]:
+    legends = [*figure.legends, *(ax.get_legend() for ax in figure.axes if ax.get_legend())]
+    return {text.get_text() for legend in legends for text in legend.get_texts()}
+
+
+def test_report_writes_markdown_and_valid_pngs(written) -> None:
+    results_dir, path, _ = written
+    text = path.read_text()
+    assert path == results_dir / "report" / "report.md"
+    for name in FIGURES:
+        assert f"({name}.png)" in text
+        image = matplotlib.image.imread(results_dir / "report" / f"{name}.png")
+        assert image.ndim == 3 and image.shape[0] > 300 and image.shape[1] > 400
+    assert "± " in text and "Not drawn" not in text
+    assert (results_dir / "summary.parquet").exists()
+
+
+def _small_sweep(folder: Path) -> Path:
+    """One run, one LR: most figures have nothing to vary along."""
+    rows = [r for r in _finetune_rows(_run(0.5, 200), np.random.default_rng(1)) if r["lr"] == 1e-4]
+    append_rows(folder / FINETUNE_FILE, rows, key=FINETUNE_KEY)
+    return folder
+
+
+def test_report_says_why_a_figure_is_absent(tmp_path: Path) -> None:
+    path, sections = report.write_report(_small_sweep(tmp_path))
+    text = path.read_text()
+    assert "Not drawn: the runs do not differ in CLM share." in text
+    assert "Not drawn: a single fine-tuning learning rate." in text
+    assert "Not drawn: needs continued runs started from both CLM and MLM." in text
+    assert "Not drawn: no pretraining rows (pretrain.parquet is empty)." in text
+    assert all(s.figure is None for s in sections)
+    assert "## 7. All results at the final checkpoint" in text and "| tiny-clm-100-mlm40-200-abc123 |" in text
+    assert not list((tmp_path / "report").glob("*.png"))
+
+
+@pytest.mark.parametrize("make", ["missing", "empty"])
+def test_report_cli_without_results_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, make) -> None:
+    target = tmp_path / "nowhere"
+    if make == "empty":
+        target.mkdir()
+        append_rows(target / FINETUNE_FILE, pd.DataFrame(columns=list(FINETUNE_KEY)), key=FINETUNE_KEY)
+    monkeypatch.setattr(sys, "argv", ["report", str(target)])
+    with pytest.raises(SystemExit) as exit_info:
+        report.run_main(report.main)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "no results" in err and "\n" not in err
+
+
+def test_report_cli_prints_the_report_path(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(sys, "argv", ["report", str(_small_sweep(tmp_path))])
+    with pytest.raises(SystemExit) as exit_info:
+        report.run_main(report.main)
+    assert exit_info.value.code == 0
+    assert "report.md" in capsys.readouterr().out
