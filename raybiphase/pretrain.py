@@ -84,7 +84,7 @@ def make_trainer(cfg: Config, *, name: str, data_dir: str, resume_from: str | No
 
     return TorchTrainer(
         train_loop,
-        train_loop_config={"config": to_dict(cfg), "data_dir": data_dir, "resume_from": resume_from, **loop_extra},
+        train_loop_config={"config": to_dict(cfg), "name": name, "data_dir": data_dir, "resume_from": resume_from, **loop_extra},
         scaling_config=ray.train.ScalingConfig(num_workers=res.num_workers, use_gpu=use_gpu,
                                                resources_per_worker=per_worker if res.num_workers else None),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),

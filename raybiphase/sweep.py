@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
 from raybiphase.cli import UserError, config_parser, run_main
 from raybiphase.config import Config, load_config, to_dict
@@ -34,6 +35,18 @@ def _fs_exists(uri: str) -> bool:
 
 def checkpoint_uri(root: str, segment_id: str, step: int) -> str:
     return f"{root}/runs/{segment_id}/{CHECKPOINT.format(step)}"
+
+
+def _read_json(uri: str) -> dict | None:
+    import json
+
+    import pyarrow.fs
+
+    fs, path = pyarrow.fs.FileSystem.from_uri(uri)
+    if fs.get_file_info(path).type == pyarrow.fs.FileType.NotFound:
+        return None
+    with fs.open_input_stream(path) as handle:
+        return json.loads(handle.read().decode())
 
 
 def segment_done(root: str, segment: Segment) -> bool:
@@ -100,8 +113,12 @@ def record_pretraining(plan: Plan, segment: Segment, root: str, spec: Config) ->
     from raybiphase import results
     from raybiphase.pretrain import read_history
 
+    reports = {r["step"]: r for r in read_history(f"{root}/runs/{segment.id}")}
+    end = _read_json(checkpoint_uri(root, segment.id, segment.end) + "/meta.json")
+    if end and segment.end not in reports:  # the driver died between the checkpoint and its history entry
+        reports[segment.end] = {**end["metrics"], "checkpoint": checkpoint_uri(root, segment.id, segment.end)}
     rows = []
-    for report in read_history(f"{root}/runs/{segment.id}"):
+    for report in reports.values():
         if not segment.start < report["step"] <= segment.end:
             continue
         for name in segment.runs:
@@ -126,6 +143,10 @@ def _clm_share(cfg: Config) -> float:
 
 
 def run_sweep(spec: Config, *, dry_run: bool = False, out=sys.stdout) -> Plan:
+    from raybiphase.config import replace
+
+    if "://" not in spec.sweep.storage:  # trials run elsewhere (another directory, another node): pin the path
+        spec = replace(spec, {"sweep.storage": str(Path(spec.sweep.storage).expanduser().resolve())})
     plan = make_plan(spec)
     text = describe(plan, spec)
     print(text if dry_run else "\n".join(text.splitlines()[:1] + text.splitlines()[-2:-1]), file=out)

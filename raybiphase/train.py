@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from raybiphase import checkpoint
-from raybiphase.config import config_from_dict
+from raybiphase import checkpoint, wandb_log
+from raybiphase.config import config_from_dict, flatten
 from raybiphase.masking import MaskingSpec
 from raybiphase.model import build_model, forward_loss, from_decoder
 from raybiphase.parallel import apply_fsdp, use_bf16
@@ -81,7 +81,8 @@ def evaluate(model, val: dict[str, list[dict]], device) -> dict[str, float]:
 def train_loop(loop_config: dict) -> None:
     """Ray Train worker entry point.
 
-    loop_config: {"config": nested config dict, "data_dir": prepared shards, "resume_from": checkpoint or None,
+    loop_config: {"config": nested config dict, "name": run or segment name (W&B), "data_dir": prepared shards,
+    "resume_from": checkpoint or None,
     "stop_at": the last step of a sweep segment (default: the end of the run), and for the fault-tolerance test
     only "fail_at_step" and "fail_marker"}.
     """
@@ -117,6 +118,8 @@ def train_loop(loop_config: dict) -> None:
         with (resume.as_directory() if resume is not None else _local(path)) as local:
             meta = checkpoint.load(local, model, optimizer)
         step, data_start = meta["step"], meta["data_start"]
+    tracker = wandb_log.init_run("pretrain", loop_config.get("name", "pretrain"), cfg.sweep.name, flatten(cfg),
+                                 cfg.sweep.wandb_project, rank=rank)
     val = validation_batches(manifest, batch_size=micro, batches=cfg.train.eval_batches, mask_ratio=cfg.train.eval_mask_ratio)
     fpt, peak = model_flops_per_token(model, cfg.data.seq_len), peak_flops()
     tokens_per_step = rows_per_step * cfg.data.seq_len
@@ -187,9 +190,11 @@ def train_loop(loop_config: dict) -> None:
                                      checkpoint_dir_name=f"step-{step:08d}")
             else:
                 ray.train.report(metrics)
+            wandb_log.log(tracker, {k: v for k, v in metrics.items() if k != "objective"}, step=step)
             window_start, window_tokens = time.perf_counter(), 0
             if loop_config.get("fail_at_step") == step and rank == world - 1:
                 _fail_once(step, Path(loop_config["fail_marker"]))
+    wandb_log.finish(tracker)
 
 
 class _local:

@@ -13,6 +13,8 @@ os.environ.setdefault("WANDB_MODE", "offline")
 def pytest_collection_modifyitems(config, items):
     import torch
 
+    # tests that start their own Ray cluster (`ray start --head`) run last: they stop every Ray on the machine
+    items.sort(key=lambda item: "cluster" in item.keywords)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
@@ -59,3 +61,33 @@ def small_data(offline_cache, ray_cluster, tmp_path_factory):
     data = DataConfig(**SMALL_DATA, dir=str(tmp_path_factory.mktemp("data") / "small"))
     path = prepare(data, quiet=True)
     return data, open_dataset(path, seq_len=data.seq_len)
+
+
+TINY_BASE = {
+    "model": {"size": "tiny"},
+    "phases": {"steps": 8, "clm_share": 0.5},
+    "optim": {"warmup_steps": 2, "decay_steps": 2},
+    "train": {"global_batch_tokens": 2048, "micro_batch_size": 8, "eval_every": 1, "checkpoint_every": 100,
+              "eval_batches": 1},
+    "resources": {"num_workers": 2, "cpus_per_worker": 0.45},
+}
+
+
+def tiny_base(tmp, small_data, name="t") -> dict:
+    """A 2-worker, 8-step tiny EuroBERT run (4 CLM + 4 MLM steps) on the small dataset, as a config dict."""
+    data, _ = small_data
+    return {**TINY_BASE, "sweep": {"name": name, "storage": str(tmp)}, "data": {**SMALL_DATA, "dir": data.dir}}
+
+
+def tiny_config(tmp, small_data, **overrides):
+    from raybiphase.config import config_from_dict
+
+    return config_from_dict(tiny_base(tmp, small_data), overrides)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(small_data, tmp_path_factory):
+    """The tiny run, trained once, uninterrupted, on its own: the reference for restarts and branches."""
+    from raybiphase.pretrain import run_pretrain
+
+    return run_pretrain(tiny_config(tmp_path_factory.mktemp("alone"), small_data))

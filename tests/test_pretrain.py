@@ -9,26 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import SMALL_DATA
+from tests.conftest import tiny_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
-
-def tiny_config(tmp: Path, small_data, **overrides):
-    from raybiphase.config import config_from_dict
-
-    data, _ = small_data
-    base = {
-        "sweep": {"name": "t", "storage": str(tmp)},
-        "data": {**SMALL_DATA, "dir": data.dir},
-        "model": {"size": "tiny"},
-        "phases": {"steps": 8, "clm_share": 0.5},
-        "optim": {"warmup_steps": 2, "decay_steps": 2},
-        "train": {"global_batch_tokens": 2048, "micro_batch_size": 8, "eval_every": 1, "checkpoint_every": 100,
-                  "eval_batches": 1},
-        "resources": {"num_workers": 2, "cpus_per_worker": 0.5},
-    }
-    return config_from_dict(base, overrides)
 
 
 def _weights(result) -> dict[str, torch.Tensor]:
@@ -36,10 +19,8 @@ def _weights(result) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(small_data, tmp_path_factory):
-    from raybiphase.pretrain import run_pretrain
-
-    return run_pretrain(tiny_config(tmp_path_factory.mktemp("a"), small_data))
+def uninterrupted(tiny_run):
+    return tiny_run
 
 
 def test_run_reports_phases_losses_and_checkpoints(uninterrupted):

@@ -1,0 +1,108 @@
+"""The sweep on a real local Ray: a killed driver resumes without recomputing, a branch equals the run alone,
+and `ray job submit -- python -m raybiphase.sweep SPEC` runs against `ray start --head`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from tests.conftest import tiny_base
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _spec(tmp_path: Path, small_data) -> Path:
+    spec = tiny_base(tmp_path / "results", small_data, name="branch")
+    spec["sweep"]["grid"] = {"phases.clm_share": [0.5, 1.0]}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _sweep(spec: Path, env=None, **kwargs):
+    return subprocess.Popen([sys.executable, "-m", "raybiphase.sweep", str(spec)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(small_data, tmp_path_factory):
+    """Run the sweep, kill the driver (and its local Ray) once the shared CLM segment is done, run it again."""
+    tmp = tmp_path_factory.mktemp("sweep")
+    spec = _spec(tmp, small_data)
+    root = tmp / "results" / "branch"
+    proc = _sweep(spec)
+    first = None
+    deadline = time.time() + 420
+    while time.time() < deadline and proc.poll() is None:
+        done = list((root / "runs").glob("tiny-clm-0-4-*/step-00000004/meta.json"))
+        if done:
+            first = done[0]
+            break
+        time.sleep(1)
+    assert first is not None, proc.communicate()[0][-3000:]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    stamp = first.stat().st_mtime_ns
+    rerun = _sweep(spec)
+    output = rerun.communicate(timeout=600)[0]
+    assert rerun.returncode == 0, output[-3000:]
+    return {"spec": spec, "root": root, "first": first, "stamp": stamp, "output": output}
+
+
+def test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once(finished_sweep):
+    from raybiphase.results import read_rows
+
+    assert "1/3 segments already done" in finished_sweep["output"]
+    assert finished_sweep["first"].stat().st_mtime_ns == finished_sweep["stamp"]  # not recomputed
+    rows = read_rows(finished_sweep["root"] / "pretrain.parquet")
+    assert not rows.duplicated(["run", "step"]).any()
+    assert sorted(rows.groupby("run")["step"].apply(sorted).tolist()) == [list(range(1, 9))] * 2
+
+
+def test_a_branch_ends_with_the_weights_of_the_run_alone(finished_sweep, tiny_run):
+    (branch,) = (finished_sweep["root"] / "runs").glob("tiny-mlm40-4-8-*/step-00000008/hf/model.safetensors")
+    alone = Path(tiny_run.checkpoint.path) / "hf" / "model.safetensors"
+    a, b = load_file(str(branch)), load_file(str(alone))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.cluster
+def test_ray_job_submit_runs_the_sweep_on_a_started_cluster(finished_sweep):
+    """`ray start --head` + `ray job submit`: the job finds every segment done and exits cleanly."""
+    import ray
+
+    ray.shutdown()  # this test owns the machine's Ray from here on (the marker runs it last)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": ""}
+    env.pop("RAY_ADDRESS")
+    dashboard = _free_port()
+    ray_bin = shutil.which("ray") or str(Path(sys.executable).parent / "ray")
+    start = [ray_bin, "start", "--head", f"--port={_free_port()}", "--num-cpus=2", "--include-dashboard=true",
+             f"--dashboard-port={dashboard}", "--disable-usage-stats"]
+    subprocess.run(start, env=env, check=True, capture_output=True, timeout=120)
+    try:
+        submit = [ray_bin, "job", "submit", f"--address=http://127.0.0.1:{dashboard}", "--",
+                  sys.executable, "-m", "raybiphase.sweep", str(finished_sweep["spec"])]
+        proc = subprocess.run(submit, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "3/3 segments already done" in proc.stdout
+        assert "succeeded" in proc.stdout
+    finally:
+        subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=120)
