@@ -1,0 +1,43 @@
+"""The README's two commands are the ones that work: CI runs the test command verbatim; the run command's parts exist."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _commands() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    setup = text.split("## Set up on a fresh machine", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.+?)\n```", setup)
+
+
+def test_readme_names_exactly_two_setup_commands_and_ci_runs_the_test_one():
+    run, test = _commands()
+    assert run.startswith("pip install -c constraints.txt -e . && ")
+    assert test == "pip install -c constraints.txt -e '.[dev]' && python -m pytest"
+    ci = (REPO / ".ci" / "run").read_text()
+    assert test in ci.splitlines()
+
+
+def test_readme_run_command_plans_the_quickstart():
+    run, _ = _commands()
+    sweep = run.split("&& ")[-1].split()
+    assert sweep[:3] == ["python", "-m", "raybiphase.sweep"] and (REPO / sweep[3]).is_file()
+    proc = subprocess.run([sys.executable, *sweep[1:], "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "steps: naive" in proc.stdout and "planned" in proc.stdout
+
+
+def test_bad_sweep_key_exits_2_with_one_line_and_writes_nothing(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "raybiphase.sweep", "sweeps/quickstart.yaml",
+                           "--set", f"sweep.storage={tmp_path / 'out'}", "--set", "phases.mask_ratoi=0.3"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error: phases.mask_ratoi: unknown key (did you mean 'phases.mask_ratio'?)")
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
