@@ -183,7 +183,58 @@ def run_sweep(spec: Config, *, dry_run: bool = False, out=sys.stdout) -> Plan:
               + (f", about {eta / 60:.0f} min left" if todo else ""), file=out, flush=True)
     for s in plan.segments.values():  # rows of segments finished by an earlier, interrupted invocation
         record_pretraining(plan, s, root, spec)
+    if spec.finetune.tasks:
+        run_finetuning(plan, root, spec, out=out)
+    finish(root, spec, out=out)
     return plan
+
+
+def finetune_checkpoints(plan: Plan, root: str, spec: Config) -> list[dict]:
+    """Every run's final checkpoint and its requested intermediate ones (train.export_steps), as fan-out inputs."""
+    out = []
+    for run in plan.runs.values():
+        steps = sorted({*[s for s in run.config.train.export_steps if s < run.steps], run.steps})
+        for step in steps:
+            seg = next(plan.segments[s] for s in run.segments if plan.segments[s].start < step <= plan.segments[s].end)
+            out.append({"run": f"{run.name}@{step}", "hf_dir": checkpoint_uri(root, seg.id, step) + "/hf",
+                        "columns": {**_columns(run.config), "clm_share": _clm_share(run.config)}})
+    return out
+
+
+def run_finetuning(plan: Plan, root: str, spec: Config, out=sys.stdout) -> int:
+    """The fan-out over every checkpoint x task x LR x seed; rows appended once to finetune.parquet."""
+    from raybiphase import results
+    from raybiphase.fanout import run_fanout
+
+    path = f"{root}/{results.FINETUNE_FILE}"
+    done = {(f"{run}@{step}", task, lr, seed) for run, step, task, lr, seed, source
+            in results.done_keys(path, results.FINETUNE_KEY) if source == "raybiphase"}
+    checkpoints = finetune_checkpoints(plan, root, spec)
+    total = len(checkpoints) * len(spec.finetune.tasks) * len(spec.finetune.lrs) * len(spec.finetune.seeds)
+    print(f"fine-tuning: {len(done)}/{total} trials already done; running the rest "
+          f"({'ASHA' if spec.finetune.asha else 'full grid'})", file=out, flush=True)
+    rows = run_fanout(checkpoints, spec, storage=root, name="finetune", done=done)
+    for row in rows:
+        run, step = row["run"].rsplit("@", 1)
+        row.update(run=run, pretrain_step=int(step), source="raybiphase", sweep=spec.sweep.name)
+    results.append_rows(path, rows, key=results.FINETUNE_KEY) if rows else None
+    print(f"fine-tuning: {len(rows)} trials recorded", file=out, flush=True)
+    return len(rows)
+
+
+def finish(root: str, spec: Config, out=sys.stdout) -> None:
+    """summary.parquet, the report, and W&B when configured."""
+    from raybiphase import results, wandb_log
+    from raybiphase.report import write_report
+
+    if "://" in root:
+        print(f"results: {root} (draw the report from a local copy: python -m raybiphase.report DIR)", file=out)
+        return
+    if _fs_exists(f"{root}/{results.FINETUNE_FILE}"):
+        results.write_summary(root)
+    path, _ = write_report(root)
+    wandb_log.log_report(root, spec.sweep.wandb_project, spec.sweep.name)
+    print(f"report: {path}", file=out)
 
 
 def main() -> int:

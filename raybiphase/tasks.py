@@ -25,7 +25,8 @@ Record shapes by family:
     SC  {"text", "text_pair" (or None), "label" (index into task.label_names)}
     TC  {"words": [...], "tags": ["O", "B-ANS", ...]}
     QA  {"id", "question", "context", "answers": {"text": [...], "answer_start": [...]}} (no answer: empty lists)
-    IR  train: [{"query", "passage", "pid"}]; val/test: {"queries": [{"qid", "text", "positives"}], "passages": [{"pid", "text"}]}
+    IR  train: [{"query", "passage", "pid"}];
+        val/test: {"queries": [{"qid", "text", "positives"}], "passages": [{"pid", "text"}]}
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def _sample(records: list, cap: int) -> list:
 
 
 def _cap_retrieval(rset: dict, cap: int, *, sample: bool) -> dict:
-    if not cap or len(rset["queries"]) <= cap:
+    if not cap:
         return rset
     queries = _sample(rset["queries"], cap) if sample else rset["queries"][:cap]
     needed = {pid for q in queries for pid in q["positives"]}
@@ -265,7 +266,7 @@ def _hub_squad(dataset_id: str) -> Loader:
     def load() -> tuple[list, list]:
         def rows(split: str) -> list[dict]:
             return [{"id": r["id"], "title": r["title"], "question": r["question"], "context": r["context"],
-                     "answers": {"text": list(r["answers"]["text"]), "answer_start": list(r["answers"]["answer_start"])}}
+                     "answers": {key: list(r["answers"][key]) for key in ("text", "answer_start")}}
                     for r in _hub(dataset_id, None, split)]
         return rows("train"), rows("validation")
     return load

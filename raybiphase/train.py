@@ -125,8 +125,8 @@ def train_loop(loop_config: dict) -> None:
     tokens_per_step = rows_per_step * cfg.data.seq_len
     decay_start = schedule.decay_start
     stop_at = min(loop_config.get("stop_at") or schedule.total_steps, schedule.total_steps)  # a sweep segment's end
-    saves = {*schedule.boundaries[1:], decay_start, schedule.total_steps, stop_at}
     exports = {*cfg.train.export_steps, schedule.total_steps}
+    saves = {*schedule.boundaries[1:], decay_start, schedule.total_steps, stop_at, *exports}
 
     while step < stop_at:
         # --- phase: a fresh stream from this step to the phase's end (pure function of the sample ids)

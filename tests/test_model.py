@@ -92,3 +92,43 @@ def test_llama_decoder_converts_and_gets_a_mask_row(tmp_path):
     x = torch.randint(4, 90, (1, 10))
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=x, is_causal=True).logits[..., :90], llama(input_ids=x).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_real_smollm2_decoder_continues_as_an_encoder(tmp_path):
+    """The offline SmolLM2-135M (Llama architecture), truncated to 2 layers, becomes a EuroBERT with a mask token:
+    causal logits equal the decoder's on real text, and an MLM step on it trains."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from raybiphase import assets
+
+    assets.fetch(["smollm2"], log=lambda *a: None)
+    source = assets.smollm2_hf_dir()
+    config = AutoConfig.from_pretrained(source)
+    config.num_hidden_layers = 2
+    decoder = LlamaForCausalLM.from_pretrained(source, config=config).eval()
+    decoder.save_pretrained(tmp_path / "decoder")
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    tokenizer.add_special_tokens({"mask_token": "<mask>"})
+    specials = {"bos_token": tokenizer.bos_token_id, "eos_token": tokenizer.eos_token_id,
+                "pad_token": tokenizer.pad_token_id, "mask_token": tokenizer.mask_token_id}
+    model = from_decoder(tmp_path / "decoder", vocab_size=len(tokenizer), special_ids=specials)
+    assert model.config.vocab_size == 49153 and model.config.num_hidden_layers == 2
+    ids = tokenizer("The Normans were the people who in the 10th and 11th centuries gave their name to Normandy.",
+                    return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(input_ids=ids, is_causal=True).logits[..., :49152],
+                                   decoder(input_ids=ids).logits, rtol=0, atol=1e-4)
+    inputs, labels = mlm_mask(ids.numpy(), torch.zeros(1, dtype=torch.long).numpy(), seed=0,
+                              spec=MaskingSpec(mask_ratio=0.4), mask_token_id=specials["mask_token"],
+                              vocab_size=len(tokenizer), special_ids=list(specials.values()))
+    batch = {"input_ids": torch.as_tensor(inputs), "labels": torch.as_tensor(labels)}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model.train()
+    before = forward_loss(model, batch, "mlm")
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = forward_loss(model, batch, "mlm")
+        loss.backward()
+        optimizer.step()
+    assert forward_loss(model, batch, "mlm") < before

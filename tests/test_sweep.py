@@ -26,6 +26,9 @@ REPO = Path(__file__).resolve().parents[1]
 def _spec(tmp_path: Path, small_data) -> Path:
     spec = tiny_base(tmp_path / "results", small_data, name="branch")
     spec["sweep"]["grid"] = {"phases.clm_share": [0.5, 1.0]}
+    # continued pretraining: MLM on top of the decayed CLM run, with its own schedule (the paper's clm-dec recipe)
+    spec["sweep"]["runs"] = [{"model.init_from": "@tiny-clm-8", "phases.steps": 4, "phases.clm_share": 0.0,
+                              "optim.warmup_steps": 1, "optim.decay_steps": 1}]
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -64,11 +67,24 @@ def finished_sweep(small_data, tmp_path_factory):
 def test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once(finished_sweep):
     from raybiphase.results import read_rows
 
-    assert "1/3 segments already done" in finished_sweep["output"]
+    assert "1/4 segments already done" in finished_sweep["output"]
     assert finished_sweep["first"].stat().st_mtime_ns == finished_sweep["stamp"]  # not recomputed
     rows = read_rows(finished_sweep["root"] / "pretrain.parquet")
     assert not rows.duplicated(["run", "step"]).any()
-    assert sorted(rows.groupby("run")["step"].apply(sorted).tolist()) == [list(range(1, 9))] * 2
+    steps = rows.groupby("run")["step"].apply(sorted)
+    assert sorted(steps.tolist()) == [[1, 2, 3, 4]] + [list(range(1, 9))] * 2
+
+
+def test_continued_run_starts_from_the_decayed_source_with_its_own_schedule(finished_sweep):
+    import json
+
+    (meta,) = (finished_sweep["root"] / "runs").glob("tiny-mlm40-0-4-*/step-00000004/meta.json")
+    meta = json.loads(meta.read_text())
+    (source,) = (finished_sweep["root"] / "runs").glob("tiny-clm-4-8-*/step-00000008/meta.json")
+    source = json.loads(source.read_text())
+    assert meta["data_start"] == source["data_end"]  # continues the data stream, no repeated samples
+    assert meta["config"]["model"]["init_from"].endswith("step-00000008") and meta["step"] == 4
+    assert meta["metrics"]["val/mlm_loss"] < source["metrics"]["val/mlm_loss"]  # MLM on top of CLM helps MLM loss
 
 
 def test_a_branch_ends_with_the_weights_of_the_run_alone(finished_sweep, tiny_run):
@@ -102,7 +118,7 @@ def test_ray_job_submit_runs_the_sweep_on_a_started_cluster(finished_sweep):
                   sys.executable, "-m", "raybiphase.sweep", str(finished_sweep["spec"])]
         proc = subprocess.run(submit, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        assert "3/3 segments already done" in proc.stdout
+        assert "4/4 segments already done" in proc.stdout
         assert "succeeded" in proc.stdout
     finally:
         subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=120)

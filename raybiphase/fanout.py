@@ -1,0 +1,270 @@
+"""The fine-tuning fan-out on Ray Tune: checkpoints x tasks x learning rates x seeds, with ASHA stopping losers.
+
+    rows = run_fanout([{"run": "tiny-clm-10-mlm40-40", "hf_dir": ".../hf", "columns": {"phases.clm_share": 0.25}}],
+                      cfg, storage="/abs/results/quickstart", name="finetune", done=keys_already_in_parquet)
+
+One Tune trial per (run, task, lr, seed): a function trainable that fine-tunes in its own process
+(`raybiphase.finetune.run_trial`, about one CPU: `cpus_per_trial`), reporting `step` and `val_score` at every
+evaluation. With `finetune.asha`, ASHA (time_attr="step", metric="val_score", mode="max") stops weak trials at
+its rungs (grace_period = the first evaluation, reduction_factor 3, max_t = finetune.max_steps); each
+(run, task) gets its own ASHA, so scores of different tasks never compete. Without it the full grid runs.
+At most `resources.max_concurrent` trials run at once.
+
+Stopped trials: their row keeps the last validation score and step, `stopped_early=True`, `test_score=NaN` (a
+stopped trial is ended at its report, so its test split is never scored). The paper reports the test mean over
+all seeds of the best LR, so a *completion pass* follows: per (run, task), the LR with the best mean validation
+over its finished trials; its stopped seeds are run again from the start without ASHA (their row then has
+`completed_after_stop=True`; `steps_run` and `seconds` count both attempts). Repeated until the best LR has no
+stopped seed.
+
+Resuming: every trial leaves a record `<storage>/<name>/records/<key>.json` (finished trials write theirs before
+their last report; the driver writes the stopped ones), named by its key and a digest of the settings that shape
+a trial (batch size, steps, warmup, eval cadence, example cap, max length). A rerun skips the keys in `done`
+(rows the caller already holds) and the keys with a record (returned as rows again, not recomputed): only the
+missing trials launch; with ASHA off, trials ASHA stopped before run again. (`Tuner.restore` resumes one
+interrupted Tuner, but not a grid that grew, nor one whose trials ASHA stopped.)
+
+Row: run, checkpoint, task, family, dataset, metric, lr, seed, val_score, test_score, steps, stopped_early,
+seconds, test_per_example, secondary_metric, test_secondary, steps_run, completed_after_stop, and the
+checkpoint's dotted config columns.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import os
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+from raybiphase.config import Config, FinetuneConfig
+from raybiphase.finetune import DEFAULT_MAX_LEN, load_checked_tokenizer, resolve_hf_dir, run_trial
+from raybiphase.tasks import get_task
+
+RECORDS = "records"
+REDUCTION_FACTOR = 3
+TrialKey = tuple  # (run, task, lr, seed)
+
+
+def trial_key(run: str, task: str, lr: float, seed: int) -> TrialKey:
+    return (str(run), str(task), float(lr), int(seed))
+
+
+def trial_settings(cfg: FinetuneConfig, max_len: int) -> str:
+    """A digest of the settings that shape one trial's result (not the grid): a record made under other settings
+    is not reused."""
+    settings = [cfg.batch_size, cfg.max_steps, cfg.warmup_ratio, cfg.eval_every, cfg.max_examples, max_len]
+    return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:8]
+
+
+def record_path(experiment: Path, key: TrialKey, settings: str) -> Path:
+    run, task, lr, seed = key
+    digest = hashlib.sha256(json.dumps([*key, settings]).encode()).hexdigest()[:8]
+    safe_run = re.sub(r"[^A-Za-z0-9._-]+", "_", run)
+    return experiment / RECORDS / f"{safe_run}__{task}__lr{lr:g}__seed{seed}__{digest}.json"
+
+
+def _write(path: Path, row: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(row))
+    os.replace(tmp, path)
+
+
+def _read(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+# ------------------------------------------------------------------------------------------------ planning
+
+
+def plan_trials(checkpoints: list[dict], cfg: FinetuneConfig) -> list[dict]:
+    """Every trial's base row, group by group (run x task), seed-major so each ASHA rung sees every LR early."""
+    trials = []
+    for checkpoint in checkpoints:
+        for name in cfg.tasks:
+            task = get_task(name)
+            for seed in cfg.seeds:
+                for lr in cfg.lrs:
+                    trials.append({"run": checkpoint["run"], "checkpoint": str(checkpoint["hf_dir"]), "task": name,
+                                   "family": task.family, "dataset": task.dataset, "metric": task.metric,
+                                   "lr": float(lr), "seed": int(seed), **checkpoint.get("columns", {})})
+    return trials
+
+
+def key_of(row: dict) -> TrialKey:
+    return trial_key(row["run"], row["task"], row["lr"], row["seed"])
+
+
+def best_lr(rows: list[dict]) -> float | None:
+    """The LR with the best mean validation score over its finished (not stopped) trials of one (run, task)."""
+    by_lr = defaultdict(list)
+    for row in rows:
+        if not row["stopped_early"]:
+            by_lr[row["lr"]].append(row["val_score"])
+    means = {lr: sum(v) / len(v) for lr, v in by_lr.items() if not any(math.isnan(x) for x in v)}
+    return max(means, key=lambda lr: (means[lr], -lr)) if means else None
+
+
+# ------------------------------------------------------------------------------------------------ the trial
+
+
+def _trainable(config: dict, finetune: FinetuneConfig, max_len: int, cpus: float) -> None:
+    import torch
+    from ray import tune
+
+    trial = config["trial"]
+    torch.set_num_threads(max(1, int(cpus)))
+
+    def report(metrics: dict) -> None:
+        if "final" in metrics:  # the trial's result is on disk before the report a scheduler may stop it at
+            final = metrics["final"]
+            _write(Path(trial["record"]), {**trial["row"], **final, "stopped_early": False,
+                                          "steps_run": final["steps"], "completed_after_stop": False})
+        tune.report({"step": metrics["step"], "val_score": metrics["val_score"]})
+
+    row = trial["row"]
+    run_trial(row["checkpoint"], row["task"], lr=row["lr"], seed=row["seed"], cfg=finetune, report=report,
+              max_len=max_len)
+
+
+def _launch(trials: list[dict], cfg: Config, *, experiment: Path, name: str, asha: bool, grace_period: int | None,
+            reduction_factor: float, cpus_per_trial: float, max_len: int, verbose: int) -> list[dict]:
+    """Run `trials` (base rows) as one Tuner; returns their rows, stopped ones recorded by the driver."""
+    from ray import tune
+
+    from raybiphase.raycluster import ensure_ray
+
+    ensure_ray()
+    ft = cfg.finetune
+    settings = trial_settings(ft, max_len)
+    space = [{"row": t, "record": str(record_path(experiment, key_of(t), settings)), "group": f"{t['run']}|{t['task']}"}
+             for t in trials]
+    scheduler = None
+    if asha:
+        scheduler = GroupedASHA(functools.partial(
+            ASHAScheduler, time_attr="step", metric="val_score", mode="max", max_t=ft.max_steps,
+            grace_period=grace_period or ft.eval_every, reduction_factor=reduction_factor))
+    trainable = tune.with_resources(tune.with_parameters(_trainable, finetune=ft, max_len=max_len, cpus=cpus_per_trial),
+                                    {"cpu": cpus_per_trial})
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"trial": tune.grid_search(space)},
+        tune_config=tune.TuneConfig(scheduler=scheduler, max_concurrent_trials=cfg.resources.max_concurrent,
+                                    reuse_actors=True, trial_dirname_creator=lambda t: f"trial_{t.trial_id}"),
+        run_config=tune.RunConfig(storage_path=str(experiment.parent), name=name, verbose=verbose),
+    )
+    results = tuner.fit()
+    rows, failures = [], []
+    for result in results:
+        trial = result.config["trial"]
+        record = _read(Path(trial["record"]))
+        if result.error is not None and record is None:
+            first_line = (str(result.error).strip().splitlines() or [""])[0]
+            failures.append(f"{key_of(trial['row'])}: {type(result.error).__name__}: {first_line}")
+            continue
+        if record is None:  # stopped by ASHA at its last report
+            metrics = result.metrics or {}
+            record = {**trial["row"], "val_score": metrics.get("val_score", float("nan")), "test_score": float("nan"),
+                      "metric": trial["row"]["metric"], "steps": int(metrics.get("step", 0)),
+                      "seconds": float(metrics.get("time_total_s", 0.0)), "test_per_example": [],
+                      "secondary_metric": get_task(trial["row"]["task"]).secondary_metric,
+                      "test_secondary": float("nan"), "stopped_early": True,
+                      "steps_run": int(metrics.get("step", 0)), "completed_after_stop": False}
+            _write(Path(trial["record"]), record)
+        rows.append(record)
+    if failures:
+        raise RuntimeError(f"{len(failures)} of {len(trials)} fine-tuning trials failed; first: {failures[0]}")
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ the fan-out
+
+
+def run_fanout(checkpoints: list[dict], cfg: Config, *, storage: str, name: str, done=frozenset(),
+               grace_period: int | None = None, reduction_factor: float = REDUCTION_FACTOR,
+               cpus_per_trial: float = 1.0, max_len: int = DEFAULT_MAX_LEN, complete_best: bool = True,
+               verbose: int = 0) -> list[dict]:
+    """Fine-tune every checkpoint ({run, hf_dir, columns}) on cfg.finetune.tasks over lrs x seeds; one row per trial
+    not in `done` (keys (run, task, lr, seed)). Bad task names or checkpoints raise UserError before anything runs."""
+    experiment = Path(storage).expanduser().resolve() / name
+    for task_name in cfg.finetune.tasks:  # one clear line for bad input, before Ray starts
+        get_task(task_name)
+    checkpoints = [{**c, "hf_dir": str(resolve_hf_dir(c["hf_dir"]))} for c in checkpoints]  # absolute: trials
+    for checkpoint in checkpoints:                                                          # run in their own dirs
+        load_checked_tokenizer(Path(checkpoint["hf_dir"]))
+    done = {trial_key(*k) for k in done}
+    plan = [t for t in plan_trials(checkpoints, cfg.finetune) if key_of(t) not in done]
+    settings = trial_settings(cfg.finetune, max_len)
+    records = {key_of(t): _read(record_path(experiment, key_of(t), settings)) for t in plan}
+    for key, record in records.items():
+        if record is not None and record["stopped_early"] and not cfg.finetune.asha:
+            records[key] = None  # the full grid was asked for: a trial ASHA stopped runs again
+    missing = [t for t in plan if records[key_of(t)] is None]
+    options = dict(experiment=experiment, grace_period=grace_period, reduction_factor=reduction_factor,
+                   cpus_per_trial=cpus_per_trial, max_len=max_len, verbose=verbose)
+    if missing:
+        for row in _launch(missing, cfg, name=name, asha=cfg.finetune.asha, **options):
+            records[key_of(row)] = row
+    if complete_best:
+        _complete_best(records, plan, cfg, experiment, options)
+    return [records[key_of(t)] for t in plan]
+
+
+def _complete_best(records: dict, plan: list[dict], cfg: Config, experiment: Path, options: dict) -> None:
+    """Rerun, without ASHA, the stopped seeds of each (run, task)'s best LR, until the best LR has none."""
+    for attempt in range(len(cfg.finetune.lrs)):
+        groups = defaultdict(list)
+        for row in records.values():
+            groups[(row["run"], row["task"])].append(row)
+        rerun = []
+        for rows in groups.values():
+            lr = best_lr(rows)
+            rerun += [r for r in rows if r["lr"] == lr and r["stopped_early"]]
+        if not rerun:
+            return
+        base = {key_of(t): t for t in plan}
+        for row in _launch([base[key_of(r)] for r in rerun], cfg, name=f"{experiment.name}-completion{attempt}",
+                           asha=False, **options):
+            stopped = records[key_of(row)]
+            row = {**row, "steps_run": stopped["steps_run"] + row["steps"],
+                   "seconds": stopped["seconds"] + row["seconds"], "completed_after_stop": True}
+            _write(record_path(experiment, key_of(row), trial_settings(cfg.finetune, options["max_len"])), row)
+            records[key_of(row)] = row
+
+
+class GroupedASHA(FIFOScheduler):
+    """One ASHA per trial group (run x task): its rungs compare trials of one task on one checkpoint only."""
+
+    def __init__(self, make_asha):
+        super().__init__()
+        self._make_asha, self._by_group, self._metric = make_asha, {}, "val_score"
+
+    def _asha(self, trial) -> ASHAScheduler:
+        group = trial.config["trial"]["group"]
+        if group not in self._by_group:
+            self._by_group[group] = self._make_asha()
+        return self._by_group[group]
+
+    def set_search_properties(self, metric, mode, **spec) -> bool:
+        return True
+
+    def on_trial_add(self, controller, trial):
+        self._asha(trial).on_trial_add(controller, trial)
+
+    def on_trial_result(self, controller, trial, result):
+        return self._asha(trial).on_trial_result(controller, trial, result)
+
+    def on_trial_complete(self, controller, trial, result):
+        self._asha(trial).on_trial_complete(controller, trial, result)
+
+    def on_trial_remove(self, controller, trial):
+        self._asha(trial).on_trial_remove(controller, trial)
+
+    def on_trial_error(self, controller, trial):
+        self._asha(trial).on_trial_error(controller, trial)

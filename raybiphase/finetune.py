@@ -1,0 +1,156 @@
+"""One fine-tuning trial: a pretrained checkpoint x a task x a learning rate x a seed, per the paper's protocol.
+
+    result = run_trial("runs/tiny-clm-10-mlm40-40/hf", "tweets", lr=1e-4, seed=0, cfg=FinetuneConfig(max_examples=512))
+    result["val_score"], result["test_score"], result["test_per_example"]
+
+Protocol (../shared/paper.md): AdamW (betas 0.9/0.95, eps 1e-5, weight decay 0.1 on matrices; norms and biases
+undecayed), batch `cfg.batch_size`, at most `cfg.max_steps` steps or one epoch of the (capped) training set,
+linear warmup over `cfg.warmup_ratio` of the steps then linear decay to zero, gradient norm clipped at 1.0 (the
+transformers Trainer default; the paper does not say). Validation every `cfg.eval_every` steps and at the end,
+each passed to `report({"step", "val_score"})`; the test split is scored once, at the end, and the last report
+also carries the whole result under "final" (so a caller can store it before a scheduler that stops the trial at
+that report ends the process). Deterministic given the seed: the head's
+initialisation (torch.manual_seed) and the data order (a numpy generator) both come from it.
+
+The checkpoint is an HF folder (`<checkpoint>/hf`, or the checkpoint folder holding it) read with the stock
+transformers EuroBERT classes; its tokenizer must be there and fit the model's vocabulary, else `UserError`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from raybiphase.cli import UserError
+from raybiphase.config import FinetuneConfig
+from raybiphase.task_heads import head_for
+from raybiphase.tasks import get_task, load_splits
+
+ADAMW = {"betas": (0.9, 0.95), "eps": 1e-5, "weight_decay": 0.1}
+GRAD_CLIP = 1.0
+DEFAULT_MAX_LEN = 128  # tokens per input on CPU; the paper's encoders read up to 2,048
+SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "mask_token")
+
+
+# ------------------------------------------------------------------------------------------------ checkpoint
+
+
+def resolve_hf_dir(path: str | Path) -> Path:
+    """The HF folder of a checkpoint: `path` itself or `path/hf`; UserError when there is none."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise UserError(f"finetune: checkpoint {path} does not exist")
+    for candidate in (path, path / "hf"):
+        if (candidate / "config.json").is_file():
+            return candidate.resolve()
+    raise UserError(f"finetune: {path} is not an HF model folder (no config.json, nor hf/config.json)")
+
+
+def load_checked_tokenizer(hf_dir: Path):
+    """The checkpoint's tokenizer, checked against its model config (vocabulary size and special token ids)."""
+    from transformers import AutoTokenizer
+
+    config = json.loads((hf_dir / "config.json").read_text())
+    if config.get("model_type") != "eurobert":
+        raise UserError(f"finetune: {hf_dir} holds a {config.get('model_type')!r} model, not EuroBERT")
+    if not any((hf_dir / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        raise UserError(f"finetune: {hf_dir} has no tokenizer (save it beside the model with save_pretrained)")
+    tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+    if len(tokenizer) > config["vocab_size"]:
+        raise UserError(f"finetune: the tokenizer in {hf_dir} has {len(tokenizer)} tokens but the model's "
+                        f"vocabulary is {config['vocab_size']}: they do not belong together")
+    for name in SPECIAL_TOKENS:
+        ours, theirs = getattr(tokenizer, f"{name}_id", None), config.get(f"{name}_id")
+        if ours is not None and theirs is not None and ours != theirs:
+            raise UserError(f"finetune: {name} is id {ours} in the tokenizer of {hf_dir} but {theirs} in the "
+                            f"model config: they do not belong together")
+    return tokenizer
+
+
+# ------------------------------------------------------------------------------------------------ schedule
+
+
+def linear_lr(step: int, *, peak: float, total: int, warmup: int) -> float:
+    """LR of the update with 0-based index `step`: linear warmup to `peak`, then linear decay to 0 after `total`."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    return peak * max(0.0, total - step) / max(1, total - warmup)
+
+
+def _optimizer(model, lr: float) -> torch.optim.AdamW:
+    decayed = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    plain = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    groups = [{"params": decayed, "weight_decay": ADAMW["weight_decay"]}, {"params": plain, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=ADAMW["betas"], eps=ADAMW["eps"])
+
+
+# ------------------------------------------------------------------------------------------------ trial
+
+
+@functools.lru_cache(maxsize=2)
+def _tokenized(hf_path: Path, task: str, max_examples: int, max_len: int, source: str) -> tuple:
+    """Head, training units, prepared validation and test: shared by the trials one process runs (Tune reuses
+    its actors), which differ only in LR and seed."""
+    spec = get_task(task)
+    head = head_for(spec, load_checked_tokenizer(hf_path), max_len)
+    splits = load_splits(spec, max_examples=max_examples, source=source)
+    units = head.train_units(splits.train)
+    if not units:
+        raise UserError(f"finetune: task {task!r} has no training examples (finetune.max_examples?)")
+    return head, units, head.prepare_eval(splits.val), head.prepare_eval(splits.test)
+
+
+def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: FinetuneConfig,
+              report: Callable[[dict], None] | None = None, max_len: int = DEFAULT_MAX_LEN,
+              source: str = "auto") -> dict:
+    """Fine-tune `hf_dir` on `task`; returns val_score, test_score, metric, steps, seconds, test_per_example,
+    secondary_metric and test_secondary."""
+    began = time.perf_counter()
+    spec = get_task(task)
+    hf_path = resolve_hf_dir(hf_dir)
+    head, units, val, test = _tokenized(hf_path, task, cfg.max_examples, max_len, source)
+    torch.manual_seed(seed)
+    model = head.load_model(str(hf_path))
+    optimizer = _optimizer(model, lr)
+    total = min(cfg.max_steps, math.ceil(len(units) / cfg.batch_size))  # at most one epoch
+    warmup = round(cfg.warmup_ratio * total)
+    order = np.random.default_rng(seed).permutation(len(units))
+    val_score = float("nan")
+
+    for step in range(total):
+        # --- schedule
+        for group in optimizer.param_groups:
+            group["lr"] = linear_lr(step, peak=lr, total=total, warmup=warmup)
+        # --- step
+        model.train()
+        batch = [units[i] for i in order[step * cfg.batch_size:(step + 1) * cfg.batch_size]]
+        loss = head.loss(model, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+        optimizer.step()
+        # --- eval and report
+        done = step + 1
+        if done % cfg.eval_every == 0 or done == total:
+            model.eval()
+            val_score = head.evaluate(model, val).score
+            if done == total:
+                break  # the last report comes after the test score
+            if report:
+                report({"step": done, "val_score": val_score})
+
+    # --- test, then the last report
+    tested = head.evaluate(model, test)
+    result = {"val_score": val_score, "test_score": tested.score, "metric": spec.metric, "steps": total,
+              "seconds": time.perf_counter() - began, "test_per_example": tested.per_example,
+              "secondary_metric": spec.secondary_metric, "test_secondary": tested.secondary}
+    if report:
+        report({"step": total, "val_score": val_score, "final": result})
+    return result

@@ -1,0 +1,188 @@
+"""The QA and IR heads (see `raybiphase.task_heads` for the interface and the SC/TC heads).
+
+QA (the paper: token classification with 2 labels): `<bos> question <eos> window <eos>` over overlapping windows
+of the context; logits[..., 0] score starts, logits[..., 1] ends. Training uses the windows that hold the first
+gold answer whole; windows without it are dropped, except for tasks with unanswerable questions (SQuAD v2),
+where they learn to point at position 0. Prediction: the N_BEST best starts and ends of each window, the best
+valid span (start <= end, at most MAX_ANSWER_TOKENS) over all windows, mapped back to the context's characters;
+for SQuAD v2 the empty answer wins when position 0 scores higher (its lowest score over the windows, as in the
+transformers example). Scored with the official SQuAD EM/F1 (`raybiphase.scoring`).
+
+IR: a bi-encoder; the embedding is the mean of the last hidden states over real tokens. Training: cosine
+similarities / IR_TEMPERATURE between every query and every passage of the batch, cross-entropy towards its own
+passage (in-batch negatives); a batch passage that is the query's own positive under another slot is masked so
+it is never counted as a negative (SQuAD has several questions per paragraph). Evaluation ranks the whole
+evaluation corpus by cosine similarity: NDCG@10 (the paper's metric) and MRR@10.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from raybiphase import scoring
+from raybiphase.task_heads import (
+    DOCUMENT_PREFIX,
+    EVAL_BATCH,
+    IR_TEMPERATURE,
+    MAX_ANSWER_TOKENS,
+    MAX_QUESTION_TOKENS,
+    N_BEST,
+    QUERY_PREFIX,
+    Evaluation,
+    Head,
+)
+
+# ------------------------------------------------------------------------------------------------ QA
+
+
+class QuestionAnsweringHead(Head):
+    def load_model(self, hf_dir: str):
+        from transformers import EuroBertForTokenClassification
+
+        return self._model(EuroBertForTokenClassification, hf_dir, num_labels=2)
+
+    def windows(self, record: dict) -> list[dict]:
+        """Overlapping context windows of one question: ids, the position of the first context token, and the
+        character offsets of the window's context tokens."""
+        question = self.ids(record["question"])[:MAX_QUESTION_TOKENS]
+        encoded = self.tokenizer(record["context"], add_special_tokens=False, return_offsets_mapping=True)
+        context, offsets = encoded["input_ids"], encoded["offset_mapping"]
+        budget = max(1, self.max_len - len(self.open) - 2 * len(self.close) - len(question))
+        step = max(1, budget - budget // 3)
+        first = len(self.open) + len(question) + len(self.close)
+        out = []
+        for begin in range(0, max(1, len(context)), step):
+            end = min(begin + budget, len(context))
+            out.append({"ids": self.open + question + self.close + context[begin:end] + self.close,
+                        "first": first, "offsets": offsets[begin:end]})
+            if end >= len(context):
+                break
+        return out
+
+    def train_units(self, records: list[dict]) -> list:
+        units = []
+        for record in records:
+            answers = record["answers"]
+            for window in self.windows(record):
+                target = (0, 0)
+                if answers["text"]:
+                    start_char = answers["answer_start"][0]
+                    end_char = start_char + len(answers["text"][0])
+                    offsets = window["offsets"]
+                    inside = bool(offsets) and offsets[0][0] <= start_char and offsets[-1][1] >= end_char
+                    if not inside:
+                        if not self.task.unanswerable:
+                            continue  # SQuAD v1.1: every question has an answer; a window without it teaches nothing
+                    else:
+                        start = next(i for i, (_, e) in enumerate(offsets) if e > start_char)
+                        end = max(i for i, (s, _) in enumerate(offsets) if s < end_char)
+                        target = (window["first"] + start, window["first"] + max(start, end))
+                units.append((window["ids"], target))
+        return units
+
+    def loss(self, model, units: list) -> torch.Tensor:
+        ids, mask = self.batch([u[0] for u in units])
+        logits = model(input_ids=ids, attention_mask=mask).logits.masked_fill(~mask.bool()[..., None], -1e4)
+        starts, ends = torch.tensor([u[1][0] for u in units]), torch.tensor([u[1][1] for u in units])
+        return (F.cross_entropy(logits[..., 0], starts) + F.cross_entropy(logits[..., 1], ends)) / 2
+
+    def prepare_eval(self, split):
+        return [(record, self.windows(record)) for record in split]
+
+    def _best_span(self, record: dict, windows: list[dict], logits: list[np.ndarray]) -> str:
+        best_score, best_text, null_score = -np.inf, "", np.inf
+        for window, scores in zip(windows, logits):
+            null_score = min(null_score, scores[0, 0] + scores[0, 1])
+            n_context = len(window["offsets"])
+            starts = scores[window["first"]:window["first"] + n_context, 0]
+            ends = scores[window["first"]:window["first"] + n_context, 1]
+            for s in np.argsort(-starts, kind="stable")[:N_BEST]:
+                for e in np.argsort(-ends, kind="stable")[:N_BEST]:
+                    if s <= e < s + MAX_ANSWER_TOKENS and starts[s] + ends[e] > best_score:
+                        best_score = starts[s] + ends[e]
+                        best_text = record["context"][window["offsets"][s][0]:window["offsets"][e][1]].strip()
+        if self.task.unanswerable and null_score > best_score:
+            return ""
+        return best_text
+
+    @torch.no_grad()
+    def evaluate(self, model, prepared: list) -> Evaluation:
+        flat = [(q, w) for q, (_, windows) in enumerate(prepared) for w in windows]
+        logits: list[list[np.ndarray]] = [[] for _ in prepared]
+        for i in range(0, len(flat), EVAL_BATCH):
+            chunk = flat[i:i + EVAL_BATCH]
+            out = self.forward_logits(model, [w["ids"] for _, w in chunk]).float().numpy()
+            for row, (q, w) in zip(out, chunk):
+                logits[q].append(row[: len(w["ids"])])
+        f1, exact = [], []
+        for (record, windows), scores in zip(prepared, logits):
+            prediction = self._best_span(record, windows, scores)
+            f1.append(scoring.squad_f1(prediction, record["answers"]["text"]))
+            exact.append(scoring.squad_exact_match(prediction, record["answers"]["text"]))
+        return Evaluation(float(np.mean(f1)), f1, float(np.mean(exact)))
+
+
+# ------------------------------------------------------------------------------------------------ IR
+
+
+class RetrievalHead(Head):
+    def load_model(self, hf_dir: str):
+        from transformers import EuroBertModel
+
+        return self._model(EuroBertModel, hf_dir)
+
+    def query(self, text: str) -> list[int]:
+        return self.wrap(self.ids(QUERY_PREFIX + text))
+
+    def document(self, text: str) -> list[int]:
+        return self.wrap(self.ids(DOCUMENT_PREFIX + text))
+
+    def embed(self, model, sequences: list[list[int]]) -> torch.Tensor:
+        ids, mask = self.batch(sequences)
+        hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+        return F.normalize(pooled, dim=-1)
+
+    def train_units(self, records: list[dict]) -> list:
+        return [(self.query(r["query"]), self.document(r["passage"]), r["pid"]) for r in records]
+
+    def loss(self, model, units: list) -> torch.Tensor:
+        queries = self.embed(model, [u[0] for u in units])
+        passages = self.embed(model, [u[1] for u in units])
+        similarity = queries @ passages.T / IR_TEMPERATURE
+        pids = [u[2] for u in units]
+        same = torch.tensor([[i != j and pids[i] == pids[j] for j in range(len(pids))] for i in range(len(pids))])
+        similarity = similarity.masked_fill(same, float("-inf"))
+        return F.cross_entropy(similarity, torch.arange(len(units)))
+
+    def prepare_eval(self, rset: dict):
+        return ([self.query(q["text"]) for q in rset["queries"]], [set(q["positives"]) for q in rset["queries"]],
+                [self.document(p["text"]) for p in rset["passages"]], [p["pid"] for p in rset["passages"]])
+
+    @torch.no_grad()
+    def _encode_all(self, model, sequences: list[list[int]]) -> torch.Tensor:
+        return torch.cat([self.embed(model, sequences[i:i + EVAL_BATCH]) for i in range(0, len(sequences), EVAL_BATCH)])
+
+    @torch.no_grad()
+    def evaluate(self, model, prepared) -> Evaluation:
+        queries, relevant, passages, pids = prepared
+        scores = (self._encode_all(model, queries) @ self._encode_all(model, passages).T).numpy()
+        per_query = scoring.retrieval_scores(scoring.rank_by_scores(scores, pids), relevant)
+        return Evaluation(float(np.mean(per_query["ndcg@10"])), per_query["ndcg@10"],
+                          float(np.mean(per_query["mrr@10"])))
+
+
+def bm25_baseline(task_name: str, *, max_examples: int = 0) -> dict:
+    """The BM25 row of a retrieval task on its test split (capped like fine-tuning): test score and per-query scores."""
+    from raybiphase.tasks import get_task, load_splits
+
+    task = get_task(task_name)
+    test = load_splits(task, max_examples=max_examples).test
+    rankings = scoring.bm25_rankings([q["text"] for q in test["queries"]], [p["text"] for p in test["passages"]],
+                                     [p["pid"] for p in test["passages"]])
+    per_query = scoring.retrieval_scores(rankings, [set(q["positives"]) for q in test["queries"]])
+    return {"task": task.name, "dataset": task.dataset, "metric": task.metric,
+            "test_score": float(np.mean(per_query["ndcg@10"])), "test_secondary": float(np.mean(per_query["mrr@10"])),
+            "secondary_metric": task.secondary_metric, "test_per_example": per_query["ndcg@10"]}

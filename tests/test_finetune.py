@@ -1,0 +1,225 @@
+"""Fine-tuning trials on a tiny random EuroBERT with a real BPE tokenizer, and the Ray Tune fan-out with ASHA."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from raybiphase.cli import UserError
+from raybiphase.config import FinetuneConfig, config_from_dict
+
+TINY_RUN = FinetuneConfig(batch_size=8, max_steps=6, eval_every=3, max_examples=48)
+
+
+def make_tiny_checkpoint(out: Path, *, vocab_size: int = 1024, seed: int = 0) -> Path:
+    """A tiny random EuroBertForMaskedLM and a BPE trained on real offline text, saved as a pretraining export."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from raybiphase import sources
+    from raybiphase.model import build_model
+    from raybiphase.prepare import SPECIAL_TOKENS
+
+    docs = sources.squad_contexts("dev")[:600] + [t["text"] for t in sources.tweets()[:600]]
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(docs, vocab_size=vocab_size, min_frequency=2, special_tokens=list(SPECIAL_TOKENS.values()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, **SPECIAL_TOKENS)
+    special_ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in SPECIAL_TOKENS.items()}
+    model = build_model("tiny", vocab_size=len(tokenizer), special_ids=special_ids, seed=seed)
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """A tiny model runs several times faster on one thread than on two contended ones (as in a 1-CPU trial)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(offline_cache, tmp_path_factory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "hf")
+
+
+# ------------------------------------------------------------------------------------------------ trials
+
+
+def test_a_trial_reports_at_each_evaluation_and_returns_scores_in_range(tiny_checkpoint):
+    from raybiphase.finetune import run_trial
+
+    reports = []
+    result = run_trial(tiny_checkpoint, "tweets", lr=5e-4, seed=0, cfg=TINY_RUN, report=reports.append)
+    assert [r["step"] for r in reports] == [3, 6] and "final" in reports[-1]
+    assert result["metric"] == "accuracy" and result["steps"] == 6 and result["seconds"] > 0
+    assert 0.0 <= result["val_score"] <= 1.0 and result["val_score"] == reports[-1]["val_score"]
+    assert len(result["test_per_example"]) == 48 and result["test_score"] == np.mean(result["test_per_example"])
+
+
+def test_the_same_seed_gives_the_same_scores(tiny_checkpoint):
+    from raybiphase.finetune import run_trial
+
+    first, second = (run_trial(tiny_checkpoint, "wiki_topics", lr=1e-3, seed=3, cfg=TINY_RUN) for _ in range(2))
+    assert first["val_score"] == second["val_score"]
+    assert first["test_per_example"] == second["test_per_example"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["squad_bio", "squad", "squad_retrieval", "qnli"])
+def test_every_family_trains_and_scores(tiny_checkpoint, task):
+    from raybiphase.finetune import run_trial
+
+    result = run_trial(tiny_checkpoint, task, lr=1e-3, seed=0, cfg=TINY_RUN, max_len=96)
+    assert 0.0 <= result["val_score"] <= 1.0 and 0.0 <= result["test_score"] <= 1.0
+    assert len(result["test_per_example"]) == 48
+    if task == "squad":
+        assert result["secondary_metric"] == "exact_match" and 0.0 <= result["test_secondary"] <= result["test_score"]
+
+
+def test_linear_schedule_warms_up_then_decays_to_zero():
+    from raybiphase.finetune import linear_lr
+
+    lrs = [linear_lr(s, peak=1.0, total=10, warmup=2) for s in range(10)]
+    assert lrs[:3] == [0.5, 1.0, 1.0] and lrs[-1] == pytest.approx(1 / 8)
+    assert lrs == sorted(lrs[:2]) + sorted(lrs[2:])[::-1]
+
+
+def test_qa_training_targets_point_at_the_answer_text(tiny_checkpoint):
+    from transformers import AutoTokenizer
+
+    from raybiphase import scoring, sources
+    from raybiphase.task_heads import head_for
+    from raybiphase.tasks import get_task
+
+    head = head_for(get_task("squad"), AutoTokenizer.from_pretrained(str(tiny_checkpoint)), 64)
+    matched = total = 0
+    for record in sources.squad("dev")[:150]:
+        windows = {tuple(w["ids"]): w for w in head.windows(record)}
+        for ids, (start, end) in head.train_units([record]):
+            window = windows[tuple(ids)]
+            begin, stop = window["offsets"][start - window["first"]][0], window["offsets"][end - window["first"]][1]
+            found = scoring.normalize_answer(record["context"][begin:stop])
+            matched += found == scoring.normalize_answer(record["answers"]["text"][0])
+            total += 1
+    assert total > 150 and matched / total > 0.98  # the rest: answers that end inside a subword ("7" of "1970")
+
+
+def test_qa_picks_the_best_valid_span_across_windows():
+    from raybiphase.qa_ir_heads import QuestionAnsweringHead
+    from raybiphase.tasks import get_task
+
+    head = QuestionAnsweringHead.__new__(QuestionAnsweringHead)
+    head.task = get_task("squad")
+    record = {"context": "alpha beta gamma delta"}
+    windows = [{"first": 2, "offsets": [(0, 5), (5, 10), (10, 16)]}, {"first": 2, "offsets": [(10, 16), (16, 22)]}]
+    first, second = np.zeros((5, 2)), np.zeros((6, 2))
+    first[4, 0], first[3, 1] = 5.0, 5.0  # end before start: invalid
+    second[2, 0], second[3, 1] = 3.0, 4.0  # "gamma delta"
+    assert head._best_span(record, windows, [first, second]) == "gamma delta"
+
+
+def test_bad_checkpoints_and_tasks_are_one_line_user_errors(tiny_checkpoint, tmp_path):
+    from raybiphase.finetune import run_trial
+
+    def error(hf_dir, task="tweets") -> str:
+        with pytest.raises(UserError) as err:
+            run_trial(hf_dir, task, lr=1e-4, seed=0, cfg=TINY_RUN)
+        assert "\n" not in str(err.value)
+        return str(err.value)
+
+    assert "does not exist" in error(tmp_path / "nowhere")
+    assert "unknown task 'nope'" in error(tiny_checkpoint, "nope")
+    (tmp_path / "empty").mkdir()
+    assert "no config.json" in error(tmp_path / "empty")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_checkpoint / name, bare / name)
+    assert "has no tokenizer" in error(bare)
+    other = make_tiny_checkpoint(tmp_path / "other", vocab_size=1536)
+    mismatched = tmp_path / "mismatched"
+    shutil.copytree(bare, mismatched)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(other / name, mismatched / name)
+    assert "do not belong together" in error(mismatched)
+    shutil.copytree(mismatched, tmp_path / "checkpoint" / "hf")
+    assert "do not belong together" in error(tmp_path / "checkpoint")  # a checkpoint folder leads to its hf/
+
+
+# ------------------------------------------------------------------------------------------------ the fan-out
+
+
+def fanout_config(**finetune):
+    base = {"tasks": ["tweets"], "lrs": [1e-4, 2e-3], "seeds": [0, 1], "batch_size": 8, "max_steps": 9,
+            "eval_every": 3, "max_examples": 64, "asha": True}
+    return config_from_dict({"finetune": {**base, **finetune}, "resources": {"max_concurrent": 2}})
+
+
+def test_best_lr_is_chosen_on_the_mean_validation_of_finished_trials():
+    from raybiphase.fanout import best_lr
+
+    rows = [{"lr": 1e-4, "val_score": 0.6, "stopped_early": False},
+            {"lr": 1e-4, "val_score": 0.8, "stopped_early": False},
+            {"lr": 1e-3, "val_score": 0.75, "stopped_early": False},
+            {"lr": 1e-3, "val_score": 0.1, "stopped_early": True}]
+    assert best_lr(rows) == 1e-3  # 0.75 over its finished trial beats 0.7; the stopped one does not count
+    assert best_lr([{"lr": 1e-4, "val_score": 0.3, "stopped_early": True}]) is None
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(ray_cluster, tiny_checkpoint,
+                                                                             tmp_path, monkeypatch):
+    from raybiphase import fanout
+
+    checkpoints = [{"run": "tiny-run", "hf_dir": str(tiny_checkpoint), "columns": {"phases.clm_share": 0.5}}]
+    cfg = fanout_config()
+    rows = fanout.run_fanout(checkpoints, cfg, storage=str(tmp_path), name="ft")
+    assert len(rows) == 4 and {(r["lr"], r["seed"]) for r in rows} == {(1e-4, 0), (1e-4, 1), (2e-3, 0), (2e-3, 1)}
+    for row in rows:
+        assert row["phases.clm_share"] == 0.5 and row["family"] == "SC" and row["metric"] == "accuracy"
+        assert row["steps_run"] >= row["steps"] and 0.0 <= row["val_score"] <= 1.0
+        if row["stopped_early"]:
+            assert math.isnan(row["test_score"]) and row["steps"] < 8 and row["test_per_example"] == []
+        else:
+            assert 0.0 <= row["test_score"] <= 1.0 and len(row["test_per_example"]) == 64 and row["steps"] == 8
+    best = fanout.best_lr(rows)
+    assert all(not r["stopped_early"] for r in rows if r["lr"] == best)  # the completion pass ran them all
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a resumed fan-out launched trials")
+
+    monkeypatch.setattr(fanout, "_launch", no_launch)
+    keys = {fanout.key_of(r) for r in rows}
+    assert fanout.run_fanout(checkpoints, cfg, storage=str(tmp_path), name="ft", done=keys) == []
+    again = fanout.run_fanout(checkpoints, cfg, storage=str(tmp_path), name="ft")  # records on disk, no `done`
+    assert [fanout.key_of(r) for r in again] == [fanout.key_of(r) for r in rows]
+    assert [r["val_score"] for r in again] == [r["val_score"] for r in rows]
+
+    launched = []
+    monkeypatch.setattr(fanout, "_launch", lambda trials, *args, **kwargs: launched.extend(trials) or [])
+    fanout.run_fanout(checkpoints, fanout_config(asha=False), storage=str(tmp_path), name="ft", complete_best=False)
+    assert sorted(map(fanout.key_of, launched)) == sorted(fanout.key_of(r) for r in rows if r["stopped_early"])
+    launched.clear()  # records made under other trial settings are not reused
+    fanout.run_fanout(checkpoints, fanout_config(max_examples=32), storage=str(tmp_path), name="ft",
+                      complete_best=False)
+    assert len(launched) == 4
+
+
+def test_fanout_refuses_a_bad_checkpoint_before_starting_anything(tmp_path):
+    from raybiphase.fanout import run_fanout
+
+    with pytest.raises(UserError, match="does not exist"):
+        run_fanout([{"run": "x", "hf_dir": str(tmp_path / "missing")}], fanout_config(), storage=str(tmp_path),
+                   name="ft")
+    with pytest.raises(UserError, match="unknown task"):
+        run_fanout([], fanout_config(tasks=["nope"]), storage=str(tmp_path), name="ft")

@@ -1,0 +1,186 @@
+"""Fine-tuning tasks and their scores: the registry, the paper's splits, the derived offline tasks, every metric
+against hand-computed values, and BM25 on real and toy data. No model, no Ray."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from raybiphase import scoring, tasks
+from raybiphase.cli import UserError
+
+# ------------------------------------------------------------------------------------------------ registry
+
+
+def test_unknown_task_is_one_line_naming_it_and_the_known_ones():
+    with pytest.raises(UserError) as err:
+        tasks.get_task("sst3")
+    message = str(err.value)
+    assert "'sst3'" in message and "tweets" in message and "squad_retrieval" in message and "\n" not in message
+
+
+def test_registry_covers_the_four_families_offline_and_the_papers_datasets_in_production():
+    offline = {name: tasks.get_task(name) for name in tasks.OFFLINE_TASKS}
+    assert set(offline) == {"tweets", "wiki_topics", "qnli", "squad_bio", "squad", "squad_retrieval", "wiki_retrieval"}
+    assert {t.family for t in offline.values()} == {"SC", "TC", "QA", "IR"}
+    assert offline["tweets"].num_labels == 3 and offline["wiki_topics"].num_labels == 11
+    assert offline["squad"].num_labels == 2 and offline["squad_bio"].label_names == ("O", "B-ANS", "I-ANS")
+    for name in ("sst2", "mnli", "qqp", "conll2003", "squad", "squad_v2", "msmarco"):
+        assert tasks.get_task(name).production is not None
+
+
+def test_production_loaders_ask_for_the_papers_dataset_ids(monkeypatch):
+    asked = []
+
+    class Names:
+        names = ["O", "B-PER", "I-PER"]
+
+    class Conll(list):
+        features = {"ner_tags": type("Seq", (), {"feature": Names})()}
+
+    def fake_hub(dataset_id, config, split):
+        asked.append((dataset_id, config, split))
+        if dataset_id == "glue":
+            return [{"sentence": "good", "premise": "p", "hypothesis": "h", "question1": "a", "question2": "b",
+                     "label": 1}]
+        if dataset_id == "conll2003":
+            return Conll([{"tokens": ["John", "runs"], "ner_tags": [1, 0]}])
+        if dataset_id.startswith("squad"):
+            return [{"id": "1", "title": "t", "question": "q?", "context": "c d",
+                     "answers": {"text": [], "answer_start": []}}]
+        return [{"query_id": 7, "query": "q", "passages": {"passage_text": ["x", "y"], "is_selected": [0, 1]}}]
+
+    monkeypatch.setattr(tasks, "_hub", fake_hub)
+    for name in ("sst2", "mnli", "qqp", "conll2003", "squad_v2", "msmarco"):
+        train, test = tasks.get_task(name).production()
+    assert train["queries"][0]["positives"] == [train["passages"][1]["pid"]]
+    assert ("glue", "sst2", "train") in asked and ("glue", "mnli", "validation_matched") in asked
+    assert ("glue", "qqp", "validation") in asked and ("conll2003", None, "validation") in asked
+    assert ("squad_v2", None, "validation") in asked and ("ms_marco", "v1.1", "train") in asked
+    conll_train, _ = tasks.get_task("conll2003").production()
+    assert conll_train == [{"words": ["John", "runs"], "tags": ["B-PER", "O"]}]
+
+
+# ------------------------------------------------------------------------------------------------ splits
+
+
+def test_validation_is_5_percent_with_seed_42_exactly_as_datasets_draws_it():
+    import datasets
+
+    records = list(range(1234))
+    train, val = tasks.split_validation(records)
+    reference = datasets.Dataset.from_dict({"i": records}).train_test_split(test_size=0.05, seed=42)
+    assert val == reference["test"]["i"] and train == reference["train"]["i"]
+    assert len(val) == 62 and not set(train) & set(val) and sorted(train + val) == records
+
+
+def test_tweets_splits_are_disjoint_by_text_and_capped(offline_cache):
+    full = tasks.load_splits(tasks.get_task("tweets"))
+    train_texts, test_texts = {r["text"] for r in full.train + full.val}, {r["text"] for r in full.test}
+    assert not train_texts & test_texts  # duplicate tweets never straddle train and test
+    assert 0.17 < len(full.test) / (len(full.train) + len(full.val) + len(full.test)) < 0.23
+    assert len(full.val) == math.ceil(0.05 * (len(full.train) + len(full.val)))
+    capped = tasks.load_splits(tasks.get_task("tweets"), max_examples=50)
+    assert (len(capped.train), len(capped.val), len(capped.test)) == (50, 50, 50)
+    assert capped.train == full.train[:50] and capped.val == full.val[:50]
+    assert all(r in full.test for r in capped.test[:5])
+
+
+def test_squad_test_split_is_the_official_dev_set(offline_cache):
+    splits = tasks.load_splits(tasks.get_task("squad"), max_examples=40)
+    from raybiphase import sources
+
+    dev_ids = [r["id"] for r in sources.squad("dev")]
+    test_ids = [r["id"] for r in splits.test]
+    assert set(test_ids) <= set(dev_ids) and test_ids == sorted(test_ids, key=dev_ids.index)
+    assert not {r["id"] for r in splits.train + splits.val} & set(dev_ids)
+
+
+def test_capped_retrieval_keeps_every_positive_and_a_bounded_corpus(offline_cache):
+    splits = tasks.load_splits(tasks.get_task("wiki_retrieval"), max_examples=30)
+    for rset in (splits.val, splits.test):
+        pids = {p["pid"] for p in rset["passages"]}
+        assert len(rset["queries"]) == 30 and all(q["positives"][0] in pids for q in rset["queries"])
+        assert len(pids) <= tasks.IR_CORPUS_PER_QUERY * 30
+    assert len(splits.train) == 30 and {"query", "passage", "pid"} <= set(splits.train[0])
+    test_titles = {q["positives"][0] for q in tasks.load_splits(tasks.get_task("wiki_retrieval")).test["queries"]}
+    assert all(tasks.in_test_split(t) for t in test_titles)
+
+
+def test_bio_tags_follow_the_answer_spans_sentence_by_sentence():
+    context = "Paris is the capital of France. It lies on the Seine river."
+    answers = [("Paris", 0), ("capital of France", 13), ("the capital", 9), ("Seine", 47)]
+    records = [{"context": context, "answers": {"text": [t], "answer_start": [s]}} for t, s in answers]
+    examples = [tasks.tag_sentence(s) for s in tasks.bio_sentences(records)]
+    assert examples[0]["words"] == ["Paris", "is", "the", "capital", "of", "France."]
+    # "the capital" (9) starts before "capital of France" (13) and overlaps it: the earlier span is kept
+    assert examples[0]["tags"] == ["B-ANS", "O", "B-ANS", "I-ANS", "O", "O"]
+    assert examples[1]["tags"] == ["O", "O", "O", "O", "B-ANS", "O"]
+
+
+# ------------------------------------------------------------------------------------------------ scores
+
+
+def test_squad_normalisation_exact_match_and_f1_by_hand():
+    assert scoring.normalize_answer("The  Eiffel-Tower!") == "eiffeltower"
+    assert scoring.squad_exact_match("the Eiffel Tower", ["Eiffel Tower", "tower"]) == 1.0
+    # prediction "eiffel tower in paris" vs gold "eiffel tower": 2 common, P = 2/4, R = 1 -> F1 = 2/3
+    assert scoring.squad_f1("Eiffel Tower in Paris", ["Eiffel Tower"]) == pytest.approx(2 / 3)
+    assert scoring.squad_f1("Paris", ["Eiffel Tower", "Paris, France"]) == pytest.approx(2 / 3)  # best gold
+    assert scoring.squad_f1("a", ["the"]) == 0.0  # both normalise to nothing: no common token
+    assert scoring.squad_f1("", []) == 1.0 and scoring.squad_exact_match("x", []) == 0.0  # SQuAD v2 no-answer
+
+
+def test_entity_f1_by_hand():
+    gold = ["B-PER", "I-PER", "O", "B-LOC", "O"]
+    pred = ["B-PER", "I-PER", "O", "B-ORG", "B-LOC"]
+    assert scoring.bio_entities(gold) == {("PER", 0, 2), ("LOC", 3, 4)}
+    assert scoring.entity_counts(pred, gold) == [1, 3, 2]  # P = 1/3, R = 1/2 -> F1 = 0.4
+    assert scoring.entity_f1([[1, 3, 2]]) == pytest.approx(0.4)
+    assert scoring.bio_entities(["I-PER", "I-PER", "I-LOC", "B-LOC", "I-LOC"]) == {("PER", 0, 2), ("LOC", 2, 3),
+                                                                                  ("LOC", 3, 5)}
+    assert scoring.entity_counts(["B-X", "O"], ["B-X", "I-X"]) == [0, 1, 1]  # a wrong end is wrong
+    # micro, not macro: (1 + 0) true positives over (1 + 3) predicted and (1 + 1) gold
+    assert scoring.entity_f1([[1, 1, 1], [0, 3, 1]]) == pytest.approx(2 * (1 / 4) * (1 / 2) / (1 / 4 + 1 / 2))
+    assert scoring.entity_f1([]) == 0.0 and scoring.corpus_score("entity_f1", [[1, 3, 2]]) == pytest.approx(0.4)
+
+
+def test_entity_f1_agrees_with_seqeval_when_installed():
+    seqeval = pytest.importorskip("seqeval.metrics")
+    import random
+
+    rng, tags = random.Random(0), ["O", "B-A", "I-A", "B-B", "I-B"]
+    gold = [[rng.choice(tags) for _ in range(12)] for _ in range(200)]
+    pred = [[rng.choice(tags) for _ in range(12)] for _ in range(200)]
+    ours = scoring.entity_f1([scoring.entity_counts(p, g) for p, g in zip(pred, gold)])
+    assert ours == pytest.approx(seqeval.f1_score(gold, pred))
+
+
+def test_ndcg_and_mrr_at_10_by_hand():
+    ranked = ["d3", "d1", "d7"]
+    assert scoring.mrr_at_k(ranked, {"d1"}) == 0.5
+    assert scoring.ndcg_at_k(ranked, {"d1"}) == pytest.approx(1 / math.log2(3))
+    # two relevant at ranks 1 and 3: DCG = 1 + 1/log2(4) = 1.5, IDCG = 1 + 1/log2(3)
+    assert scoring.ndcg_at_k(ranked, {"d3", "d7"}) == pytest.approx(1.5 / (1 + 1 / math.log2(3)))
+    late = [f"x{i}" for i in range(10)] + ["d1"]
+    assert scoring.ndcg_at_k(late, {"d1"}) == 0.0 and scoring.mrr_at_k(late, {"d1"}) == 0.0
+
+
+def test_bm25_ranks_the_passage_that_shares_the_rare_words_first():
+    passages = ["The cat sat on the mat.", "Photosynthesis turns light into chemical energy in plants.",
+                "The dog chased the cat around the garden."]
+    pids = ["cat", "plants", "dog"]
+    queries = ["How do plants make energy from light?", "what did the dog chase"]
+    rankings = scoring.bm25_rankings(queries, passages, pids)
+    assert rankings[0][0] == "plants" and rankings[1][0] == "dog"
+    # a term in every passage weighs less than a term in one: "the" cannot outrank "mat"
+    assert scoring.bm25_rankings(["the the the mat"], passages, pids)[0][0] == "cat"
+
+
+def test_bm25_baseline_on_squad_retrieval_is_strong(offline_cache):
+    from raybiphase.qa_ir_heads import bm25_baseline
+
+    row = bm25_baseline("squad_retrieval", max_examples=200)
+    assert row["metric"] == "ndcg@10" and len(row["test_per_example"]) == 200
+    assert row["test_secondary"] > 0.7 and row["test_score"] > 0.7  # open-SQuAD BM25 MRR@10 is about 0.8
