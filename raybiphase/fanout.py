@@ -114,23 +114,30 @@ def best_lr(rows: list[dict]) -> float | None:
 # ------------------------------------------------------------------------------------------------ the trial
 
 
-def _trainable(config: dict, finetune: FinetuneConfig, max_len: int, cpus: float) -> None:
+def _trainable(config: dict, finetune: FinetuneConfig, max_len: int, cpus: float,
+               wandb_project: str | None = None, sweep: str = "") -> None:
     import torch
     from ray import tune
 
+    from raybiphase import wandb_log
+
     trial = config["trial"]
     torch.set_num_threads(max(1, int(cpus)))
+    row = trial["row"]
+    tracker = wandb_log.init_run("finetune", f"{row['run']}|{row['task']}|lr{row['lr']:g}|sd{row['seed']}", sweep,
+                                 {k: v for k, v in row.items() if not isinstance(v, (list, dict))}, wandb_project, rank=0)
 
     def report(metrics: dict) -> None:
         if "final" in metrics:  # the trial's result is on disk before the report a scheduler may stop it at
             final = metrics["final"]
             _write(Path(trial["record"]), {**trial["row"], **final, "stopped_early": False,
                                           "steps_run": final["steps"], "completed_after_stop": False})
+        wandb_log.log(tracker, {"val_score": metrics["val_score"]}, step=metrics["step"])
         tune.report({"step": metrics["step"], "val_score": metrics["val_score"]})
 
-    row = trial["row"]
-    run_trial(row["checkpoint"], row["task"], lr=row["lr"], seed=row["seed"], cfg=finetune, report=report,
-              max_len=max_len)
+    result = run_trial(row["checkpoint"], row["task"], lr=row["lr"], seed=row["seed"], cfg=finetune, report=report,
+                       max_len=max_len)
+    wandb_log.finish(tracker, {k: v for k, v in result.items() if isinstance(v, (int, float, str))})
 
 
 def _launch(trials: list[dict], cfg: Config, *, experiment: Path, name: str, asha: bool, grace_period: int | None,
@@ -150,7 +157,8 @@ def _launch(trials: list[dict], cfg: Config, *, experiment: Path, name: str, ash
         scheduler = GroupedASHA(functools.partial(
             ASHAScheduler, time_attr="step", metric="val_score", mode="max", max_t=ft.max_steps,
             grace_period=grace_period or ft.eval_every, reduction_factor=reduction_factor))
-    trainable = tune.with_resources(tune.with_parameters(_trainable, finetune=ft, max_len=max_len, cpus=cpus_per_trial),
+    trainable = tune.with_resources(tune.with_parameters(_trainable, finetune=ft, max_len=max_len, cpus=cpus_per_trial,
+                                                       wandb_project=cfg.sweep.wandb_project, sweep=cfg.sweep.name),
                                     {"cpu": cpus_per_trial})
     tuner = tune.Tuner(
         trainable,

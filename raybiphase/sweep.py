@@ -217,9 +217,26 @@ def run_finetuning(plan: Plan, root: str, spec: Config, out=sys.stdout) -> int:
     for row in rows:
         run, step = row["run"].rsplit("@", 1)
         row.update(run=run, pretrain_step=int(step), source="raybiphase", sweep=spec.sweep.name)
+    rows += bm25_rows(spec)
     results.append_rows(path, rows, key=results.FINETUNE_KEY) if rows else None
     print(f"fine-tuning: {len(rows)} trials recorded", file=out, flush=True)
     return len(rows)
+
+
+def bm25_rows(spec: Config) -> list[dict]:
+    """A BM25 baseline row for each retrieval task, on the same test split (appended once: its key is fixed)."""
+    from raybiphase.qa_ir_heads import bm25_baseline
+    from raybiphase.tasks import get_task
+
+    rows = []
+    for name in spec.finetune.tasks:
+        task = get_task(name)
+        if task.family == "IR":
+            scores = bm25_baseline(name, max_examples=spec.finetune.max_examples)
+            rows.append({**scores, "run": "bm25", "pretrain_step": 0, "lr": 0.0, "seed": 0, "family": "IR",
+                         "source": "baseline", "sweep": spec.sweep.name, "val_score": float("nan"), "steps": 0,
+                         "stopped_early": False, "seconds": 0.0, "checkpoint": ""})
+    return rows
 
 
 def finish(root: str, spec: Config, out=sys.stdout) -> None:

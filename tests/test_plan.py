@@ -74,3 +74,12 @@ def test_continued_pretraining_hangs_below_its_source():
         assert first.after_run == run.source and first.start == 0
     with pytest.raises(ConfigError, match="'@610m-clm-12k' names no run of this sweep"):
         make_plan(load_config("sweeps/cpt.yaml", ["sweep.runs=[{model.init_from: '@610m-clm-12k'}]"]))
+
+
+def test_retrieval_tasks_get_a_bm25_baseline_row(offline_cache):
+    from raybiphase.sweep import bm25_rows
+
+    spec = load_config("sweeps/quickstart.yaml", ["finetune.tasks=[tweets, wiki_retrieval]", "finetune.max_examples=200"])
+    (row,) = bm25_rows(spec)
+    assert row["run"] == "bm25" and row["source"] == "baseline" and row["task"] == "wiki_retrieval"
+    assert 0.3 < row["test_score"] <= 1.0 and len(row["test_per_example"]) > 0
