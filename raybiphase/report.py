@@ -249,12 +249,17 @@ def _palette(n: int):
 
 
 def _switch_steps(rows: pd.DataFrame) -> list[float]:
-    """Where a run's objective changes: phases.clm_steps when recorded, else the first row of a new objective."""
+    """Where a run's objective changes: phases.clm_steps when recorded, else clm_share x phases.steps, else the
+    last row of the old objective (a row reports the phase of the step it ends)."""
     clm_steps = pd.to_numeric(_col(rows, "phases.clm_steps"), errors="coerce").dropna()
     if len(clm_steps) and 0 < clm_steps.iloc[0] < rows["step"].max():
         return [float(clm_steps.iloc[0])]
+    share = pd.to_numeric(_col(rows, "clm_share"), errors="coerce").dropna()
+    budget = pd.to_numeric(_col(rows, "phases.steps"), errors="coerce").dropna()
+    if len(share) and len(budget) and 0 < share.iloc[0] < 1:
+        return [float(round(share.iloc[0] * budget.iloc[0]))]
     objective = _col(rows, "objective")
-    return list(rows["step"][objective.ne(objective.shift()) & objective.shift().notna()])
+    return list(rows["step"].shift()[objective.ne(objective.shift()) & objective.shift().notna()])
 
 
 def curves_section(pretrain: pd.DataFrame) -> Section:
