@@ -20,21 +20,10 @@ from raybiphase.sizes import SIZES
 IGNORE_INDEX = -100
 
 
-def eurobert_config(size: str, *, vocab_size: int, special_ids: dict[str, int], max_len: int = 8192,
-                    attn_implementation: str = "sdpa") -> EuroBertConfig:
-    """A EuroBertConfig for a registry size with the paper's common settings."""
-    s = SIZES[size]
+def _config(*, special_ids: dict[str, int], attn_implementation: str, **dims) -> EuroBertConfig:
+    """EuroBERT with the paper's common settings around the given dimensions."""
     return EuroBertConfig(
-        vocab_size=vocab_size,
-        hidden_size=s.hidden,
-        intermediate_size=s.ffn,
-        num_hidden_layers=s.layers,
-        num_attention_heads=s.heads,
-        num_key_value_heads=s.kv_heads,
-        head_dim=s.head_dim,
-        max_position_embeddings=max_len,
-        rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        **dims,
         tie_word_embeddings=False,
         bos_token_id=special_ids["bos_token"],
         eos_token_id=special_ids["eos_token"],
@@ -42,6 +31,18 @@ def eurobert_config(size: str, *, vocab_size: int, special_ids: dict[str, int], 
         mask_token_id=special_ids["mask_token"],
         classifier_pooling="mean",  # the paper's fine-tuning head pools over tokens (EuroBERT's default is "late")
         attn_implementation=attn_implementation,
+    )
+
+
+def eurobert_config(size: str, *, vocab_size: int, special_ids: dict[str, int], max_len: int = 8192,
+                    attn_implementation: str = "sdpa") -> EuroBertConfig:
+    """A EuroBertConfig for a registry size: pre-RMSNorm (eps 1e-5), SwiGLU, RoPE theta 10,000, untied embeddings."""
+    s = SIZES[size]
+    return _config(
+        vocab_size=vocab_size, hidden_size=s.hidden, intermediate_size=s.ffn, num_hidden_layers=s.layers,
+        num_attention_heads=s.heads, num_key_value_heads=s.kv_heads, head_dim=s.head_dim,
+        max_position_embeddings=max_len, rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        special_ids=special_ids, attn_implementation=attn_implementation,
     )
 
 
@@ -69,24 +70,13 @@ def from_decoder(path: str | Path, *, vocab_size: int, special_ids: dict[str, in
     decoder = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     if decoder.config.tie_word_embeddings:  # EuroBERT unties them: give the head its own copy
         decoder.lm_head.weight = torch.nn.Parameter(decoder.get_input_embeddings().weight.detach().clone())
-    config = EuroBertConfig(
-        vocab_size=llama.vocab_size,
-        hidden_size=llama.hidden_size,
-        intermediate_size=llama.intermediate_size,
-        num_hidden_layers=llama.num_hidden_layers,
-        num_attention_heads=llama.num_attention_heads,
+    config = _config(
+        vocab_size=llama.vocab_size, hidden_size=llama.hidden_size, intermediate_size=llama.intermediate_size,
+        num_hidden_layers=llama.num_hidden_layers, num_attention_heads=llama.num_attention_heads,
         num_key_value_heads=llama.num_key_value_heads,
         head_dim=getattr(llama, "head_dim", None) or llama.hidden_size // llama.num_attention_heads,
-        max_position_embeddings=llama.max_position_embeddings,
-        rms_norm_eps=llama.rms_norm_eps,
-        rope_parameters=dict(llama.rope_parameters),
-        tie_word_embeddings=False,
-        bos_token_id=special_ids["bos_token"],
-        eos_token_id=special_ids["eos_token"],
-        pad_token_id=special_ids["pad_token"],
-        mask_token_id=special_ids["mask_token"],
-        classifier_pooling="mean",
-        attn_implementation=attn_implementation,
+        max_position_embeddings=llama.max_position_embeddings, rms_norm_eps=llama.rms_norm_eps,
+        rope_parameters=dict(llama.rope_parameters), special_ids=special_ids, attn_implementation=attn_implementation,
     )
     model = EuroBertForMaskedLM(config)
     model.load_state_dict(decoder.state_dict(), strict=True)
