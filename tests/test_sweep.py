@@ -39,7 +39,7 @@ def _sweep(spec: Path, env=None, **kwargs):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **kwargs)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: the cluster test runs last, after other modules, and reuses it
 def finished_sweep(small_data, tmp_path_factory):
     """Run the sweep, kill the driver (and its local Ray) once the shared CLM segment is done, run it again."""
     tmp = tmp_path_factory.mktemp("sweep")
