@@ -59,7 +59,7 @@ def _initial_model(cfg, manifest):
     common = dict(vocab_size=manifest.vocab_size, special_ids=manifest.special_ids,
                   attn_implementation=cfg.model.attn_implementation)
     source = cfg.model.init_from
-    if source and (Path(source) / checkpoint.META).is_file():
+    if source and ("://" in source or (Path(source) / checkpoint.META).is_file()):  # ours (local or cloud)
         model = build_model(cfg.model.size, seed=cfg.train.seed, **common)
         return model, source
     if source:
@@ -111,8 +111,9 @@ def train_loop(loop_config: dict) -> None:
     step, data_start = 0, 0
     resume = ray.train.get_checkpoint()
     if weights_from:
-        data_start = checkpoint.read_meta(weights_from)["data_end"]
-        checkpoint.load(weights_from, model)
+        with _local(weights_from) as local:
+            data_start = checkpoint.read_meta(local)["data_end"]
+            checkpoint.load(local, model)
     if resume is not None or loop_config.get("resume_from"):
         path = resume.path if resume is not None else loop_config["resume_from"]
         with (resume.as_directory() if resume is not None else _local(path)) as local:
