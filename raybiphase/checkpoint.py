@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import json
 import pickle
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -119,7 +118,3 @@ def export_hf(path: Path, model, tokenizer_dir: Path) -> None:
     plain.load_state_dict(full, assign=True, strict=True)
     plain.save_pretrained(str(path), safe_serialization=True)
     AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(path))
-
-
-def copy_checkpoint(src: str | Path, dst: Path) -> None:
-    shutil.copytree(src, dst, dirs_exist_ok=True)

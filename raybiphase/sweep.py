@@ -53,10 +53,6 @@ def segment_done(root: str, segment: Segment) -> bool:
     return _fs_exists(checkpoint_uri(root, segment.id, segment.end) + "/meta.json")
 
 
-def _uri(path: str) -> str:
-    return path if "://" in path else "file://" + path
-
-
 def segment_job(plan: Plan, segment: Segment, root: str, data_dirs: dict[str, str]) -> dict:
     """Everything a Tune trial needs to run one segment (plain data: it travels in Tune's param space)."""
     from raybiphase.prepare import fingerprint
