@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 from raybiphase.config import config_from_dict  # noqa: E402
-from raybiphase.fanout import best_lr, key_of, run_fanout  # noqa: E402
+from raybiphase.finetune.fanout import best_lr, key_of, run_fanout  # noqa: E402
 
 
 def tiny_checkpoint(out: Path, vocab_size: int = 2048) -> Path:
@@ -34,9 +34,9 @@ def tiny_checkpoint(out: Path, vocab_size: int = 2048) -> Path:
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from raybiphase import sources
-    from raybiphase.model import build_model
-    from raybiphase.prepare import SPECIAL_TOKENS
+    from raybiphase.data import sources
+    from raybiphase.pretrain.model import build_model
+    from raybiphase.data.prepare import SPECIAL_TOKENS
 
     docs = sources.squad_contexts("dev")[:1500] + [t["text"] for t in sources.tweets()[:1500]]
     bpe = ByteLevelBPETokenizer()

@@ -1,4 +1,4 @@
-"""Throughput of raybiphase.masking.mask_batch vs transformers' DataCollatorForLanguageModeling.
+"""Throughput of raybiphase.data.masking.mask_batch vs transformers' DataCollatorForLanguageModeling.
 
 Both sides turn the same packed token blocks into MLM (input_ids, labels) torch tensors,
 batch by batch, on one CPU thread:
@@ -9,7 +9,7 @@ batch by batch, on one CPU thread:
   datasets.Dataset delivers it -> ``DataCollatorForLanguageModeling`` (pads, collates to
   tensors, masks). A second row feeds it rows that are already torch tensors.
 
-Blocks come from the wiki asset (``python -m raybiphase.assets fetch``) tokenised with a
+Blocks come from the wiki asset (``python -m raybiphase assets fetch``) tokenised with a
 small BPE trained here; without the asset, random ids over a WordLevel vocab are used.
 No network access is needed.
 
@@ -30,7 +30,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
-from raybiphase.masking import IGNORE_INDEX, MaskingSpec, mask_batch  # noqa: E402
+from raybiphase.data.masking import IGNORE_INDEX, MaskingSpec, mask_batch  # noqa: E402
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0..4
 
@@ -44,7 +44,7 @@ def wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
 def wiki_texts() -> list[str] | None:
     """Wiki summaries from the raybiphase asset cache, or None when absent."""
     try:
-        from raybiphase.assets import asset_path
+        from raybiphase.data.assets import asset_path
         path = asset_path("wiki")
     except Exception as exc:  # no asset module, no cache, failed verification: fall back
         print(f"# wiki asset unavailable ({exc}); using random ids")

@@ -1,13 +1,13 @@
 """Throughput of the data pipeline on this machine: `prepare`'s tokenization and the stream a Train worker reads.
 
-Both parts use a real prepared dataset: `raybiphase.prepare.prepare(DataConfig(...))` on the offline corpus
+Both parts use a real prepared dataset: `raybiphase.data.prepare.prepare(DataConfig(...))` on the offline corpus
 (default: 4,000 documents, a 4,096-token byte-level BPE, 512-token blocks, 1,024-row shards; made once into the
 raybiphase cache, reused afterwards), on the local Ray that `raybiphase.raycluster.ensure_ray()` starts
 (all the machine's CPUs; 2 here). Every ratio's two sides run in the same process, interleaved repeat by repeat,
 and each side reports its best (shortest) of `--repeats` runs; a first, cold run is shown where it differs.
 
 (a) Tokenization, documents/s and tokens/s (tokens = BPE ids, specials not counted):
-    * Ray Data: `raybiphase.prepare.tokenize_on_ray(docs, tokenizer_dir)`, the call `prepare` makes: build the
+    * Ray Data: `raybiphase.data.prepare.tokenize_on_ray(docs, tokenizer_dir)`, the call `prepare` makes: build the
       dataset from the documents, `map_batches` (2,048 documents per task, each task loads the tokenizer), collect
       and reorder. Its "cold" row is the first call in this Ray session (task workers start, import transformers).
     * Driver loop (the baseline of the ratio): the same tokenizer, loaded once with AutoTokenizer, called on the
@@ -20,13 +20,13 @@ and each side reports its best (shortest) of `--repeats` runs; a first, cold run
 (b) The stream a Train worker sees, tokens/s (every token of every (input_ids) row delivered as a torch tensor):
     * Ray readers: 1 or 2 Ray actors with `--cpus-per-reader` CPUs each (0.45: what a Train worker holds),
       standing for the Train workers of a 1- or 2-worker run. Each builds
-      `raybiphase.stream.phase_stream(manifest, objective=..., rank=r, world=W, ...)` and iterates
+      `raybiphase.data.stream.phase_stream(manifest, objective=..., rank=r, world=W, ...)` and iterates
       `.iter_torch_batches(batch_size=micro, dtypes=torch.long)` to the end; the clock runs from just before the
       dataset is built until the last reader has its last batch (readers start together). The masking tasks
       (0.5 CPU each) share the machine with the readers, as they do with Train workers.
-    * Plain loop (the baseline of the ratio): the same sample ids (`raybiphase.stream.worker_sample_ids` of the
+    * Plain loop (the baseline of the ratio): the same sample ids (`raybiphase.data.stream.worker_sample_ids` of the
       whole global batches, i.e. the union of the readers' ids), in micro-batches, through
-      `raybiphase.stream.read_samples` and `raybiphase.masking.mlm_mask` (or `clm_labels`, via `make_inputs`),
+      `raybiphase.data.stream.read_samples` and `raybiphase.data.masking.mlm_mask` (or `clm_labels`, via `make_inputs`),
       then `torch.from_numpy`, in one process. Shard reads are cached per process (`_load_blocks`) on both sides:
       the best-of-N numbers are warm on both.
     MLM at `--mask-ratio` (0.4) and CLM are measured separately.
@@ -62,10 +62,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from raybiphase.config import DataConfig  # noqa: E402
-from raybiphase.masking import MaskingSpec  # noqa: E402
-from raybiphase.prepare import dataset_dir, prepare, read_documents, tokenize_on_ray  # noqa: E402
+from raybiphase.data.masking import MaskingSpec  # noqa: E402
+from raybiphase.data.prepare import dataset_dir, prepare, read_documents, tokenize_on_ray  # noqa: E402
 from raybiphase.raycluster import ensure_ray  # noqa: E402
-from raybiphase.stream import make_inputs, open_dataset, phase_stream, read_samples, worker_sample_ids  # noqa: E402
+from raybiphase.data.stream import make_inputs, open_dataset, phase_stream, read_samples, worker_sample_ids  # noqa: E402
 
 TOKENIZE_BATCH = 2048  # documents per batch: tokenize_on_ray's map_batches batch size
 

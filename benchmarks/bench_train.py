@@ -1,15 +1,15 @@
 """Pretraining tokens/s under Ray Train (2 workers, FSDP2, gloo) against a plain single-process loop.
 
-Both sides train the same EuroBERT (`raybiphase.model.build_model`, default size `tiny`, same seed, so the
+Both sides train the same EuroBERT (`raybiphase.pretrain.model.build_model`, default size `tiny`, same seed, so the
 same initial weights) on the same global batches of a real prepared dataset (the offline corpus, 4,000
 documents, 4,096-token BPE, 512-token blocks: the dataset `bench_pipeline.py` uses), with the same run:
 `--steps` optimizer steps, CLM for the first half then MLM at 40%, the same WSD learning rates, AdamW
 (foreach=False, as the Train loop), gradient clipping at 1.0, fp32, deterministic algorithms as in the loop.
 
-Ray Train side: `raybiphase.pretrain.run_pretrain(cfg)`, i.e. a `TorchTrainer` running
-`raybiphase.train.train_loop` with `resources.num_workers=2`, `resources.cpus_per_worker=0.45`, FSDP2 over
-gloo; each worker streams its half of every global batch through Ray Data (`raybiphase.stream.phase_stream`).
-What is timed: the `tokens_per_s` the loop reports (`raybiphase.pretrain.read_history(result.path)`). Rank 0
+Ray Train side: `raybiphase.pretrain.trainer.run_pretrain(cfg)`, i.e. a `TorchTrainer` running
+`raybiphase.pretrain.loop.train_loop` with `resources.num_workers=2`, `resources.cpus_per_worker=0.45`, FSDP2 over
+gloo; each worker streams its half of every global batch through Ray Data (`raybiphase.data.stream.phase_stream`).
+What is timed: the `tokens_per_s` the loop reports (`raybiphase.pretrain.trainer.read_history(result.path)`). Rank 0
 starts a window clock when a phase's stream is built and after every report; a window holds the optimizer
 steps since then (data wait, forward, backward, clip, AdamW step, the loss all-reduce), and ends at the next
 report, before that report's evaluation and checkpoint. Reports come every `--report-every` steps and at
@@ -22,8 +22,8 @@ controller and worker start-up, imports, process group, model build, every windo
 checkpoints (sharded + HF export), teardown).
 
 Plain side (the baseline): one process, `torch.set_num_threads(2)` (the whole machine), no Ray, no FSDP:
-`build_model` -> for each step: the LR from `raybiphase.schedule.Schedule`, then for each micro-batch of
-the global batch `raybiphase.stream.read_samples` + `raybiphase.stream.make_inputs` (`mlm_mask` or
+`build_model` -> for each step: the LR from `raybiphase.pretrain.schedule.Schedule`, then for each micro-batch of
+the global batch `raybiphase.data.stream.read_samples` + `raybiphase.data.stream.make_inputs` (`mlm_mask` or
 `clm_labels`), `forward_loss`, backward; clip; `AdamW.step`. Each step is timed on its own; the plain
 steady rate covers exactly the steps of the Ray side's steady windows (the steps of the first window are
 the warm-up). No evaluation or checkpoint is timed on either side. The plain loop runs before and after the
@@ -49,8 +49,8 @@ left to the data (a GPU node), the >= 0.9 aim is the one that applies.
 GPU path (`--gpu`): on a CUDA machine the same script measures MFU with bf16 mixed precision and
 flash_attention_2 (when the flash-attn package imports; else sdpa, said in the output) at `--gpu-sizes`
 (default 210m and 610m): the plain loop on one GPU against Ray Train with one worker per visible GPU
-(`resources.gpus_per_worker=1`, nccl), MFU = model FLOPs per token (`raybiphase.train.model_flops_per_token`)
-x tokens/s / (peak bf16 FLOP/s (`raybiphase.train.peak_flops`) x GPUs). Use `--seq-len 2048
+(`resources.gpus_per_worker=1`, nccl), MFU = model FLOPs per token (`raybiphase.pretrain.loop.model_flops_per_token`)
+x tokens/s / (peak bf16 FLOP/s (`raybiphase.pretrain.loop.peak_flops`) x GPUs). Use `--seq-len 2048
 --max-documents 0` for the paper's context length. Without CUDA it prints that it skipped and exits 0.
 
     python benchmarks/bench_train.py [--size tiny] [--steps 32] [--report-every 4] [--rows-per-step 8] \
@@ -77,11 +77,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from raybiphase.config import Config, config_from_dict  # noqa: E402
-from raybiphase.masking import MaskingSpec  # noqa: E402
-from raybiphase.model import build_model, forward_loss  # noqa: E402
-from raybiphase.parallel import use_bf16  # noqa: E402
-from raybiphase.schedule import Schedule  # noqa: E402
-from raybiphase.stream import make_inputs, open_dataset, read_samples  # noqa: E402
+from raybiphase.data.masking import MaskingSpec  # noqa: E402
+from raybiphase.pretrain.model import build_model, forward_loss  # noqa: E402
+from raybiphase.pretrain.parallel import use_bf16  # noqa: E402
+from raybiphase.pretrain.schedule import Schedule  # noqa: E402
+from raybiphase.data.stream import make_inputs, open_dataset, read_samples  # noqa: E402
 
 
 def make_config(args, storage: str, *, size: str, gpu: bool = False) -> Config:
@@ -169,7 +169,7 @@ def plain_loop(cfg: Config, manifest, device: torch.device) -> tuple[list[float]
 
 def ray_run(cfg: Config) -> tuple[list[dict], float]:
     """History rows (rank 0's reports) and the wall time of run_pretrain, in a fresh storage folder."""
-    from raybiphase.pretrain import read_history, run_pretrain
+    from raybiphase.pretrain.trainer import read_history, run_pretrain
 
     t0 = time.perf_counter()
     result = run_pretrain(cfg)
@@ -270,7 +270,7 @@ def _dict(cfg: Config) -> dict:
 
 
 def prepared(args):
-    from raybiphase.prepare import prepare
+    from raybiphase.data.prepare import prepare
 
     cfg = make_config(args, "/tmp", size=args.size)
     return open_dataset(prepare(cfg.data, quiet=True), seq_len=args.seq_len)
@@ -281,7 +281,7 @@ def run_gpu(args) -> int:
         print("--gpu: skipped: no CUDA device here (torch.cuda.is_available() is False)")
         print("summary: gpu MFU benchmark skipped (no CUDA)")
         return 0
-    from raybiphase.train import model_flops_per_token, peak_flops
+    from raybiphase.pretrain.loop import model_flops_per_token, peak_flops
 
     manifest = prepared(args)
     device = torch.device("cuda", 0)

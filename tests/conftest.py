@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def offline_cache():
-    from raybiphase import assets
+    from raybiphase.data import assets
 
     return assets.fetch(log=lambda *a: None)
 
@@ -55,8 +55,8 @@ SMALL_DATA = {
 def small_data(offline_cache, ray_cluster, tmp_path_factory):
     """A real prepared dataset: 2,000 offline documents, a 2,048-token BPE, 64-token blocks in 256-row shards."""
     from raybiphase.config import DataConfig
-    from raybiphase.prepare import prepare
-    from raybiphase.stream import open_dataset
+    from raybiphase.data.prepare import prepare
+    from raybiphase.data.stream import open_dataset
 
     data = DataConfig(**SMALL_DATA, dir=str(tmp_path_factory.mktemp("data") / "small"))
     path = prepare(data, quiet=True)
@@ -88,6 +88,6 @@ def tiny_config(tmp, small_data, **overrides):
 @pytest.fixture(scope="session")
 def tiny_run(small_data, tmp_path_factory):
     """The tiny run, trained once, uninterrupted, on its own: the reference for restarts and branches."""
-    from raybiphase.pretrain import run_pretrain
+    from raybiphase.pretrain.trainer import run_pretrain
 
     return run_pretrain(tiny_config(tmp_path_factory.mktemp("alone"), small_data))

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from raybiphase.aggregate import bootstrap_ci, lr_table, mean_ci, summarize, t_quantile
+from raybiphase.results.aggregate import bootstrap_ci, lr_table, mean_ci, summarize, t_quantile
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from raybiphase import assets
+from raybiphase.data import assets
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,7 +87,7 @@ def test_tampered_file_is_detected(tampered, monkeypatch):
 
 def test_cli_exits_2_with_one_line(tampered):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "raybiphase.assets", "verify", "--cache", str(tampered)],
+    proc = subprocess.run([sys.executable, "-m", "raybiphase", "assets", "verify", "--cache", str(tampered)],
                           capture_output=True, text=True, env=env, cwd=REPO)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 
-from raybiphase.checkpoint import SafeReader
+from raybiphase.pretrain.checkpoint import SafeReader
 
 
 class _Exploit:

@@ -92,7 +92,7 @@ def test_cli_rejects_bad_config_with_one_line_and_writes_nothing(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(f"sweep:\n  name: bad\n  storage: {tmp_path / 'out'}\nphases:\n  mask_ratio: 1.4\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "raybiphase.validate", str(spec), "--set", "optim.lr=0.001"],
+        [sys.executable, "-m", "raybiphase", "validate", str(spec), "--set", "optim.lr=0.001"],
         capture_output=True, text=True, cwd=REPO,
     )
     assert proc.returncode == 2

@@ -20,9 +20,9 @@ def make_tiny_checkpoint(out: Path, *, vocab_size: int = 1024, seed: int = 0) ->
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from raybiphase import sources
-    from raybiphase.model import build_model
-    from raybiphase.prepare import SPECIAL_TOKENS
+    from raybiphase.data import sources
+    from raybiphase.pretrain.model import build_model
+    from raybiphase.data.prepare import SPECIAL_TOKENS
 
     docs = sources.squad_contexts("dev")[:600] + [t["text"] for t in sources.tweets()[:600]]
     bpe = ByteLevelBPETokenizer()
@@ -55,7 +55,7 @@ def tiny_checkpoint(offline_cache, tmp_path_factory) -> Path:
 
 
 def test_a_trial_reports_at_each_evaluation_and_returns_scores_in_range(tiny_checkpoint):
-    from raybiphase.finetune import run_trial
+    from raybiphase.finetune.trial import run_trial
 
     reports = []
     result = run_trial(tiny_checkpoint, "tweets", lr=5e-4, seed=0, cfg=TINY_RUN, report=reports.append)
@@ -66,7 +66,7 @@ def test_a_trial_reports_at_each_evaluation_and_returns_scores_in_range(tiny_che
 
 
 def test_the_same_seed_gives_the_same_scores(tiny_checkpoint):
-    from raybiphase.finetune import run_trial
+    from raybiphase.finetune.trial import run_trial
 
     first, second = (run_trial(tiny_checkpoint, "wiki_topics", lr=1e-3, seed=3, cfg=TINY_RUN) for _ in range(2))
     assert first["val_score"] == second["val_score"]
@@ -76,7 +76,7 @@ def test_the_same_seed_gives_the_same_scores(tiny_checkpoint):
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["squad_bio", "squad", "squad_retrieval", "qnli"])
 def test_every_family_trains_and_scores(tiny_checkpoint, task):
-    from raybiphase.finetune import run_trial
+    from raybiphase.finetune.trial import run_trial
 
     result = run_trial(tiny_checkpoint, task, lr=1e-3, seed=0, cfg=TINY_RUN, max_len=96)
     assert 0.0 <= result["val_score"] <= 1.0 and 0.0 <= result["test_score"] <= 1.0
@@ -86,7 +86,7 @@ def test_every_family_trains_and_scores(tiny_checkpoint, task):
 
 
 def test_linear_schedule_warms_up_then_decays_to_zero():
-    from raybiphase.finetune import linear_lr
+    from raybiphase.finetune.trial import linear_lr
 
     lrs = [linear_lr(s, peak=1.0, total=10, warmup=2) for s in range(10)]
     assert lrs[:3] == [0.5, 1.0, 1.0] and lrs[-1] == pytest.approx(1 / 8)
@@ -96,9 +96,10 @@ def test_linear_schedule_warms_up_then_decays_to_zero():
 def test_qa_training_targets_point_at_the_answer_text(tiny_checkpoint):
     from transformers import AutoTokenizer
 
-    from raybiphase import scoring, sources
-    from raybiphase.task_heads import head_for
-    from raybiphase.tasks import get_task
+    from raybiphase.finetune import scoring
+    from raybiphase.data import sources
+    from raybiphase.finetune.heads import head_for
+    from raybiphase.finetune.tasks import get_task
 
     head = head_for(get_task("squad"), AutoTokenizer.from_pretrained(str(tiny_checkpoint)), 64)
     matched = total = 0
@@ -114,8 +115,8 @@ def test_qa_training_targets_point_at_the_answer_text(tiny_checkpoint):
 
 
 def test_qa_picks_the_best_valid_span_across_windows():
-    from raybiphase.qa_ir_heads import QuestionAnsweringHead
-    from raybiphase.tasks import get_task
+    from raybiphase.finetune.heads.qa import QuestionAnsweringHead
+    from raybiphase.finetune.tasks import get_task
 
     head = QuestionAnsweringHead.__new__(QuestionAnsweringHead)
     head.task = get_task("squad")
@@ -128,7 +129,7 @@ def test_qa_picks_the_best_valid_span_across_windows():
 
 
 def test_bad_checkpoints_and_tasks_are_one_line_user_errors(tiny_checkpoint, tmp_path):
-    from raybiphase.finetune import run_trial
+    from raybiphase.finetune.trial import run_trial
 
     def error(hf_dir, task="tweets") -> str:
         with pytest.raises(UserError) as err:
@@ -165,7 +166,7 @@ def fanout_config(**finetune):
 
 
 def test_best_lr_is_chosen_on_the_mean_validation_of_finished_trials():
-    from raybiphase.fanout import best_lr
+    from raybiphase.finetune.fanout import best_lr
 
     rows = [{"lr": 1e-4, "val_score": 0.6, "stopped_early": False},
             {"lr": 1e-4, "val_score": 0.8, "stopped_early": False},
@@ -179,7 +180,7 @@ def test_best_lr_is_chosen_on_the_mean_validation_of_finished_trials():
 @pytest.mark.slow
 def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(ray_cluster, tiny_checkpoint,
                                                                              tmp_path, monkeypatch):
-    from raybiphase import fanout
+    from raybiphase.finetune import fanout
 
     checkpoints = [{"run": "tiny-run", "hf_dir": str(tiny_checkpoint), "columns": {"phases.clm_share": 0.5}}]
     cfg = fanout_config()
@@ -216,7 +217,7 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
 
 
 def test_fanout_refuses_a_bad_checkpoint_before_starting_anything(tmp_path):
-    from raybiphase.fanout import run_fanout
+    from raybiphase.finetune.fanout import run_fanout
 
     with pytest.raises(UserError, match="does not exist"):
         run_fanout([{"run": "x", "hf_dir": str(tmp_path / "missing")}], fanout_config(), storage=str(tmp_path),

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from raybiphase import importer
+from raybiphase.results import importer
 from raybiphase.cli import UserError
-from raybiphase.importer import collect, import_tree, parse_model_name, read_trial
-from raybiphase.results import read_rows
+from raybiphase.results.importer import collect, import_tree, parse_model_name, read_trial
+from raybiphase.results.store import read_rows
 
 PAPER_TREE = Path(__file__).parent / "fixtures" / "paper_tree"
 

@@ -1,11 +1,11 @@
-"""Tests for raybiphase.masking: statistics, special tokens, labels, determinism, CLM shift."""
+"""Tests for raybiphase.data.masking: statistics, special tokens, labels, determinism, CLM shift."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from raybiphase.masking import IGNORE_INDEX, MaskingSpec, clm_labels, mask_batch, mlm_mask, random_bits
+from raybiphase.data.masking import IGNORE_INDEX, MaskingSpec, clm_labels, mask_batch, mlm_mask, random_bits
 
 PAD, BOS, EOS, MASK = 0, 1, 2, 3
 SPECIALS = [PAD, BOS, EOS, MASK]

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from raybiphase.masking import MaskingSpec, clm_labels, mlm_mask
-from raybiphase.model import build_model, forward_loss, from_decoder, token_loss
-from raybiphase.sizes import SIZES
+from raybiphase.data.masking import MaskingSpec, clm_labels, mlm_mask
+from raybiphase.pretrain.model import build_model, forward_loss, from_decoder, token_loss
+from raybiphase.pretrain.sizes import SIZES
 
 SPECIALS = {"bos_token": 0, "eos_token": 1, "pad_token": 2, "mask_token": 3}
 VOCAB = 97
@@ -100,7 +100,7 @@ def test_real_smollm2_decoder_continues_as_an_encoder(tmp_path):
     causal logits equal the decoder's on real text, and an MLM step on it trains."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from raybiphase import assets
+    from raybiphase.data import assets
 
     assets.fetch(["smollm2"], log=lambda *a: None)
     source = assets.smollm2_hf_dir()

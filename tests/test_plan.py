@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from raybiphase.config import ConfigError, config_from_dict, load_config
-from raybiphase.plan import describe, expand, make_plan, signature
+from raybiphase.sweep.plan import describe, expand, make_plan, signature
 
 SWEEPS = sorted((Path(__file__).resolve().parents[1] / "sweeps").glob("*.yaml"))
 
@@ -77,7 +77,7 @@ def test_continued_pretraining_hangs_below_its_source():
 
 
 def test_retrieval_tasks_get_a_bm25_baseline_row(offline_cache):
-    from raybiphase.sweep import bm25_rows
+    from raybiphase.sweep.driver import bm25_rows
 
     spec = load_config("sweeps/quickstart.yaml", ["finetune.tasks=[tweets, wiki_retrieval]", "finetune.max_examples=200"])
     (row,) = bm25_rows(spec)

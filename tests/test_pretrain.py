@@ -26,7 +26,7 @@ def uninterrupted(tiny_run):
 def test_run_reports_phases_losses_and_checkpoints(uninterrupted):
     import pandas as pd
 
-    from raybiphase.pretrain import read_history
+    from raybiphase.pretrain.trainer import read_history
 
     history = pd.DataFrame(read_history(uninterrupted.path))
     assert list(history["step"]) == list(range(1, 9))
@@ -56,7 +56,7 @@ def test_hf_export_loads_with_stock_transformers_and_fills_a_mask(uninterrupted)
 
 
 def test_killed_worker_restarts_from_checkpoint_to_identical_weights(uninterrupted, small_data, tmp_path):
-    from raybiphase.pretrain import run_pretrain
+    from raybiphase.pretrain.trainer import run_pretrain
 
     cfg = tiny_config(tmp_path, small_data, **{"train.checkpoint_every": 3})
     marker = tmp_path / "killed"

@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from raybiphase import report
-from raybiphase.importer import import_tree
-from raybiphase.results import FINETUNE_FILE, FINETUNE_KEY, PRETRAIN_FILE, PRETRAIN_KEY, append_rows
+from raybiphase.results import report
+from raybiphase.results.importer import import_tree
+from raybiphase.results.store import FINETUNE_FILE, FINETUNE_KEY, PRETRAIN_FILE, PRETRAIN_KEY, append_rows
 
 PAPER_TREE = Path(__file__).parent / "fixtures" / "paper_tree"
 TASKS = {"tweet_sentiment": ("SC", "accuracy"), "squad_bio": ("TC", "f1")}

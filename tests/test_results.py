@@ -10,8 +10,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from raybiphase import results
-from raybiphase.results import FINETUNE_KEY, PRETRAIN_KEY, append_rows, done_keys, read_rows
+from raybiphase.results import store as results
+from raybiphase.results.store import FINETUNE_KEY, PRETRAIN_KEY, append_rows, done_keys, read_rows
 
 
 def _pretrain(run: str, step: int, **extra) -> dict:

@@ -3,7 +3,7 @@
 import pytest
 
 from raybiphase.config import config_from_dict
-from raybiphase.schedule import Schedule
+from raybiphase.pretrain.schedule import Schedule
 
 
 def _schedule(steps=20, share=0.5, warmup=4, decay=4, **phases):

@@ -7,7 +7,8 @@ from collections import Counter
 
 import pytest
 
-from raybiphase import assets, sources
+from raybiphase.data import assets
+from raybiphase.data import sources
 
 
 @pytest.fixture(scope="module", autouse=True)

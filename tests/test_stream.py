@@ -10,9 +10,9 @@ import pytest
 
 from raybiphase.cli import UserError
 from raybiphase.config import DataConfig
-from raybiphase.masking import MaskingSpec
-from raybiphase.prepare import pack, prepare
-from raybiphase.stream import (
+from raybiphase.data.masking import MaskingSpec
+from raybiphase.data.prepare import pack, prepare
+from raybiphase.data.stream import (
     locate,
     open_dataset,
     phase_stream,
@@ -104,7 +104,7 @@ def test_validation_batches_are_fixed(small_data):
 
 def test_prepare_twice_does_nothing(small_data, monkeypatch):
     data, manifest = small_data
-    import raybiphase.prepare as prep
+    import raybiphase.data.prepare as prep
 
     monkeypatch.setattr(prep, "read_documents", lambda *_: pytest.fail("prepare re-read the corpus"))
     assert prepare(data, quiet=True) == manifest.dir

@@ -65,7 +65,7 @@ def finished_sweep(small_data, tmp_path_factory):
 
 
 def test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once(finished_sweep):
-    from raybiphase.results import read_rows
+    from raybiphase.results.store import read_rows
 
     assert "1/4 segments already done" in finished_sweep["output"]
     assert finished_sweep["first"].stat().st_mtime_ns == finished_sweep["stamp"]  # not recomputed

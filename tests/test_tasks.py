@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from raybiphase import scoring, tasks
+from raybiphase.finetune import scoring
+from raybiphase.finetune import tasks
 from raybiphase.cli import UserError
 
 # ------------------------------------------------------------------------------------------------ registry
@@ -89,7 +90,7 @@ def test_tweets_splits_are_disjoint_by_text_and_capped(offline_cache):
 
 def test_squad_test_split_is_the_official_dev_set(offline_cache):
     splits = tasks.load_splits(tasks.get_task("squad"), max_examples=40)
-    from raybiphase import sources
+    from raybiphase.data import sources
 
     dev_ids = [r["id"] for r in sources.squad("dev")]
     test_ids = [r["id"] for r in splits.test]
@@ -179,7 +180,7 @@ def test_bm25_ranks_the_passage_that_shares_the_rare_words_first():
 
 
 def test_bm25_baseline_on_squad_retrieval_is_strong(offline_cache):
-    from raybiphase.qa_ir_heads import bm25_baseline
+    from raybiphase.finetune.baselines import bm25_baseline
 
     row = bm25_baseline("squad_retrieval", max_examples=200)
     assert row["metric"] == "ndcg@10" and len(row["test_per_example"]) == 200

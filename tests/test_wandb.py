@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from raybiphase import wandb_log
-from raybiphase.importer import import_tree
-from raybiphase.report import write_report
+from raybiphase.results import wandb as wandb_log
+from raybiphase.results.importer import import_tree
+from raybiphase.results.report import write_report
 
 FAKE_KEY = "local-0123456789abcdef0123456789abcdef01234567"
 PAPER_TREE = Path(__file__).parent / "fixtures" / "paper_tree"

@@ -1,6 +1,6 @@
-"""One pretraining run on Ray Train: `python -m raybiphase.pretrain CONFIG [--set k=v] [--resume-from CKPT]`.
+"""One pretraining run on Ray Train: `python -m raybiphase pretrain CONFIG [--set k=v] [--resume-from CKPT]`.
 
-Prepares the shards if needed, then runs `raybiphase.train.train_loop` under a `TorchTrainer` with
+Prepares the shards if needed, then runs `raybiphase.pretrain.loop.train_loop` under a `TorchTrainer` with
 `resources.num_workers` workers (FSDP2; gloo on CPU), checkpoints under <storage>/<sweep.name>/<run name>/.
 Running the same command again resumes from the run's latest checkpoint; a finished run is not recomputed.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from raybiphase.cli import UserError, config_parser, run_main
 from raybiphase.config import Config, load_config, to_dict
-from raybiphase.naming import run_name
+from raybiphase.sweep.naming import run_name
 
 
 def storage_root(cfg: Config) -> str:
@@ -80,7 +80,7 @@ def make_trainer(cfg: Config, *, name: str, data_dir: str, resume_from: str | No
     res = cfg.resources
     use_gpu = res.gpus_per_worker > 0
     per_worker = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if use_gpu else {})}
-    from raybiphase.train import train_loop
+    from raybiphase.pretrain.loop import train_loop
 
     return TorchTrainer(
         train_loop,
@@ -100,7 +100,7 @@ def make_trainer(cfg: Config, *, name: str, data_dir: str, resume_from: str | No
 
 def run_pretrain(cfg: Config, *, resume_from: str | None = None, max_failures: int = 0, **loop_extra):
     """Prepare data, train, return the ray.train.Result."""
-    from raybiphase.prepare import prepare
+    from raybiphase.data.prepare import prepare
     from raybiphase.raycluster import ensure_ray
 
     if cfg.sweep.grid:
@@ -113,7 +113,7 @@ def run_pretrain(cfg: Config, *, resume_from: str | None = None, max_failures: i
 
 
 def main() -> int:
-    parser = config_parser("raybiphase.pretrain", "Pretrain one encoder on Ray Train.")
+    parser = config_parser("raybiphase pretrain", "Pretrain one encoder on Ray Train.")
     parser.add_argument("--resume-from", help="checkpoint directory to continue from (same schedule)")
     parser.add_argument("--max-failures", type=int, default=int(os.environ.get("RAYBIPHASE_MAX_FAILURES", 2)))
     args = parser.parse_args()

@@ -1,4 +1,4 @@
-"""The encoder: transformers' own EuroBERT, configured from raybiphase.sizes; losses for both objectives.
+"""The encoder: transformers' own EuroBERT, configured from raybiphase.pretrain.sizes; losses for both objectives.
 
 The same weights serve both objectives; only attention changes. CLM steps call the model with `is_causal=True`
 (honoured by sdpa and flash_attention_2; the eager backend ignores it, so it is never offered), MLM steps are
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from transformers import EuroBertConfig, EuroBertForMaskedLM
 
 from raybiphase.cli import UserError
-from raybiphase.sizes import SIZES
+from raybiphase.pretrain.sizes import SIZES
 
 IGNORE_INDEX = -100
 
@@ -88,7 +88,7 @@ def from_decoder(path: str | Path, *, vocab_size: int, special_ids: dict[str, in
 def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over positions whose label is not -100.
 
-    For CLM the data already holds next-token labels (raybiphase.masking.clm_labels), so nothing is shifted here;
+    For CLM the data already holds next-token labels (raybiphase.data.masking.clm_labels), so nothing is shifted here;
     for MLM only the masked positions carry labels.
     """
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX)

@@ -4,7 +4,7 @@
                       cfg, storage="/abs/results/quickstart", name="finetune", done=keys_already_in_parquet)
 
 One Tune trial per (run, task, lr, seed): a function trainable that fine-tunes in its own process
-(`raybiphase.finetune.run_trial`, about one CPU: `cpus_per_trial`), reporting `step` and `val_score` at every
+(`raybiphase.finetune.trial.run_trial`, about one CPU: `cpus_per_trial`), reporting `step` and `val_score` at every
 evaluation. With `finetune.asha`, ASHA (time_attr="step", metric="val_score", mode="max") stops weak trials at
 its rungs (grace_period = the first evaluation, reduction_factor 3, max_t = finetune.max_steps); each
 (run, task) gets its own ASHA, so scores of different tasks never compete. Without it the full grid runs.
@@ -43,8 +43,13 @@ from pathlib import Path
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from raybiphase.config import Config, FinetuneConfig
-from raybiphase.finetune import DEFAULT_MAX_LEN, load_checked_tokenizer, resolve_hf_dir, run_trial
-from raybiphase.tasks import get_task
+from raybiphase.finetune.tasks import get_task
+from raybiphase.finetune.trial import (
+    DEFAULT_MAX_LEN,
+    load_checked_tokenizer,
+    resolve_hf_dir,
+    run_trial,
+)
 
 RECORDS = "records"
 REDUCTION_FACTOR = 3
@@ -119,7 +124,7 @@ def _trainable(config: dict, finetune: FinetuneConfig, max_len: int, cpus: float
     import torch
     from ray import tune
 
-    from raybiphase import wandb_log
+    from raybiphase.results import wandb as wandb_log
 
     trial = config["trial"]
     torch.set_num_threads(max(1, int(cpus)))

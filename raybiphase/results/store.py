@@ -5,7 +5,7 @@ Files per sweep, under `results/<sweep>/`:
     pretrain.parquet   one row per reported checkpoint/eval of a pretraining run      key (run, step)
     finetune.parquet   one row per fine-tuning trial (ours: source="raybiphase",     key FINETUNE_KEY
                        the authors' imported results: source="paper")
-    summary.parquet    derived by `write_summary` from finetune.parquet (raybiphase.aggregate); rewritten freely
+    summary.parquet    derived by `write_summary` from finetune.parquet (raybiphase.results.aggregate); rewritten freely
 
 Columns (besides the dotted config settings, `phases.steps`, `model.init_from`..., one column each):
 
@@ -14,7 +14,7 @@ Columns (besides the dotted config settings, `phases.steps`, `model.init_from`..
     finetune   run, sweep, checkpoint, pretrain_step, task, family (SC/TC/QA/IR), dataset, metric, lr, seed,
                val_score, test_score (fractions in [0, 1]; NaN when ASHA stopped the trial), steps, stopped_early,
                seconds, test_per_example (list<double>), source ("raybiphase"/"paper"), clm_share
-    summary    see raybiphase.aggregate.summarize
+    summary    see raybiphase.results.aggregate.summarize
 
 `append_rows` reads the file, drops incoming rows whose key is already there (counted, never changed), unions the
 columns (a new column is null in old rows; an old column is null in new rows), writes a temporary file in the same
@@ -248,7 +248,7 @@ def join(results_dir: str | os.PathLike, name: str) -> str:
 
 def write_summary(results_dir: str | os.PathLike) -> str:
     """Aggregate finetune.parquet (best LR, mean ± 95% CI, LR spread) into summary.parquet; return its path."""
-    from raybiphase.aggregate import SUMMARY_KEY, summarize
+    from raybiphase.results.aggregate import SUMMARY_KEY, summarize
 
     trials = read_rows(join(results_dir, FINETUNE_FILE))
     summary = summarize(trials)

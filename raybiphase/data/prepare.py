@@ -1,4 +1,4 @@
-"""Corpus -> tokenizer -> packed Parquet shards + manifest: `python -m raybiphase.prepare CONFIG [--set k=v]`.
+"""Corpus -> tokenizer -> packed Parquet shards + manifest: `python -m raybiphase prepare CONFIG [--set k=v]`.
 
 Documents are read from the configured source (offline: SQuAD *train* contexts and the pretraining part of the
 Wikipedia leads; production: any `datasets` dataset, FineWeb-Edu included, or local text/JSONL/Parquet), shuffled
@@ -48,7 +48,7 @@ def fingerprint(data: DataConfig) -> str:
 def dataset_dir(data: DataConfig) -> Path:
     if data.dir:
         return Path(data.dir).expanduser().resolve()
-    from raybiphase.assets import cache_dir
+    from raybiphase.data.assets import cache_dir
 
     return cache_dir() / "shards" / fingerprint(data)
 
@@ -58,7 +58,7 @@ def dataset_dir(data: DataConfig) -> Path:
 
 def read_documents(data: DataConfig) -> list[str]:
     """All documents of the source as strings (empty ones dropped), capped at data.max_documents."""
-    from raybiphase import sources
+    from raybiphase.data import sources
 
     if data.source == "offline":
         docs: Iterable[str] = sources.pretraining_texts()
@@ -214,7 +214,7 @@ def prepare(data: DataConfig, *, quiet: bool = False) -> Path:
 
 
 def main() -> int:
-    parser = config_parser("raybiphase.prepare", "Tokenize and pack the corpus of a config into Parquet shards.")
+    parser = config_parser("raybiphase prepare", "Tokenize and pack the corpus of a config into Parquet shards.")
     args = parser.parse_args()
     cfg = load_config(args.config, args.overrides)
     prepare(cfg.data)

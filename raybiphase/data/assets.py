@@ -8,10 +8,10 @@ written last, inside the staging folder). A failure at any step leaves no ``<cac
 
 Run::
 
-    python -m raybiphase.assets fetch                 # squad, wiki, tweets
-    python -m raybiphase.assets fetch --only smollm2  # the SmolLM2-135M GGUF decoder
-    python -m raybiphase.assets fetch --all
-    python -m raybiphase.assets verify                # re-hash every asset present
+    python -m raybiphase assets fetch                 # squad, wiki, tweets
+    python -m raybiphase assets fetch --only smollm2  # the SmolLM2-135M GGUF decoder
+    python -m raybiphase assets fetch --all
+    python -m raybiphase assets verify                # re-hash every asset present
 
 The cache root is ``--cache DIR``, else ``$RAYBIPHASE_CACHE``, else
 ``$XDG_CACHE_HOME/raybiphase``, else ``~/.cache/raybiphase``. Errors print one line and
@@ -220,7 +220,7 @@ def verify(names=None, cache=None, log=print) -> list[str]:
 def _not_fetched(name: str, root: Path) -> AssetError:
     flag = "" if REGISTRY[name].default else f" --only {name}"
     return AssetError(f"asset {name!r} is not in the cache at {root}; "
-                      f"run: python -m raybiphase.assets fetch{flag}")
+                      f"run: python -m raybiphase assets fetch{flag}")
 
 
 def asset_path(name: str, member: str | None = None, cache: Path | None = None) -> Path:
@@ -283,7 +283,7 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m raybiphase.assets", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="raybiphase assets", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_fetch = sub.add_parser("fetch", help=f"download and verify assets (default: {', '.join(DEFAULT_GROUP)})")
     group = p_fetch.add_mutually_exclusive_group()

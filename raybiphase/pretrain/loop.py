@@ -3,12 +3,12 @@
 Read top to bottom: set up (model, FSDP2, AdamW, resume), then one optimizer step per iteration in fixed
 sections: schedule, micro-steps, clip, step, eval and report, checkpoint, stop. The phase of a step (CLM with
 a causal mask, MLM bidirectional at its ratio) and its learning rate come from `Schedule.at(step)`; data for
-step k is global batch k (raybiphase.stream), so resuming or branching at any step is exact.
+step k is global batch k (raybiphase.data.stream), so resuming or branching at any step is exact.
 
 Metrics (one dotted namespace): step, tokens_seen, phase, objective, train/{clm,mlm}_loss, val/clm_loss,
 val/mlm_loss, lr, tokens_per_s, and mfu on GPU, where
     model FLOPs per token = 6 * (N_nonembedding + LM head) + 12 * layers * hidden * seq_len   (PaLM, appendix B;
-                            raybiphase.sizes.flops_per_token)
+                            raybiphase.pretrain.sizes.flops_per_token)
     mfu = FLOPs per token * tokens_per_s / (peak bf16 FLOP/s of the device * world size).
 """
 
@@ -22,14 +22,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from raybiphase import checkpoint, wandb_log
+from raybiphase.pretrain import checkpoint
+from raybiphase.results import wandb as wandb_log
 from raybiphase.config import config_from_dict, flatten
-from raybiphase.masking import MaskingSpec
-from raybiphase.model import build_model, forward_loss, from_decoder
-from raybiphase.parallel import apply_fsdp, use_bf16
-from raybiphase.schedule import Schedule
-from raybiphase.sizes import flops_per_token
-from raybiphase.stream import open_dataset, phase_stream, validation_batches
+from raybiphase.data.masking import MaskingSpec
+from raybiphase.pretrain.model import build_model, forward_loss, from_decoder
+from raybiphase.pretrain.parallel import apply_fsdp, use_bf16
+from raybiphase.pretrain.schedule import Schedule
+from raybiphase.pretrain.sizes import flops_per_token
+from raybiphase.data.stream import open_dataset, phase_stream, validation_batches
 
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 

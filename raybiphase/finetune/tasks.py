@@ -5,7 +5,7 @@
 
 Families (../shared/paper.md): SC sequence classification over mean-pooled tokens, TC token classification,
 QA extractive QA as token classification with 2 labels (start, end), IR a mean-pooled bi-encoder. Offline tasks use
-the real files of `raybiphase.sources`; production tasks use `datasets.load_dataset` with the paper's ids (they
+the real files of `raybiphase.data.sources`; production tasks use `datasets.load_dataset` with the paper's ids (they
 need the hub and are never called in tests). `squad` has both: the same SQuAD v1.1, offline from the packaged
 official files, production from the hub.
 
@@ -41,8 +41,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from raybiphase import sources
 from raybiphase.cli import UserError
+from raybiphase.data import sources
 
 Family = Literal["SC", "TC", "QA", "IR"]
 VALIDATION_SHARE = 0.05

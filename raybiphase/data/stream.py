@@ -4,7 +4,7 @@ Global batch k of a run holds the samples [k * B, (k + 1) * B) (B = sequences pe
 gets the contiguous slice [k * B + r * B / W, k * B + (r + 1) * B / W) of every global batch, in micro-batches,
 so the union of what the workers see at step k is the same global batch whatever W is. Sample g lives in epoch
 g // N (N = training blocks); each epoch visits the shards in a permutation seeded by (seed, epoch), rows in order.
-Masking is a pure function of (seed, g, phase settings) (raybiphase.masking), so a run resumed, restarted or
+Masking is a pure function of (seed, g, phase settings) (raybiphase.data.masking), so a run resumed, restarted or
 branched at step s sees exactly the batches an uninterrupted run sees from s on; nothing needs Ray Data to
 checkpoint an iterator (ray#37633): each worker builds its stream from its own start position.
 
@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from raybiphase.cli import UserError
-from raybiphase.masking import MaskingSpec, clm_labels, mlm_mask
+from raybiphase.data.masking import MaskingSpec, clm_labels, mlm_mask
 
 FULL_HASH_LIMIT = 2 << 30  # verify every shard's sha256 before training when the dataset is under 2 GiB
 EVAL_SEED = 0  # the held-out MLM masking is the same in every run and phase
@@ -70,7 +70,7 @@ def open_dataset(path: str | Path, *, seq_len: int, tokenizer_fingerprint: str |
     root = Path(path)
     manifest_path = root / "manifest.json"
     if not manifest_path.is_file():
-        raise UserError(f"data: no prepared dataset at {root} (no manifest.json); run python -m raybiphase.prepare CONFIG")
+        raise UserError(f"data: no prepared dataset at {root} (no manifest.json); run python -m raybiphase prepare CONFIG")
     try:
         meta = json.loads(manifest_path.read_text())
     except json.JSONDecodeError:

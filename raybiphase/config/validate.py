@@ -1,4 +1,4 @@
-"""Check a config or sweep spec without running anything: `python -m raybiphase.validate CONFIG [--set k=v]`.
+"""Check a config or sweep spec without running anything: `python -m raybiphase validate CONFIG [--set k=v]`.
 
 Prints the resolved settings as dotted names (the names overrides, Tune, Parquet and W&B use), or one error line.
 """
@@ -8,7 +8,7 @@ from raybiphase.config import flatten, load_config
 
 
 def main() -> int:
-    args = config_parser("raybiphase.validate", __doc__.splitlines()[0]).parse_args()
+    args = config_parser("raybiphase validate", __doc__.splitlines()[0]).parse_args()
     cfg = load_config(args.config, args.overrides)
     for key, value in flatten(cfg).items():
         print(f"{key} = {value}")

@@ -1,9 +1,9 @@
 """The sweep report: the paper's figures and tables of mean ± 95% CI, from Parquet only.
 
-    python -m raybiphase.report RESULTS_DIR [--wandb-project PROJECT]
+    python -m raybiphase report RESULTS_DIR [--wandb-project PROJECT]
 
 Reads RESULTS_DIR/pretrain.parquet and finetune.parquet (our rows and the authors', imported with
-raybiphase.importer), rewrites summary.parquet (raybiphase.aggregate) and writes RESULTS_DIR/report/report.md with
+raybiphase.results.importer), rewrites summary.parquet (raybiphase.results.aggregate) and writes RESULTS_DIR/report/report.md with
 one PNG per figure. Scores are the test metric x 100: the mean over seeds at the LR with the best mean validation
 score, error bars the 95% CI. Paper rows are drawn dashed beside ours. A figure is drawn only when the data varies
 along its axis; otherwise the report says in one line why it is absent. RESULTS_DIR is a local folder.
@@ -21,10 +21,10 @@ import matplotlib
 import pandas as pd
 from matplotlib.figure import Figure  # figures without pyplot: no global state, PNGs through Agg
 
-from raybiphase.aggregate import lr_table, summarize
+from raybiphase.results.aggregate import lr_table, summarize
 from raybiphase.cli import UserError, run_main
-from raybiphase.naming import steps_label
-from raybiphase.results import FINETUNE_FILE, PRETRAIN_FILE, read_rows, write_summary
+from raybiphase.sweep.naming import steps_label
+from raybiphase.results.store import FINETUNE_FILE, PRETRAIN_FILE, read_rows, write_summary
 
 OBJECTIVE_COLORS = {"CLM": "tab:blue", "MLM": "tab:orange", "CLM→MLM": "tab:green", "continued": "tab:purple"}
 
@@ -344,14 +344,14 @@ def write_report(results_dir: str | Path) -> tuple[Path, list[Section]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m raybiphase.report", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="raybiphase report", description=__doc__.split("\n")[0])
     parser.add_argument("results_dir", help="a sweep's results folder (pretrain.parquet, finetune.parquet)")
     parser.add_argument("--wandb-project", default=None, help="also upload the tables and figures to this project")
     args = parser.parse_args()
     path, _ = write_report(args.results_dir)
     print(f"wrote {path}")
     if args.wandb_project:
-        from raybiphase.wandb_log import log_report
+        from raybiphase.results.wandb import log_report
 
         log_report(args.results_dir, args.wandb_project, Path(args.results_dir).name)
     return 0

@@ -1,18 +1,10 @@
-"""The QA and IR heads (see `raybiphase.task_heads` for the interface and the SC/TC heads).
-
-QA (the paper: token classification with 2 labels): `<bos> question <eos> window <eos>` over overlapping windows
+"""QA (the paper: token classification with 2 labels): `<bos> question <eos> window <eos>` over overlapping windows
 of the context; logits[..., 0] score starts, logits[..., 1] ends. Training uses the windows that hold the first
 gold answer whole; windows without it are dropped, except for tasks with unanswerable questions (SQuAD v2),
 where they learn to point at position 0. Prediction: the N_BEST best starts and ends of each window, the best
 valid span (start <= end, at most MAX_ANSWER_TOKENS) over all windows, mapped back to the context's characters;
 for SQuAD v2 the empty answer wins when position 0 scores higher (its lowest score over the windows, as in the
-transformers example). Scored with the official SQuAD EM/F1 (`raybiphase.scoring`).
-
-IR: a bi-encoder; the embedding is the mean of the last hidden states over real tokens. Training: cosine
-similarities / IR_TEMPERATURE between every query and every passage of the batch, cross-entropy towards its own
-passage (in-batch negatives); a batch passage that is the query's own positive under another slot is masked so
-it is never counted as a negative (SQuAD has several questions per paragraph). Evaluation ranks the whole
-evaluation corpus by cosine similarity: NDCG@10 (the paper's metric) and MRR@10.
+transformers example). Scored with the official SQuAD EM/F1 (`raybiphase.finetune.scoring`).
 """
 
 from __future__ import annotations
@@ -21,20 +13,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from raybiphase import scoring
-from raybiphase.task_heads import (
-    DOCUMENT_PREFIX,
-    EVAL_BATCH,
-    IR_TEMPERATURE,
-    MAX_ANSWER_TOKENS,
-    MAX_QUESTION_TOKENS,
-    N_BEST,
-    QUERY_PREFIX,
-    Evaluation,
-    Head,
-)
+from raybiphase.finetune import scoring
+from raybiphase.finetune.heads.base import EVAL_BATCH, Evaluation, Head
 
-# ------------------------------------------------------------------------------------------------ QA
+MAX_QUESTION_TOKENS = 64
+MAX_ANSWER_TOKENS = 30
+N_BEST = 20  # best starts and ends kept per window
 
 
 class QuestionAnsweringHead(Head):
@@ -122,67 +106,3 @@ class QuestionAnsweringHead(Head):
             f1.append(scoring.squad_f1(prediction, record["answers"]["text"]))
             exact.append(scoring.squad_exact_match(prediction, record["answers"]["text"]))
         return Evaluation(float(np.mean(f1)), f1, float(np.mean(exact)))
-
-
-# ------------------------------------------------------------------------------------------------ IR
-
-
-class RetrievalHead(Head):
-    def load_model(self, hf_dir: str):
-        from transformers import EuroBertModel
-
-        return self._model(EuroBertModel, hf_dir)
-
-    def query(self, text: str) -> list[int]:
-        return self.wrap(self.ids(QUERY_PREFIX + text))
-
-    def document(self, text: str) -> list[int]:
-        return self.wrap(self.ids(DOCUMENT_PREFIX + text))
-
-    def embed(self, model, sequences: list[list[int]]) -> torch.Tensor:
-        ids, mask = self.batch(sequences)
-        hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
-        pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
-        return F.normalize(pooled, dim=-1)
-
-    def train_units(self, records: list[dict]) -> list:
-        return [(self.query(r["query"]), self.document(r["passage"]), r["pid"]) for r in records]
-
-    def loss(self, model, units: list) -> torch.Tensor:
-        queries = self.embed(model, [u[0] for u in units])
-        passages = self.embed(model, [u[1] for u in units])
-        similarity = queries @ passages.T / IR_TEMPERATURE
-        pids = [u[2] for u in units]
-        same = torch.tensor([[i != j and pids[i] == pids[j] for j in range(len(pids))] for i in range(len(pids))])
-        similarity = similarity.masked_fill(same, float("-inf"))
-        return F.cross_entropy(similarity, torch.arange(len(units)))
-
-    def prepare_eval(self, rset: dict):
-        return ([self.query(q["text"]) for q in rset["queries"]], [set(q["positives"]) for q in rset["queries"]],
-                [self.document(p["text"]) for p in rset["passages"]], [p["pid"] for p in rset["passages"]])
-
-    @torch.no_grad()
-    def _encode_all(self, model, sequences: list[list[int]]) -> torch.Tensor:
-        return torch.cat([self.embed(model, sequences[i:i + EVAL_BATCH]) for i in range(0, len(sequences), EVAL_BATCH)])
-
-    @torch.no_grad()
-    def evaluate(self, model, prepared) -> Evaluation:
-        queries, relevant, passages, pids = prepared
-        scores = (self._encode_all(model, queries) @ self._encode_all(model, passages).T).numpy()
-        per_query = scoring.retrieval_scores(scoring.rank_by_scores(scores, pids), relevant)
-        return Evaluation(float(np.mean(per_query["ndcg@10"])), per_query["ndcg@10"],
-                          float(np.mean(per_query["mrr@10"])))
-
-
-def bm25_baseline(task_name: str, *, max_examples: int = 0) -> dict:
-    """The BM25 row of a retrieval task on its test split (capped like fine-tuning): test score and per-query scores."""
-    from raybiphase.tasks import get_task, load_splits
-
-    task = get_task(task_name)
-    test = load_splits(task, max_examples=max_examples).test
-    rankings = scoring.bm25_rankings([q["text"] for q in test["queries"]], [p["text"] for p in test["passages"]],
-                                     [p["pid"] for p in test["passages"]])
-    per_query = scoring.retrieval_scores(rankings, [set(q["positives"]) for q in test["queries"]])
-    return {"task": task.name, "dataset": task.dataset, "metric": task.metric,
-            "test_score": float(np.mean(per_query["ndcg@10"])), "test_secondary": float(np.mean(per_query["mrr@10"])),
-            "secondary_metric": task.secondary_metric, "test_per_example": per_query["ndcg@10"]}

@@ -1,6 +1,6 @@
 """Plain-record loaders for every text source: the cached real files, plus Hugging Face / local loaders.
 
-Every function over the cached assets (see ``raybiphase.assets``) is offline and deterministic,
+Every function over the cached assets (see ``raybiphase.data.assets``) is offline and deterministic,
 and returns plain dicts. Derived tasks are built as documented on each function:
 
 * Wikipedia split: an article is in the *eval* part when the first 8 hex digits of
@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from raybiphase.assets import asset_path
+from raybiphase.data.assets import asset_path
 from raybiphase.cli import UserError
 
 

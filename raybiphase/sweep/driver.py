@@ -1,6 +1,6 @@
 """The command users run: `python -m raybiphase.sweep SPEC [--set k=v] [--dry-run]`.
 
-SPEC is a sweep YAML (a base run plus `sweep.grid` / `sweep.runs`). The planner (raybiphase.plan) turns it into
+SPEC is a sweep YAML (a base run plus `sweep.grid` / `sweep.runs`). The planner (raybiphase.sweep.plan) turns it into
 a tree of shared segments; Ray Tune runs every ready segment as a trial that builds and fits a TorchTrainer
 (resuming from its parent's checkpoint), wave after wave in dependency order; the final (and requested
 intermediate) checkpoints of every run then go to the fine-tuning fan-out; rows land in
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from raybiphase.cli import UserError, config_parser, run_main
 from raybiphase.config import Config, load_config, to_dict
-from raybiphase.plan import Plan, Segment, dependencies, describe, make_plan
+from raybiphase.sweep.plan import Plan, Segment, dependencies, describe, make_plan
 
 CHECKPOINT = "step-{:08d}"
 
@@ -55,7 +55,7 @@ def segment_done(root: str, segment: Segment) -> bool:
 
 def segment_job(plan: Plan, segment: Segment, root: str, data_dirs: dict[str, str]) -> dict:
     """Everything a Tune trial needs to run one segment (plain data: it travels in Tune's param space)."""
-    from raybiphase.prepare import fingerprint
+    from raybiphase.data.prepare import fingerprint
 
     config = to_dict(segment.config)
     if segment.after_run:  # continued pretraining: weights of the source run's final checkpoint
@@ -77,7 +77,7 @@ def segment_trainable(job: dict) -> None:
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from raybiphase.config import config_from_dict
-    from raybiphase.pretrain import make_trainer
+    from raybiphase.pretrain.trainer import make_trainer
 
     cfg = config_from_dict(job["config"])
     trainer = make_trainer(cfg, name=job["segment"], data_dir=job["data_dir"], resume_from=job["resume_from"],
@@ -106,8 +106,8 @@ def run_wave(plan: Plan, wave: list[Segment], root: str, data_dirs: dict[str, st
 
 def record_pretraining(plan: Plan, segment: Segment, root: str, spec: Config) -> int:
     """Rows for every run through the segment, one per report: (run, step) keyed, appended once."""
-    from raybiphase import results
-    from raybiphase.pretrain import read_history
+    from raybiphase.results import store as results
+    from raybiphase.pretrain.trainer import read_history
 
     reports = {r["step"]: r for r in read_history(f"{root}/runs/{segment.id}")}
     end = _read_json(checkpoint_uri(root, segment.id, segment.end) + "/meta.json")
@@ -148,8 +148,8 @@ def run_sweep(spec: Config, *, dry_run: bool = False, out=sys.stdout) -> Plan:
     print(text if dry_run else "\n".join(text.splitlines()[:1] + text.splitlines()[-2:-1]), file=out)
     if dry_run:
         return plan
-    from raybiphase.prepare import fingerprint, prepare
-    from raybiphase.pretrain import storage_root
+    from raybiphase.data.prepare import fingerprint, prepare
+    from raybiphase.pretrain.trainer import storage_root
     from raybiphase.raycluster import ensure_ray
 
     root = storage_root(spec)
@@ -199,8 +199,8 @@ def finetune_checkpoints(plan: Plan, root: str, spec: Config) -> list[dict]:
 
 def run_finetuning(plan: Plan, root: str, spec: Config, out=sys.stdout) -> int:
     """The fan-out over every checkpoint x task x LR x seed; rows appended once to finetune.parquet."""
-    from raybiphase import results
-    from raybiphase.fanout import run_fanout
+    from raybiphase.results import store as results
+    from raybiphase.finetune.fanout import run_fanout
 
     path = f"{root}/{results.FINETUNE_FILE}"
     done = {(f"{run}@{step}", task, lr, seed) for run, step, task, lr, seed, source
@@ -221,8 +221,8 @@ def run_finetuning(plan: Plan, root: str, spec: Config, out=sys.stdout) -> int:
 
 def bm25_rows(spec: Config) -> list[dict]:
     """A BM25 baseline row for each retrieval task, on the same test split (appended once: its key is fixed)."""
-    from raybiphase.qa_ir_heads import bm25_baseline
-    from raybiphase.tasks import get_task
+    from raybiphase.finetune.baselines import bm25_baseline
+    from raybiphase.finetune.tasks import get_task
 
     rows = []
     for name in spec.finetune.tasks:
@@ -237,11 +237,12 @@ def bm25_rows(spec: Config) -> list[dict]:
 
 def finish(root: str, spec: Config, out=sys.stdout) -> None:
     """summary.parquet, the report, and W&B when configured."""
-    from raybiphase import results, wandb_log
-    from raybiphase.report import write_report
+    from raybiphase.results import store as results
+    from raybiphase.results import wandb as wandb_log
+    from raybiphase.results.report import write_report
 
     if "://" in root:
-        print(f"results: {root} (draw the report from a local copy: python -m raybiphase.report DIR)", file=out)
+        print(f"results: {root} (draw the report from a local copy: python -m raybiphase report DIR)", file=out)
         return
     if _fs_exists(f"{root}/{results.FINETUNE_FILE}"):
         results.write_summary(root)
@@ -251,7 +252,7 @@ def finish(root: str, spec: Config, out=sys.stdout) -> None:
 
 
 def main() -> int:
-    parser = config_parser("raybiphase.sweep", "Plan and run a pretraining + fine-tuning sweep.")
+    parser = config_parser("raybiphase sweep", "Plan and run a pretraining + fine-tuning sweep.")
     parser.add_argument("--dry-run", action="store_true", help="print the plan (tree, steps, GPU-hours) and exit")
     args = parser.parse_args()
     overrides = list(args.overrides)

@@ -1,10 +1,10 @@
 """Import evaluation-result trees (the authors' published raw results) into finetune.parquet with source="paper".
 
-    python -m raybiphase.importer TREE RESULTS_DIR [--sweep paper]
+    python -m raybiphase importer TREE RESULTS_DIR [--sweep paper]
 
 The tree is laid out as `<model>/<family>/<dataset>/lr<LR>_sd<SEED>/results.json`, e.g.
 `610m-mlm40-42k/SC/sst2/lr1e-04_sd0/results.json`. The rows then go through the same aggregation and report as
-ours (raybiphase.aggregate, raybiphase.report), and summary.parquet is rewritten.
+ours (raybiphase.results.aggregate, raybiphase.results.report), and summary.parquet is rewritten.
 
 results.json (scores are fractions in [0, 1]; a score above 1 is read as a percentage and divided by 100):
 
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from raybiphase.cli import UserError, run_main
-from raybiphase.results import FINETUNE_FILE, FINETUNE_KEY, append_rows, join, write_summary
+from raybiphase.results.store import FINETUNE_FILE, FINETUNE_KEY, append_rows, join, write_summary
 
 DEFAULT_METRIC = {"SC": "accuracy", "TC": "f1", "QA": "f1", "IR": "ndcg@10"}
 VALIDATION_NAMES = ("validation", "val", "valid", "eval", "dev", "validation_results", "eval_results")
@@ -194,7 +194,7 @@ def import_tree(tree: str | Path, results_dir: str | Path, sweep: str = "paper")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m raybiphase.importer", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="raybiphase import", description=__doc__.split("\n")[0])
     parser.add_argument("tree", help="folder laid out as <model>/<family>/<dataset>/lr<LR>_sd<SEED>/results.json")
     parser.add_argument("results_dir", help="results folder of a sweep (finetune.parquet goes there)")
     parser.add_argument("--sweep", default="paper", help="value of the sweep column (default: paper)")

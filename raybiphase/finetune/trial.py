@@ -30,8 +30,8 @@ import torch
 
 from raybiphase.cli import UserError
 from raybiphase.config import FinetuneConfig
-from raybiphase.task_heads import head_for
-from raybiphase.tasks import get_task, load_splits
+from raybiphase.finetune.heads import head_for
+from raybiphase.finetune.tasks import get_task, load_splits
 
 ADAMW = {"betas": (0.9, 0.95), "eps": 1e-5, "weight_decay": 0.1}
 GRAD_CLIP = 1.0

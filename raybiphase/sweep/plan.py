@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from raybiphase.config import Config, ConfigError, config_from_dict, to_dict
-from raybiphase.naming import run_name, steps_label
-from raybiphase.schedule import Schedule
-from raybiphase.sizes import SIZES
+from raybiphase.sweep.naming import run_name, steps_label
+from raybiphase.pretrain.schedule import Schedule
+from raybiphase.pretrain.sizes import SIZES
 
 # settings that never change the weights: they stay out of a segment's identity
 _NOT_WEIGHTS = {"sweep", "finetune", "resources"}

