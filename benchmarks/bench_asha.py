@@ -25,8 +25,9 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
-from raybiphase.config import config_from_dict  # noqa: E402
-from raybiphase.finetune.fanout import best_lr, key_of, run_fanout  # noqa: E402
+from raybiphase.config import SweepSpec, from_dict  # noqa: E402
+from raybiphase.finetune.fanout import best_lr, run_fanout  # noqa: E402
+from raybiphase.results.rows import FinetuneSource, trial_key  # noqa: E402
 
 
 def tiny_checkpoint(out: Path, vocab_size: int = 2048) -> Path:
@@ -77,12 +78,12 @@ def main() -> None:
 
     ensure_ray(num_cpus=2)
     work = Path(tempfile.mkdtemp(prefix="bench_asha_"))
-    checkpoints = [{"run": "tiny-random", "hf_dir": str(tiny_checkpoint(work / "hf")), "columns": {}}]
+    checkpoints = [FinetuneSource("tiny-random", 0, str(tiny_checkpoint(work / "hf")))]
     finetune = {"tasks": args.tasks, "lrs": args.lrs, "seeds": args.seeds, "batch_size": args.batch_size,
                 "max_steps": args.max_steps, "eval_every": args.eval_every, "max_examples": args.max_examples}
     rows, seconds = {}, {}
     for mode in ("asha", "grid"):
-        cfg = config_from_dict({"finetune": {**finetune, "asha": mode == "asha"}, "resources": {"max_concurrent": 2}})
+        cfg = from_dict(SweepSpec, {"finetune": {**finetune, "asha": mode == "asha"}, "resources": {"max_concurrent": 2}})
         began = time.perf_counter()
         rows[mode] = run_fanout(checkpoints, cfg, storage=str(work / "results"), name=mode,
                                 reduction_factor=args.reduction_factor)
@@ -114,9 +115,9 @@ def main() -> None:
         picks = [best_lr([r for r in rows[mode] if r["task"] == task]) for mode in ("grid", "asha")]
         print(f"  {task:12s} best LR by mean validation: full grid {picks[0]:g}, ASHA {picks[1]:g}")
 
-    grid_val = {key_of(r): r["val_score"] for r in rows["grid"]}
+    grid_val = {trial_key(r): r["val_score"] for r in rows["grid"]}
     finished = [r for r in rows["asha"] if not r["stopped_early"]]
-    agree = sum(r["val_score"] == grid_val[key_of(r)] for r in finished)
+    agree = sum(r["val_score"] == grid_val[trial_key(r)] for r in finished)
     print(f"finished under both with the same validation score: {agree}/{len(finished)}")
     print(f"(results kept in {work})")
 

@@ -1,10 +1,11 @@
-"""Throughput of raybiphase.data.masking.mask_batch vs transformers' DataCollatorForLanguageModeling.
+"""Throughput of the masking every Train worker's stream runs vs transformers' DataCollatorForLanguageModeling.
 
 Both sides turn the same packed token blocks into MLM (input_ids, labels) torch tensors,
 batch by batch, on one CPU thread:
 
 * raybiphase: a numpy batch ``{"input_ids": (B, L), "sample_id": (B,)}`` as Ray Data's
-  ``map_batches`` delivers it -> ``mask_batch`` -> ``torch.from_numpy``.
+  ``map_batches`` delivers it -> ``raybiphase.data.stream.make_inputs`` (what ``PhaseBatches`` runs on each
+  batch after reading its blocks) -> ``torch.from_numpy``.
 * transformers: a list of B ``{"input_ids": [int, ...]}`` dicts as a DataLoader over a
   datasets.Dataset delivers it -> ``DataCollatorForLanguageModeling`` (pads, collates to
   tensors, masks). A second row feeds it rows that are already torch tensors.
@@ -22,6 +23,7 @@ import argparse
 import json
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +32,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
-from raybiphase.data.masking import IGNORE_INDEX, MaskingSpec, mask_batch  # noqa: E402
+from raybiphase.data.masking import IGNORE_INDEX, MaskingSpec  # noqa: E402
+from raybiphase.data.stream import make_inputs  # noqa: E402
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0..4
 
@@ -120,12 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {args.blocks} blocks x {args.length} tokens ({source}), batch {bs}, "
           f"mlm ratio {args.ratio}, best of {args.repeats}, torch threads {torch.get_num_threads()}")
 
+    # make_inputs reads the vocabulary and the special tokens off the shards' manifest
+    manifest = types.SimpleNamespace(vocab_size=vocab, special_ids={"mask_token": mask_id, **{
+        f"special_{i}": i for i in special_ids if i != mask_id}})
+
     def ours(spec):
         def run():
             outs = []
             for b in np_batches:
-                o = mask_batch(b, objective="mlm", seed=args.seed, spec=spec, mask_token_id=mask_id,
-                               vocab_size=vocab, special_ids=special_ids)
+                o = make_inputs(b["input_ids"], b["sample_id"], "mlm", manifest, args.seed, spec)
                 outs.append({"input_ids": torch.from_numpy(o["input_ids"]),
                              "labels": torch.from_numpy(o["labels"])})
             return outs
@@ -138,11 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         return lambda: [collator(rows[s:s + bs]) for s in starts]
 
     cases = [
-        ("raybiphase mask_batch", "80/10/10", ours(MaskingSpec(mask_ratio=args.ratio, mask_prob=0.8,
+        ("raybiphase make_inputs", "80/10/10", ours(MaskingSpec(mask_ratio=args.ratio, mask_prob=0.8,
                                                                random_prob=0.1))),
         ("transformers collator, list rows", "80/10/10", theirs(0.8, 0.1, list_rows)),
         ("transformers collator, tensor rows", "80/10/10", theirs(0.8, 0.1, tensor_rows)),
-        ("raybiphase mask_batch", "100/0/0", ours(MaskingSpec(mask_ratio=args.ratio))),
+        ("raybiphase make_inputs", "100/0/0", ours(MaskingSpec(mask_ratio=args.ratio))),
         ("transformers collator, list rows", "100/0/0", theirs(1.0, 0.0, list_rows)),
     ]
     rates: dict[tuple[str, str], float] = {}

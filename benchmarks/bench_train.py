@@ -76,7 +76,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from raybiphase.config import Config, config_from_dict  # noqa: E402
+from raybiphase.config import SweepSpec, from_dict  # noqa: E402
 from raybiphase.data.masking import MaskingSpec  # noqa: E402
 from raybiphase.pretrain.model import build_model, forward_loss  # noqa: E402
 from raybiphase.pretrain.parallel import use_bf16  # noqa: E402
@@ -84,7 +84,7 @@ from raybiphase.pretrain.schedule import Schedule  # noqa: E402
 from raybiphase.data.stream import make_inputs, open_dataset, read_samples  # noqa: E402
 
 
-def make_config(args, storage: str, *, size: str, gpu: bool = False) -> Config:
+def make_config(args, storage: str, *, size: str, gpu: bool = False) -> SweepSpec:
     rows, micro = (args.gpu_rows_per_step, args.gpu_micro) if gpu else (args.rows_per_step, args.micro)
     steps = args.gpu_steps if gpu else args.steps
     attn = "sdpa"
@@ -92,7 +92,7 @@ def make_config(args, storage: str, *, size: str, gpu: bool = False) -> Config:
         import importlib.util
 
         attn = "flash_attention_2" if importlib.util.find_spec("flash_attn") else "sdpa"
-    return config_from_dict({
+    return from_dict(SweepSpec, {
         "model": {"size": size, "attn_implementation": attn},
         "data": {"max_documents": args.max_documents, "vocab_size": args.vocab_size, "seq_len": args.seq_len,
                  "shard_rows": args.shard_rows, "dir": args.data_dir},
@@ -107,7 +107,7 @@ def make_config(args, storage: str, *, size: str, gpu: bool = False) -> Config:
     })
 
 
-def report_steps(cfg: Config) -> list[int]:
+def report_steps(cfg: SweepSpec) -> list[int]:
     """The steps at which train_loop reports (and so closes a timing window)."""
     schedule = Schedule.from_config(cfg)
     saves = {*schedule.boundaries[1:], schedule.decay_start, schedule.total_steps}
@@ -118,7 +118,7 @@ def report_steps(cfg: Config) -> list[int]:
 # ------------------------------------------------------------------------------------------------ plain loop
 
 
-def plain_loop(cfg: Config, manifest, device: torch.device) -> tuple[list[float], list[float], float]:
+def plain_loop(cfg: SweepSpec, manifest, device: torch.device) -> tuple[list[float], list[float], float]:
     """Per-step seconds, per-step losses and the wall time (model build included) of the plain baseline."""
     started = time.perf_counter()
     torch.use_deterministic_algorithms(True, warn_only=True)  # as train_loop
@@ -167,7 +167,7 @@ def plain_loop(cfg: Config, manifest, device: torch.device) -> tuple[list[float]
 # ------------------------------------------------------------------------------------------------- Ray Train
 
 
-def ray_run(cfg: Config) -> tuple[list[dict], float]:
+def ray_run(cfg: SweepSpec) -> tuple[list[dict], float]:
     """History rows (rank 0's reports) and the wall time of run_pretrain, in a fresh storage folder."""
     from raybiphase.pretrain.trainer import read_history, run_pretrain
 
@@ -190,7 +190,7 @@ def windows(history: list[dict], tokens_per_step: int) -> list[tuple[int, int, s
     return out
 
 
-def compare(cfg: Config, manifest, device: torch.device, repeats: int, label: str) -> dict:
+def compare(cfg: SweepSpec, manifest, device: torch.device, repeats: int, label: str) -> dict:
     """plain, (Ray, plain) x repeats; per-window and steady tokens/s of both sides."""
     tps = cfg.train.global_batch_tokens
     plains = [plain_loop(cfg, manifest, device)]
@@ -198,7 +198,7 @@ def compare(cfg: Config, manifest, device: torch.device, repeats: int, label: st
     for _ in range(repeats):
         storage = tempfile.mkdtemp(prefix="bench_train-")
         try:
-            rays.append(ray_run(config_from_dict({**_dict(cfg), "sweep": {"name": "bench_train", "storage": storage}})))
+            rays.append(ray_run(from_dict(SweepSpec, {**_dict(cfg), "sweep": {"name": "bench_train", "storage": storage}})))
         finally:
             shutil.rmtree(storage, ignore_errors=True)
         plains.append(plain_loop(cfg, manifest, device))
@@ -260,7 +260,7 @@ def steady(win, tps) -> tuple[float, float]:
     return sum((w[1] - w[0] + 1) * tps for w in win[1:]) / seconds, seconds
 
 
-def _dict(cfg: Config) -> dict:
+def _dict(cfg: SweepSpec) -> dict:
     from raybiphase.config import to_dict
 
     return to_dict(cfg)

@@ -15,6 +15,9 @@ def pytest_collection_modifyitems(config, items):
 
     # tests that start their own Ray cluster (`ray start --head`) run last: they stop every Ray on the machine
     items.sort(key=lambda item: "cluster" in item.keywords)
+    for item in items:  # a test that needs the shared Ray (directly or through a fixture) is a `ray` test
+        if "ray_cluster" in item.fixturenames:
+            item.add_marker(pytest.mark.ray)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
@@ -28,6 +31,19 @@ def offline_cache():
     from raybiphase.data import assets
 
     return assets.fetch(log=lambda *a: None)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_never_start_ray(request, monkeypatch):
+    """The unit layer (`-m "not slow and not ray"`) runs without Ray: a test not marked `ray` that starts it fails."""
+    if {"ray", "cluster"} & set(request.node.keywords):
+        return
+    import ray
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{request.node.nodeid} started Ray but is not marked `ray`")
+
+    monkeypatch.setattr(ray, "init", refuse)
 
 
 @pytest.fixture(scope="session")
@@ -51,16 +67,27 @@ SMALL_DATA = {
 }
 
 
-@pytest.fixture(scope="session")
-def small_data(offline_cache, ray_cluster, tmp_path_factory):
-    """A real prepared dataset: 2,000 offline documents, a 2,048-token BPE, 64-token blocks in 256-row shards."""
+def _prepared(folder, *, on_ray: bool):
     from raybiphase.config import DataConfig
     from raybiphase.data.prepare import prepare
     from raybiphase.data.stream import open_dataset
 
-    data = DataConfig(**SMALL_DATA, dir=str(tmp_path_factory.mktemp("data") / "small"))
-    path = prepare(data, quiet=True)
+    data = DataConfig(**SMALL_DATA, dir=str(folder / "small"))
+    path = prepare(data, quiet=True, on_ray=on_ray)
     return data, open_dataset(path, seq_len=data.seq_len)
+
+
+@pytest.fixture(scope="session")
+def small_shards(offline_cache, tmp_path_factory):
+    """A real prepared dataset, made without Ray: 2,000 offline documents, a 2,048-token BPE, 64-token blocks in
+    256-row shards."""
+    return _prepared(tmp_path_factory.mktemp("shards"), on_ray=False)
+
+
+@pytest.fixture(scope="session")
+def small_data(offline_cache, ray_cluster, tmp_path_factory):
+    """The same dataset as `small_shards`, tokenized through Ray Data: what pretraining tests train on."""
+    return _prepared(tmp_path_factory.mktemp("data"), on_ray=True)
 
 
 TINY_BASE = {
@@ -80,9 +107,9 @@ def tiny_base(tmp, small_data, name="t") -> dict:
 
 
 def tiny_config(tmp, small_data, **overrides):
-    from raybiphase.config import config_from_dict
+    from raybiphase.config import SweepSpec, from_dict
 
-    return config_from_dict(tiny_base(tmp, small_data), overrides)
+    return from_dict(SweepSpec, tiny_base(tmp, small_data), overrides)
 
 
 @pytest.fixture(scope="session")

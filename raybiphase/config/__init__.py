@@ -1,3 +1,23 @@
-"""Configuration: the run config (what shapes a run's weights) apart from the sweep spec; strict YAML, --set, one dotted name per setting."""
+"""Configuration: the run config (what shapes a run's weights) apart from the sweep spec; strict YAML, --set, one
+dotted name per setting."""
 
-from raybiphase.config.load import *  # noqa: F401,F403  (temporary, replaced below)
+from raybiphase.config.load import ConfigError, flatten, from_dict, load, replace, to_dict
+from raybiphase.config.run import (
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    Phase,
+    PhasesConfig,
+    ResourcesConfig,
+    RunConfig,
+    TrainConfig,
+    run_hash,
+    weights_settings,
+)
+from raybiphase.config.sweep import FinetuneConfig, SweepConfig, SweepSpec
+
+__all__ = [
+    "ConfigError", "DataConfig", "FinetuneConfig", "ModelConfig", "OptimConfig", "Phase", "PhasesConfig",
+    "ResourcesConfig", "RunConfig", "SweepConfig", "SweepSpec", "TrainConfig", "flatten", "from_dict", "load",
+    "replace", "run_hash", "to_dict", "weights_settings",
+]

@@ -4,12 +4,12 @@ Prints the resolved settings as dotted names (the names overrides, Tune, Parquet
 """
 
 from raybiphase.cli import config_parser, run_main
-from raybiphase.config import flatten, load_config
+from raybiphase.config import SweepSpec, flatten, load
 
 
 def main() -> int:
     args = config_parser("raybiphase validate", __doc__.splitlines()[0]).parse_args()
-    cfg = load_config(args.config, args.overrides)
+    cfg = load(SweepSpec, args.config, args.overrides)
     for key, value in flatten(cfg).items():
         print(f"{key} = {value}")
     return 0

@@ -176,7 +176,8 @@ def mask_batch(
     pad_id: int | None = None,
     stream: int = 0,
 ) -> dict[str, np.ndarray]:
-    """Ray Data ``map_batches`` (numpy format) entry point: adds labels for "clm" or "mlm"."""
+    """Labels (and MLM's masked inputs) for one numpy batch of blocks: what every Train worker's Ray Data stream
+    runs on its batches (raybiphase.data.stream.PhaseBatches)."""
     sample_id = np.asarray(batch["sample_id"])
     if objective == "clm":
         inputs, labels = clm_labels(batch["input_ids"], pad_id=pad_id)

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raybiphase.cli import UserError, config_parser, run_main
-from raybiphase.config import DataConfig, load_config
+from raybiphase.config import DataConfig, SweepSpec, load
 
 FORMAT_VERSION = 1
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "mask_token": "<mask>"}
@@ -122,6 +122,14 @@ def tokenizer_fingerprint(tokenizer_dir: Path) -> str:
 # -------------------------------------------------------------------------------------- tokenize and pack
 
 
+def tokenize(docs: list[str], tokenizer_dir: Path) -> list[np.ndarray]:
+    """Token ids of every document, in order, in this process (small corpora, the unit tests)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    return [np.asarray(ids, dtype=np.int32) for ids in tok(docs, add_special_tokens=False)["input_ids"]]
+
+
 def tokenize_on_ray(docs: list[str], tokenizer_dir: Path) -> list[np.ndarray]:
     """Token ids of every document, in order, tokenized in parallel by Ray Data."""
     import ray
@@ -165,8 +173,9 @@ def write_blocks(path: Path, blocks: np.ndarray) -> dict:
     return {"file": path.name, "rows": int(blocks.shape[0]), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
 
 
-def prepare(data: DataConfig, *, quiet: bool = False) -> Path:
-    """Make the shards for `data` unless they exist; returns the dataset directory."""
+def prepare(data: DataConfig, *, quiet: bool = False, on_ray: bool = True) -> Path:
+    """Make the shards for `data` unless they exist; returns the dataset directory. `on_ray=False` tokenizes in
+    this process: the same shards, byte for byte."""
     out = dataset_dir(data)
     if (out / "manifest.json").exists():
         return out
@@ -178,7 +187,7 @@ def prepare(data: DataConfig, *, quiet: bool = False) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         tok = build_tokenizer(data, docs, tmp / "tokenizer")
-        ids = tokenize_on_ray(docs, tmp / "tokenizer")
+        ids = (tokenize_on_ray if on_ray else tokenize)(docs, tmp / "tokenizer")
         blocks = np.concatenate(list(pack(ids, data.seq_len, tok.bos_token_id, tok.eos_token_id)) or [np.zeros((0, data.seq_len), np.int32)])
         if len(blocks) <= data.val_blocks:
             raise UserError(f"data.source: {len(blocks)} blocks of {data.seq_len} tokens is too few for data.val_blocks={data.val_blocks}")
@@ -216,7 +225,7 @@ def prepare(data: DataConfig, *, quiet: bool = False) -> Path:
 def main() -> int:
     parser = config_parser("raybiphase prepare", "Tokenize and pack the corpus of a config into Parquet shards.")
     args = parser.parse_args()
-    cfg = load_config(args.config, args.overrides)
+    cfg = load(SweepSpec, args.config, args.overrides)
     prepare(cfg.data)
     return 0
 

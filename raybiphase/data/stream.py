@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from raybiphase.cli import UserError
-from raybiphase.data.masking import MaskingSpec, clm_labels, mlm_mask
+from raybiphase.data.masking import MaskingSpec, mask_batch
 
 FULL_HASH_LIMIT = 2 << 30  # verify every shard's sha256 before training when the dataset is under 2 GiB
 EVAL_SEED = 0  # the held-out MLM masking is the same in every run and phase
@@ -157,23 +157,14 @@ class PhaseBatches:
 
 
 def make_inputs(blocks, sample_ids, objective, manifest: Manifest, seed: int, mask: MaskingSpec | None, stream: int = 0):
-    if objective == "clm":
-        inputs, labels = clm_labels(blocks)
-    elif objective == "mlm":
-        specials = manifest.special_ids
-        inputs, labels = mlm_mask(
-            blocks,
-            sample_ids,
-            seed=seed,
-            spec=mask,
-            mask_token_id=specials["mask_token"],
-            vocab_size=manifest.vocab_size,
-            special_ids=list(specials.values()),
-            stream=stream,
-        )
-    else:
-        raise UserError(f"phases: unknown objective {objective!r}; allowed: clm, mlm")
-    return {"input_ids": inputs.astype(np.int64), "labels": labels.astype(np.int64), "sample_id": np.asarray(sample_ids)}
+    """Model inputs and labels of one batch of blocks: raybiphase.data.masking.mask_batch with the manifest's
+    vocabulary and special tokens (never masked)."""
+    specials = manifest.special_ids
+    out = mask_batch({"input_ids": blocks, "sample_id": sample_ids}, objective=objective, seed=seed, spec=mask,
+                     mask_token_id=specials["mask_token"], vocab_size=manifest.vocab_size,
+                     special_ids=list(specials.values()), stream=stream)
+    return {"input_ids": out["input_ids"].astype(np.int64), "labels": out["labels"].astype(np.int64),
+            "sample_id": out["sample_id"]}
 
 
 def phase_stream(

@@ -1,13 +1,13 @@
 """The fine-tuning fan-out on Ray Tune: checkpoints x tasks x learning rates x seeds, with ASHA stopping losers.
 
-    rows = run_fanout([{"run": "tiny-clm-10-mlm40-40", "hf_dir": ".../hf", "columns": {"phases.clm_share": 0.25}}],
-                      cfg, storage="/abs/results/quickstart", name="finetune", done=keys_already_in_parquet)
+    rows = run_fanout([FinetuneSource("tiny-clm-10-mlm40-40-a1b2c3", 40, ".../hf", {"phases.clm_share": 0.25})],
+                      spec, storage="/abs/results/quickstart", name="finetune", done=keys_already_in_parquet)
 
-One Tune trial per (run, task, lr, seed): a function trainable that fine-tunes in its own process
+One Tune trial per (run, pretrain_step, task, lr, seed): a function trainable that fine-tunes in its own process
 (`raybiphase.finetune.trial.run_trial`, about one CPU: `cpus_per_trial`), reporting `step` and `val_score` at every
 evaluation. With `finetune.asha`, ASHA (time_attr="step", metric="val_score", mode="max") stops weak trials at
 its rungs (grace_period = the first evaluation, reduction_factor 3, max_t = finetune.max_steps); each
-(run, task) gets its own ASHA, so scores of different tasks never compete. Without it the full grid runs.
+checkpoint and task gets its own ASHA, so scores of different tasks never compete. Without it the full grid runs.
 At most `resources.max_concurrent` trials run at once.
 
 Stopped trials: their row keeps the last validation score and step, `stopped_early=True`, `test_score=NaN` (a
@@ -24,13 +24,12 @@ a trial (batch size, steps, warmup, eval cadence, example cap, max length). A re
 missing trials launch; with ASHA off, trials ASHA stopped before run again. (`Tuner.restore` resumes one
 interrupted Tuner, but not a grid that grew, nor one whose trials ASHA stopped.)
 
-Row: run, checkpoint, task, family, dataset, metric, lr, seed, val_score, test_score, steps, stopped_early,
-seconds, test_per_example, secondary_metric, test_secondary, steps_run, completed_after_stop, and the
-checkpoint's dotted config columns.
+Rows: raybiphase.results.rows (trial_row when planned, finished_row, stopped_row, completed_row).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -42,22 +41,15 @@ from pathlib import Path
 
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
-from raybiphase.config import Config, FinetuneConfig
+from raybiphase.config import FinetuneConfig, SweepSpec
 from raybiphase.finetune.tasks import get_task
-from raybiphase.finetune.trial import (
-    DEFAULT_MAX_LEN,
-    load_checked_tokenizer,
-    resolve_hf_dir,
-    run_trial,
-)
+from raybiphase.finetune.trial import DEFAULT_MAX_LEN, load_checked_tokenizer, resolve_hf_dir, run_trial
+from raybiphase.results import rows as result_rows
+from raybiphase.results.rows import FinetuneSource, trial_key
 
 RECORDS = "records"
 REDUCTION_FACTOR = 3
-TrialKey = tuple  # (run, task, lr, seed)
-
-
-def trial_key(run: str, task: str, lr: float, seed: int) -> TrialKey:
-    return (str(run), str(task), float(lr), int(seed))
+TrialKey = tuple  # rows.TRIAL_KEY: (run, pretrain_step, task, lr, seed)
 
 
 def trial_settings(cfg: FinetuneConfig, max_len: int) -> str:
@@ -68,10 +60,10 @@ def trial_settings(cfg: FinetuneConfig, max_len: int) -> str:
 
 
 def record_path(experiment: Path, key: TrialKey, settings: str) -> Path:
-    run, task, lr, seed = key
+    run, step, task, lr, seed = key
     digest = hashlib.sha256(json.dumps([*key, settings]).encode()).hexdigest()[:8]
     safe_run = re.sub(r"[^A-Za-z0-9._-]+", "_", run)
-    return experiment / RECORDS / f"{safe_run}__{task}__lr{lr:g}__seed{seed}__{digest}.json"
+    return experiment / RECORDS / f"{safe_run}__{step}__{task}__lr{lr:g}__seed{seed}__{digest}.json"
 
 
 def _write(path: Path, row: dict) -> None:
@@ -88,26 +80,20 @@ def _read(path: Path) -> dict | None:
 # ------------------------------------------------------------------------------------------------ planning
 
 
-def plan_trials(checkpoints: list[dict], cfg: FinetuneConfig) -> list[dict]:
-    """Every trial's base row, group by group (run x task), seed-major so each ASHA rung sees every LR early."""
-    trials = []
-    for checkpoint in checkpoints:
-        for name in cfg.tasks:
-            task = get_task(name)
-            for seed in cfg.seeds:
-                for lr in cfg.lrs:
-                    trials.append({"run": checkpoint["run"], "checkpoint": str(checkpoint["hf_dir"]), "task": name,
-                                   "family": task.family, "dataset": task.dataset, "metric": task.metric,
-                                   "lr": float(lr), "seed": int(seed), **checkpoint.get("columns", {})})
-    return trials
+def plan_trials(sources: list[FinetuneSource], cfg: FinetuneConfig, sweep: str = "") -> list[dict]:
+    """Every trial's planned row, group by group (checkpoint x task), seed-major so each ASHA rung sees every LR
+    early."""
+    return [result_rows.trial_row(source, task=get_task(name), lr=lr, seed=seed, sweep=sweep)
+            for source in sources for name in cfg.tasks for seed in cfg.seeds for lr in cfg.lrs]
 
 
-def key_of(row: dict) -> TrialKey:
-    return trial_key(row["run"], row["task"], row["lr"], row["seed"])
+def group_of(row: dict) -> tuple:
+    """The trials one ASHA compares, and one best LR is picked among: one checkpoint, one task."""
+    return (row["run"], row["pretrain_step"], row["task"])
 
 
 def best_lr(rows: list[dict]) -> float | None:
-    """The LR with the best mean validation score over its finished (not stopped) trials of one (run, task)."""
+    """The LR with the best mean validation score over its finished (not stopped) trials of one group."""
     by_lr = defaultdict(list)
     for row in rows:
         if not row["stopped_early"]:
@@ -120,7 +106,7 @@ def best_lr(rows: list[dict]) -> float | None:
 
 
 def _trainable(config: dict, finetune: FinetuneConfig, max_len: int, cpus: float,
-               wandb_project: str | None = None, sweep: str = "") -> None:
+               wandb_project: str | None = None) -> None:
     import torch
     from ray import tune
 
@@ -129,14 +115,13 @@ def _trainable(config: dict, finetune: FinetuneConfig, max_len: int, cpus: float
     trial = config["trial"]
     torch.set_num_threads(max(1, int(cpus)))
     row = trial["row"]
-    tracker = wandb_log.init_run("finetune", f"{row['run']}|{row['task']}|lr{row['lr']:g}|sd{row['seed']}", sweep,
+    name = f"{row['run']}@{row['pretrain_step']}|{row['task']}|lr{row['lr']:g}|sd{row['seed']}"  # a W&B label
+    tracker = wandb_log.init_run("finetune", name, row["sweep"],
                                  {k: v for k, v in row.items() if not isinstance(v, (list, dict))}, wandb_project, rank=0)
 
     def report(metrics: dict) -> None:
         if "final" in metrics:  # the trial's result is on disk before the report a scheduler may stop it at
-            final = metrics["final"]
-            _write(Path(trial["record"]), {**trial["row"], **final, "stopped_early": False,
-                                          "steps_run": final["steps"], "completed_after_stop": False})
+            _write(Path(trial["record"]), result_rows.finished_row(trial["row"], metrics["final"]))
         wandb_log.log(tracker, {"val_score": metrics["val_score"]}, step=metrics["step"])
         tune.report({"step": metrics["step"], "val_score": metrics["val_score"]})
 
@@ -145,7 +130,7 @@ def _trainable(config: dict, finetune: FinetuneConfig, max_len: int, cpus: float
     wandb_log.finish(tracker, {k: v for k, v in result.items() if isinstance(v, (int, float, str))})
 
 
-def _launch(trials: list[dict], cfg: Config, *, experiment: Path, name: str, asha: bool, grace_period: int | None,
+def _launch(trials: list[dict], cfg: SweepSpec, *, experiment: Path, name: str, asha: bool, grace_period: int | None,
             reduction_factor: float, cpus_per_trial: float, max_len: int, verbose: int) -> list[dict]:
     """Run `trials` (base rows) as one Tuner; returns their rows, stopped ones recorded by the driver."""
     from ray import tune
@@ -155,7 +140,7 @@ def _launch(trials: list[dict], cfg: Config, *, experiment: Path, name: str, ash
     ensure_ray()
     ft = cfg.finetune
     settings = trial_settings(ft, max_len)
-    space = [{"row": t, "record": str(record_path(experiment, key_of(t), settings)), "group": f"{t['run']}|{t['task']}"}
+    space = [{"row": t, "record": str(record_path(experiment, trial_key(t), settings)), "group": list(group_of(t))}
              for t in trials]
     scheduler = None
     if asha:
@@ -163,7 +148,7 @@ def _launch(trials: list[dict], cfg: Config, *, experiment: Path, name: str, ash
             ASHAScheduler, time_attr="step", metric="val_score", mode="max", max_t=ft.max_steps,
             grace_period=grace_period or ft.eval_every, reduction_factor=reduction_factor))
     trainable = tune.with_resources(tune.with_parameters(_trainable, finetune=ft, max_len=max_len, cpus=cpus_per_trial,
-                                                       wandb_project=cfg.sweep.wandb_project, sweep=cfg.sweep.name),
+                                                       wandb_project=cfg.sweep.wandb_project),
                                     {"cpu": cpus_per_trial})
     tuner = tune.Tuner(
         trainable,
@@ -179,16 +164,13 @@ def _launch(trials: list[dict], cfg: Config, *, experiment: Path, name: str, ash
         record = _read(Path(trial["record"]))
         if result.error is not None and record is None:
             first_line = (str(result.error).strip().splitlines() or [""])[0]
-            failures.append(f"{key_of(trial['row'])}: {type(result.error).__name__}: {first_line}")
+            failures.append(f"{trial_key(trial['row'])}: {type(result.error).__name__}: {first_line}")
             continue
         if record is None:  # stopped by ASHA at its last report
             metrics = result.metrics or {}
-            record = {**trial["row"], "val_score": metrics.get("val_score", float("nan")), "test_score": float("nan"),
-                      "metric": trial["row"]["metric"], "steps": int(metrics.get("step", 0)),
-                      "seconds": float(metrics.get("time_total_s", 0.0)), "test_per_example": [],
-                      "secondary_metric": get_task(trial["row"]["task"]).secondary_metric,
-                      "test_secondary": float("nan"), "stopped_early": True,
-                      "steps_run": int(metrics.get("step", 0)), "completed_after_stop": False}
+            record = result_rows.stopped_row(trial["row"], val_score=metrics.get("val_score", float("nan")),
+                                             step=int(metrics.get("step", 0)),
+                                             seconds=float(metrics.get("time_total_s", 0.0)))
             _write(Path(trial["record"]), record)
         rows.append(record)
     if failures:
@@ -199,56 +181,55 @@ def _launch(trials: list[dict], cfg: Config, *, experiment: Path, name: str, ash
 # ------------------------------------------------------------------------------------------------ the fan-out
 
 
-def run_fanout(checkpoints: list[dict], cfg: Config, *, storage: str, name: str, done=frozenset(),
+def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, name: str, done=frozenset(),
                grace_period: int | None = None, reduction_factor: float = REDUCTION_FACTOR,
                cpus_per_trial: float = 1.0, max_len: int = DEFAULT_MAX_LEN, complete_best: bool = True,
                verbose: int = 0) -> list[dict]:
-    """Fine-tune every checkpoint ({run, hf_dir, columns}) on cfg.finetune.tasks over lrs x seeds; one row per trial
-    not in `done` (keys (run, task, lr, seed)). Bad task names or checkpoints raise UserError before anything runs."""
+    """Fine-tune every source checkpoint on cfg.finetune.tasks over lrs x seeds; one row per trial not in `done`
+    (keys rows.TRIAL_KEY). Bad task names or checkpoints raise UserError before anything runs."""
     experiment = Path(storage).expanduser().resolve() / name
     for task_name in cfg.finetune.tasks:  # one clear line for bad input, before Ray starts
         get_task(task_name)
-    checkpoints = [{**c, "hf_dir": str(resolve_hf_dir(c["hf_dir"]))} for c in checkpoints]  # absolute: trials
-    for checkpoint in checkpoints:                                                          # run in their own dirs
-        load_checked_tokenizer(Path(checkpoint["hf_dir"]))
-    done = {trial_key(*k) for k in done}
-    plan = [t for t in plan_trials(checkpoints, cfg.finetune) if key_of(t) not in done]
+    # absolute: trials run in their own directories
+    sources = [dataclasses.replace(s, hf_dir=str(resolve_hf_dir(s.hf_dir))) for s in sources]
+    for source in sources:
+        load_checked_tokenizer(Path(source.hf_dir))
+    done = {trial_key(dict(zip(result_rows.TRIAL_KEY, k))) for k in done}
+    plan = [t for t in plan_trials(sources, cfg.finetune, cfg.sweep.name) if trial_key(t) not in done]
     settings = trial_settings(cfg.finetune, max_len)
-    records = {key_of(t): _read(record_path(experiment, key_of(t), settings)) for t in plan}
+    records = {trial_key(t): _read(record_path(experiment, trial_key(t), settings)) for t in plan}
     for key, record in records.items():
         if record is not None and record["stopped_early"] and not cfg.finetune.asha:
             records[key] = None  # the full grid was asked for: a trial ASHA stopped runs again
-    missing = [t for t in plan if records[key_of(t)] is None]
+    missing = [t for t in plan if records[trial_key(t)] is None]
     options = dict(experiment=experiment, grace_period=grace_period, reduction_factor=reduction_factor,
                    cpus_per_trial=cpus_per_trial, max_len=max_len, verbose=verbose)
     if missing:
         for row in _launch(missing, cfg, name=name, asha=cfg.finetune.asha, **options):
-            records[key_of(row)] = row
+            records[trial_key(row)] = row
     if complete_best:
         _complete_best(records, plan, cfg, experiment, options)
-    return [records[key_of(t)] for t in plan]
+    return [records[trial_key(t)] for t in plan]
 
 
-def _complete_best(records: dict, plan: list[dict], cfg: Config, experiment: Path, options: dict) -> None:
-    """Rerun, without ASHA, the stopped seeds of each (run, task)'s best LR, until the best LR has none."""
+def _complete_best(records: dict, plan: list[dict], cfg: SweepSpec, experiment: Path, options: dict) -> None:
+    """Rerun, without ASHA, the stopped seeds of each group's best LR, until the best LR has none."""
     for attempt in range(len(cfg.finetune.lrs)):
         groups = defaultdict(list)
         for row in records.values():
-            groups[(row["run"], row["task"])].append(row)
+            groups[group_of(row)].append(row)
         rerun = []
         for rows in groups.values():
             lr = best_lr(rows)
             rerun += [r for r in rows if r["lr"] == lr and r["stopped_early"]]
         if not rerun:
             return
-        base = {key_of(t): t for t in plan}
-        for row in _launch([base[key_of(r)] for r in rerun], cfg, name=f"{experiment.name}-completion{attempt}",
+        planned = {trial_key(t): t for t in plan}
+        for row in _launch([planned[trial_key(r)] for r in rerun], cfg, name=f"{experiment.name}-completion{attempt}",
                            asha=False, **options):
-            stopped = records[key_of(row)]
-            row = {**row, "steps_run": stopped["steps_run"] + row["steps"],
-                   "seconds": stopped["seconds"] + row["seconds"], "completed_after_stop": True}
-            _write(record_path(experiment, key_of(row), trial_settings(cfg.finetune, options["max_len"])), row)
-            records[key_of(row)] = row
+            row = result_rows.completed_row(records[trial_key(row)], row)
+            _write(record_path(experiment, trial_key(row), trial_settings(cfg.finetune, options["max_len"])), row)
+            records[trial_key(row)] = row
 
 
 class GroupedASHA(FIFOScheduler):
@@ -259,7 +240,7 @@ class GroupedASHA(FIFOScheduler):
         self._make_asha, self._by_group, self._metric = make_asha, {}, "val_score"
 
     def _asha(self, trial) -> ASHAScheduler:
-        group = trial.config["trial"]["group"]
+        group = tuple(trial.config["trial"]["group"])
         if group not in self._by_group:
             self._by_group[group] = self._make_asha()
         return self._by_group[group]

@@ -28,10 +28,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from raybiphase import storage
 from raybiphase.cli import UserError
 from raybiphase.config import FinetuneConfig
 from raybiphase.finetune.heads import head_for
 from raybiphase.finetune.tasks import get_task, load_splits
+from raybiphase.optim import adamw, set_lr, wsd_lr
 
 ADAMW = {"betas": (0.9, 0.95), "eps": 1e-5, "weight_decay": 0.1}
 GRAD_CLIP = 1.0
@@ -47,7 +49,7 @@ def resolve_hf_dir(path: str | Path) -> Path:
     path = Path(path).expanduser()
     if not path.exists():
         raise UserError(f"finetune: checkpoint {path} does not exist")
-    for candidate in (path, path / "hf"):
+    for candidate in (path, Path(storage.hf_dir(path))):
         if (candidate / "config.json").is_file():
             return candidate.resolve()
     raise UserError(f"finetune: {path} is not an HF model folder (no config.json, nor hf/config.json)")
@@ -72,23 +74,6 @@ def load_checked_tokenizer(hf_dir: Path):
             raise UserError(f"finetune: {name} is id {ours} in the tokenizer of {hf_dir} but {theirs} in the "
                             f"model config: they do not belong together")
     return tokenizer
-
-
-# ------------------------------------------------------------------------------------------------ schedule
-
-
-def linear_lr(step: int, *, peak: float, total: int, warmup: int) -> float:
-    """LR of the update with 0-based index `step`: linear warmup to `peak`, then linear decay to 0 after `total`."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    return peak * max(0.0, total - step) / max(1, total - warmup)
-
-
-def _optimizer(model, lr: float) -> torch.optim.AdamW:
-    decayed = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    plain = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    groups = [{"params": decayed, "weight_decay": ADAMW["weight_decay"]}, {"params": plain, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=ADAMW["betas"], eps=ADAMW["eps"])
 
 
 # ------------------------------------------------------------------------------------------------ trial
@@ -118,7 +103,7 @@ def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: Finet
     head, units, val, test = _tokenized(hf_path, task, cfg.max_examples, max_len, source)
     torch.manual_seed(seed)
     model = head.load_model(str(hf_path))
-    optimizer = _optimizer(model, lr)
+    optimizer = adamw(model, lr=lr, **ADAMW)
     total = min(cfg.max_steps, math.ceil(len(units) / cfg.batch_size))  # at most one epoch
     warmup = round(cfg.warmup_ratio * total)
     order = np.random.default_rng(seed).permutation(len(units))
@@ -126,8 +111,7 @@ def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: Finet
 
     for step in range(total):
         # --- schedule
-        for group in optimizer.param_groups:
-            group["lr"] = linear_lr(step, peak=lr, total=total, warmup=warmup)
+        set_lr(optimizer, wsd_lr(step, peak=lr, total=total, warmup=warmup, decay=total - warmup))
         # --- step
         model.train()
         batch = [units[i] for i in order[step * cfg.batch_size:(step + 1) * cfg.batch_size]]

@@ -1,7 +1,7 @@
-"""Checkpoints: sharded weights and optimizer (torch.distributed.checkpoint) plus `meta.json`; HF exports.
+"""Checkpoints: sharded weights and optimizer (torch.distributed.checkpoint) plus a typed meta; HF exports.
 
-One loader serves resume, branching, continued pretraining and fine-tuning:
-    <ckpt>/meta.json       resolved config, step, tokens seen, phase, data position, code version
+One loader serves resume, branching, continued pretraining and fine-tuning (names: raybiphase.storage):
+    <ckpt>/meta.json       CheckpointMeta: the run config, step, data position, the step's report, code version
     <ckpt>/__*_*.distcp    DCP shards of {"model": ..., "optim": ...}; <ckpt>/.metadata their index
     <ckpt>/hf/             save_pretrained export (safetensors + tokenizer), at the end and at requested steps
 DCP stores its index with pickle; `SafeReader` unpickles it with an allow-list, so loading a checkpoint never
@@ -10,11 +10,14 @@ runs arbitrary code. Tensors are loaded with `weights_only=True` by DCP itself.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import pickle
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,11 +30,51 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from raybiphase import __version__
+from raybiphase import __version__, storage
 from raybiphase.cli import UserError
+from raybiphase.config import RunConfig, from_dict
+from raybiphase.pretrain.schedule import Schedule
 
-META = "meta.json"
-HF_DIR = "hf"
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """What a checkpoint records besides its tensors; everything else (tokens seen, phase, decayed) follows."""
+
+    run: dict[str, Any]
+    """The run config (raybiphase.config.to_dict of a RunConfig)."""
+    step: int
+    """Optimizer steps done."""
+    data_start: int
+    """Global sample index of the run's first sample (a continued run carries on its source's stream)."""
+    metrics: dict[str, Any]
+    """The metrics reported at this step."""
+    code_version: str = ""
+    """raybiphase version and git commit that wrote it."""
+
+    @property
+    def config(self) -> RunConfig:
+        return from_dict(RunConfig, self.run)
+
+    @property
+    def tokens_seen(self) -> int:
+        return self.step * self.config.train.global_batch_tokens
+
+    @property
+    def data_end(self) -> int:
+        """The next unread sample: where a run continued from this checkpoint starts its stream."""
+        cfg = self.config
+        return self.data_start + self.step * (cfg.train.global_batch_tokens // cfg.data.seq_len)
+
+    @property
+    def objective(self) -> str:
+        """The objective of the last step taken."""
+        schedule = Schedule.from_config(self.config)
+        return schedule.phases[schedule.phase_index(max(self.step - 1, 0))].objective
+
+    @property
+    def decayed(self) -> bool:
+        """Taken after the learning rate started to decay (the paper continues from decayed checkpoints)."""
+        return self.step > Schedule.from_config(self.config).decay_start
 
 
 class _AllowListUnpickler(pickle.Unpickler):
@@ -76,23 +119,26 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def save(path: Path, model, optimizer, meta: dict) -> None:
+def save(path: Path, model, optimizer, meta: CheckpointMeta) -> None:
     """Every rank writes its shards to `path` (a local directory); rank 0 writes meta.json."""
     path.mkdir(parents=True, exist_ok=True)
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
     dcp.save(state, storage_writer=dcp.FileSystemWriter(str(path), single_file_per_rank=True))
     if _rank() == 0:
-        (path / META).write_text(json.dumps({**meta, "code_version": code_version()}, indent=1))
+        meta = dataclasses.replace(meta, code_version=code_version())
+        Path(storage.meta_path(path)).write_text(json.dumps(dataclasses.asdict(meta), indent=1))
 
 
-def read_meta(path: str | Path) -> dict:
-    meta = Path(path) / META
-    if not meta.is_file():
-        raise UserError(f"checkpoint: {path} is not a raybiphase checkpoint (no {META})")
-    return json.loads(meta.read_text())
+def read_meta(path: storage.Location) -> CheckpointMeta:
+    """The meta of a checkpoint, local or in a bucket; UserError when `path` is not a raybiphase checkpoint."""
+    document = storage.read_json(storage.meta_path(path))
+    if document is None:
+        raise UserError(f"checkpoint: {path} is not a raybiphase checkpoint (no {storage.META})")
+    known = {f.name for f in dataclasses.fields(CheckpointMeta)}
+    return CheckpointMeta(**{k: v for k, v in document.items() if k in known})
 
 
-def load(path: str | Path, model, optimizer=None) -> dict:
+def load(path: str | Path, model, optimizer=None) -> CheckpointMeta:
     """Load weights (and the optimizer when given) in place from a checkpoint; returns its meta."""
     meta = read_meta(path)
     state = {"model": get_model_state_dict(model)}

@@ -1,7 +1,7 @@
 """The phase-aware pretraining loop that runs on every Ray Train worker.
 
-Read top to bottom: set up (model, FSDP2, AdamW, resume), then one optimizer step per iteration in fixed
-sections: schedule, micro-steps, clip, step, eval and report, checkpoint, stop. The phase of a step (CLM with
+Read top to bottom: set up (model, FSDP2, AdamW, restore), then one optimizer step per iteration in fixed
+sections: schedule, micro-steps, clip and step, what this step does (decided once), eval and report, checkpoint. The phase of a step (CLM with
 a causal mask, MLM bidirectional at its ratio) and its learning rate come from `Schedule.at(step)`; data for
 step k is global batch k (raybiphase.data.stream), so resuming or branching at any step is exact.
 
@@ -14,7 +14,6 @@ val/mlm_loss, lr, tokens_per_s, and mfu on GPU, where
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -22,18 +21,18 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from raybiphase import storage
+from raybiphase.config import RunConfig, flatten, from_dict
+from raybiphase.optim import adamw, set_lr
 from raybiphase.pretrain import checkpoint
+from raybiphase.pretrain.checkpoint import CheckpointMeta
 from raybiphase.results import wandb as wandb_log
-from raybiphase.config import config_from_dict, flatten
 from raybiphase.data.masking import MaskingSpec
 from raybiphase.pretrain.model import build_model, forward_loss, from_decoder
 from raybiphase.pretrain.parallel import apply_fsdp, use_bf16
 from raybiphase.pretrain.schedule import Schedule
-from raybiphase.pretrain.sizes import flops_per_token
+from raybiphase.pretrain.sizes import PEAK_BF16_TFLOPS, flops_per_token
 from raybiphase.data.stream import open_dataset, phase_stream, validation_batches
-
-PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
-
 
 def model_flops_per_token(model, seq_len: int) -> float:
     config = model.config
@@ -46,7 +45,7 @@ def peak_flops() -> float | None:
     if not torch.cuda.is_available():
         return None
     name = torch.cuda.get_device_name()
-    return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
+    return next((tflops * 1e12 for key, tflops in PEAK_BF16_TFLOPS.items() if key in name), None)
 
 
 def _rank_world() -> tuple[int, int]:
@@ -55,17 +54,38 @@ def _rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-def _initial_model(cfg, manifest):
-    """Random init, or weights (only) from a raybiphase checkpoint or an HF decoder (continued pretraining)."""
+def _initial_model(run: RunConfig, manifest):
+    """Random init, or an HF decoder's weights (continued pretraining from a Llama-family model); a raybiphase
+    checkpoint in model.init_from is loaded by `restore`."""
     common = dict(vocab_size=manifest.vocab_size, special_ids=manifest.special_ids,
-                  attn_implementation=cfg.model.attn_implementation)
-    source = cfg.model.init_from
-    if source and ("://" in source or (Path(source) / checkpoint.META).is_file()):  # ours (local or cloud)
-        model = build_model(cfg.model.size, seed=cfg.train.seed, **common)
-        return model, source
-    if source:
-        return from_decoder(source, **common), None
-    return build_model(cfg.model.size, seed=cfg.train.seed, **common), None
+                  attn_implementation=run.model.attn_implementation)
+    source = run.model.init_from
+    if source and not storage.is_checkpoint(source):
+        return from_decoder(source, **common)
+    return build_model(run.model.size, seed=run.train.seed, **common)
+
+
+def restore(run: RunConfig, model, optimizer, resume_from: str | None) -> tuple[int, int]:
+    """Where this worker starts, as (step, data_start); the one resume path.
+
+    In order: Ray Train's latest checkpoint of this run (a worker died and the group restarted), else `resume_from`
+    (a sweep segment continuing its parent's checkpoint, same schedule), else a raybiphase checkpoint in
+    model.init_from (continued pretraining: its weights, and its data stream carries on after the source's
+    samples), else the fresh model at step 0.
+    """
+    import ray.train
+
+    latest = ray.train.get_checkpoint()
+    resume = latest.path if latest is not None else resume_from
+    if resume:
+        with ray.train.Checkpoint(resume).as_directory() as local:
+            meta = checkpoint.load(local, model, optimizer)
+        return meta.step, meta.data_start
+    source = run.model.init_from
+    if source and storage.is_checkpoint(source):
+        with ray.train.Checkpoint(source).as_directory() as local:
+            return 0, checkpoint.load(local, model).data_end
+    return 0, 0
 
 
 @torch.no_grad()
@@ -82,62 +102,51 @@ def evaluate(model, val: dict[str, list[dict]], device) -> dict[str, float]:
 def train_loop(loop_config: dict) -> None:
     """Ray Train worker entry point.
 
-    loop_config: {"config": nested config dict, "name": run or segment name (W&B), "data_dir": prepared shards,
-    "resume_from": checkpoint or None,
-    "stop_at": the last step of a sweep segment (default: the end of the run), and for the fault-tolerance test
-    only "fail_at_step" and "fail_marker"}.
+    loop_config: {"run": the RunConfig as a dict, "name": run or segment name, "data_dir": prepared shards,
+    "resume_from": a checkpoint to continue (same schedule) or None, "stop_at": the last step of a sweep segment
+    (default: the end of the run), "wandb": {"project", "group"} or None}.
     """
     import ray.train
 
-    cfg = config_from_dict(loop_config["config"])
+    run = from_dict(RunConfig, loop_config["run"])
     rank, world = _rank_world()
     device = ray.train.torch.get_device() if torch.cuda.is_available() else torch.device("cpu")
     torch.use_deterministic_algorithms(True, warn_only=True)
-    manifest = open_dataset(loop_config["data_dir"], seq_len=cfg.data.seq_len)
-    schedule = Schedule.from_config(cfg)
-    rows_per_step = cfg.train.global_batch_tokens // cfg.data.seq_len
-    micro = cfg.train.micro_batch_size
+    manifest = open_dataset(loop_config["data_dir"], seq_len=run.data.seq_len)
+    schedule = Schedule.from_config(run)
+    rows_per_step = run.train.global_batch_tokens // run.data.seq_len
+    micro = run.train.micro_batch_size
     accum = rows_per_step // world // micro
 
-    # --- model, FSDP2, optimizer
-    model, weights_from = _initial_model(cfg, manifest)
+    # --- model, FSDP2, optimizer, restore
+    model = _initial_model(run, manifest)
     model.to(device).train()
-    bf16 = use_bf16(cfg.train.precision)
+    bf16 = use_bf16(run.train.precision)
     model = apply_fsdp(model, bf16=bf16)
-    optim = cfg.optim
-    optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps,
-                                  weight_decay=optim.weight_decay, foreach=False)
+    optim = run.optim
+    optimizer = adamw(model, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay,
+                      decay_embeddings=optim.decay_embeddings, foreach=False)
+    step, data_start = restore(run, model, optimizer, loop_config.get("resume_from"))
 
-    # --- resume: Ray Train's latest checkpoint (after a failure), else an explicit branch point
-    step, data_start = 0, 0
-    resume = ray.train.get_checkpoint()
-    if weights_from:
-        with _local(weights_from) as local:
-            data_start = checkpoint.read_meta(local)["data_end"]
-            checkpoint.load(local, model)
-    if resume is not None or loop_config.get("resume_from"):
-        path = resume.path if resume is not None else loop_config["resume_from"]
-        with (resume.as_directory() if resume is not None else _local(path)) as local:
-            meta = checkpoint.load(local, model, optimizer)
-        step, data_start = meta["step"], meta["data_start"]
-    tracker = wandb_log.init_run("pretrain", loop_config.get("name", "pretrain"), cfg.sweep.name, flatten(cfg),
-                                 cfg.sweep.wandb_project, rank=rank)
-    val = validation_batches(manifest, batch_size=micro, batches=cfg.train.eval_batches, mask_ratio=cfg.train.eval_mask_ratio)
-    fpt, peak = model_flops_per_token(model, cfg.data.seq_len), peak_flops()
-    tokens_per_step = rows_per_step * cfg.data.seq_len
-    decay_start = schedule.decay_start
+    wandb = loop_config.get("wandb") or {}
+    tracker = wandb_log.init_run("pretrain", loop_config.get("name", "pretrain"), wandb.get("group", ""),
+                                 flatten(run), wandb.get("project"), rank=rank)
+    val = validation_batches(manifest, batch_size=micro, batches=run.train.eval_batches,
+                             mask_ratio=run.train.eval_mask_ratio)
+    fpt, peak = model_flops_per_token(model, run.data.seq_len), peak_flops()
+    tokens_per_step = rows_per_step * run.data.seq_len
     stop_at = min(loop_config.get("stop_at") or schedule.total_steps, schedule.total_steps)  # a sweep segment's end
-    exports = {*cfg.train.export_steps, schedule.total_steps}
-    saves = {*schedule.boundaries[1:], decay_start, schedule.total_steps, stop_at, *exports}
+    exports = {*run.train.export_steps, schedule.total_steps}
+    milestones = {*schedule.boundaries[1:], schedule.decay_start, stop_at, *exports}  # always evaluated and saved
 
     while step < stop_at:
         # --- phase: a fresh stream from this step to the phase's end (pure function of the sample ids)
         phase_idx = schedule.phase_index(step)
         phase = schedule.phases[phase_idx]
         phase_end = min(schedule.boundaries[phase_idx + 1], stop_at)
-        mask = MaskingSpec(mask_ratio=phase.mask_ratio, mask_prob=cfg.phases.mask_prob,
-                           random_prob=cfg.phases.random_prob) if phase.objective == "mlm" else None
-        stream = phase_stream(manifest, objective=phase.objective, mask=mask, seed=cfg.train.seed,
+        mask = MaskingSpec(mask_ratio=phase.mask_ratio, mask_prob=run.phases.mask_prob,
+                           random_prob=run.phases.random_prob) if phase.objective == "mlm" else None
+        stream = phase_stream(manifest, objective=phase.objective, mask=mask, seed=run.train.seed,
                               first_step=step, steps=phase_end - step, sample_offset=data_start,
                               rows_per_step=rows_per_step, rank=rank, world=world)
         batches = iter(stream.iter_torch_batches(batch_size=micro, dtypes=torch.long, device=device))
@@ -145,8 +154,7 @@ def train_loop(loop_config: dict) -> None:
         while step < phase_end:
             # --- schedule
             _, lr = schedule.at(step)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            set_lr(optimizer, lr)
 
             # --- micro-steps (gradient accumulation to the global batch)
             total = torch.zeros((), device=device)
@@ -165,9 +173,13 @@ def train_loop(loop_config: dict) -> None:
             step += 1
             window_tokens += tokens_per_step
 
-            # --- eval, report, checkpoint
-            if step % cfg.train.eval_every and step not in saves and step % cfg.train.checkpoint_every:
+            # --- what this step does, decided once
+            do_eval = step % run.train.eval_every == 0 or step in milestones
+            do_save = step % run.train.checkpoint_every == 0 or step in milestones
+            if not (do_eval or do_save):
                 continue
+
+            # --- eval and report
             if world > 1:
                 dist.all_reduce(total)
                 total /= world
@@ -177,47 +189,20 @@ def train_loop(loop_config: dict) -> None:
                        "tokens_per_s": window_tokens / max(seconds, 1e-9)}
             if peak:
                 metrics["mfu"] = fpt * metrics["tokens_per_s"] / (peak * world)
-            if step % cfg.train.eval_every == 0 or step in saves:
+            if do_eval:
                 metrics.update(evaluate(model, val, device))
-            if step in saves or step % cfg.train.checkpoint_every == 0:
-                meta = {"config": loop_config["config"], "step": step, "tokens_seen": metrics["tokens_seen"],
-                        "phase": phase_idx, "objective": phase.objective, "data_start": data_start,
-                        "data_end": data_start + step * rows_per_step, "decayed": step > decay_start,
-                        "total_steps": schedule.total_steps, "metrics": metrics}
+
+            # --- checkpoint (and HF export) with the report, or the report alone
+            if do_save:
+                meta = CheckpointMeta(run=loop_config["run"], step=step, data_start=data_start, metrics=metrics)
                 with tempfile.TemporaryDirectory() as tmp:
                     checkpoint.save(Path(tmp), model, optimizer, meta)
                     if step in exports:
-                        checkpoint.export_hf(Path(tmp) / checkpoint.HF_DIR, model, manifest.tokenizer_dir)
+                        checkpoint.export_hf(Path(storage.hf_dir(tmp)), model, manifest.tokenizer_dir)
                     ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
-                                     checkpoint_dir_name=f"step-{step:08d}")
+                                     checkpoint_dir_name=storage.checkpoint_name(step))
             else:
                 ray.train.report(metrics)
             wandb_log.log(tracker, {k: v for k, v in metrics.items() if k != "objective"}, step=step)
             window_start, window_tokens = time.perf_counter(), 0
-            if loop_config.get("fail_at_step") == step and rank == world - 1:
-                _fail_once(step, Path(loop_config["fail_marker"]))
     wandb_log.finish(tracker)
-
-
-class _local:
-    """Context manager giving a local directory for a checkpoint path (local or a cloud URI)."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def __enter__(self) -> str:
-        import ray.train
-
-        self._ctx = ray.train.Checkpoint(self.path).as_directory()
-        return self._ctx.__enter__()
-
-    def __exit__(self, *exc):
-        return self._ctx.__exit__(*exc)
-
-
-def _fail_once(step: int, marker: Path) -> None:
-    """Fault injection for the fault-tolerance test: kill this worker process once, hard, at `step`."""
-    if not marker.exists():
-        marker.write_text(str(step))
-        os._exit(1)
-

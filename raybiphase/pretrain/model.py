@@ -3,7 +3,7 @@
 The same weights serve both objectives; only attention changes. CLM steps call the model with `is_causal=True`
 (honoured by sdpa and flash_attention_2; the eager backend ignores it, so it is never offered), MLM steps are
 bidirectional. EuroBERT's weight names equal LlamaForCausalLM's, so a Llama-family decoder is a state-dict load
-(`from_decoder`); with the same weights, causal-mode logits equal Llama's (tests/test_model.py).
+(`from_decoder`); with the same weights, causal-mode logits equal Llama's (tests/pretrain/test_model.py).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from transformers import EuroBertConfig, EuroBertForMaskedLM
 
 from raybiphase.cli import UserError
+from raybiphase.data.masking import IGNORE_INDEX
 from raybiphase.pretrain.sizes import SIZES
 
-IGNORE_INDEX = -100
 
 
 def _config(*, special_ids: dict[str, int], attn_implementation: str, **dims) -> EuroBertConfig:

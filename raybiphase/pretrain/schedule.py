@@ -12,7 +12,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from raybiphase.config import Config, Phase
+from raybiphase.config import Phase, RunConfig
+from raybiphase.optim import wsd_lr
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class Schedule:
     decay_steps: int
 
     @classmethod
-    def from_config(cls, cfg: Config) -> "Schedule":
+    def from_config(cls, cfg: RunConfig) -> "Schedule":
         return cls(cfg.phases.resolved(), cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.decay_steps)
 
     @property
@@ -46,11 +47,8 @@ class Schedule:
         return bisect.bisect_right(self.boundaries, step) - 1
 
     def lr(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return self.peak_lr * (step + 1) / self.warmup_steps
-        if step >= self.decay_start:
-            return self.peak_lr * (self.total_steps - step) / (self.decay_steps + 1)
-        return self.peak_lr
+        return wsd_lr(step, peak=self.peak_lr, total=self.total_steps, warmup=self.warmup_steps,
+                      decay=self.decay_steps)
 
     def at(self, step: int) -> tuple[Phase, float]:
         """(phase, learning rate) of optimizer step `step`."""

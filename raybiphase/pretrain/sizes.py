@@ -47,3 +47,6 @@ SIZES: dict[str, Size] = {
     "1b": Size(layers=26, hidden=1728, heads=18, kv_heads=6, head_dim=96, ffn=4096),  # (verify) in the paper notes
 }
 SIZE_NAMES = tuple(SIZES)
+
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
+"""Dense bf16 peak TFLOP/s by GPU name (no sparsity): the MFU denominator in training and the dry run's default."""

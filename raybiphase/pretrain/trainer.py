@@ -1,48 +1,24 @@
-"""One pretraining run on Ray Train: `python -m raybiphase pretrain CONFIG [--set k=v] [--resume-from CKPT]`.
+"""One pretraining run on Ray Train: `raybiphase pretrain CONFIG [--set k=v] [--resume-from CKPT]`.
 
 Prepares the shards if needed, then runs `raybiphase.pretrain.loop.train_loop` under a `TorchTrainer` with
-`resources.num_workers` workers (FSDP2; gloo on CPU), checkpoints under <storage>/<sweep.name>/<run name>/.
-Running the same command again resumes from the run's latest checkpoint; a finished run is not recomputed.
+`resources.num_workers` workers (FSDP2; gloo on CPU); checkpoints go under <sweep.storage>/<sweep.name>/runs/<run
+name>/ (raybiphase.storage). Running the same command again resumes from the run's latest checkpoint; a finished
+run is not recomputed. Workers receive the run config only; the sweep section says where things go.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
+from raybiphase import storage
 from raybiphase.cli import UserError, config_parser, run_main
-from raybiphase.config import Config, load_config, to_dict
+from raybiphase.config import RunConfig, SweepSpec, load, to_dict
 from raybiphase.sweep.naming import run_name
-
-
-def storage_root(cfg: Config) -> str:
-    """Absolute local path or a cloud URI (Ray Train refuses relative storage paths)."""
-    storage = cfg.sweep.storage
-    if "://" in storage:
-        return storage.rstrip("/") + "/" + cfg.sweep.name
-    return str(Path(storage).expanduser().resolve() / cfg.sweep.name)
-
-
-HISTORY = "history.json"
-
-
-def _fs(uri: str):
-    import pyarrow.fs
-
-    return pyarrow.fs.FileSystem.from_uri(uri)
 
 
 def read_history(run_dir: str) -> list[dict]:
     """Every metrics report of a run (rank 0's), one dict per step, in step order."""
-    import pyarrow.fs
-
-    fs, path = _fs(run_dir)
-    target = f"{path}/{HISTORY}"
-    if fs.get_file_info(target).type == pyarrow.fs.FileType.NotFound:
-        return []
-    with fs.open_input_stream(target) as handle:
-        return json.loads(handle.read().decode())
+    return storage.read_json(storage.join(run_dir, storage.HISTORY)) or []
 
 
 class HistoryCallback:
@@ -58,39 +34,38 @@ class HistoryCallback:
         if checkpoint is not None:
             row["checkpoint"] = checkpoint.path
         self.rows[row["step"]] = row
-        fs, path = _fs(self.run_dir)
-        fs.create_dir(path, recursive=True)
-        with fs.open_output_stream(f"{path}/{HISTORY}.tmp") as handle:
-            handle.write(json.dumps([self.rows[k] for k in sorted(self.rows)]).encode())
-        fs.move(f"{path}/{HISTORY}.tmp", f"{path}/{HISTORY}")
+        storage.write_json(storage.join(self.run_dir, storage.HISTORY), [self.rows[k] for k in sorted(self.rows)])
 
     def after_exception(self, run_context, worker_exceptions):
         pass
 
 
-def make_trainer(cfg: Config, *, name: str, data_dir: str, resume_from: str | None = None,
-                 max_failures: int = 0, callbacks=(), **loop_extra):
-    """A TorchTrainer for one run (or one segment of a sweep)."""
+def make_trainer(run: RunConfig, *, name: str, paths: storage.SweepPaths, data_dir: str,
+                 resume_from: str | None = None, stop_at: int | None = None, wandb: dict | None = None,
+                 max_failures: int = 0, callbacks=(), train_fn=None):
+    """A TorchTrainer for one run (or one segment of a sweep): `train_fn` (default: the production loop) on
+    `resources.num_workers` workers, checkpoints under `paths.run_dir(name)`."""
     import ray.train
     from ray.train import UserCallback
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    history = type("History", (HistoryCallback, UserCallback), {})(f"{storage_root(cfg)}/runs/{name}")
-
-    res = cfg.resources
-    use_gpu = res.gpus_per_worker > 0
-    per_worker = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if use_gpu else {})}
     from raybiphase.pretrain.loop import train_loop
 
+    history = type("History", (HistoryCallback, UserCallback), {})(paths.run_dir(name))
+    res = run.resources
+    use_gpu = res.gpus_per_worker > 0
+    per_worker = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if use_gpu else {})}
+    loop_config = {"run": to_dict(run), "name": name, "data_dir": data_dir, "resume_from": resume_from,
+                   "stop_at": stop_at, "wandb": wandb}
     return TorchTrainer(
-        train_loop,
-        train_loop_config={"config": to_dict(cfg), "name": name, "data_dir": data_dir, "resume_from": resume_from, **loop_extra},
+        train_fn or train_loop,
+        train_loop_config=loop_config,
         scaling_config=ray.train.ScalingConfig(num_workers=res.num_workers, use_gpu=use_gpu,
                                                resources_per_worker=per_worker if res.num_workers else None),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         run_config=ray.train.RunConfig(
             name=name,
-            storage_path=storage_root(cfg) + "/runs",
+            storage_path=paths.runs,
             failure_config=ray.train.FailureConfig(max_failures=max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=None),
             callbacks=[history, *callbacks],
@@ -98,17 +73,24 @@ def make_trainer(cfg: Config, *, name: str, data_dir: str, resume_from: str | No
     )
 
 
-def run_pretrain(cfg: Config, *, resume_from: str | None = None, max_failures: int = 0, **loop_extra):
-    """Prepare data, train, return the ray.train.Result."""
+def wandb_settings(spec: SweepSpec) -> dict | None:
+    """What a worker needs to log to W&B: the project, and the sweep as the group."""
+    return {"project": spec.sweep.wandb_project, "group": spec.sweep.name} if spec.sweep.wandb_project else None
+
+
+def run_pretrain(spec: SweepSpec, *, resume_from: str | None = None, max_failures: int = 0, train_fn=None):
+    """Prepare data, train the spec's base run, return the ray.train.Result."""
     from raybiphase.data.prepare import prepare
     from raybiphase.raycluster import ensure_ray
 
-    if cfg.sweep.grid:
-        raise UserError("sweep.grid: this config is a sweep; run it with python -m raybiphase.sweep")
+    if spec.sweep.grid or spec.sweep.runs:
+        raise UserError("sweep.grid: this config is a sweep; run it with raybiphase sweep")
+    run = spec.run
     ensure_ray()
-    data_dir = prepare(cfg.data)
-    trainer = make_trainer(cfg, name=run_name(cfg), data_dir=str(data_dir), resume_from=resume_from,
-                           max_failures=max_failures, **loop_extra)
+    data_dir = prepare(run.data)
+    trainer = make_trainer(run, name=run_name(run), paths=storage.SweepPaths.of(spec.sweep.storage, spec.sweep.name),
+                           data_dir=str(data_dir), resume_from=resume_from, wandb=wandb_settings(spec),
+                           max_failures=max_failures, train_fn=train_fn)
     return trainer.fit()
 
 
@@ -117,8 +99,8 @@ def main() -> int:
     parser.add_argument("--resume-from", help="checkpoint directory to continue from (same schedule)")
     parser.add_argument("--max-failures", type=int, default=int(os.environ.get("RAYBIPHASE_MAX_FAILURES", 2)))
     args = parser.parse_args()
-    cfg = load_config(args.config, args.overrides)
-    result = run_pretrain(cfg, resume_from=args.resume_from, max_failures=args.max_failures)
+    spec = load(SweepSpec, args.config, args.overrides)
+    result = run_pretrain(spec, resume_from=args.resume_from, max_failures=args.max_failures)
     print(f"pretrain: done; final metrics {result.metrics}; checkpoint {result.checkpoint.path if result.checkpoint else None}")
     return 0
 

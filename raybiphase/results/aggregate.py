@@ -116,7 +116,7 @@ def lr_table(trials: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
 
 
 def _constant_columns(trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per group, the columns with one value (nulls aside): run config, family, dataset, metric, clm_share..."""
+    """Per group, the columns with one value (nulls aside): run config, family, dataset, metric, phases.clm_share..."""
     candidates = [c for c in trials.columns if c not in PER_TRIAL and c not in GROUP
                   and not trials[c].map(lambda v: isinstance(v, (list, dict, np.ndarray))).any()]
     grouped = trials.groupby(list(GROUP), dropna=False, sort=True)[candidates]
@@ -149,7 +149,7 @@ def summarize(trials: pd.DataFrame, confidence: float = 0.95, bootstrap: bool = 
 
     Columns: the group, `best_lr`, `best_val_mean`, `test_mean`, `test_ci95` (half-width), `test_std`, `n_seeds`,
     `n_lrs`, `lr_spread` (max - min of the mean test score across LRs), `lr_std`, `n_trials`, `n_stopped`, then
-    every column constant within the group (config, family, dataset, metric, clm_share). With `bootstrap=True`
+    every column constant within the group (config, family, dataset, metric, phases.clm_share). With `bootstrap=True`
     and per-example scores present, `test_boot_low` / `test_boot_high` too.
     """
     if trials is None or len(trials) == 0:

@@ -19,7 +19,7 @@ A section may also be a bare number, or a dict whose score sits under `score`, `
 `per_example`, `per_example_scores`, `scores` or `examples`. Flat files work too: `val_score` (or
 `validation_score`, `eval_score`), `test_score`, `test_per_example`.
 
-The model name (the paper's scheme, ../shared/paper.md) fills the columns the report groups by: `clm_share`,
+The model name (the paper's scheme, ../shared/paper.md) fills the columns the report groups by: `phases.clm_share`,
 `phases.steps`, `phases.clm_steps`, `phases.mask_ratio`, `model.size`, `model.init_from` (continued pretraining,
 `610m-clm-dec42k-mlm40-64k`) and `pretrain_step` (an intermediate checkpoint, `610m-mlm40-42k-1000`: run
 `610m-mlm40-42k` at step 1,000).
@@ -35,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from raybiphase.cli import UserError, run_main
-from raybiphase.results.store import FINETUNE_FILE, FINETUNE_KEY, append_rows, join, write_summary
+from raybiphase.results.rows import FINETUNE_KEY
+from raybiphase.results.store import append_rows, write_summary
+from raybiphase.storage import FINETUNE_FILE, join
 
 DEFAULT_METRIC = {"SC": "accuracy", "TC": "f1", "QA": "f1", "IR": "ndcg@10"}
 VALIDATION_NAMES = ("validation", "val", "valid", "eval", "dev", "validation_results", "eval_results")
@@ -60,8 +62,8 @@ def _steps(token: str) -> tuple[int, bool] | None:
 def parse_model_name(name: str) -> dict[str, Any]:
     """The paper's model name -> run, pretrain_step and config columns; {"run": name} alone when unparseable.
 
-    `610m-clm-10k-mlm40-42k` -> clm_share 10/42, phases.steps 42000, phases.mask_ratio 0.4, pretrain_step 42000;
-    `610m-clm-dec42k-mlm40-64k` -> model.init_from "610m-clm-42k", phases.steps 22000 (its own steps), clm_share 0.
+    `610m-clm-10k-mlm40-42k` -> phases.clm_share 10/42, phases.steps 42000, phases.mask_ratio 0.4, pretrain_step 42000;
+    `610m-clm-dec42k-mlm40-64k` -> model.init_from "610m-clm-42k", phases.steps 22000 (its own steps), phases.clm_share 0.
     """
     size, _, rest = name.partition("-")
     tokens = rest.split("-")
@@ -96,7 +98,7 @@ def parse_model_name(name: str) -> dict[str, Any]:
     return {
         "run": run,
         "pretrain_step": checkpoint if checkpoint is not None else total,
-        "clm_share": clm_steps / own_steps if own_steps > 0 else math.nan,
+        "phases.clm_share": clm_steps / own_steps if own_steps > 0 else math.nan,
         "model.size": size,
         "model.init_from": f"{size}-{source[0]}-{source[1] // 1000}k" if source else None,
         "phases.steps": own_steps,

@@ -24,7 +24,8 @@ from matplotlib.figure import Figure  # figures without pyplot: no global state,
 from raybiphase.results.aggregate import lr_table, summarize
 from raybiphase.cli import UserError, run_main
 from raybiphase.sweep.naming import steps_label
-from raybiphase.results.store import FINETUNE_FILE, PRETRAIN_FILE, read_rows, write_summary
+from raybiphase.results.store import read_rows, write_summary
+from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE
 
 OBJECTIVE_COLORS = {"CLM": "tab:blue", "MLM": "tab:orange", "CLM→MLM": "tab:green", "continued": "tab:purple"}
 
@@ -59,7 +60,7 @@ def _prefix(source: str) -> str:
 def _enrich(summary: pd.DataFrame) -> pd.DataFrame:
     """Columns the figures group by: objective, budget, final checkpoint, score and CI in points."""
     s = summary.copy()
-    s["clm_share"] = pd.to_numeric(_col(s, "clm_share"), errors="coerce")
+    s["clm_share"] = pd.to_numeric(_col(s, "phases.clm_share"), errors="coerce")
     s["init_from"] = _col(s, "model.init_from").replace("", None)
     s["objective"] = [_objective(a, b) for a, b in zip(s["clm_share"], s["init_from"])]
     s["budget"] = pd.to_numeric(_col(s, "phases.steps"), errors="coerce")
@@ -254,7 +255,7 @@ def _switch_steps(rows: pd.DataFrame) -> list[float]:
     clm_steps = pd.to_numeric(_col(rows, "phases.clm_steps"), errors="coerce").dropna()
     if len(clm_steps) and 0 < clm_steps.iloc[0] < rows["step"].max():
         return [float(clm_steps.iloc[0])]
-    share = pd.to_numeric(_col(rows, "clm_share"), errors="coerce").dropna()
+    share = pd.to_numeric(_col(rows, "phases.clm_share"), errors="coerce").dropna()
     budget = pd.to_numeric(_col(rows, "phases.steps"), errors="coerce").dropna()
     if len(share) and len(budget) and 0 < share.iloc[0] < 1:
         return [float(round(share.iloc[0] * budget.iloc[0]))]

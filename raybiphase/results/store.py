@@ -2,19 +2,13 @@
 
 Files per sweep, under `results/<sweep>/`:
 
-    pretrain.parquet   one row per reported checkpoint/eval of a pretraining run      key (run, step)
-    finetune.parquet   one row per fine-tuning trial (ours: source="raybiphase",     key FINETUNE_KEY
+    pretrain.parquet   one row per reported checkpoint/eval of a pretraining run      key rows.PRETRAIN_KEY
+    finetune.parquet   one row per fine-tuning trial (ours: source="raybiphase",     key rows.FINETUNE_KEY
                        the authors' imported results: source="paper")
     summary.parquet    derived by `write_summary` from finetune.parquet (raybiphase.results.aggregate); rewritten freely
 
-Columns (besides the dotted config settings, `phases.steps`, `model.init_from`..., one column each):
-
-    pretrain   run, sweep, step, tokens_seen, phase, objective ("clm"/"mlm"), train/clm_loss, train/mlm_loss,
-               val/clm_loss, val/mlm_loss, lr, tokens_per_s (NaN where absent), checkpoint ("" when none), clm_share
-    finetune   run, sweep, checkpoint, pretrain_step, task, family (SC/TC/QA/IR), dataset, metric, lr, seed,
-               val_score, test_score (fractions in [0, 1]; NaN when ASHA stopped the trial), steps, stopped_early,
-               seconds, test_per_example (list<double>), source ("raybiphase"/"paper"), clm_share
-    summary    see raybiphase.results.aggregate.summarize
+Columns: raybiphase.results.rows builds every row (scores are fractions in [0, 1]; test_score is NaN when ASHA
+stopped the trial); summary.parquet: raybiphase.results.aggregate.summarize.
 
 `append_rows` reads the file, drops incoming rows whose key is already there (counted, never changed), unions the
 columns (a new column is null in old rows; an old column is null in new rows), writes a temporary file in the same
@@ -40,40 +34,23 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+
+from raybiphase import storage
 
 SCHEMA_VERSION = 1
 """Bump when a column changes meaning; readers refuse files written by a newer version."""
 VERSION_KEY = b"raybiphase.schema_version"
 KEY_COLUMNS_KEY = b"raybiphase.key"
 
-PRETRAIN_KEY = ("run", "step")
-FINETUNE_KEY = ("run", "pretrain_step", "task", "lr", "seed", "source")
-PRETRAIN_FILE, FINETUNE_FILE, SUMMARY_FILE = "pretrain.parquet", "finetune.parquet", "summary.parquet"
 
 Rows = Sequence[Mapping[str, Any]] | pd.DataFrame
 
 
-def _is_uri(path: str | os.PathLike) -> bool:
-    return "://" in str(path)
-
-
-def _filesystem(path: str | os.PathLike) -> tuple[pafs.FileSystem, str]:
-    if _is_uri(path):
-        return pafs.FileSystem.from_uri(str(path))
-    return pafs.LocalFileSystem(), str(Path(path).absolute())
-
-
-def _exists(path: str | os.PathLike) -> bool:
-    fs, inner = _filesystem(path)
-    return fs.get_file_info(inner).type == pafs.FileType.File
-
-
 def _read_table(path: str | os.PathLike, columns: Sequence[str] | None = None) -> pa.Table | None:
-    if not _exists(path):
+    if not storage.is_file(path):
         return None
-    fs, inner = _filesystem(path)
+    fs, inner = storage.filesystem(path)
     if columns is not None:
         present = set(pq.read_schema(inner, filesystem=fs).names)
         columns = [c for c in columns if c in present]
@@ -94,8 +71,8 @@ def _with_metadata(table: pa.Table, key: Sequence[str]) -> pa.Table:
 
 def _write_atomic(table: pa.Table, path: str | os.PathLike) -> None:
     """Temporary file in the same folder, fsync, rename over `path`: readers never see a half-written file."""
-    if _is_uri(path):
-        fs, inner = _filesystem(path)
+    if storage.is_uri(path):
+        fs, inner = storage.filesystem(path)
         parent = inner.rsplit("/", 1)[0]
         fs.create_dir(parent, recursive=True)
         tmp = f"{parent}/.{inner.rsplit('/', 1)[-1]}.{uuid.uuid4().hex}.tmp"
@@ -124,7 +101,7 @@ def _write_atomic(table: pa.Table, path: str | os.PathLike) -> None:
 
 @contextlib.contextmanager
 def _lock(path: str | os.PathLike) -> Iterator[None]:
-    if _is_uri(path):
+    if storage.is_uri(path):
         yield
         return
     import fcntl
@@ -241,18 +218,13 @@ def schema_version(path: str | os.PathLike) -> int | None:
     return None if table is None else int(table.schema.metadata[VERSION_KEY])
 
 
-def join(results_dir: str | os.PathLike, name: str) -> str:
-    """results_dir / name for a local path or a URI."""
-    return f"{str(results_dir).rstrip('/')}/{name}" if _is_uri(results_dir) else str(Path(results_dir) / name)
-
-
 def write_summary(results_dir: str | os.PathLike) -> str:
     """Aggregate finetune.parquet (best LR, mean ± 95% CI, LR spread) into summary.parquet; return its path."""
     from raybiphase.results.aggregate import SUMMARY_KEY, summarize
 
-    trials = read_rows(join(results_dir, FINETUNE_FILE))
+    trials = read_rows(storage.join(results_dir, storage.FINETUNE_FILE))
     summary = summarize(trials)
-    path = join(results_dir, SUMMARY_FILE)
+    path = storage.join(results_dir, storage.SUMMARY_FILE)
     with _lock(path):
         _write_atomic(_with_metadata(pa.Table.from_pandas(summary, preserve_index=False), SUMMARY_KEY), path)
     return path

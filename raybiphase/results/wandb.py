@@ -126,7 +126,8 @@ def log_report(results_dir: str | os.PathLike, project: str | None, sweep: str) 
     Returns the run's id, or None when no project is configured.
     """
     from raybiphase.results.aggregate import lr_table
-    from raybiphase.results.store import FINETUNE_FILE, SUMMARY_FILE, join, read_rows
+    from raybiphase.results.store import read_rows
+    from raybiphase.storage import FINETUNE_FILE, SUMMARY_FILE, join
 
     run = init_run("report", f"{sweep}-report", sweep, {"sweep.name": sweep}, project)
     if run is None:

@@ -1,4 +1,4 @@
-"""Run names in the paper's scheme plus a short hash of the full config (../shared/paper.md).
+"""Run names in the paper's scheme plus a short hash of the settings that shape the weights (../shared/paper.md).
 
     610m-clm-42k                 CLM only, 42k steps
     610m-mlm40-42k               MLM at 40%, 42k steps
@@ -8,11 +8,7 @@
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
-
-from raybiphase.config import Config, to_dict
+from raybiphase.config import RunConfig, run_hash
 
 
 def steps_label(steps: int) -> str:
@@ -22,20 +18,8 @@ def steps_label(steps: int) -> str:
     return str(steps)
 
 
-def config_hash(cfg: Config) -> str:
-    data = to_dict(cfg)
-    data.pop("sweep")  # where results go does not change the run
-    data.pop("finetune")
-    data.pop("resources")  # nor does the worker count (the batch is global)
-    data["phases"] = {  # the shorthand and the explicit plan of the same phases are the same run
-        "plan": [dataclasses.asdict(p) for p in cfg.phases.resolved()],
-        "mask_prob": cfg.phases.mask_prob,
-        "random_prob": cfg.phases.random_prob,
-    }
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:6]
-
-
-def run_name(cfg: Config, *, source_label: str | None = None, source_steps: int = 0) -> str:
+def run_name(cfg: RunConfig, *, source_label: str | None = None, source_steps: int = 0) -> str:
+    """The paper's name for the run's phases plus `run_hash` (the settings that shape its weights)."""
     parts = [cfg.model.size]
     if source_label:  # continued pretraining: the source's objective and the decayed step count
         parts.append(f"{source_label}-dec{steps_label(source_steps)}" if source_steps else source_label)
@@ -45,4 +29,4 @@ def run_name(cfg: Config, *, source_label: str | None = None, source_steps: int 
         done += phase.steps
         tag = "clm" if phase.objective == "clm" else f"mlm{round(phase.mask_ratio * 100)}"
         parts.append(f"{tag}-{steps_label(done)}")
-    return "-".join(parts) + "-" + config_hash(cfg)
+    return "-".join(parts) + "-" + run_hash(cfg)

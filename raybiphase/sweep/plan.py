@@ -6,13 +6,13 @@ objective, mask ratio and learning rate. Under WSD a 42k-step run is therefore, 
 run as its 12k and 22k siblings, and a CLM->MLM run is a CLM run until its switch. The planner compares these
 per-step signatures exactly (numpy, one entry per step) and builds a trie: a segment covers steps [start, end) of
 every run below it, starts from its parent's checkpoint at `start`, and leaves one at `end`. Executing a run as a
-chain of segments gives the same weights as running it alone (tests/test_sweep.py). A segment's id hashes the
+chain of segments gives the same weights as running it alone (tests/sweep/test_driver.py). A segment's id hashes the
 base and the whole signature up to its end, so a changed spec finds the segments it already has.
 
 Continued pretraining: `model.init_from: "@NAME"` names another run of the sweep (by its name without the hash,
 e.g. `@610m-clm-42k`); the continuing run's tree hangs below that run's last segment.
 
-    plan = make_plan(load_config("sweeps/split_grid.yaml"))
+    plan = make_plan(load(SweepSpec, "sweeps/split_grid.yaml"))
     plan.naive_steps, plan.planned_steps   # 380000, 206000
 """
 
@@ -20,25 +20,24 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from raybiphase.config import Config, ConfigError, config_from_dict, to_dict
+from raybiphase.config import ConfigError, RunConfig, SweepSpec, from_dict, to_dict, weights_settings
+from raybiphase.config.run import digest
 from raybiphase.sweep.naming import run_name, steps_label
 from raybiphase.pretrain.schedule import Schedule
 from raybiphase.pretrain.sizes import SIZES
 
-# settings that never change the weights: they stay out of a segment's identity
-_NOT_WEIGHTS = {"sweep", "finetune", "resources"}
-_TRAIN_NOT_WEIGHTS = {"eval_every", "eval_batches", "eval_mask_ratio", "checkpoint_every", "export_steps"}
+# per-step settings: the signature compares them step by step, so they stay out of a run's base
+_PER_STEP = {"phases": {"plan"}, "optim": {"lr", "warmup_steps", "decay_steps"}}
 
 
 @dataclass
 class Run:
     name: str
-    config: Config
+    config: RunConfig
     signature: np.ndarray  # (steps, 3): objective code, mask ratio, learning rate
     base: str
     source: str | None = None  # the run this one continues (init_from '@NAME'), by name
@@ -57,7 +56,7 @@ class Segment:
     parent: str | None  # segment whose checkpoint at `start` this one resumes from
     after_run: str | None  # for the first segment of a continued run: the source run (weights only)
     runs: list[str]  # runs passing through this segment
-    config: Config  # any run's config: identical on [start, end)
+    config: RunConfig  # any run's config: identical on [start, end)
     ends_runs: list[str] = field(default_factory=list)  # runs whose last step is `end`
 
     @property
@@ -78,8 +77,8 @@ class Plan:
     def planned_steps(self) -> int:
         return sum(s.steps for s in self.segments.values())
 
-    def gpu_hours(self, cfg: Config, *, planned: bool = True) -> float:
-        """Estimated GPU-hours at cfg.sweep.mfu of cfg.sweep.gpu_peak_tflops (vocabulary: Llama-3's 128,256
+    def gpu_hours(self, spec: SweepSpec, *, planned: bool = True) -> float:
+        """Estimated GPU-hours at spec.sweep.mfu of spec.sweep.gpu_peak_tflops (vocabulary: Llama-3's 128,256
         unless a tokenizer is trained, then data.vocab_size)."""
         total = 0.0
         items = self.segments.values() if planned else self.runs.values()
@@ -87,22 +86,20 @@ class Plan:
             c = item.config
             vocab = c.data.vocab_size if c.data.tokenizer == "train-bpe" else 128256
             flops = SIZES[c.model.size].flops_per_token(vocab, c.data.seq_len) * c.train.global_batch_tokens * item.steps
-            total += flops / (c.sweep.gpu_peak_tflops * 1e12 * c.sweep.mfu) / 3600
+            total += flops / (spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.mfu) / 3600
         return total
 
 
-def expand(spec: Config) -> list[Config]:
-    """The grid's cross product plus the explicit runs, each validated; errors name the swept key."""
-    base = to_dict(spec)
+def expand(spec: SweepSpec) -> list[RunConfig]:
+    """The grid's cross product plus the explicit runs, each a validated RunConfig; errors name the swept key."""
+    base = to_dict(spec.run)
     keys = list(spec.sweep.grid)
     combos = [dict(zip(keys, values)) for values in itertools.product(*spec.sweep.grid.values())] if keys else [{}]
     combos += [dict(run) for run in spec.sweep.runs]
     configs = []
     for combo in combos:
-        data = {k: v for k, v in base.items()}
-        data["sweep"] = {**base["sweep"], "grid": {}, "runs": []}
         try:
-            configs.append(config_from_dict(data, _with_shorthand(combo, base)))
+            configs.append(from_dict(RunConfig, base, _with_shorthand(combo, base)))
         except ConfigError as err:
             where = ", ".join(f"{k}={v}" for k, v in combo.items())
             raise ConfigError(f"sweep.grid ({where}): {err}") from None
@@ -120,7 +117,7 @@ def _with_shorthand(combo: dict, base: dict) -> dict:
     return out
 
 
-def signature(cfg: Config) -> np.ndarray:
+def signature(cfg: RunConfig) -> np.ndarray:
     """Per-step (objective, mask ratio, learning rate): what a step does besides the base."""
     schedule = Schedule.from_config(cfg)
     rows = []
@@ -133,13 +130,14 @@ def signature(cfg: Config) -> np.ndarray:
     return sig
 
 
-def base_key(cfg: Config, source: str | None) -> str:
-    data = {k: v for k, v in to_dict(cfg).items() if k not in _NOT_WEIGHTS}
-    data["train"] = {k: v for k, v in data["train"].items() if k not in _TRAIN_NOT_WEIGHTS}
-    data["phases"] = {"mask_prob": cfg.phases.mask_prob, "random_prob": cfg.phases.random_prob}
-    data["optim"] = {k: v for k, v in data["optim"].items() if k not in {"lr", "warmup_steps", "decay_steps"}}
+def base_key(cfg: RunConfig, source: str | None) -> str:
+    """What two runs must share to share any step: the settings that shape the weights (raybiphase.config.run),
+    less the per-step ones the signature compares, with a continued run's source named by its run."""
+    data = weights_settings(cfg)
+    for section, keys in _PER_STEP.items():
+        data[section] = {k: v for k, v in data[section].items() if k not in keys}
     data["model"] = {**data["model"], "init_from": source or cfg.model.init_from}
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return digest(data, 12)
 
 
 def _segment_id(run: Run, end: int, start: int) -> str:
@@ -152,7 +150,7 @@ def _short(name: str) -> str:
     return name.rsplit("-", 1)[0]
 
 
-def make_plan(spec: Config) -> Plan:
+def make_plan(spec: SweepSpec) -> Plan:
     configs = expand(spec)
     runs: dict[str, Run] = {}
     by_short: dict[str, str] = {}
@@ -229,7 +227,7 @@ def dependencies(segment: Segment, runs: dict[str, Run]) -> list[str]:
     return []
 
 
-def describe(plan: Plan, spec: Config) -> str:
+def describe(plan: Plan, spec: SweepSpec) -> str:
     """The tree, naive and planned steps, and the GPU-hour estimate, as text."""
     lines = [f"sweep {spec.sweep.name}: {len(plan.runs)} runs, {len(plan.segments)} segments"]
     children: dict[str | None, list[Segment]] = {}

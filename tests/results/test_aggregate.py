@@ -11,7 +11,7 @@ import pytest
 
 from raybiphase.results.aggregate import bootstrap_ci, lr_table, mean_ci, summarize, t_quantile
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 # ../shared/paper.md: SST-2 test accuracy (%) of four 610m models through the paper's protocol.
 PAPER_SST2 = {

@@ -11,12 +11,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from raybiphase.results import store as results
-from raybiphase.results.store import FINETUNE_KEY, PRETRAIN_KEY, append_rows, done_keys, read_rows
+from raybiphase.results.rows import FINETUNE_KEY, PRETRAIN_KEY
+from raybiphase.results.store import append_rows, done_keys, read_rows
 
 
 def _pretrain(run: str, step: int, **extra) -> dict:
     return {"run": run, "sweep": "s", "step": step, "tokens_seen": step * 4096, "phase": 0, "objective": "clm",
-            "val/clm_loss": 5.0 - step / 1000, "val/mlm_loss": math.nan, "checkpoint": "", "clm_share": 0.5,
+            "val/clm_loss": 5.0 - step / 1000, "val/mlm_loss": math.nan, "checkpoint": "", "phases.clm_share": 0.5,
             "phases.steps": 100, **extra}
 
 
@@ -24,7 +25,7 @@ def _trial(run: str, lr: float, seed: int, source: str = "raybiphase", **extra) 
     return {"run": run, "sweep": "s", "checkpoint": f"/ckpt/{run}", "pretrain_step": 100, "task": "tweet_sentiment",
             "family": "SC", "dataset": "tweet_eval", "metric": "accuracy", "lr": lr, "seed": seed,
             "val_score": 0.7 + seed / 100, "test_score": 0.71, "steps": 50, "stopped_early": False, "seconds": 2.5,
-            "test_per_example": [1.0, 0.0, 1.0], "source": source, "clm_share": 0.5, **extra}
+            "test_per_example": [1.0, 0.0, 1.0], "source": source, "phases.clm_share": 0.5, **extra}
 
 
 def test_append_skips_existing_keys_and_never_changes_old_rows(tmp_path) -> None:

@@ -13,7 +13,7 @@ from raybiphase.cli import UserError
 from raybiphase.results.importer import collect, import_tree, parse_model_name, read_trial
 from raybiphase.results.store import read_rows
 
-PAPER_TREE = Path(__file__).parent / "fixtures" / "paper_tree"
+PAPER_TREE = Path(__file__).resolve().parents[1] / "fixtures" / "paper_tree"
 
 
 def test_import_fixture_tree_reproduces_the_paper(tmp_path) -> None:
@@ -27,11 +27,11 @@ def test_import_fixture_tree_reproduces_the_paper(tmp_path) -> None:
     summary = read_rows(tmp_path / "summary.parquet").set_index("run")
     mlm = summary.loc["610m-mlm40-42k"]
     assert mlm["best_lr"] == 1e-4 and round(mlm["test_mean"] * 100, 2) == 91.74
-    assert round(mlm["test_ci95"] * 100, 2) == 0.35 and mlm["clm_share"] == 0
+    assert round(mlm["test_ci95"] * 100, 2) == 0.35 and mlm["phases.clm_share"] == 0
     biphasic = summary.loc["610m-clm-10k-mlm40-42k"]
     assert biphasic["best_lr"] == 5e-5 and round(biphasic["test_mean"] * 100, 2) == 92.41
     assert round(biphasic["test_ci95"] * 100, 2) == 0.55
-    assert biphasic["clm_share"] == pytest.approx(10 / 42) and biphasic["phases.steps"] == 42000
+    assert biphasic["phases.clm_share"] == pytest.approx(10 / 42) and biphasic["phases.steps"] == 42000
 
 
 def test_reimport_adds_nothing(tmp_path) -> None:
@@ -41,10 +41,10 @@ def test_reimport_adds_nothing(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("name, expected", [
-    ("610m-clm-42k", {"run": "610m-clm-42k", "clm_share": 1.0, "phases.steps": 42000, "pretrain_step": 42000}),
+    ("610m-clm-42k", {"run": "610m-clm-42k", "phases.clm_share": 1.0, "phases.steps": 42000, "pretrain_step": 42000}),
     ("610m-clm-10k-mlm40-42k", {"phases.clm_steps": 10000, "phases.mask_ratio": 0.4, "model.init_from": None}),
-    ("610m-mlm40-42k-1000", {"run": "610m-mlm40-42k", "pretrain_step": 1000, "clm_share": 0.0}),
-    ("610m-clm-dec42k-mlm40-64k", {"model.init_from": "610m-clm-42k", "phases.steps": 22000, "clm_share": 0.0,
+    ("610m-mlm40-42k-1000", {"run": "610m-mlm40-42k", "pretrain_step": 1000, "phases.clm_share": 0.0}),
+    ("610m-clm-dec42k-mlm40-64k", {"model.init_from": "610m-clm-42k", "phases.steps": 22000, "phases.clm_share": 0.0,
                                    "pretrain_step": 64000}),
     ("210m-mlm20-12k", {"model.size": "210m", "phases.mask_ratio": 0.2}),
     ("not-a-model-name", {"run": "not-a-model-name"}),

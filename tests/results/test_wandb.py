@@ -11,7 +11,7 @@ from raybiphase.results.importer import import_tree
 from raybiphase.results.report import write_report
 
 FAKE_KEY = "local-0123456789abcdef0123456789abcdef01234567"
-PAPER_TREE = Path(__file__).parent / "fixtures" / "paper_tree"
+PAPER_TREE = Path(__file__).resolve().parents[1] / "fixtures" / "paper_tree"
 
 
 @pytest.fixture

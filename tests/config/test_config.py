@@ -6,38 +6,30 @@ from pathlib import Path
 
 import pytest
 
-from raybiphase.config import (
-    Config,
-    ConfigError,
-    config_from_dict,
-    flatten,
-    load_config,
-    replace,
-    to_dict,
-)
+from raybiphase.config import ConfigError, SweepSpec, flatten, from_dict, load, replace, to_dict
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_are_valid_and_round_trip():
-    cfg = Config()
-    assert config_from_dict(to_dict(cfg)) == cfg
+    cfg = SweepSpec()
+    assert from_dict(SweepSpec, to_dict(cfg)) == cfg
 
 
 def test_two_phase_shorthand_expands_to_phases():
-    cfg = config_from_dict({"phases": {"steps": 22000, "clm_share": 0.25, "mask_ratio": 0.4}}, {"optim.warmup_steps": 2000, "optim.decay_steps": 2000, "train.global_batch_tokens": 2048})
+    cfg = from_dict(SweepSpec, {"phases": {"steps": 22000, "clm_share": 0.25, "mask_ratio": 0.4}}, {"optim.warmup_steps": 2000, "optim.decay_steps": 2000, "train.global_batch_tokens": 2048})
     clm, mlm = cfg.phases.resolved()
     assert (clm.objective, clm.steps) == ("clm", 5500)  # the paper's 25% of 22k
     assert (mlm.objective, mlm.steps, mlm.mask_ratio) == ("mlm", 16500, 0.4)
 
 
 def test_pure_objectives_have_one_phase():
-    assert [p.objective for p in config_from_dict({"phases": {"clm_share": 1.0}}).phases.resolved()] == ["clm"]
-    assert [p.objective for p in config_from_dict({"phases": {"clm_share": 0.0}}).phases.resolved()] == ["mlm"]
+    assert [p.objective for p in from_dict(SweepSpec, {"phases": {"clm_share": 1.0}}).phases.resolved()] == ["clm"]
+    assert [p.objective for p in from_dict(SweepSpec, {"phases": {"clm_share": 0.0}}).phases.resolved()] == ["mlm"]
 
 
 def test_overrides_use_the_dotted_names_that_flatten_reports():
-    cfg = config_from_dict({}, {"phases.mask_ratio": 0.3, "model.size": "mini"})
+    cfg = from_dict(SweepSpec, {}, {"phases.mask_ratio": 0.3, "model.size": "mini"})
     flat = flatten(cfg)
     assert flat["phases.mask_ratio"] == 0.3 and flat["model.size"] == "mini"
     assert replace(cfg, {"phases.mask_ratio": 0.2}).phases.mask_ratio == 0.2
@@ -73,7 +65,7 @@ def test_overrides_use_the_dotted_names_that_flatten_reports():
 )
 def test_bad_input_names_the_key(data, overrides, expected):
     with pytest.raises(ConfigError) as err:
-        config_from_dict(data, overrides)
+        from_dict(SweepSpec, data, overrides)
     message = str(err.value)
     assert expected in message
     assert "\n" not in message
@@ -83,9 +75,9 @@ def test_bad_yaml_file(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("phases: [unclosed\n")
     with pytest.raises(ConfigError, match="is not valid YAML"):
-        load_config(path)
+        load(SweepSpec, path)
     with pytest.raises(ConfigError, match="no such config file"):
-        load_config(tmp_path / "missing.yaml")
+        load(SweepSpec, tmp_path / "missing.yaml")
 
 
 def test_cli_rejects_bad_config_with_one_line_and_writes_nothing(tmp_path):

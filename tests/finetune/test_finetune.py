@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from raybiphase.cli import UserError
-from raybiphase.config import FinetuneConfig, config_from_dict
-
+from raybiphase.config import FinetuneConfig, SweepSpec, from_dict
+from raybiphase.results.rows import FinetuneSource, trial_key
 TINY_RUN = FinetuneConfig(batch_size=8, max_steps=6, eval_every=3, max_examples=48)
 
 
@@ -85,14 +85,6 @@ def test_every_family_trains_and_scores(tiny_checkpoint, task):
         assert result["secondary_metric"] == "exact_match" and 0.0 <= result["test_secondary"] <= result["test_score"]
 
 
-def test_linear_schedule_warms_up_then_decays_to_zero():
-    from raybiphase.finetune.trial import linear_lr
-
-    lrs = [linear_lr(s, peak=1.0, total=10, warmup=2) for s in range(10)]
-    assert lrs[:3] == [0.5, 1.0, 1.0] and lrs[-1] == pytest.approx(1 / 8)
-    assert lrs == sorted(lrs[:2]) + sorted(lrs[2:])[::-1]
-
-
 def test_qa_training_targets_point_at_the_answer_text(tiny_checkpoint):
     from transformers import AutoTokenizer
 
@@ -162,7 +154,7 @@ def test_bad_checkpoints_and_tasks_are_one_line_user_errors(tiny_checkpoint, tmp
 def fanout_config(**finetune):
     base = {"tasks": ["tweets"], "lrs": [1e-4, 2e-3], "seeds": [0, 1], "batch_size": 8, "max_steps": 9,
             "eval_every": 3, "max_examples": 64, "asha": True}
-    return config_from_dict({"finetune": {**base, **finetune}, "resources": {"max_concurrent": 2}})
+    return from_dict(SweepSpec, {"finetune": {**base, **finetune}, "resources": {"max_concurrent": 2}})
 
 
 def test_best_lr_is_chosen_on_the_mean_validation_of_finished_trials():
@@ -182,7 +174,7 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
                                                                              tmp_path, monkeypatch):
     from raybiphase.finetune import fanout
 
-    checkpoints = [{"run": "tiny-run", "hf_dir": str(tiny_checkpoint), "columns": {"phases.clm_share": 0.5}}]
+    checkpoints = [FinetuneSource("tiny-run", 8, str(tiny_checkpoint), {"phases.clm_share": 0.5})]
     cfg = fanout_config()
     rows = fanout.run_fanout(checkpoints, cfg, storage=str(tmp_path), name="ft")
     assert len(rows) == 4 and {(r["lr"], r["seed"]) for r in rows} == {(1e-4, 0), (1e-4, 1), (2e-3, 0), (2e-3, 1)}
@@ -200,16 +192,16 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
         raise AssertionError("a resumed fan-out launched trials")
 
     monkeypatch.setattr(fanout, "_launch", no_launch)
-    keys = {fanout.key_of(r) for r in rows}
+    keys = {trial_key(r) for r in rows}
     assert fanout.run_fanout(checkpoints, cfg, storage=str(tmp_path), name="ft", done=keys) == []
     again = fanout.run_fanout(checkpoints, cfg, storage=str(tmp_path), name="ft")  # records on disk, no `done`
-    assert [fanout.key_of(r) for r in again] == [fanout.key_of(r) for r in rows]
+    assert [trial_key(r) for r in again] == [trial_key(r) for r in rows]
     assert [r["val_score"] for r in again] == [r["val_score"] for r in rows]
 
     launched = []
     monkeypatch.setattr(fanout, "_launch", lambda trials, *args, **kwargs: launched.extend(trials) or [])
     fanout.run_fanout(checkpoints, fanout_config(asha=False), storage=str(tmp_path), name="ft", complete_best=False)
-    assert sorted(map(fanout.key_of, launched)) == sorted(fanout.key_of(r) for r in rows if r["stopped_early"])
+    assert sorted(map(trial_key, launched)) == sorted(trial_key(r) for r in rows if r["stopped_early"])
     launched.clear()  # records made under other trial settings are not reused
     fanout.run_fanout(checkpoints, fanout_config(max_examples=32), storage=str(tmp_path), name="ft",
                       complete_best=False)
@@ -220,7 +212,7 @@ def test_fanout_refuses_a_bad_checkpoint_before_starting_anything(tmp_path):
     from raybiphase.finetune.fanout import run_fanout
 
     with pytest.raises(UserError, match="does not exist"):
-        run_fanout([{"run": "x", "hf_dir": str(tmp_path / "missing")}], fanout_config(), storage=str(tmp_path),
+        run_fanout([FinetuneSource("x", 1, str(tmp_path / "missing"))], fanout_config(), storage=str(tmp_path),
                    name="ft")
     with pytest.raises(UserError, match="unknown task"):
         run_fanout([], fanout_config(tasks=["nope"]), storage=str(tmp_path), name="ft")

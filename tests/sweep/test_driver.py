@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from tests.conftest import tiny_base
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _spec(tmp_path: Path, small_data) -> Path:
@@ -76,15 +76,15 @@ def test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once(finis
 
 
 def test_continued_run_starts_from_the_decayed_source_with_its_own_schedule(finished_sweep):
-    import json
+    from raybiphase.pretrain.checkpoint import read_meta
 
-    (meta,) = (finished_sweep["root"] / "runs").glob("tiny-mlm40-0-4-*/step-00000004/meta.json")
-    meta = json.loads(meta.read_text())
-    (source,) = (finished_sweep["root"] / "runs").glob("tiny-clm-4-8-*/step-00000008/meta.json")
-    source = json.loads(source.read_text())
-    assert meta["data_start"] == source["data_end"]  # continues the data stream, no repeated samples
-    assert meta["config"]["model"]["init_from"].endswith("step-00000008") and meta["step"] == 4
-    assert meta["metrics"]["val/mlm_loss"] < source["metrics"]["val/mlm_loss"]  # MLM on top of CLM helps MLM loss
+    (meta,) = (finished_sweep["root"] / "runs").glob("tiny-mlm40-0-4-*/step-00000004")
+    meta = read_meta(meta)
+    (source,) = (finished_sweep["root"] / "runs").glob("tiny-clm-4-8-*/step-00000008")
+    source = read_meta(source)
+    assert source.decayed and meta.data_start == source.data_end  # continues the data stream, no repeated samples
+    assert meta.run["model"]["init_from"].endswith("step-00000008") and meta.step == 4
+    assert meta.metrics["val/mlm_loss"] < source.metrics["val/mlm_loss"]  # MLM on top of CLM helps MLM loss
 
 
 def test_a_branch_ends_with_the_weights_of_the_run_alone(finished_sweep, tiny_run):

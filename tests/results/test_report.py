@@ -13,9 +13,11 @@ import pytest
 
 from raybiphase.results import report
 from raybiphase.results.importer import import_tree
-from raybiphase.results.store import FINETUNE_FILE, FINETUNE_KEY, PRETRAIN_FILE, PRETRAIN_KEY, append_rows
+from raybiphase.results.rows import FINETUNE_KEY, PRETRAIN_KEY
+from raybiphase.results.store import append_rows
+from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE
 
-PAPER_TREE = Path(__file__).parent / "fixtures" / "paper_tree"
+PAPER_TREE = Path(__file__).resolve().parents[1] / "fixtures" / "paper_tree"
 TASKS = {"tweet_sentiment": ("SC", "accuracy"), "squad_bio": ("TC", "f1")}
 FIGURES = ("clm_share", "mask_ratio", "data_efficiency", "lr_sensitivity", "continued", "pretrain_curves")
 
@@ -24,7 +26,7 @@ def _run(share: float, budget: int, ratio: float = 0.4, source: str | None = Non
     clm = round(share * budget)
     parts = ["tiny"] + ([f"{source}-dec400"] if source else [])
     parts += ([f"clm-{clm}"] if clm else []) + ([f"mlm{round(ratio * 100)}-{budget}"] if clm < budget else [])
-    return {"run": "-".join(parts) + "-abc123", "clm_share": share, "phases.steps": budget, "phases.clm_steps": clm,
+    return {"run": "-".join(parts) + "-abc123", "phases.clm_share": share, "phases.steps": budget, "phases.clm_steps": clm,
             "phases.mask_ratio": ratio, "model.size": "tiny", "train.seed": 0,
             "model.init_from": f"/ckpt/tiny-{source}-400-abc123/step_400" if source else None}
 
@@ -58,7 +60,7 @@ def _finetune_rows(config: dict, rng: np.random.Generator) -> list[dict]:
         for task, (family, metric) in TASKS.items():
             for lr in (1e-4, 5e-4):
                 for seed in (0, 1):
-                    share = config["clm_share"]
+                    share = config["phases.clm_share"]
                     base = 0.70 + 0.08 * share * (1 - share) + 0.03 * pretrain_step / 400 - (0.02 if lr == 5e-4 else 0)
                     val, test = base + rng.normal(0, 0.005, 2)
                     rows.append({**config, "sweep": "synthetic", "checkpoint": f"/ckpt/{config['run']}/{pretrain_step}",

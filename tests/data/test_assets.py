@@ -13,7 +13,7 @@ import pytest
 
 from raybiphase.data import assets
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -69,8 +69,10 @@ def test_mlm_loss_counts_masked_positions_only(model):
         masked = batch["labels"] != -100
         expected = F.cross_entropy(logits[masked], batch["labels"][masked])
         assert torch.allclose(forward_loss(model, batch, "mlm"), expected)
-        # changing the label of an unmasked position would be ignored: only masked positions count
-        assert torch.allclose(token_loss(logits, batch["labels"]), expected)
+        # whatever the model predicts at unmasked positions leaves the loss unchanged: only masked ones count
+        noisy = logits + torch.randn(logits.shape, generator=torch.Generator().manual_seed(0)) * ~masked[..., None]
+        assert torch.equal(token_loss(noisy, batch["labels"]), token_loss(logits, batch["labels"]))
+        assert not torch.allclose(token_loss(logits + torch.randn(logits.shape), batch["labels"]), expected)
 
 
 def test_same_seed_same_weights():

@@ -2,12 +2,12 @@
 
 import pytest
 
-from raybiphase.config import config_from_dict
+from raybiphase.config import SweepSpec, from_dict
 from raybiphase.pretrain.schedule import Schedule
 
 
 def _schedule(steps=20, share=0.5, warmup=4, decay=4, **phases):
-    cfg = config_from_dict({"phases": {"steps": steps, "clm_share": share, **phases},
+    cfg = from_dict(SweepSpec, {"phases": {"steps": steps, "clm_share": share, **phases},
                             "optim": {"lr": 1e-3, "warmup_steps": warmup, "decay_steps": decay}})
     return Schedule.from_config(cfg)
 

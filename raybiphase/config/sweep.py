@@ -1,0 +1,104 @@
+"""The sweep spec: a base run plus what varies across runs and what happens around them.
+
+A spec file holds the run sections (`model`, `data`, `phases`, `optim`, `train`, `resources`: the base run) and
+two of its own: `finetune` (downstream evaluation of every final checkpoint) and `sweep` (the grid, extra runs,
+storage, estimates, W&B). `spec.run` is the base run as a plain RunConfig; the planner expands the grid into
+RunConfigs, and only those travel to Ray Train workers.
+
+    spec = load(SweepSpec, "sweeps/split_grid.yaml", ["sweep.storage=s3://bucket/results"])
+    spec.run, spec.sweep.grid, spec.finetune.tasks
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from raybiphase.config.load import check, field_type, from_dict, non_negative, positive, ratio, to_dict
+from raybiphase.config.run import RUN_SECTIONS, RunConfig
+from raybiphase.pretrain.sizes import PEAK_BF16_TFLOPS
+
+
+@dataclass(frozen=True, kw_only=True)
+class FinetuneConfig:
+    tasks: tuple[str, ...] = ()
+    """Fine-tuning tasks run on every final checkpoint (see raybiphase.finetune.tasks); empty skips fine-tuning."""
+    lrs: tuple[float, ...] = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
+    """Learning-rate grid (the paper's six values)."""
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    """Fine-tuning seeds (the paper: five)."""
+    batch_size: int = 32
+    """Examples per step (the paper: 32)."""
+    max_steps: int = 1000
+    """Step cap; training also stops after one epoch (the paper: 1000)."""
+    warmup_ratio: float = 0.1
+    """Share of steps with linear warmup, then linear decay."""
+    eval_every: int = 100
+    """Validation every N steps; ASHA decides at these points."""
+    max_examples: int = 0
+    """Cap on training examples per task (CPU runs); 0 uses all."""
+    asha: bool = True
+    """Stop weak LR x seed trials early with ASHA on the validation metric; false runs the full grid."""
+
+    def __post_init__(self) -> None:
+        for i, lr in enumerate(self.lrs):
+            positive(lr, f"finetune.lrs.{i}")
+        check(len(self.lrs) > 0, "finetune.lrs", "at least one learning rate is needed")
+        check(len(self.seeds) > 0, "finetune.seeds", "at least one seed is needed")
+        positive(self.batch_size, "finetune.batch_size")
+        positive(self.max_steps, "finetune.max_steps")
+        check(0.0 <= self.warmup_ratio < 1.0, "finetune.warmup_ratio", f"{self.warmup_ratio} is out of range; allowed: [0, 1)")
+        positive(self.eval_every, "finetune.eval_every")
+        non_negative(self.max_examples, "finetune.max_examples")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepConfig:
+    name: str = "run"
+    """Sweep name: results go to <storage>/<name>/."""
+    storage: str = "results"
+    """Local directory or cloud URI (s3://, gs://) for checkpoints and results."""
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    """Dotted key -> list of values; the sweep runs the cross product."""
+    runs: tuple[dict[str, Any], ...] = ()
+    """Further runs, each a mapping of dotted overrides on the base; model.init_from '@NAME' continues run NAME."""
+    mfu: float = 0.4
+    """Model FLOPs utilisation assumed by the dry run's GPU-hour estimate."""
+    gpu_peak_tflops: float = PEAK_BF16_TFLOPS["H100"]
+    """Peak dense bf16 TFLOP/s of one GPU for the estimate (H100 SXM: 989)."""
+    wandb_project: str | None = None
+    """W&B project; runs go there (offline unless WANDB_MODE says otherwise). None disables W&B."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepSpec(RunConfig):
+    """A base run (the RunConfig sections) plus `finetune` and `sweep`; the same dotted names as a run config."""
+
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    """Downstream evaluation."""
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    """Grid, extra runs, storage, estimates and W&B."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        ratio(self.sweep.mfu, "sweep.mfu")
+        positive(self.sweep.gpu_peak_tflops, "sweep.gpu_peak_tflops")
+        for key, values in self.sweep.grid.items():
+            _run_key(key, f"sweep.grid.{key}")
+            check(isinstance(values, list) and len(values) > 0, f"sweep.grid.{key}", "expected a non-empty list of values")
+        for i, run in enumerate(self.sweep.runs):
+            for key in run:
+                _run_key(key, f"sweep.runs.{i}.{key}")
+
+    @property
+    def run(self) -> RunConfig:
+        """The base run, without the sweep's own sections."""
+        plain = to_dict(self)
+        return from_dict(RunConfig, {name: plain[name] for name in RUN_SECTIONS})
+
+
+def _run_key(key: str, where: str) -> None:
+    """Only run settings vary across runs: fine-tuning and the sweep's own settings are the same for all."""
+    check(key.split(".")[0] in RUN_SECTIONS, where,
+          f"only run settings ({', '.join(RUN_SECTIONS)}) can vary across runs")
+    field_type(RunConfig, key)  # raises for unknown keys, naming the closest one

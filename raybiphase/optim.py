@@ -1,0 +1,51 @@
+"""The optimizer, set up one way for pretraining and fine-tuning alike: AdamW, one weight-decay rule, one LR shape.
+
+Weight decay: matrices decay; norms and biases (1-D parameters) never do; embedding matrices decay unless
+`decay_embeddings=False` (pretraining: `optim.decay_embeddings`). The learning rate is warmup-stable-decay:
+linear warmup from 0 to the peak over `warmup` steps, constant, then linear decay towards 0 over the last `decay`
+steps. Fine-tuning is the special case that decays from the end of its warmup (`decay = total - warmup`).
+
+    optimizer = adamw(model, lr=5e-4, betas=(0.9, 0.95), eps=1e-5, weight_decay=0.1)
+    for group in optimizer.param_groups: group["lr"] = wsd_lr(step, peak=5e-4, total=100, warmup=10, decay=10)
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float, *, decay_embeddings: bool = True) -> list[dict]:
+    """Two AdamW groups: the decayed matrices and the rest (norms, biases, and embeddings unless decayed)."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    decayed, plain = [], []
+    for param in model.parameters():
+        if not param.requires_grad:
+            continue
+        is_matrix = param.ndim >= 2 and (decay_embeddings or id(param) not in embeddings)
+        (decayed if is_matrix else plain).append(param)
+    return [{"params": decayed, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
+
+
+def adamw(model: torch.nn.Module, *, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
+          decay_embeddings: bool = True, **options) -> torch.optim.AdamW:
+    """AdamW over `param_groups`; `options` go to torch (foreach, fused)."""
+    groups = param_groups(model, weight_decay, decay_embeddings=decay_embeddings)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **options)
+
+
+def wsd_lr(step: int, *, peak: float, total: int, warmup: int, decay: int) -> float:
+    """LR of the update with 0-based index `step` in a run of `total` updates.
+
+    Until the decay starts it depends on neither `total` nor `decay`, which lets sweeps share the prefix of runs
+    of different lengths; the step after the last would be 0.
+    """
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    if step >= total - decay:
+        return peak * (total - step) / (decay + 1)
+    return peak
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr

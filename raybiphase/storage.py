@@ -1,0 +1,155 @@
+"""Every location the platform writes or reads, and the one filesystem layer behind them (pyarrow.fs).
+
+A location is a local path or a URI (`s3://`, `gs://`, `file://`); code never joins paths by hand or opens files
+by name outside this module. The layout of a sweep, under `<sweep.storage>/<sweep.name>/`:
+
+    runs/<segment>/history.json             every metrics report of a segment            SweepPaths.history
+    runs/<segment>/step-00000040/           a checkpoint (Ray Train's folder name)        SweepPaths.checkpoint
+        meta.json                           typed meta (raybiphase.pretrain.checkpoint)   meta_path(ckpt)
+        hf/                                 save_pretrained export                        hf_dir(ckpt)
+    tune/                                   Ray Tune's experiment folders                 SweepPaths.tune
+    finetune/records/<trial>.json           one record per finished fine-tuning trial    SweepPaths.finetune
+    pretrain.parquet, finetune.parquet, summary.parquet                                   SweepPaths.table(name)
+    report/report.md and its PNGs                                                         SweepPaths.report
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs as pafs
+
+META = "meta.json"
+HF_DIR = "hf"
+HISTORY = "history.json"
+CHECKPOINT_DIR = "step-{:08d}"
+PRETRAIN_FILE, FINETUNE_FILE, SUMMARY_FILE = "pretrain.parquet", "finetune.parquet", "summary.parquet"
+REPORT_DIR = "report"
+
+Location = str | os.PathLike
+
+
+# ------------------------------------------------------------------------------------------------ locations
+
+
+def is_uri(location: Location) -> bool:
+    return "://" in str(location)
+
+
+def absolute(location: Location) -> str:
+    """A URI as given (no trailing slash), a local path made absolute (Ray refuses relative storage paths, and
+    trials run in other working directories)."""
+    if is_uri(location):
+        return str(location).rstrip("/")
+    return str(Path(location).expanduser().resolve())
+
+
+def join(base: Location, *parts: str) -> str:
+    """base / part / ... for a local path or a URI."""
+    if is_uri(base):
+        return "/".join([str(base).rstrip("/"), *(p.strip("/") for p in parts)])
+    return str(Path(base, *parts))
+
+
+def filesystem(location: Location) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem serving `location` and the path inside it."""
+    if is_uri(location):
+        return pafs.FileSystem.from_uri(str(location))
+    return pafs.LocalFileSystem(), str(Path(location).expanduser().absolute())
+
+
+def exists(location: Location) -> bool:
+    fs, path = filesystem(location)
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def is_file(location: Location) -> bool:
+    fs, path = filesystem(location)
+    return fs.get_file_info(path).type == pafs.FileType.File
+
+
+def read_json(location: Location) -> Any | None:
+    """The JSON document at `location`, or None when there is none."""
+    fs, path = filesystem(location)
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return None
+    with fs.open_input_stream(path) as handle:
+        return json.loads(handle.read().decode())
+
+
+def write_json(location: Location, document: Any) -> None:
+    """Write a temporary sibling, then move it over `location`: a reader sees the old or the new document."""
+    fs, path = filesystem(location)
+    parent, name = path.rsplit("/", 1)
+    fs.create_dir(parent, recursive=True)
+    tmp = f"{parent}/.{name}.tmp"
+    with fs.open_output_stream(tmp) as handle:
+        handle.write(json.dumps(document).encode())
+    fs.move(tmp, path)
+
+
+# ------------------------------------------------------------------------------------------------ checkpoints
+
+
+def checkpoint_name(step: int) -> str:
+    return CHECKPOINT_DIR.format(step)
+
+
+def meta_path(checkpoint: Location) -> str:
+    return join(checkpoint, META)
+
+
+def hf_dir(checkpoint: Location) -> str:
+    return join(checkpoint, HF_DIR)
+
+
+def is_checkpoint(location: Location) -> bool:
+    """A raybiphase checkpoint (it has meta.json), local or in a bucket."""
+    return is_file(meta_path(location))
+
+
+# ------------------------------------------------------------------------------------------------ a sweep
+
+
+@dataclass(frozen=True)
+class SweepPaths:
+    """The folders and files of one sweep under `root` = <sweep.storage>/<sweep.name> (absolute or a URI)."""
+
+    root: str
+
+    @classmethod
+    def of(cls, storage: Location, sweep_name: str) -> SweepPaths:
+        return cls(join(absolute(storage), sweep_name))
+
+    @property
+    def runs(self) -> str:
+        """Ray Train's storage_path: one folder per run or segment."""
+        return join(self.root, "runs")
+
+    def run_dir(self, name: str) -> str:
+        return join(self.runs, name)
+
+    def history(self, name: str) -> str:
+        return join(self.run_dir(name), HISTORY)
+
+    def checkpoint(self, name: str, step: int) -> str:
+        return join(self.run_dir(name), checkpoint_name(step))
+
+    @property
+    def tune(self) -> str:
+        return join(self.root, "tune")
+
+    def finetune(self, experiment: str) -> str:
+        return join(self.root, experiment)
+
+    def table(self, file: str) -> str:
+        """One of PRETRAIN_FILE, FINETUNE_FILE, SUMMARY_FILE."""
+        return join(self.root, file)
+
+    @property
+    def report(self) -> str:
+        return join(self.root, REPORT_DIR)
