@@ -37,4 +37,7 @@ def run_main(main: Callable[[], int | None]) -> None:
     except KeyboardInterrupt:
         print("interrupted; run the same command again to resume", file=sys.stderr)
         sys.exit(130)
+    except BrokenPipeError:  # the output was piped into `head` and the reader left: not an error
+        sys.stdout = None
+        sys.exit(0)
     sys.exit(code or 0)
