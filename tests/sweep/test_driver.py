@@ -26,9 +26,10 @@ REPO = Path(__file__).resolve().parents[2]
 def _spec(tmp_path: Path, small_data) -> Path:
     spec = tiny_base(tmp_path / "results", small_data, name="branch")
     spec["sweep"]["grid"] = {"phases.clm_share": [0.5, 1.0]}
-    # continued pretraining: MLM on top of the decayed CLM run, with its own schedule (the paper's clm-dec recipe)
-    spec["sweep"]["runs"] = [{"model.init_from": "@tiny-clm-8", "phases.steps": 4, "phases.clm_share": 0.0,
-                              "optim.warmup_steps": 1, "optim.decay_steps": 1}]
+    # continued pretraining: MLM on top of the decayed CLM run, with its own schedule (the paper's clm-dec recipe),
+    # for two lengths from the same source (the paper: 12k and 22k): they share their first 3 steps
+    spec["sweep"]["runs"] = [{"model.init_from": "@tiny-clm-8", "phases.steps": steps, "phases.clm_share": 0.0,
+                              "optim.warmup_steps": 1, "optim.decay_steps": 1} for steps in (4, 6)]
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -67,24 +68,25 @@ def finished_sweep(small_data, tmp_path_factory):
 def test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once(finished_sweep):
     from raybiphase.results.store import read_rows
 
-    assert "1/4 segments already done" in finished_sweep["output"]
+    assert "1/6 segments already done" in finished_sweep["output"]
     assert finished_sweep["first"].stat().st_mtime_ns == finished_sweep["stamp"]  # not recomputed
     rows = read_rows(finished_sweep["root"] / "pretrain.parquet")
     assert not rows.duplicated(["run", "step"]).any()
     steps = rows.groupby("run")["step"].apply(sorted)
-    assert sorted(steps.tolist()) == [[1, 2, 3, 4]] + [list(range(1, 9))] * 2
+    assert sorted(steps.tolist()) == [[1, 2, 3, 4], list(range(1, 7))] + [list(range(1, 9))] * 2
 
 
 def test_continued_run_starts_from_the_decayed_source_with_its_own_schedule(finished_sweep):
     from raybiphase.pretrain.checkpoint import read_meta
 
-    (meta,) = (finished_sweep["root"] / "runs").glob("tiny-mlm40-0-4-*/step-00000004")
-    meta = read_meta(meta)
     (source,) = (finished_sweep["root"] / "runs").glob("tiny-clm-4-8-*/step-00000008")
     source = read_meta(source)
-    assert source.decayed and meta.data_start == source.data_end  # continues the data stream, no repeated samples
-    assert meta.run["model"]["init_from"].endswith("step-00000008") and meta.step == 4
-    assert meta.metrics["val/mlm_loss"] < source.metrics["val/mlm_loss"]  # MLM on top of CLM helps MLM loss
+    for end in (4, 6):  # both lengths, each past the segment they share: every segment starts from the source
+        (meta,) = (finished_sweep["root"] / "runs").glob(f"tiny-mlm40-3-{end}-*/step-0000000{end}")
+        meta = read_meta(meta)
+        assert source.decayed and meta.data_start == source.data_end  # continues the stream, no repeated samples
+        assert meta.run["model"]["init_from"].endswith("step-00000008") and meta.step == end
+        assert meta.metrics["val/mlm_loss"] < source.metrics["val/mlm_loss"]  # MLM on top of CLM helps MLM loss
 
 
 def test_a_branch_ends_with_the_weights_of_the_run_alone(finished_sweep, tiny_run):
@@ -118,7 +120,7 @@ def test_ray_job_submit_runs_the_sweep_on_a_started_cluster(finished_sweep):
                   sys.executable, "-m", "raybiphase.sweep", str(finished_sweep["spec"])]
         proc = subprocess.run(submit, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        assert "4/4 segments already done" in proc.stdout
+        assert "6/6 segments already done" in proc.stdout
         assert "succeeded" in proc.stdout
     finally:
         subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=120)
