@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 from raybiphase.config import SweepSpec, from_dict  # noqa: E402
 from raybiphase.finetune.fanout import best_lr, run_fanout  # noqa: E402
-from raybiphase.results.rows import FinetuneSource, trial_key  # noqa: E402
+from raybiphase.results.rows import FinetuneRow, FinetuneSource, trial_key  # noqa: E402
 
 
 def tiny_checkpoint(out: Path, vocab_size: int = 2048) -> Path:
@@ -112,7 +112,7 @@ def main() -> None:
         same = sum(picks.get(key) == lr for key, lr in grid_picks.items())
         print(f"same best LR per seed, {label}: {same}/{len(grid_picks)} = {same / len(grid_picks):.0%}")
     for task in args.tasks:
-        picks = [best_lr([r for r in rows[mode] if r["task"] == task]) for mode in ("grid", "asha")]
+        picks = [best_lr([FinetuneRow.from_record(r) for r in rows[mode] if r["task"] == task]) for mode in ("grid", "asha")]
         print(f"  {task:12s} best LR by mean validation: full grid {picks[0]:g}, ASHA {picks[1]:g}")
 
     grid_val = {trial_key(r): r["val_score"] for r in rows["grid"]}

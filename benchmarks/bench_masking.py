@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<36} {split:>9} {seconds:>8.4f} {n_tok / seconds / 1e6:>8.2f} {share:>7.3f}")
 
     for split in ("80/10/10", "100/0/0"):
-        a, b = rates["raybiphase mask_batch", split], rates["transformers collator, list rows", split]
+        a, b = rates["raybiphase make_inputs", split], rates["transformers collator, list rows", split]
         print(f"masking+collation ({split}): raybiphase {a / 1e6:.1f}M tok/s vs "
               f"transformers {b / 1e6:.2f}M tok/s -> {a / b:.1f}x")
     return 0

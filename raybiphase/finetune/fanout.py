@@ -45,7 +45,7 @@ from raybiphase.config import FinetuneConfig, SweepSpec
 from raybiphase.finetune.tasks import get_task
 from raybiphase.finetune.trial import DEFAULT_MAX_LEN, load_checked_tokenizer, resolve_hf_dir, run_trial
 from raybiphase.results import rows as result_rows
-from raybiphase.results.rows import FinetuneSource, trial_key
+from raybiphase.results.rows import FinetuneRow, FinetuneSource, trial_key
 
 RECORDS = "records"
 REDUCTION_FACTOR = 3
@@ -66,38 +66,38 @@ def record_path(experiment: Path, key: TrialKey, settings: str) -> Path:
     return experiment / RECORDS / f"{safe_run}__{step}__{task}__lr{lr:g}__seed{seed}__{digest}.json"
 
 
-def _write(path: Path, row: dict) -> None:
+def _write(path: Path, row: FinetuneRow) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(row))
+    tmp.write_text(json.dumps(row.record()))
     os.replace(tmp, path)
 
 
-def _read(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.is_file() else None
+def _read(path: Path) -> FinetuneRow | None:
+    return FinetuneRow.from_record(json.loads(path.read_text())) if path.is_file() else None
 
 
 # ------------------------------------------------------------------------------------------------ planning
 
 
-def plan_trials(sources: list[FinetuneSource], cfg: FinetuneConfig, sweep: str = "") -> list[dict]:
+def plan_trials(sources: list[FinetuneSource], cfg: FinetuneConfig, sweep: str = "") -> list[FinetuneRow]:
     """Every trial's planned row, group by group (checkpoint x task), seed-major so each ASHA rung sees every LR
     early."""
     return [result_rows.trial_row(source, task=get_task(name), lr=lr, seed=seed, sweep=sweep)
             for source in sources for name in cfg.tasks for seed in cfg.seeds for lr in cfg.lrs]
 
 
-def group_of(row: dict) -> tuple:
+def group_of(row: FinetuneRow) -> tuple:
     """The trials one ASHA compares, and one best LR is picked among: one checkpoint, one task."""
-    return (row["run"], row["pretrain_step"], row["task"])
+    return (row.run, row.pretrain_step, row.task)
 
 
-def best_lr(rows: list[dict]) -> float | None:
+def best_lr(rows: list[FinetuneRow]) -> float | None:
     """The LR with the best mean validation score over its finished (not stopped) trials of one group."""
     by_lr = defaultdict(list)
     for row in rows:
-        if not row["stopped_early"]:
-            by_lr[row["lr"]].append(row["val_score"])
+        if not row.stopped_early:
+            by_lr[row.lr].append(row.val_score)
     means = {lr: sum(v) / len(v) for lr, v in by_lr.items() if not any(math.isnan(x) for x in v)}
     return max(means, key=lambda lr: (means[lr], -lr)) if means else None
 
@@ -114,24 +114,25 @@ def _trainable(config: dict, finetune: FinetuneConfig, max_len: int, cpus: float
 
     trial = config["trial"]
     torch.set_num_threads(max(1, int(cpus)))
-    row = trial["row"]
-    name = f"{row['run']}@{row['pretrain_step']}|{row['task']}|lr{row['lr']:g}|sd{row['seed']}"  # a W&B label
-    tracker = wandb_log.init_run("finetune", name, row["sweep"],
-                                 {k: v for k, v in row.items() if not isinstance(v, (list, dict))}, wandb_project, rank=0)
+    row = FinetuneRow.from_record(trial["row"])
+    name = f"{row.run}@{row.pretrain_step}|{row.task}|lr{row.lr:g}|sd{row.seed}"  # a W&B label
+    tracker = wandb_log.init_run("finetune", name, row.sweep,
+                                 {k: v for k, v in trial["row"].items() if not isinstance(v, (list, dict))},
+                                 wandb_project, rank=0)
 
     def report(metrics: dict) -> None:
         if "final" in metrics:  # the trial's result is on disk before the report a scheduler may stop it at
-            _write(Path(trial["record"]), result_rows.finished_row(trial["row"], metrics["final"]))
+            _write(Path(trial["record"]), result_rows.finished_row(row, metrics["final"]))
         wandb_log.log(tracker, {"val_score": metrics["val_score"]}, step=metrics["step"])
         tune.report({"step": metrics["step"], "val_score": metrics["val_score"]})
 
-    result = run_trial(row["checkpoint"], row["task"], lr=row["lr"], seed=row["seed"], cfg=finetune, report=report,
+    result = run_trial(row.checkpoint, row.task, lr=row.lr, seed=row.seed, cfg=finetune, report=report,
                        max_len=max_len)
     wandb_log.finish(tracker, {k: v for k, v in result.items() if isinstance(v, (int, float, str))})
 
 
-def _launch(trials: list[dict], cfg: SweepSpec, *, experiment: Path, name: str, asha: bool, grace_period: int | None,
-            reduction_factor: float, cpus_per_trial: float, max_len: int, verbose: int) -> list[dict]:
+def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: Path, name: str, asha: bool, grace_period: int | None,
+            reduction_factor: float, cpus_per_trial: float, max_len: int, verbose: int) -> list[FinetuneRow]:
     """Run `trials` (base rows) as one Tuner; returns their rows, stopped ones recorded by the driver."""
     from ray import tune
 
@@ -140,7 +141,7 @@ def _launch(trials: list[dict], cfg: SweepSpec, *, experiment: Path, name: str, 
     ensure_ray()
     ft = cfg.finetune
     settings = trial_settings(ft, max_len)
-    space = [{"row": t, "record": str(record_path(experiment, trial_key(t), settings)), "group": list(group_of(t))}
+    space = [{"row": t.record(), "record": str(record_path(experiment, t.key, settings)), "group": list(group_of(t))}
              for t in trials]
     scheduler = None
     if asha:
@@ -168,7 +169,8 @@ def _launch(trials: list[dict], cfg: SweepSpec, *, experiment: Path, name: str, 
             continue
         if record is None:  # stopped by ASHA at its last report
             metrics = result.metrics or {}
-            record = result_rows.stopped_row(trial["row"], val_score=metrics.get("val_score", float("nan")),
+            record = result_rows.stopped_row(FinetuneRow.from_record(trial["row"]),
+                                             val_score=metrics.get("val_score", float("nan")),
                                              step=int(metrics.get("step", 0)),
                                              seconds=float(metrics.get("time_total_s", 0.0)))
             _write(Path(trial["record"]), record)
@@ -186,7 +188,8 @@ def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, n
                cpus_per_trial: float = 1.0, max_len: int = DEFAULT_MAX_LEN, complete_best: bool = True,
                verbose: int = 0) -> list[dict]:
     """Fine-tune every source checkpoint on cfg.finetune.tasks over lrs x seeds; one row per trial not in `done`
-    (keys rows.TRIAL_KEY). Bad task names or checkpoints raise UserError before anything runs."""
+    (keys rows.TRIAL_KEY), as records (FinetuneRow.record). Bad task names or checkpoints raise UserError before
+    anything runs."""
     experiment = Path(storage).expanduser().resolve() / name
     for task_name in cfg.finetune.tasks:  # one clear line for bad input, before Ray starts
         get_task(task_name)
@@ -195,21 +198,21 @@ def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, n
     for source in sources:
         load_checked_tokenizer(Path(source.hf_dir))
     done = {trial_key(dict(zip(result_rows.TRIAL_KEY, k))) for k in done}
-    plan = [t for t in plan_trials(sources, cfg.finetune, cfg.sweep.name) if trial_key(t) not in done]
+    plan = [t for t in plan_trials(sources, cfg.finetune, cfg.sweep.name) if t.key not in done]
     settings = trial_settings(cfg.finetune, max_len)
-    records = {trial_key(t): _read(record_path(experiment, trial_key(t), settings)) for t in plan}
+    records = {t.key: _read(record_path(experiment, t.key, settings)) for t in plan}
     for key, record in records.items():
-        if record is not None and record["stopped_early"] and not cfg.finetune.asha:
+        if record is not None and record.stopped_early and not cfg.finetune.asha:
             records[key] = None  # the full grid was asked for: a trial ASHA stopped runs again
-    missing = [t for t in plan if records[trial_key(t)] is None]
+    missing = [t for t in plan if records[t.key] is None]
     options = dict(experiment=experiment, grace_period=grace_period, reduction_factor=reduction_factor,
                    cpus_per_trial=cpus_per_trial, max_len=max_len, verbose=verbose)
     if missing:
         for row in _launch(missing, cfg, name=name, asha=cfg.finetune.asha, **options):
-            records[trial_key(row)] = row
+            records[row.key] = row
     if complete_best:
         _complete_best(records, plan, cfg, experiment, options)
-    return [records[trial_key(t)] for t in plan]
+    return [records[t.key].record() for t in plan]
 
 
 def _complete_best(records: dict, plan: list[dict], cfg: SweepSpec, experiment: Path, options: dict) -> None:
@@ -221,15 +224,15 @@ def _complete_best(records: dict, plan: list[dict], cfg: SweepSpec, experiment: 
         rerun = []
         for rows in groups.values():
             lr = best_lr(rows)
-            rerun += [r for r in rows if r["lr"] == lr and r["stopped_early"]]
+            rerun += [r for r in rows if r.lr == lr and r.stopped_early]
         if not rerun:
             return
-        planned = {trial_key(t): t for t in plan}
-        for row in _launch([planned[trial_key(r)] for r in rerun], cfg, name=f"{experiment.name}-completion{attempt}",
+        planned = {t.key: t for t in plan}
+        for row in _launch([planned[r.key] for r in rerun], cfg, name=f"{experiment.name}-completion{attempt}",
                            asha=False, **options):
-            row = result_rows.completed_row(records[trial_key(row)], row)
-            _write(record_path(experiment, trial_key(row), trial_settings(cfg.finetune, options["max_len"])), row)
-            records[trial_key(row)] = row
+            row = result_rows.completed_row(records[row.key], row)
+            _write(record_path(experiment, row.key, trial_settings(cfg.finetune, options["max_len"])), row)
+            records[row.key] = row
 
 
 class GroupedASHA(FIFOScheduler):

@@ -1,4 +1,5 @@
-"""Result rows, built here and nowhere else: one per pretraining report, one per fine-tuning trial or baseline.
+"""Result rows as typed records, built here and nowhere else: one per pretraining report, one per fine-tuning trial
+or baseline. `record()` flattens a row into the Parquet row (and the JSON record a fine-tuning trial leaves).
 
 Every row carries the run's settings as dotted columns (`config_columns`: `phases.mask_ratio`, `model.size`, ...),
 with the phases resolved: `phases.clm_share` and `phases.clm_steps` hold the run's actual CLM share and steps
@@ -14,6 +15,7 @@ whichever way its phases were written. (run, pretrain_step) stay two fields from
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,12 +37,31 @@ def config_columns(run: RunConfig) -> dict[str, Any]:
     return columns
 
 
-def pretrain_row(run: str, config: RunConfig, *, sweep: str, segment: str, report: dict[str, Any]) -> dict[str, Any]:
-    """A run's row for one report of a segment it passes through."""
-    row = {"run": run, "sweep": sweep, "segment": segment, **config_columns(config)}
-    row.update({k: v for k, v in report.items() if not isinstance(v, (dict, list))})
-    row.setdefault("checkpoint", "")
-    return row
+@dataclass(frozen=True, kw_only=True)
+class PretrainRow:
+    """One report of a run at a step of a segment it passes through."""
+
+    run: str
+    sweep: str
+    segment: str
+    step: int
+    metrics: dict[str, Any]
+    """The report: tokens_seen, phase, objective, train/ and val/ losses, lr, tokens_per_s, mfu on GPU."""
+    checkpoint: str = ""
+    """The checkpoint written with this report; "" when none."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """The run's dotted settings (config_columns)."""
+
+    def record(self) -> dict[str, Any]:
+        metrics = {k: v for k, v in self.metrics.items() if not isinstance(v, (dict, list)) and k != "checkpoint"}
+        return {"run": self.run, "sweep": self.sweep, "segment": self.segment, **self.settings, **metrics,
+                "step": self.step, "checkpoint": self.checkpoint}
+
+
+def pretrain_row(run: str, config: RunConfig, *, sweep: str, segment: str, report: dict[str, Any]) -> PretrainRow:
+    """A run's row for one report (a history entry) of a segment it passes through."""
+    return PretrainRow(run=run, sweep=sweep, segment=segment, step=int(report["step"]), metrics=report,
+                       checkpoint=report.get("checkpoint", ""), settings=config_columns(config))
 
 
 @dataclass(frozen=True)
@@ -53,38 +74,88 @@ class FinetuneSource:
     columns: dict[str, Any] = field(default_factory=dict)
 
 
-def trial_row(source: FinetuneSource, *, task, lr: float, seed: int, sweep: str) -> dict[str, Any]:
-    """The planned part of a trial's row (raybiphase.finetune.tasks.Task `task`): what it will be known by."""
-    return {"run": source.run, "pretrain_step": int(source.pretrain_step), "sweep": sweep, "source": OURS,
-            "checkpoint": source.hf_dir, "task": task.name, "family": task.family, "dataset": task.dataset,
-            "metric": task.metric, "secondary_metric": task.secondary_metric, "lr": float(lr), "seed": int(seed),
-            **source.columns}
+@dataclass(frozen=True, kw_only=True)
+class FinetuneRow:
+    """One fine-tuning trial (or baseline): planned, then finished, stopped by ASHA, or completed after a stop."""
+
+    run: str
+    pretrain_step: int
+    task: str
+    lr: float
+    seed: int
+    source: str = OURS
+    sweep: str = ""
+    checkpoint: str = ""
+    family: str = ""
+    dataset: str = ""
+    metric: str = ""
+    secondary_metric: str | None = None
+    val_score: float = math.nan
+    test_score: float = math.nan
+    """Fractions in [0, 1]; NaN when ASHA stopped the trial (its test split is never scored)."""
+    test_secondary: float = math.nan
+    test_per_example: list = field(default_factory=list)
+    steps: int = 0
+    steps_run: int = 0
+    """Steps trained over every attempt (a completed trial counts its stopped attempt too)."""
+    seconds: float = 0.0
+    stopped_early: bool = False
+    completed_after_stop: bool = False
+    settings: dict[str, Any] = field(default_factory=dict)
+    """The pretrained run's dotted settings."""
+
+    @property
+    def key(self) -> tuple:
+        """TRIAL_KEY: what a trial is known by across reruns."""
+        return (str(self.run), int(self.pretrain_step), str(self.task), float(self.lr), int(self.seed))
+
+    def record(self) -> dict[str, Any]:
+        plain = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "settings"}
+        return {**plain, **self.settings}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> FinetuneRow:
+        names = {f.name for f in dataclasses.fields(cls)} - {"settings"}
+        return cls(**{k: v for k, v in record.items() if k in names},
+                   settings={k: v for k, v in record.items() if k not in names})
 
 
-def trial_key(row: dict[str, Any]) -> tuple:
-    return (str(row["run"]), int(row["pretrain_step"]), str(row["task"]), float(row["lr"]), int(row["seed"]))
+def trial_key(record: dict[str, Any]) -> tuple:
+    """TRIAL_KEY of a row's record."""
+    return (str(record["run"]), int(record["pretrain_step"]), str(record["task"]), float(record["lr"]),
+            int(record["seed"]))
 
 
-def finished_row(planned: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+def trial_row(source: FinetuneSource, *, task, lr: float, seed: int, sweep: str) -> FinetuneRow:
+    """A planned trial (raybiphase.finetune.tasks.Task `task`): what it will be known by."""
+    return FinetuneRow(run=source.run, pretrain_step=int(source.pretrain_step), task=task.name, lr=float(lr),
+                       seed=int(seed), sweep=sweep, checkpoint=source.hf_dir, family=task.family,
+                       dataset=task.dataset, metric=task.metric, secondary_metric=task.secondary_metric,
+                       settings=dict(source.columns))
+
+
+def finished_row(planned: FinetuneRow, result: dict[str, Any]) -> FinetuneRow:
     """A trial that ran to its end (raybiphase.finetune.trial.run_trial's result)."""
-    return {**planned, **result, "stopped_early": False, "steps_run": result["steps"], "completed_after_stop": False}
+    return dataclasses.replace(planned, val_score=result["val_score"], test_score=result["test_score"],
+                               test_secondary=result["test_secondary"], test_per_example=list(result["test_per_example"]),
+                               steps=result["steps"], steps_run=result["steps"], seconds=result["seconds"])
 
 
-def stopped_row(planned: dict[str, Any], *, val_score: float, step: int, seconds: float) -> dict[str, Any]:
+def stopped_row(planned: FinetuneRow, *, val_score: float, step: int, seconds: float) -> FinetuneRow:
     """A trial ASHA stopped at `step`: its last validation score, no test score."""
-    return {**planned, "val_score": val_score, "test_score": math.nan, "steps": step, "seconds": seconds,
-            "test_per_example": [], "test_secondary": math.nan, "stopped_early": True, "steps_run": step,
-            "completed_after_stop": False}
+    return dataclasses.replace(planned, val_score=val_score, steps=step, steps_run=step, seconds=seconds,
+                               stopped_early=True)
 
 
-def completed_row(stopped: dict[str, Any], rerun: dict[str, Any]) -> dict[str, Any]:
+def completed_row(stopped: FinetuneRow, rerun: FinetuneRow) -> FinetuneRow:
     """A stopped trial run again to its end: the second run's scores, the work of both attempts."""
-    return {**rerun, "steps_run": stopped["steps_run"] + rerun["steps"],
-            "seconds": stopped["seconds"] + rerun["seconds"], "completed_after_stop": True}
+    return dataclasses.replace(rerun, steps_run=stopped.steps_run + rerun.steps,
+                               seconds=stopped.seconds + rerun.seconds, completed_after_stop=True)
 
 
-def baseline_row(scores: dict[str, Any], *, run: str, family: str, sweep: str) -> dict[str, Any]:
+def baseline_row(scores: dict[str, Any], *, run: str, family: str, sweep: str) -> FinetuneRow:
     """A baseline's row (BM25: `run="bm25"`) on a task's test split; its key is fixed, so it is appended once."""
-    return {**scores, "run": run, "pretrain_step": 0, "lr": 0.0, "seed": 0, "family": family, "source": BASELINE,
-            "sweep": sweep, "val_score": math.nan, "steps": 0, "stopped_early": False, "seconds": 0.0,
-            "checkpoint": ""}
+    return FinetuneRow(run=run, pretrain_step=0, task=scores["task"], lr=0.0, seed=0, source=BASELINE, sweep=sweep,
+                       family=family, dataset=scores["dataset"], metric=scores["metric"],
+                       secondary_metric=scores["secondary_metric"], test_score=scores["test_score"],
+                       test_secondary=scores["test_secondary"], test_per_example=list(scores["test_per_example"]))

@@ -100,7 +100,7 @@ def record_pretraining(plan: Plan, segment: Segment, paths: SweepPaths, spec: Sw
     if segment.end not in reports and storage.is_checkpoint(end):  # the driver died between checkpoint and history
         reports[segment.end] = {**read_meta(end).metrics, "checkpoint": end}
     rows = [result_rows.pretrain_row(name, plan.runs[name].config, sweep=spec.sweep.name, segment=segment.id,
-                                     report=report)
+                                     report=report).record()
             for report in reports.values() if segment.start < report["step"] <= segment.end
             for name in segment.runs]
     return store.append_rows(paths.table(storage.PRETRAIN_FILE), rows, key=result_rows.PRETRAIN_KEY) if rows else 0
@@ -185,7 +185,7 @@ def bm25_rows(spec: SweepSpec) -> list[dict]:
     from raybiphase.finetune.tasks import get_task
 
     return [result_rows.baseline_row(bm25_baseline(name, max_examples=spec.finetune.max_examples), run="bm25",
-                                     family="IR", sweep=spec.sweep.name)
+                                     family="IR", sweep=spec.sweep.name).record()
             for name in spec.finetune.tasks if get_task(name).family == "IR"]
 
 

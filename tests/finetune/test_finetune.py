@@ -11,7 +11,7 @@ import pytest
 
 from raybiphase.cli import UserError
 from raybiphase.config import FinetuneConfig, SweepSpec, from_dict
-from raybiphase.results.rows import FinetuneSource, trial_key
+from raybiphase.results.rows import FinetuneRow, FinetuneSource, trial_key
 TINY_RUN = FinetuneConfig(batch_size=8, max_steps=6, eval_every=3, max_examples=48)
 
 
@@ -160,12 +160,13 @@ def fanout_config(**finetune):
 def test_best_lr_is_chosen_on_the_mean_validation_of_finished_trials():
     from raybiphase.finetune.fanout import best_lr
 
-    rows = [{"lr": 1e-4, "val_score": 0.6, "stopped_early": False},
-            {"lr": 1e-4, "val_score": 0.8, "stopped_early": False},
-            {"lr": 1e-3, "val_score": 0.75, "stopped_early": False},
-            {"lr": 1e-3, "val_score": 0.1, "stopped_early": True}]
+    def row(lr, seed, val_score, stopped_early=False):
+        return FinetuneRow(run="r", pretrain_step=8, task="tweets", lr=lr, seed=seed, val_score=val_score,
+                           stopped_early=stopped_early)
+
+    rows = [row(1e-4, 0, 0.6), row(1e-4, 1, 0.8), row(1e-3, 0, 0.75), row(1e-3, 1, 0.1, stopped_early=True)]
     assert best_lr(rows) == 1e-3  # 0.75 over its finished trial beats 0.7; the stopped one does not count
-    assert best_lr([{"lr": 1e-4, "val_score": 0.3, "stopped_early": True}]) is None
+    assert best_lr([row(1e-4, 0, 0.3, stopped_early=True)]) is None
 
 
 @pytest.mark.ray
@@ -185,7 +186,7 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
             assert math.isnan(row["test_score"]) and row["steps"] < 8 and row["test_per_example"] == []
         else:
             assert 0.0 <= row["test_score"] <= 1.0 and len(row["test_per_example"]) == 64 and row["steps"] == 8
-    best = fanout.best_lr(rows)
+    best = fanout.best_lr([FinetuneRow.from_record(r) for r in rows])
     assert all(not r["stopped_early"] for r in rows if r["lr"] == best)  # the completion pass ran them all
 
     def no_launch(*args, **kwargs):
@@ -201,7 +202,7 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
     launched = []
     monkeypatch.setattr(fanout, "_launch", lambda trials, *args, **kwargs: launched.extend(trials) or [])
     fanout.run_fanout(checkpoints, fanout_config(asha=False), storage=str(tmp_path), name="ft", complete_best=False)
-    assert sorted(map(trial_key, launched)) == sorted(trial_key(r) for r in rows if r["stopped_early"])
+    assert sorted(t.key for t in launched) == sorted(trial_key(r) for r in rows if r["stopped_early"])
     launched.clear()  # records made under other trial settings are not reused
     fanout.run_fanout(checkpoints, fanout_config(max_examples=32), storage=str(tmp_path), name="ft",
                       complete_best=False)
