@@ -15,8 +15,11 @@ by name outside this module. The layout of a sweep, under `<sweep.storage>/<swee
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,6 +93,28 @@ def write_json(location: Location, document: Any) -> None:
     with fs.open_output_stream(tmp) as handle:
         handle.write(json.dumps(document).encode())
     fs.move(tmp, path)
+
+
+def local_copy(location: Location, cache: Path) -> Path:
+    """A local folder holding `location`: the folder itself when it is local, else a copy under `cache` (this
+    node's), downloaded once: into a staging folder, then renamed into place, keyed by the URI."""
+    if not is_uri(location):
+        return Path(location).expanduser()
+    target = cache / "remote" / hashlib.sha256(str(location).encode()).hexdigest()[:16]
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        fs, path = filesystem(location)
+        pafs.copy_files(path, str(staging), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+        staging.rename(target)
+    except OSError:
+        if not target.is_dir():  # not merely another process that finished the same copy first
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
 
 
 # ------------------------------------------------------------------------------------------------ checkpoints

@@ -47,6 +47,30 @@ def _unit_tests_never_start_ray(request, monkeypatch):
 
 
 @pytest.fixture(scope="session")
+def s3_bucket():
+    """A real S3-compatible server on 127.0.0.1 (moto's) and an empty bucket, found through the standard
+    AWS_ENDPOINT_URL as a user's MinIO or cloud bucket would be; yields its s3:// URI."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    settings = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "test",
+                "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)
+    boto3.client("s3").create_bucket(Bucket="raybiphase-test")
+    yield "s3://raybiphase-test"
+    server.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
 def ray_cluster():
     """One local Ray for the whole session, sized like this 2-core machine."""
     import ray

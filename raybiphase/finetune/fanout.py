@@ -34,18 +34,18 @@ import functools
 import hashlib
 import json
 import math
-import os
 import re
 from collections import defaultdict
-from pathlib import Path
 
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
+from raybiphase import storage
 from raybiphase.config import FinetuneConfig, SweepSpec
 from raybiphase.finetune.tasks import get_task
 from raybiphase.finetune.trial import DEFAULT_MAX_LEN, load_checked_tokenizer, resolve_hf_dir, run_trial
 from raybiphase.results import rows as result_rows
 from raybiphase.results.rows import FinetuneRow, FinetuneSource, trial_key
+from raybiphase.storage import absolute, join
 
 RECORDS = "records"
 REDUCTION_FACTOR = 3
@@ -59,22 +59,20 @@ def trial_settings(cfg: FinetuneConfig, max_len: int) -> str:
     return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:8]
 
 
-def record_path(experiment: Path, key: TrialKey, settings: str) -> Path:
+def record_path(experiment: str, key: TrialKey, settings: str) -> str:
     run, step, task, lr, seed = key
     digest = hashlib.sha256(json.dumps([*key, settings]).encode()).hexdigest()[:8]
     safe_run = re.sub(r"[^A-Za-z0-9._-]+", "_", run)
-    return experiment / RECORDS / f"{safe_run}__{step}__{task}__lr{lr:g}__seed{seed}__{digest}.json"
+    return storage.join(experiment, RECORDS, f"{safe_run}__{step}__{task}__lr{lr:g}__seed{seed}__{digest}.json")
 
 
-def _write(path: Path, row: FinetuneRow) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(row.record()))
-    os.replace(tmp, path)
+def _write(location: str, row: FinetuneRow) -> None:
+    storage.write_json(location, row.record())
 
 
-def _read(path: Path) -> FinetuneRow | None:
-    return FinetuneRow.from_record(json.loads(path.read_text())) if path.is_file() else None
+def _read(location: str) -> FinetuneRow | None:
+    record = storage.read_json(location)
+    return None if record is None else FinetuneRow.from_record(record)
 
 
 # ------------------------------------------------------------------------------------------------ planning
@@ -122,7 +120,7 @@ def _trainable(config: dict, finetune: FinetuneConfig, max_len: int, cpus: float
 
     def report(metrics: dict) -> None:
         if "final" in metrics:  # the trial's result is on disk before the report a scheduler may stop it at
-            _write(Path(trial["record"]), result_rows.finished_row(row, metrics["final"]))
+            _write(trial["record"], result_rows.finished_row(row, metrics["final"]))
         wandb_log.log(tracker, {"val_score": metrics["val_score"]}, step=metrics["step"])
         tune.report({"step": metrics["step"], "val_score": metrics["val_score"]})
 
@@ -131,7 +129,7 @@ def _trainable(config: dict, finetune: FinetuneConfig, max_len: int, cpus: float
     wandb_log.finish(tracker, {k: v for k, v in result.items() if isinstance(v, (int, float, str))})
 
 
-def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: Path, name: str, asha: bool, grace_period: int | None,
+def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name: str, asha: bool, grace_period: int | None,
             reduction_factor: float, cpus_per_trial: float, max_len: int, verbose: int) -> list[FinetuneRow]:
     """Run `trials` (base rows) as one Tuner; returns their rows, stopped ones recorded by the driver."""
     from ray import tune
@@ -156,13 +154,13 @@ def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: Path, name
         param_space={"trial": tune.grid_search(space)},
         tune_config=tune.TuneConfig(scheduler=scheduler, max_concurrent_trials=cfg.resources.max_concurrent,
                                     reuse_actors=True, trial_dirname_creator=lambda t: f"trial_{t.trial_id}"),
-        run_config=tune.RunConfig(storage_path=str(experiment.parent), name=name, verbose=verbose),
+        run_config=tune.RunConfig(storage_path=experiment.rsplit("/", 1)[0], name=name, verbose=verbose),
     )
     results = tuner.fit()
     rows, failures = [], []
     for result in results:
         trial = result.config["trial"]
-        record = _read(Path(trial["record"]))
+        record = _read(trial["record"])
         if result.error is not None and record is None:
             first_line = (str(result.error).strip().splitlines() or [""])[0]
             failures.append(f"{trial_key(trial['row'])}: {type(result.error).__name__}: {first_line}")
@@ -173,7 +171,7 @@ def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: Path, name
                                              val_score=metrics.get("val_score", float("nan")),
                                              step=int(metrics.get("step", 0)),
                                              seconds=float(metrics.get("time_total_s", 0.0)))
-            _write(Path(trial["record"]), record)
+            _write(trial["record"], record)
         rows.append(record)
     if failures:
         raise RuntimeError(f"{len(failures)} of {len(trials)} fine-tuning trials failed; first: {failures[0]}")
@@ -190,13 +188,13 @@ def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, n
     """Fine-tune every source checkpoint on cfg.finetune.tasks over lrs x seeds; one row per trial not in `done`
     (keys rows.TRIAL_KEY), as records (FinetuneRow.record). Bad task names or checkpoints raise UserError before
     anything runs."""
-    experiment = Path(storage).expanduser().resolve() / name
+    experiment = join(absolute(storage), name)  # a local folder or a bucket, like every sweep location
     for task_name in cfg.finetune.tasks:  # one clear line for bad input, before Ray starts
         get_task(task_name)
-    # absolute: trials run in their own directories
-    sources = [dataclasses.replace(s, hf_dir=str(resolve_hf_dir(s.hf_dir))) for s in sources]
-    for source in sources:
-        load_checked_tokenizer(Path(source.hf_dir))
+    # absolute: trials run in their own directories, on any node (a bucket's checkpoint is copied where it is used)
+    sources = [dataclasses.replace(s, hf_dir=absolute(s.hf_dir)) for s in sources]
+    for source in sources:  # one clear line for a bad checkpoint, before Ray starts
+        load_checked_tokenizer(resolve_hf_dir(source.hf_dir))
     done = {trial_key(dict(zip(result_rows.TRIAL_KEY, k))) for k in done}
     plan = [t for t in plan_trials(sources, cfg.finetune, cfg.sweep.name) if t.key not in done]
     settings = trial_settings(cfg.finetune, max_len)
@@ -212,10 +210,10 @@ def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, n
             records[row.key] = row
     if complete_best:
         _complete_best(records, plan, cfg, experiment, options)
-    return [records[t.key].record() for t in plan]
+    return [records[t.key].record() for t in plan if records[t.key] is not None]
 
 
-def _complete_best(records: dict, plan: list[dict], cfg: SweepSpec, experiment: Path, options: dict) -> None:
+def _complete_best(records: dict, plan: list[FinetuneRow], cfg: SweepSpec, experiment: str, options: dict) -> None:
     """Rerun, without ASHA, the stopped seeds of each group's best LR, until the best LR has none."""
     for attempt in range(len(cfg.finetune.lrs)):
         groups = defaultdict(list)
@@ -228,7 +226,7 @@ def _complete_best(records: dict, plan: list[dict], cfg: SweepSpec, experiment: 
         if not rerun:
             return
         planned = {t.key: t for t in plan}
-        for row in _launch([planned[r.key] for r in rerun], cfg, name=f"{experiment.name}-completion{attempt}",
+        for row in _launch([planned[r.key] for r in rerun], cfg, name=f"{experiment.rsplit('/', 1)[-1]}-completion{attempt}",
                            asha=False, **options):
             row = result_rows.completed_row(records[row.key], row)
             _write(record_path(experiment, row.key, trial_settings(cfg.finetune, options["max_len"])), row)

@@ -30,6 +30,7 @@ import torch
 
 from raybiphase import storage
 from raybiphase.cli import UserError
+from raybiphase.data.assets import cache_dir
 from raybiphase.config import FinetuneConfig
 from raybiphase.finetune.heads import head_for
 from raybiphase.finetune.tasks import get_task, load_splits
@@ -44,15 +45,15 @@ SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "mask_token")
 # ------------------------------------------------------------------------------------------------ checkpoint
 
 
-def resolve_hf_dir(path: str | Path) -> Path:
-    """The HF folder of a checkpoint: `path` itself or `path/hf`; UserError when there is none."""
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise UserError(f"finetune: checkpoint {path} does not exist")
-    for candidate in (path, Path(storage.hf_dir(path))):
-        if (candidate / "config.json").is_file():
-            return candidate.resolve()
-    raise UserError(f"finetune: {path} is not an HF model folder (no config.json, nor hf/config.json)")
+def resolve_hf_dir(location: storage.Location) -> Path:
+    """The local HF folder of a checkpoint: `location` itself or `location/hf`, local or in a bucket (then copied
+    once into this node's cache); UserError when there is none."""
+    if not storage.exists(location):
+        raise UserError(f"finetune: checkpoint {location} does not exist")
+    for candidate in (str(location), storage.hf_dir(location)):
+        if storage.is_file(storage.join(candidate, "config.json")):
+            return storage.local_copy(candidate, cache_dir()).resolve()
+    raise UserError(f"finetune: {location} is not an HF model folder (no config.json, nor hf/config.json)")
 
 
 def load_checked_tokenizer(hf_dir: Path):

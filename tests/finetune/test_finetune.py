@@ -73,6 +73,27 @@ def test_the_same_seed_gives_the_same_scores(tiny_checkpoint):
     assert first["test_per_example"] == second["test_per_example"]
 
 
+def test_a_trial_reads_its_checkpoint_from_a_bucket(tiny_checkpoint, s3_bucket):
+    """The same checkpoint in a bucket fine-tunes to the same scores as on disk (copied once into the node's cache)."""
+    import uuid
+
+    import pyarrow.fs as pafs
+
+    from raybiphase import storage
+    from raybiphase.finetune.trial import resolve_hf_dir, run_trial
+
+    uri = f"{s3_bucket}/{uuid.uuid4().hex}/step-00000008"  # checkpoint folders are never rewritten: a fresh one
+    fs, path = storage.filesystem(storage.hf_dir(uri))
+    pafs.copy_files(str(tiny_checkpoint), path, destination_filesystem=fs)
+    remote = run_trial(uri, "tweets", lr=5e-4, seed=0, cfg=TINY_RUN)
+    local = run_trial(tiny_checkpoint, "tweets", lr=5e-4, seed=0, cfg=TINY_RUN)
+    assert remote["test_per_example"] == local["test_per_example"] and remote["val_score"] == local["val_score"]
+    copy = resolve_hf_dir(uri)
+    assert copy != tiny_checkpoint and (copy / "config.json").read_bytes() == (tiny_checkpoint / "config.json").read_bytes()
+    with pytest.raises(UserError, match="does not exist"):
+        run_trial(uri.replace("00000008", "00000009"), "tweets", lr=5e-4, seed=0, cfg=TINY_RUN)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["squad_bio", "squad", "squad_retrieval", "qnli"])
 def test_every_family_trains_and_scores(tiny_checkpoint, task):

@@ -1,0 +1,56 @@
+"""Every location is a local path or a URI, served by one filesystem layer: the same calls work on a folder and on a
+bucket (a real S3-compatible server on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import pyarrow.fs as pafs
+import pytest
+
+from raybiphase import storage
+
+
+@pytest.fixture(params=["local", "s3"])
+def root(request, tmp_path):
+    if request.param == "local":
+        return str(tmp_path / "store")
+    bucket = request.getfixturevalue("s3_bucket")
+    return f"{bucket}/{request.node.name.replace('[', '-').strip(']')}"
+
+
+def test_json_documents_round_trip_and_replace_whole(root):
+    location = storage.join(root, "runs", "seg", storage.HISTORY)
+    assert storage.read_json(location) is None and not storage.exists(location)
+    storage.write_json(location, [{"step": 1}])
+    storage.write_json(location, [{"step": 1}, {"step": 2}])
+    assert storage.read_json(location) == [{"step": 1}, {"step": 2}]
+    assert storage.is_file(location) and storage.exists(storage.join(root, "runs"))
+
+
+def test_sweep_paths_name_every_location_once(root):
+    paths = storage.SweepPaths.of(root, "quickstart")
+    checkpoint = paths.checkpoint("tiny-clm-0-20-abcd", 20)
+    assert checkpoint == storage.join(root, "quickstart", "runs", "tiny-clm-0-20-abcd", "step-00000020")
+    assert storage.meta_path(checkpoint).endswith("/step-00000020/meta.json")
+    assert storage.hf_dir(checkpoint).endswith("/step-00000020/hf")
+    assert paths.table(storage.FINETUNE_FILE) == storage.join(root, "quickstart", "finetune.parquet")
+    assert not storage.is_checkpoint(checkpoint)
+    storage.write_json(storage.meta_path(checkpoint), {"step": 20})
+    assert storage.is_checkpoint(checkpoint)
+
+
+def test_a_bucket_folder_is_copied_to_the_node_once(s3_bucket, tmp_path):
+    folder = f"{s3_bucket}/copy-once/hf"
+    for name, text in (("config.json", "{}"), ("sub/weights.bin", "abc")):
+        storage.write_json(storage.join(folder, name), text)
+    local = storage.local_copy(folder, tmp_path / "cache")
+    assert (local / "config.json").read_text() == '"{}"' and (local / "sub" / "weights.bin").read_text() == '"abc"'
+    fs, path = storage.filesystem(folder)
+    fs.delete_dir(path)  # the second call does not download: it finds the copy
+    assert storage.local_copy(folder, tmp_path / "cache") == local and (local / "config.json").is_file()
+    assert not list((tmp_path / "cache" / "remote").glob(".*"))  # no staging folder left behind
+
+
+def test_a_local_folder_is_used_in_place(tmp_path):
+    assert storage.local_copy(tmp_path, tmp_path / "cache") == tmp_path
+    assert storage.absolute("relative/dir").startswith("/") and storage.absolute("s3://b/x/") == "s3://b/x"
+    assert isinstance(storage.filesystem("s3://b/x")[0], pafs.S3FileSystem)
