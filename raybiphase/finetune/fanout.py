@@ -42,10 +42,16 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from raybiphase import storage
 from raybiphase.config import FinetuneConfig, SweepSpec
 from raybiphase.finetune.tasks import get_task
-from raybiphase.finetune.trial import DEFAULT_MAX_LEN, load_checked_tokenizer, resolve_hf_dir, run_trial
+from raybiphase.finetune.trial import (
+    DEFAULT_MAX_LEN,
+    find_hf_dir,
+    load_checked_tokenizer,
+    resolve_hf_dir,
+    run_trial,
+)
 from raybiphase.results import rows as result_rows
 from raybiphase.results.rows import FinetuneRow, FinetuneSource, trial_key
-from raybiphase.storage import absolute, join
+from raybiphase.storage import absolute, is_uri, join  # by name: run_fanout has a `storage` argument
 
 RECORDS = "records"
 REDUCTION_FACTOR = 3
@@ -129,8 +135,9 @@ def _trainable(config: dict, finetune: FinetuneConfig, max_len: int, cpus: float
     wandb_log.finish(tracker, {k: v for k, v in result.items() if isinstance(v, (int, float, str))})
 
 
-def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name: str, asha: bool, grace_period: int | None,
-            reduction_factor: float, cpus_per_trial: float, max_len: int, verbose: int) -> list[FinetuneRow]:
+def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name: str, asha: bool,
+            grace_period: int | None, reduction_factor: float, cpus_per_trial: float, max_len: int,
+            verbose: int) -> list[FinetuneRow]:
     """Run `trials` (base rows) as one Tuner; returns their rows, stopped ones recorded by the driver."""
     from ray import tune
 
@@ -194,7 +201,10 @@ def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, n
     # absolute: trials run in their own directories, on any node (a bucket's checkpoint is copied where it is used)
     sources = [dataclasses.replace(s, hf_dir=absolute(s.hf_dir)) for s in sources]
     for source in sources:  # one clear line for a bad checkpoint, before Ray starts
-        load_checked_tokenizer(resolve_hf_dir(source.hf_dir))
+        if is_uri(source.hf_dir):  # weights stay in the bucket until a trial's node needs them
+            find_hf_dir(source.hf_dir)
+        else:
+            load_checked_tokenizer(resolve_hf_dir(source.hf_dir))
     done = {trial_key(dict(zip(result_rows.TRIAL_KEY, k))) for k in done}
     plan = [t for t in plan_trials(sources, cfg.finetune, cfg.sweep.name) if t.key not in done]
     settings = trial_settings(cfg.finetune, max_len)
@@ -226,8 +236,8 @@ def _complete_best(records: dict, plan: list[FinetuneRow], cfg: SweepSpec, exper
         if not rerun:
             return
         planned = {t.key: t for t in plan}
-        for row in _launch([planned[r.key] for r in rerun], cfg, name=f"{experiment.rsplit('/', 1)[-1]}-completion{attempt}",
-                           asha=False, **options):
+        name = f"{experiment.rsplit('/', 1)[-1]}-completion{attempt}"
+        for row in _launch([planned[r.key] for r in rerun], cfg, name=name, asha=False, **options):
             row = result_rows.completed_row(records[row.key], row)
             _write(record_path(experiment, row.key, trial_settings(cfg.finetune, options["max_len"])), row)
             records[row.key] = row

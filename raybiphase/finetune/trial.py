@@ -45,15 +45,20 @@ SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "mask_token")
 # ------------------------------------------------------------------------------------------------ checkpoint
 
 
-def resolve_hf_dir(location: storage.Location) -> Path:
-    """The local HF folder of a checkpoint: `location` itself or `location/hf`, local or in a bucket (then copied
-    once into this node's cache); UserError when there is none."""
+def find_hf_dir(location: storage.Location) -> str:
+    """The HF folder of a checkpoint, local or in a bucket: `location` itself or `location/hf`; UserError when
+    there is none."""
     if not storage.exists(location):
         raise UserError(f"finetune: checkpoint {location} does not exist")
     for candidate in (str(location), storage.hf_dir(location)):
         if storage.is_file(storage.join(candidate, "config.json")):
-            return storage.local_copy(candidate, cache_dir()).resolve()
+            return candidate
     raise UserError(f"finetune: {location} is not an HF model folder (no config.json, nor hf/config.json)")
+
+
+def resolve_hf_dir(location: storage.Location) -> Path:
+    """The checkpoint's HF folder on this node: in place when local, else copied once into this node's cache."""
+    return storage.local_copy(find_hf_dir(location), cache_dir()).resolve()
 
 
 def load_checked_tokenizer(hf_dir: Path):

@@ -238,3 +238,11 @@ def test_fanout_refuses_a_bad_checkpoint_before_starting_anything(tmp_path):
                    name="ft")
     with pytest.raises(UserError, match="unknown task"):
         run_fanout([], fanout_config(tasks=["nope"]), storage=str(tmp_path), name="ft")
+
+
+def test_fanout_refuses_a_missing_bucket_checkpoint_before_starting_anything(s3_bucket, tmp_path):
+    from raybiphase.finetune.fanout import run_fanout
+
+    with pytest.raises(UserError, match=f"checkpoint {s3_bucket}/nowhere/step-00000008 does not exist"):
+        run_fanout([FinetuneSource("x", 8, f"{s3_bucket}/nowhere/step-00000008")], fanout_config(),
+                   storage=str(tmp_path), name="ft")
