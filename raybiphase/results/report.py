@@ -14,18 +14,23 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
 import pandas as pd
-from matplotlib.figure import Figure  # figures without pyplot: no global state, PNGs through Agg
+import pyarrow.fs as pafs
+from matplotlib.figure import (
+    Figure,  # figures without pyplot: no global state, PNGs through Agg
+)
 
-from raybiphase.results.aggregate import lr_table, summarize
+from raybiphase import storage
 from raybiphase.cli import UserError, run_main
-from raybiphase.sweep.naming import steps_label
+from raybiphase.results.aggregate import lr_table, summarize
 from raybiphase.results.store import read_rows, write_summary
 from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE
+from raybiphase.sweep.naming import steps_label
 
 OBJECTIVE_COLORS = {"CLM": "tab:blue", "MLM": "tab:orange", "CLM→MLM": "tab:green", "continued": "tab:purple"}
 
@@ -311,42 +316,48 @@ def build_sections(pretrain: pd.DataFrame, trials: pd.DataFrame) -> list[Section
     return [*sections, summary_section(s)] if len(trials) else sections
 
 
-def write_report(results_dir: str | Path) -> tuple[Path, list[Section]]:
-    """Write RESULTS_DIR/report/report.md and its PNGs; return the Markdown's path and the sections.
+def write_report(results_dir: storage.Location) -> tuple[str, list[Section]]:
+    """Write RESULTS_DIR/report/report.md and its PNGs (a folder or a bucket); return the Markdown's location and
+    the sections.
 
     The sections' figures stay inspectable: titles, axes, legends.
     """
-    results_dir = Path(results_dir)
-    pretrain, trials = read_rows(results_dir / PRETRAIN_FILE), read_rows(results_dir / FINETUNE_FILE)
-    if not results_dir.is_dir() or (pretrain.empty and trials.empty):
+    results_dir = str(results_dir).rstrip("/")
+    pretrain = read_rows(storage.join(results_dir, PRETRAIN_FILE))
+    trials = read_rows(storage.join(results_dir, FINETUNE_FILE))
+    if pretrain.empty and trials.empty:
         raise UserError(f"{results_dir}: no results (expected {PRETRAIN_FILE} or {FINETUNE_FILE} with rows)")
     if len(trials):
         write_summary(results_dir)
-    out = results_dir / "report"
-    out.mkdir(exist_ok=True)
     sources = trials["source"].value_counts().to_dict() if "source" in trials else {}
-    lines = [f"# Results: {results_dir.name}", "",
+    lines = [f"# Results: {results_dir.rsplit('/', 1)[-1]}", "",
              f"{len(pretrain)} pretraining rows from {pretrain['run'].nunique() if len(pretrain) else 0} runs; "
              f"{len(trials)} fine-tuning trials ({', '.join(f'{n} {k}' for k, n in sources.items()) or 'none'}).",
              "Scores: test metric x 100, mean over seeds at the LR with the best mean validation score, "
              "± 95% CI (t, n-1 degrees of freedom). Paper rows are dashed in figures.", ""]
     sections = build_sections(pretrain, trials)
-    for number, section in enumerate(sections, 1):
-        lines += [f"## {number}. {section.title}", ""]
-        if section.figure is None:
-            lines += [f"_{section.note}_", "", *([section.table, ""] if section.table else [])]
-            continue
-        section.figure.savefig(out / f"{section.name}.png", dpi=110)
-        lines += [f"![{section.title}]({section.name}.png)", "", section.note, "",
-                  *([section.table, ""] if section.table else [])]
-    path = out / "report.md"
-    path.write_text("\n".join(lines).rstrip() + "\n")
-    return path, sections
+    target = storage.join(results_dir, storage.REPORT_DIR)
+    with tempfile.TemporaryDirectory() as staging:
+        out = Path(staging) if storage.is_uri(results_dir) else Path(target)
+        out.mkdir(parents=True, exist_ok=True)
+        for number, section in enumerate(sections, 1):
+            lines += [f"## {number}. {section.title}", ""]
+            if section.figure is None:
+                lines += [f"_{section.note}_", "", *([section.table, ""] if section.table else [])]
+                continue
+            section.figure.savefig(out / f"{section.name}.png", dpi=110)
+            lines += [f"![{section.title}]({section.name}.png)", "", section.note, "",
+                      *([section.table, ""] if section.table else [])]
+        (out / "report.md").write_text("\n".join(lines).rstrip() + "\n")
+        if storage.is_uri(results_dir):  # a bucket: the drawn folder goes up as a whole
+            fs, path = storage.filesystem(target)
+            pafs.copy_files(str(out), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+    return storage.join(target, "report.md"), sections
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="raybiphase report", description=__doc__.split("\n")[0])
-    parser.add_argument("results_dir", help="a sweep's results folder (pretrain.parquet, finetune.parquet)")
+    parser.add_argument("results_dir", help="a sweep's results folder or bucket URI (pretrain.parquet, finetune.parquet)")
     parser.add_argument("--wandb-project", default=None, help="also upload the tables and figures to this project")
     args = parser.parse_args()
     path, _ = write_report(args.results_dir)
@@ -354,7 +365,7 @@ def main() -> int:
     if args.wandb_project:
         from raybiphase.results.wandb import log_report
 
-        log_report(args.results_dir, args.wandb_project, Path(args.results_dir).name)
+        log_report(args.results_dir, args.wandb_project, args.results_dir.rstrip("/").rsplit("/", 1)[-1])
     return 0
 
 

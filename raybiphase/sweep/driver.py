@@ -195,9 +195,6 @@ def finish(paths: SweepPaths, spec: SweepSpec, out=sys.stdout) -> None:
     from raybiphase.results import wandb as wandb_log
     from raybiphase.results.report import write_report
 
-    if storage.is_uri(paths.root):
-        print(f"results: {paths.root} (draw the report from a local copy: raybiphase report DIR)", file=out)
-        return
     if storage.exists(paths.table(storage.FINETUNE_FILE)):
         store.write_summary(paths.root)
     path, _ = write_report(paths.root)

@@ -114,8 +114,8 @@ def _legend_texts(figure) -> set[str]:
 
 def test_report_writes_markdown_and_valid_pngs(written) -> None:
     results_dir, path, _ = written
-    text = path.read_text()
-    assert path == results_dir / "report" / "report.md"
+    text = Path(path).read_text()
+    assert Path(path) == results_dir / "report" / "report.md"
     for name in FIGURES:
         assert f"({name}.png)" in text
         image = matplotlib.image.imread(results_dir / "report" / f"{name}.png")
@@ -133,7 +133,7 @@ def _small_sweep(folder: Path) -> Path:
 
 def test_report_says_why_a_figure_is_absent(tmp_path: Path) -> None:
     path, sections = report.write_report(_small_sweep(tmp_path))
-    text = path.read_text()
+    text = Path(path).read_text()
     assert "Not drawn: the runs do not differ in CLM share." in text
     assert "Not drawn: a single fine-tuning learning rate." in text
     assert "Not drawn: needs continued runs started from both CLM and MLM." in text
@@ -163,3 +163,27 @@ def test_report_cli_prints_the_report_path(tmp_path, monkeypatch, capsys) -> Non
         report.run_main(report.main)
     assert exit_info.value.code == 0
     assert "report.md" in capsys.readouterr().out
+
+
+def test_report_from_a_bucket_is_written_beside_its_rows(s3_bucket, tmp_path) -> None:
+    """Results in a bucket (a cluster sweep's storage): the report reads the rows there and writes its folder there."""
+    import uuid
+
+    import pyarrow.fs as pafs
+
+    from raybiphase import storage
+
+    local = _small_sweep(tmp_path / "quickstart")
+    uri = f"{s3_bucket}/{uuid.uuid4().hex}/quickstart"
+    fs, path = storage.filesystem(uri)
+    pafs.copy_files(str(local), path, destination_filesystem=fs)
+    markdown, _ = report.write_report(uri)
+    assert markdown == f"{uri}/report/report.md"
+    fs, inner = storage.filesystem(markdown)
+    with fs.open_input_stream(inner) as handle:
+        text = handle.read().decode()
+    local_markdown, _ = report.write_report(local)  # the same report as from a folder, figures included
+    assert text == Path(local_markdown).read_text() and text.startswith("# Results: quickstart")
+    for png in (local / "report").glob("*.png"):
+        assert storage.is_file(f"{uri}/report/{png.name}")
+    assert storage.is_file(f"{uri}/{storage.SUMMARY_FILE}")
