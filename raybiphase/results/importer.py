@@ -31,9 +31,13 @@ import argparse
 import json
 import math
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
+
+from raybiphase import storage
 from raybiphase.cli import UserError, run_main
 from raybiphase.results.rows import FINETUNE_KEY
 from raybiphase.results.store import append_rows, write_summary
@@ -188,8 +192,17 @@ def collect(tree: str | Path, sweep: str = "paper") -> list[dict[str, Any]]:
 
 
 def import_tree(tree: str | Path, results_dir: str | Path, sweep: str = "paper") -> tuple[int, int]:
-    """Append the tree's trials to RESULTS_DIR/finetune.parquet and rewrite the summary; (added, already there)."""
-    rows = collect(tree, sweep)
+    """Append the tree's trials to RESULTS_DIR/finetune.parquet and rewrite the summary; (added, already there).
+    Either may be a folder or a bucket URI (a tree in a bucket is read from a temporary local copy)."""
+    if storage.is_uri(tree):
+        if not storage.exists(tree):
+            raise UserError(f"{tree}: not a folder of evaluation results")
+        with tempfile.TemporaryDirectory() as local:
+            fs, path = storage.filesystem(tree)
+            pafs.copy_files(path, local, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+            rows = collect(local, sweep)
+    else:
+        rows = collect(tree, sweep)
     skipped = append_rows(join(results_dir, FINETUNE_FILE), rows, key=FINETUNE_KEY)
     write_summary(results_dir)
     return len(rows) - skipped, skipped
@@ -197,7 +210,7 @@ def import_tree(tree: str | Path, results_dir: str | Path, sweep: str = "paper")
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="raybiphase import", description=__doc__.split("\n")[0])
-    parser.add_argument("tree", help="folder laid out as <model>/<family>/<dataset>/lr<LR>_sd<SEED>/results.json")
+    parser.add_argument("tree", help="folder or bucket URI laid out as <model>/<family>/<dataset>/lr<LR>_sd<SEED>/results.json")
     parser.add_argument("results_dir", help="results folder of a sweep (finetune.parquet goes there)")
     parser.add_argument("--sweep", default="paper", help="value of the sweep column (default: paper)")
     args = parser.parse_args()

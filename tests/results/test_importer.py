@@ -114,3 +114,21 @@ def test_cli(tmp_path, monkeypatch, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         importer.run_main(importer.main)
     assert exit_info.value.code == 2
+
+
+def test_a_tree_in_a_bucket_imports_the_same_rows_into_a_bucket(s3_bucket, tmp_path) -> None:
+    import uuid
+
+    import pyarrow.fs as pafs
+
+    from raybiphase import storage
+
+    root = f"{s3_bucket}/{uuid.uuid4().hex}"
+    fs, path = storage.filesystem(f"{root}/tree")
+    pafs.copy_files(str(PAPER_TREE), path, destination_filesystem=fs)
+    assert import_tree(f"{root}/tree", f"{root}/results") == (60, 0)
+    assert import_tree(PAPER_TREE, tmp_path) == (60, 0)
+    remote, local = read_rows(f"{root}/results/finetune.parquet"), read_rows(tmp_path / "finetune.parquet")
+    assert remote.drop(columns="test_per_example").equals(local.drop(columns="test_per_example"))
+    with pytest.raises(UserError, match="not a folder of evaluation results"):
+        import_tree(f"{root}/missing", tmp_path)
