@@ -135,6 +135,11 @@ def _trainable(config: dict, finetune: FinetuneConfig, max_len: int, cpus: float
     wandb_log.finish(tracker, {k: v for k, v in result.items() if isinstance(v, (int, float, str))})
 
 
+def _planned(row: FinetuneRow) -> dict:
+    """What Tune's config carries of a planned trial: no scores yet (NaN would reach Tune's loggers)."""
+    return {k: v for k, v in row.record().items() if not (isinstance(v, float) and math.isnan(v))}
+
+
 def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name: str, asha: bool,
             grace_period: int | None, reduction_factor: float, cpus_per_trial: float, max_len: int,
             verbose: int) -> list[FinetuneRow]:
@@ -146,7 +151,7 @@ def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name:
     ensure_ray()
     ft = cfg.finetune
     settings = trial_settings(ft, max_len)
-    space = [{"row": t.record(), "record": str(record_path(experiment, t.key, settings)), "group": list(group_of(t))}
+    space = [{"row": _planned(t), "record": record_path(experiment, t.key, settings), "group": list(group_of(t))}
              for t in trials]
     scheduler = None
     if asha:
