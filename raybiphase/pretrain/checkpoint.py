@@ -11,6 +11,7 @@ runs arbitrary code. Tensors are loaded with `weights_only=True` by DCP itself.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import json
 import pickle
@@ -51,8 +52,9 @@ class CheckpointMeta:
     code_version: str = ""
     """raybiphase version and git commit that wrote it."""
 
-    @property
+    @functools.cached_property
     def config(self) -> RunConfig:
+        """The run config, validated once (the derived properties below all read it)."""
         return from_dict(RunConfig, self.run)
 
     @property
