@@ -7,8 +7,28 @@ machine's CPUs, a 1 GiB object store (keeps /dev/shm small) and Ray's own logs k
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+
+
+FORWARDED_ENV = (
+    "HF_HUB_OFFLINE",  # tests and the offline quickstart set it; production may download
+    "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION",  # an S3-compatible store
+    "RAYBIPHASE_ASSET_MIRROR",  # where nodes without the offline assets copy them from
+)  # and every WANDB_* setting but these: the key (raybiphase.results.wandb shares it in memory) and a local folder
+PRIVATE_ENV = frozenset({"WANDB_API_KEY", "WANDB_DIR"})
+
+
+def worker_env() -> dict[str, str]:
+    """The environment every Ray worker gets from the driver (never a secret)."""
+    env = {"TOKENIZERS_PARALLELISM": "false"}
+    for name, value in os.environ.items():
+        if name in FORWARDED_ENV or (name.startswith("WANDB_") and name not in PRIVATE_ENV):
+            env[name] = value
+    # under `ray job submit`, Ray merges this with the job's runtime_env and refuses a variable set in both
+    job = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")).get("runtime_env") or {}
+    return {k: v for k, v in env.items() if k not in (job.get("env_vars") or {})}
 
 
 def ensure_ray(num_cpus: int | None = None) -> None:
@@ -21,10 +41,7 @@ def ensure_ray(num_cpus: int | None = None) -> None:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's tables stay off the console (verbose=0)
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env_vars = {"TOKENIZERS_PARALLELISM": "false"}
-    if "HF_HUB_OFFLINE" in os.environ:  # tests and the offline quickstart set it; production may download
-        env_vars["HF_HUB_OFFLINE"] = os.environ["HF_HUB_OFFLINE"]
-    runtime_env = {"env_vars": env_vars}
+    runtime_env = {"env_vars": worker_env()}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], logging_level=logging.WARNING, log_to_driver=verbose, runtime_env=runtime_env)
     else:

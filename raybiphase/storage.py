@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,12 +96,75 @@ def write_json(location: Location, document: Any) -> None:
     fs.move(tmp, path)
 
 
-def local_copy(location: Location, cache: Path) -> Path:
+def read_bytes(location: Location) -> bytes:
+    fs, path = filesystem(location)
+    with fs.open_input_stream(path) as handle:
+        return handle.read()
+
+
+def write_bytes(location: Location, data: bytes) -> None:
+    """Write a whole file (an object store publishes it whole when the stream closes; a local file goes through a
+    temporary sibling)."""
+    fs, path = filesystem(location)
+    parent, name = path.rsplit("/", 1)
+    fs.create_dir(parent, recursive=True)
+    target = f"{parent}/.{name}.tmp" if not is_uri(location) else path
+    with fs.open_output_stream(target) as handle:
+        handle.write(data)
+    if target != path:
+        fs.move(target, path)
+
+
+def list_files(location: Location) -> dict[str, int]:
+    """Files directly under a folder, name -> size in bytes; {} when the folder does not exist."""
+    fs, path = filesystem(location)
+    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    return {info.base_name: info.size for info in infos if info.type == pafs.FileType.File}
+
+
+def list_folders(location: Location) -> list[str]:
+    """Names of the folders directly under `location`, sorted; [] when it does not exist."""
+    fs, path = filesystem(location)
+    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    return sorted(info.base_name for info in infos if info.type == pafs.FileType.Directory)
+
+
+def upload(folder: Path, location: Location) -> None:
+    """Copy a local folder to `location` (a path or a URI), file by file."""
+    fs, path = filesystem(location)
+    fs.create_dir(path, recursive=True)
+    pafs.copy_files(str(folder), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+
+
+def check_writable(location: Location, key: str) -> None:
+    """Write and remove a probe under `location`; a UserError naming `key` when that fails (a bucket that does not
+    exist or denies access, missing credentials), before anything else is written."""
+    from raybiphase.cli import UserError
+
+    probe = join(location, f".probe-{uuid.uuid4().hex[:8]}")
+    try:
+        write_bytes(probe, b"")
+        fs, path = filesystem(probe)
+        fs.delete_file(path)
+    except OSError as err:
+        reason = " ".join(str(err).split())[:300]
+        raise UserError(f"{key}: cannot write to {location}: {reason}") from None
+
+
+def delete(location: Location) -> None:
+    """Remove a folder and everything under it, if it exists."""
+    fs, path = filesystem(location)
+    if fs.get_file_info(path).type == pafs.FileType.Directory:
+        fs.delete_dir(path)
+
+
+def local_copy(location: Location, cache: Path, version: str = "") -> Path:
     """A local folder holding `location`: the folder itself when it is local, else a copy under `cache` (this
-    node's), downloaded once: into a staging folder, then renamed into place, keyed by the URI."""
+    node's), downloaded once: into a staging folder, then renamed into place, keyed by the URI (and `version`,
+    for a location whose content may be replaced)."""
     if not is_uri(location):
         return Path(location).expanduser()
-    target = cache / "remote" / hashlib.sha256(str(location).encode()).hexdigest()[:16]
+    target = cache / "remote" / hashlib.sha256(f"{location}#{version}".encode()).hexdigest()[:16]
     if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -71,8 +71,9 @@ def s3_bucket():
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
-    """One local Ray for the whole session, sized like this 2-core machine."""
+def ray_cluster(s3_bucket):
+    """One local Ray for the whole session, sized like this 2-core machine; its workers find the S3 server through
+    the same AWS_* environment as the tests."""
     import ray
 
     from raybiphase.raycluster import ensure_ray

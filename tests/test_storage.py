@@ -54,3 +54,30 @@ def test_a_local_folder_is_used_in_place(tmp_path):
     assert storage.local_copy(tmp_path, tmp_path / "cache") == tmp_path
     assert storage.absolute("relative/dir").startswith("/") and storage.absolute("s3://b/x/") == "s3://b/x"
     assert isinstance(storage.filesystem("s3://b/x")[0], pafs.S3FileSystem)
+
+
+def test_a_sweep_to_a_missing_bucket_stops_with_one_line_before_any_work(s3_bucket, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "raybiphase", "sweep", "sweeps/quickstart.yaml",
+                           "--set", "sweep.storage=s3://no-such-bucket/results"],
+                          cwd=repo, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: sweep.storage: cannot write to s3://no-such-bucket/results")
+    assert "pretraining:" not in proc.stdout  # nothing ran
+
+
+def test_check_writable_names_the_setting(s3_bucket, tmp_path):
+    from raybiphase.cli import UserError
+
+    storage.check_writable(f"{s3_bucket}/probe-ok", "data.dir")
+    assert storage.list_files(f"{s3_bucket}/probe-ok") == {}  # the probe is gone
+    with pytest.raises(UserError, match="data.dir: cannot write to s3://no-such-bucket/x"):
+        storage.check_writable("s3://no-such-bucket/x", "data.dir")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserError, match="sweep.storage: cannot write to"):
+        storage.check_writable(str(tmp_path / "file" / "below"), "sweep.storage")

@@ -51,6 +51,17 @@ def non_negative(value: float, key: str) -> None:
     check(value >= 0, key, f"{value} is out of range; allowed: zero or more")
 
 
+URI_SCHEMES = ("s3", "gs", "gcs", "file")
+
+
+def location(value: str | None, key: str) -> None:
+    """A local path or a URI whose scheme the storage layer (pyarrow.fs) serves."""
+    if value and "://" in value:
+        scheme = value.split("://", 1)[0]
+        check(scheme in URI_SCHEMES, key, f"unknown URI scheme {scheme!r} in {value!r}; allowed: a local path or "
+              + ", ".join(f"{s}://" for s in URI_SCHEMES))
+
+
 # --------------------------------------------------------------------------------------------- strict loading
 
 

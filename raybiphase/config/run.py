@@ -21,6 +21,7 @@ from typing import Any, Literal
 from raybiphase.config.load import (
     NOT_WEIGHTS,
     check,
+    location,
     non_negative,
     positive,
     ratio,
@@ -37,6 +38,10 @@ class ModelConfig:
     """Attention backend; both honour is_causal. Eager ignores it, so it is not offered."""
     init_from: str | None = None
     """Continued pretraining: a raybiphase checkpoint dir, or an HF Llama-family decoder dir; None = random init."""
+
+    def __post_init__(self) -> None:
+        if self.init_from and not self.init_from.startswith("@"):
+            location(self.init_from, "model.init_from")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,8 +64,22 @@ class DataConfig:
     """Blocks held out for the fixed validation losses."""
     shard_rows: int = 4096
     """Blocks per Parquet shard."""
+    piece_documents: int = 10_000
+    """Preparation works in windows of this many documents: each is shuffled (seeded), tokenized and packed in
+    one Ray Data task's memory; the unit of parallel work is a piece (a slice of the offline corpus, a Parquet
+    row-group range of about this many rows, a file, or an HF dataset shard)."""
+    tokenizer_documents: int = 100_000
+    """'train-bpe' learns from the first this many documents of the source (the whole offline corpus fits)."""
     dir: str = field(default="", metadata=NOT_WEIGHTS)
-    """Where tokenized shards go; empty means <cache>/shards/<fingerprint>."""
+    """Where tokenized shards go: a folder or a bucket URI (s3://, gs://); empty means <cache>/shards/<fingerprint>,
+    or <sweep.storage>/shards/<fingerprint> when the sweep stores to a bucket."""
+
+    def __post_init__(self) -> None:
+        for key in ("vocab_size", "seq_len", "shard_rows", "piece_documents", "tokenizer_documents"):
+            positive(getattr(self, key), f"data.{key}")
+        non_negative(self.max_documents, "data.max_documents")
+        non_negative(self.val_blocks, "data.val_blocks")
+        location(self.dir, "data.dir")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,7 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from raybiphase.config.load import check, field_type, from_dict, non_negative, positive, ratio, to_dict
+from raybiphase.config.load import (
+    NOT_WEIGHTS,
+    check,
+    field_type,
+    from_dict,
+    location,
+    non_negative,
+    positive,
+    ratio,
+    to_dict,
+)
 from raybiphase.config.run import RUN_SECTIONS, RunConfig
 from raybiphase.pretrain.sizes import PEAK_BF16_TFLOPS
 
@@ -39,6 +49,14 @@ class FinetuneConfig:
     """Cap on training examples per task (CPU runs); 0 uses all."""
     asha: bool = True
     """Stop weak LR x seed trials early with ASHA on the validation metric; false runs the full grid."""
+    max_len: int = 128
+    """Tokens per input (longer inputs are trimmed; QA slides windows over the context). 128 suits CPU runs; the
+    paper fine-tunes at nearly the encoders' full context (sweeps/split_grid.yaml: 2,048)."""
+    cpus_per_trial: float = field(default=1.0, metadata=NOT_WEIGHTS)
+    """CPUs a fine-tuning trial holds (its torch threads on CPU, its data loading on GPU)."""
+    gpus_per_trial: float = field(default=0.0, metadata=NOT_WEIGHTS)
+    """GPUs a trial holds; a fraction (0.25) packs several small trials on one GPU. Above 0 the model and batches
+    go to CUDA with bf16 autocast (weights and optimizer stay fp32)."""
 
     def __post_init__(self) -> None:
         for i, lr in enumerate(self.lrs):
@@ -50,6 +68,11 @@ class FinetuneConfig:
         check(0.0 <= self.warmup_ratio < 1.0, "finetune.warmup_ratio", f"{self.warmup_ratio} is out of range; allowed: [0, 1)")
         positive(self.eval_every, "finetune.eval_every")
         non_negative(self.max_examples, "finetune.max_examples")
+        check(self.max_len >= 16, "finetune.max_len", f"{self.max_len} is out of range; allowed: 16 or more")
+        positive(self.cpus_per_trial, "finetune.cpus_per_trial")
+        non_negative(self.gpus_per_trial, "finetune.gpus_per_trial")
+        check(self.gpus_per_trial <= 1 or float(self.gpus_per_trial).is_integer(), "finetune.gpus_per_trial",
+              f"{self.gpus_per_trial} is out of range; allowed: a fraction of one GPU or a whole number")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,6 +104,7 @@ class SweepSpec(RunConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        location(self.sweep.storage, "sweep.storage")
         ratio(self.sweep.mfu, "sweep.mfu")
         positive(self.sweep.gpu_peak_tflops, "sweep.gpu_peak_tflops")
         for key, values in self.sweep.grid.items():

@@ -223,10 +223,61 @@ def _not_fetched(name: str, root: Path) -> AssetError:
                       f"run: python -m raybiphase assets fetch{flag}")
 
 
+MIRROR_ENV = "RAYBIPHASE_ASSET_MIRROR"
+
+
+def publish(mirror: str, names=None, cache=None) -> None:
+    """Copy the cached assets (default group) to `mirror`, a folder or a bucket, unless already there: nodes
+    without them (a cluster's fresh workers) copy them from there (`asset_path`), checked against the registry."""
+    from raybiphase import storage
+
+    root = cache_dir(cache)
+    for name in names or DEFAULT_GROUP:
+        target = storage.join(mirror, name)
+        if (root / name).is_dir() and not storage.is_file(storage.join(target, MANIFEST)):
+            _verify_present(_lookup(name), root)
+            for path in sorted((root / name).iterdir(), key=lambda p: p.name == MANIFEST):  # the manifest last
+                if path.is_file():
+                    storage.write_bytes(storage.join(target, path.name), path.read_bytes())
+
+
+def use_mirror(storage_root: str) -> None:
+    """For a sweep on a bucket: publish this machine's assets under <storage>/assets and point every node there
+    (the variable reaches Ray workers through raybiphase.raycluster)."""
+    from raybiphase import storage
+
+    if storage.is_uri(storage_root) and MIRROR_ENV not in os.environ:
+        mirror = storage.join(storage_root, "assets")
+        publish(mirror)
+        os.environ[MIRROR_ENV] = mirror
+
+
+def _from_mirror(asset: Asset, root: Path) -> bool:
+    """Copy an asset from $RAYBIPHASE_ASSET_MIRROR into this node's cache (staged, verified, renamed)."""
+    from raybiphase import storage
+
+    mirror = os.environ.get(MIRROR_ENV)
+    if not mirror or not storage.is_file(storage.join(mirror, asset.name, MANIFEST)):
+        return False
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{asset.name}-staging-", dir=root))
+    try:
+        for name in [*(m.dest for m in asset.members), MANIFEST]:
+            (staging / name).write_bytes(storage.read_bytes(storage.join(mirror, asset.name, name)))
+        for m in asset.members:
+            _check(staging / m.dest, m.sha256, f"{mirror}/{asset.name}/{m.dest}")
+        if not (root / asset.name).exists():
+            _publish(staging, root / asset.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return True
+
+
 def asset_path(name: str, member: str | None = None, cache: Path | None = None) -> Path:
-    """Path of an extracted file (the only member if ``member`` is None), verified once per process."""
+    """Path of an extracted file (the only member if ``member`` is None), verified once per process. A node
+    without the asset copies it from $RAYBIPHASE_ASSET_MIRROR when one is set."""
     asset, root = _lookup(name), cache_dir(cache)
-    if not (root / name).exists():
+    if not (root / name).exists() and not _from_mirror(asset, root):
         raise _not_fetched(name, root)
     if (str(root), name) not in _VERIFIED:
         _verify_present(asset, root)

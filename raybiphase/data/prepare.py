@@ -1,40 +1,48 @@
-"""Corpus -> tokenizer -> packed Parquet shards + manifest: `python -m raybiphase prepare CONFIG [--set k=v]`.
+"""Corpus -> tokenizer -> packed Parquet shards + manifest, streamed: `raybiphase prepare CONFIG [--set k=v]`.
 
-Documents are read from the configured source (offline: SQuAD *train* contexts and the pretraining part of the
-Wikipedia leads; production: any `datasets` dataset, FineWeb-Edu included, or local text/JSONL/Parquet), shuffled
-with a fixed seed, tokenized on Ray Data in parallel, wrapped as `<bos> doc <eos>` and packed into blocks of
-`data.seq_len` tokens (a document longer than a block continues in the next one; nothing is dropped but the last
-partial block). Whole documents go to a held-out validation split first, then to the training shards.
+The source is cut into pieces that are read independently (raybiphase.data.pieces): slices of the offline corpus (SQuAD *train* contexts
+and the pretraining part of the Wikipedia leads, shuffled once with a fixed seed), row-group ranges of Parquet files,
+whole .jsonl/.txt files (on disk or in a bucket), or the shards of an HF dataset read in streaming mode. One Ray
+Data task per piece (`map_batches`) reads it in windows of `data.piece_documents` documents, shuffles each window
+(seeded by the piece), tokenizes it, wraps every document as `<bos> doc <eos>`, packs the stream into blocks of
+`data.seq_len` tokens (a long document continues in the next block; a piece drops only its last partial block) and
+writes the blocks straight to `data.dir` as shards of at most `data.shard_rows` rows. The driver holds one small
+record per piece, never a document, so its memory does not grow with the corpus.
 
-Output (written to a temporary directory, then renamed, so a half-written dataset never exists):
-    <dir>/tokenizer/          HF fast tokenizer with bos, eos, pad and mask tokens
-    <dir>/train-00000.parquet column `input_ids`: fixed_size_list<int32>[seq_len], one block per row
-    <dir>/val.parquet         the held-out blocks
-    <dir>/manifest.json       rows per shard, seq_len, tokenizer fingerprint, source, counts, checksums
-A second run with the same inputs finds the manifest and does nothing.
+Layout of `data.dir` (a folder or a bucket URI):
+    tokenizer/                    HF fast tokenizer with bos, eos, pad and mask tokens (written first)
+    train-PPPPP-SSSS.parquet      column `input_ids`: fixed_size_list<int32>[seq_len]; piece P, shard S
+    val.parquet                   the first `data.val_blocks` blocks of piece 0 (whole documents, held out)
+    pieces/PPPPP.json             a finished piece: its shards, rows, bytes, sha256, documents, tokens
+    manifest.json                 written last, from the piece records: a dataset without it is unfinished
+A rerun finds the manifest and does nothing, or finds the finished pieces of an interrupted run and does only the
+others. The in-process path (`on_ray=False`) runs the same piece function: the same shards, byte for byte.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-import shutil
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raybiphase import storage
 from raybiphase.cli import UserError, config_parser, run_main
 from raybiphase.config import DataConfig, SweepSpec, load
+from raybiphase.data.pieces import Piece, piece_texts, plan_pieces, windows
+from raybiphase.data.stream import FORMAT_VERSION, MANIFEST
 
-FORMAT_VERSION = 1
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "mask_token": "<mask>"}
-SHUFFLE_SEED = 1234  # document order before packing; fixed so the shards are a pure function of the inputs
+SHUFFLE_SEED = 1234  # window order within a piece, seeded by (this, piece); fixed so shards are a pure function
+TOKENIZER_DIR, PIECES_DIR, VAL_FILE = "tokenizer", "pieces", "val.parquet"
 
 
 def fingerprint(data: DataConfig) -> str:
@@ -45,46 +53,27 @@ def fingerprint(data: DataConfig) -> str:
     return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def dataset_dir(data: DataConfig) -> Path:
+def dataset_location(data: DataConfig, storage_root: str | None = None) -> str:
+    """`data.dir`; when empty, <sweep.storage>/shards/<fingerprint> for a sweep on a bucket (every node reads it),
+    else this machine's cache."""
     if data.dir:
-        return Path(data.dir).expanduser().resolve()
+        return storage.absolute(data.dir)
+    if storage_root and storage.is_uri(storage_root):
+        return storage.join(storage_root, "shards", fingerprint(data))
     from raybiphase.data.assets import cache_dir
 
-    return cache_dir() / "shards" / fingerprint(data)
+    return str(cache_dir() / "shards" / fingerprint(data))
 
 
-# ------------------------------------------------------------------------------------------------- documents
-
-
-def read_documents(data: DataConfig) -> list[str]:
-    """All documents of the source as strings (empty ones dropped), capped at data.max_documents."""
-    from raybiphase.data import sources
-
-    if data.source == "offline":
-        docs: Iterable[str] = sources.pretraining_texts()
-    elif Path(data.source).expanduser().exists():
-        docs = sources.local_texts(Path(data.source).expanduser())
-    elif "/" in data.source and not data.source.startswith((".", "/")):
-        docs = sources.hf_texts(data.source, "train", data.text_field, config_name=data.hf_config)
-    else:
-        raise UserError(f"data.source: {data.source!r} is not 'offline', an existing path, or a dataset id")
-    out = []
-    for doc in docs:
-        if doc and doc.strip():
-            out.append(doc)
-            if data.max_documents and len(out) >= data.max_documents:
-                break
-    if not out:
-        raise UserError(f"data.source: {data.source!r} yielded no documents (empty corpus)")
-    order = np.random.default_rng(SHUFFLE_SEED).permutation(len(out))
-    return [out[i] for i in order]
+def shard_name(piece: int, shard: int) -> str:
+    return f"train-{piece:05d}-{shard:04d}.parquet"
 
 
 # ------------------------------------------------------------------------------------------------- tokenizer
 
 
 def build_tokenizer(data: DataConfig, docs: list[str], out_dir: Path):
-    """Train a byte-level BPE on the corpus, or load the given one; either way it has bos/eos/pad/mask."""
+    """Train a byte-level BPE on `docs`, or load the given tokenizer; either way it has bos/eos/pad/mask."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     if data.tokenizer == "train-bpe":
@@ -110,45 +99,61 @@ def build_tokenizer(data: DataConfig, docs: list[str], out_dir: Path):
     return tok
 
 
-def tokenizer_fingerprint(tokenizer_dir: Path) -> str:
+def tokenizer_fingerprint(tokenizer_dir: str) -> str:
     digest = hashlib.sha256()
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        path = tokenizer_dir / name
-        if path.exists():
-            digest.update(path.read_bytes())
+        path = storage.join(tokenizer_dir, name)
+        if storage.is_file(path):
+            digest.update(storage.read_bytes(path))
     return digest.hexdigest()[:16]
 
 
-# -------------------------------------------------------------------------------------- tokenize and pack
+def make_tokenizer(data: DataConfig, pieces: list[Piece], location: str) -> str:
+    """Build the tokenizer and store it at `location`; returns its fingerprint. 'train-bpe' learns from the first
+    `data.tokenizer_documents` documents of the source."""
+    wanted = data.tokenizer_documents if data.tokenizer == "train-bpe" else 1
+    docs: list[str] = []
+    for piece in pieces:
+        for text in piece_texts(data, piece):
+            docs.append(text)
+            if len(docs) >= wanted:
+                break
+        if len(docs) >= wanted:
+            break
+    if not docs:
+        raise UserError(f"data.source: {data.source!r} yielded no documents (empty corpus)")
+    with tempfile.TemporaryDirectory() as tmp:
+        build_tokenizer(data, docs, Path(tmp))
+        storage.upload(Path(tmp), location)
+    return tokenizer_fingerprint(location)
 
 
-def tokenize(docs: list[str], tokenizer_dir: Path) -> list[np.ndarray]:
-    """Token ids of every document, in order, in this process (small corpora, the unit tests)."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    return [np.asarray(ids, dtype=np.int32) for ids in tok(docs, add_special_tokens=False)["input_ids"]]
-
-
-def tokenize_on_ray(docs: list[str], tokenizer_dir: Path) -> list[np.ndarray]:
-    """Token ids of every document, in order, tokenized in parallel by Ray Data."""
+def ensure_tokenizer(data: DataConfig, pieces: list[Piece], out: str, on_ray: bool) -> str:
+    """The tokenizer under `out`, made now (in a Ray task: the driver never holds the sample nor imports
+    transformers) unless an interrupted earlier run left it; returns its fingerprint."""
+    location = storage.join(out, TOKENIZER_DIR)
+    if storage.is_file(storage.join(location, "tokenizer.json")):
+        return tokenizer_fingerprint(location)
+    if not on_ray:
+        return make_tokenizer(data, pieces, location)
     import ray
 
-    from raybiphase.raycluster import ensure_ray
+    try:
+        return ray.get(ray.remote(num_cpus=1)(make_tokenizer).remote(data, pieces, location))
+    except Exception as err:
+        raise (_user_error(err) or err) from None
 
-    ensure_ray()
 
-    def encode(batch: pa.Table) -> pa.Table:
-        from transformers import AutoTokenizer
+@functools.lru_cache(maxsize=2)
+def _load_tokenizer(location: str, version: str):
+    from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-        ids = tok(batch.column("text").to_pylist(), add_special_tokens=False)["input_ids"]
-        return pa.table({"doc": batch.column("doc"), "ids": pa.array(ids, type=pa.list_(pa.int32()))})
+    from raybiphase.data.assets import cache_dir
 
-    ds = ray.data.from_items([{"doc": i, "text": t} for i, t in enumerate(docs)])
-    ds = ds.map_batches(encode, batch_size=2048, batch_format="pyarrow")
-    rows = sorted(ds.take_all(), key=lambda row: row["doc"])
-    return [np.asarray(row["ids"], dtype=np.int32) for row in rows]
+    return AutoTokenizer.from_pretrained(str(storage.local_copy(location, cache_dir(), version=version)))
+
+
+# -------------------------------------------------------------------------------------- tokenize and pack
 
 
 def pack(doc_ids: Iterable[np.ndarray], seq_len: int, bos: int, eos: int) -> Iterator[np.ndarray]:
@@ -165,60 +170,180 @@ def pack(doc_ids: Iterable[np.ndarray], seq_len: int, bos: int, eos: int) -> Ite
             buffer, held = [flat[n * seq_len :]], len(flat) - n * seq_len
 
 
-def write_blocks(path: Path, blocks: np.ndarray) -> dict:
+def write_blocks(location: str, blocks: np.ndarray) -> dict:
+    """One shard: the blocks as a fixed-size-list column, written whole; its entry for the manifest."""
     seq_len = blocks.shape[1]
-    values = pa.array(blocks.reshape(-1), type=pa.int32())
-    column = pa.FixedSizeListArray.from_arrays(values, seq_len)
-    pq.write_table(pa.table({"input_ids": column}), path, write_page_checksum=True)
-    return {"file": path.name, "rows": int(blocks.shape[0]), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    column = pa.FixedSizeListArray.from_arrays(pa.array(blocks.reshape(-1), type=pa.int32()), seq_len)
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"input_ids": column}), sink, write_page_checksum=True)
+    body = sink.getvalue().to_pybytes()
+    storage.write_bytes(location, body)
+    return {"file": location.rsplit("/", 1)[-1], "rows": int(blocks.shape[0]), "bytes": len(body),
+            "sha256": hashlib.sha256(body).hexdigest()}
 
 
-def prepare(data: DataConfig, *, quiet: bool = False, on_ray: bool = True) -> Path:
-    """Make the shards for `data` unless they exist; returns the dataset directory. `on_ray=False` tokenizes in
-    this process: the same shards, byte for byte."""
-    out = dataset_dir(data)
-    if (out / "manifest.json").exists():
-        return out
-    say = (lambda *a: None) if quiet else print
-    started = time.time()
-    docs = read_documents(data)
-    say(f"prepare: {len(docs):,} documents from {data.source}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+class _Blocks:
+    """Packed blocks waiting to be written."""
+
+    def __init__(self) -> None:
+        self.parts: list[np.ndarray] = []
+        self.rows = 0
+
+    def add(self, blocks: np.ndarray) -> None:
+        self.parts.append(blocks)
+        self.rows += len(blocks)
+
+    def take(self, n: int) -> np.ndarray:
+        flat = np.concatenate(self.parts)
+        self.parts, self.rows = [flat[n:]], len(flat) - min(n, len(flat))
+        return flat[:n]
+
+
+def write_piece(data: DataConfig, out: str, piece: Piece, tokenizer_version: str) -> dict:
+    """Read, shuffle, tokenize, pack and write one piece; then its record under pieces/, which marks it done."""
+    tok = _load_tokenizer(storage.join(out, TOKENIZER_DIR), tokenizer_version)
+    rng = np.random.default_rng([SHUFFLE_SEED, piece.index])
+    counts = {"documents": 0, "tokens": 0}
+
+    def token_ids() -> Iterator[np.ndarray]:
+        for window in windows(piece_texts(data, piece), data.piece_documents):
+            shuffled = [window[i] for i in rng.permutation(len(window))]
+            encoded = tok(shuffled, add_special_tokens=False)["input_ids"]
+            counts["documents"] += len(window)
+            counts["tokens"] += sum(len(ids) + 2 for ids in encoded)
+            yield from (np.asarray(ids, dtype=np.int32) for ids in encoded)
+
+    val_rows = data.val_blocks if piece.index == 0 else 0
+    pending, shards, val = _Blocks(), [], None
+    for blocks in pack(token_ids(), data.seq_len, tok.bos_token_id, tok.eos_token_id):
+        pending.add(blocks)
+        if val_rows and val is None:
+            if pending.rows <= val_rows:
+                continue
+            val = write_blocks(storage.join(out, VAL_FILE), pending.take(val_rows))
+        while pending.rows >= data.shard_rows:
+            shards.append(write_blocks(storage.join(out, shard_name(piece.index, len(shards))),
+                                       pending.take(data.shard_rows)))
+    if pending.rows and (val is not None or not val_rows):
+        shards.append(write_blocks(storage.join(out, shard_name(piece.index, len(shards))),
+                                   pending.take(pending.rows)))
+    specials = {k: getattr(tok, k + "_id") for k in ("bos_token", "eos_token", "pad_token", "mask_token")}
+    record = {"piece": asdict(piece), "tokenizer_fingerprint": tokenizer_version, "vocab_size": len(tok),
+              "special_ids": specials, **counts,
+              "held_blocks": pending.rows, "shards": shards, "val": val}
+    storage.write_json(storage.join(out, PIECES_DIR, f"{piece.index:05d}.json"), record)
+    return record
+
+
+@dataclass(frozen=True)
+class PieceTask:
+    """`write_piece` as a Ray Data batch function: one piece (as JSON) in, its record (as JSON) out."""
+
+    data: DataConfig
+    out: str
+    tokenizer_version: str
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        records = [write_piece(self.data, self.out, Piece(**json.loads(p)), self.tokenizer_version)
+                   for p in batch["piece"]]
+        return {"record": np.array([json.dumps(r) for r in records], dtype=object)}
+
+
+def _user_error(err: BaseException) -> UserError | None:
+    """The UserError a Ray task raised, found in the chain of wrappers Ray Data puts around it."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, UserError):
+            return UserError(str(err).strip().splitlines()[-1])
+        err = getattr(err, "cause", None) or err.__cause__
+    return None
+
+
+def _records_on_ray(task: PieceTask, todo: list[Piece]) -> Iterator[dict]:
+    import ray
+
+    from raybiphase.raycluster import ensure_ray, quiet_data
+
+    ensure_ray()
+    quiet_data()
+    ds = ray.data.from_items([{"piece": json.dumps(asdict(p))} for p in todo], override_num_blocks=len(todo))
+    ds = ds.map_batches(task, batch_size=1, batch_format="numpy")
     try:
-        tok = build_tokenizer(data, docs, tmp / "tokenizer")
-        ids = (tokenize_on_ray if on_ray else tokenize)(docs, tmp / "tokenizer")
-        blocks = np.concatenate(list(pack(ids, data.seq_len, tok.bos_token_id, tok.eos_token_id)) or [np.zeros((0, data.seq_len), np.int32)])
-        if len(blocks) <= data.val_blocks:
-            raise UserError(f"data.source: {len(blocks)} blocks of {data.seq_len} tokens is too few for data.val_blocks={data.val_blocks}")
-        # validation first: the leading blocks hold whole documents of the shuffled order (one may straddle the edge)
-        val, train = blocks[: data.val_blocks], blocks[data.val_blocks :]
-        shards = [
-            write_blocks(tmp / f"train-{i:05d}.parquet", train[start : start + data.shard_rows])
-            for i, start in enumerate(range(0, len(train), data.shard_rows))
-        ]
-        manifest = {
-            "format": FORMAT_VERSION,
-            "fingerprint": fingerprint(data),
-            "source": data.source,
-            "seq_len": data.seq_len,
-            "tokenizer_fingerprint": tokenizer_fingerprint(tmp / "tokenizer"),
-            "vocab_size": len(tok),
-            "special_ids": {k: getattr(tok, k + "_id") for k in ("bos_token", "eos_token", "pad_token", "mask_token")},
-            "documents": len(docs),
-            "tokens": int(sum(len(x) + 2 for x in ids)),
-            "train_rows": int(len(train)),
-            "shards": shards,
-            "val": write_blocks(tmp / "val.parquet", val),
-        }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-        if out.exists():  # a stale directory without a manifest: an interrupted earlier attempt
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for row in ds.iter_rows():
+            yield json.loads(row["record"])
+    except Exception as err:
+        raise (_user_error(err) or err) from None
+
+
+def _finished(out: str, tokenizer_version: str) -> dict[int, dict]:
+    folder = storage.join(out, PIECES_DIR)
+    records = (storage.read_json(storage.join(folder, name)) for name in sorted(storage.list_files(folder))
+               if name.endswith(".json"))
+    return {r["piece"]["index"]: r for r in records if r and r["tokenizer_fingerprint"] == tokenizer_version}
+
+
+def _manifest(data: DataConfig, pieces: list[Piece], records: dict[int, dict], version: str) -> dict:
+    val = records[0]["val"] if records else None
+    shards = [s for p in pieces for s in records[p.index]["shards"]]
+    if val is None or val["rows"] < data.val_blocks or not shards:
+        blocks = sum(r["held_blocks"] + sum(s["rows"] for s in r["shards"]) for r in records.values())
+        raise UserError(f"data.source: {blocks + (val['rows'] if val else 0)} blocks of {data.seq_len} tokens is too "
+                        f"few for data.val_blocks={data.val_blocks} and a training shard")
+    return {
+        "format": FORMAT_VERSION,
+        "fingerprint": fingerprint(data),
+        "source": data.source,
+        "seq_len": data.seq_len,
+        "tokenizer_fingerprint": version,
+        "vocab_size": records[0]["vocab_size"],
+        "special_ids": records[0]["special_ids"],
+        "pieces": len(pieces),
+        "documents": sum(r["documents"] for r in records.values()),
+        "tokens": sum(r["tokens"] for r in records.values()),
+        "train_rows": sum(s["rows"] for s in shards),
+        "shards": shards,
+        "val": val,
+    }
+
+
+def prepare(data: DataConfig, *, quiet: bool = False, on_ray: bool = True, storage_root: str | None = None) -> str:
+    """Make the shards for `data` unless they exist; returns the dataset's location (a folder or a URI).
+    `on_ray=False` runs the pieces in this process: the same shards, byte for byte."""
+    out = dataset_location(data, storage_root)
+    if storage.is_file(storage.join(out, MANIFEST)):
+        return out
+    say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
+    started = time.time()
+    pieces = plan_pieces(data)
+    created = not storage.exists(out)
+    storage.check_writable(out, "data.dir")
+    try:
+        if on_ray:
+            from raybiphase.raycluster import ensure_ray
+
+            ensure_ray()
+        version = ensure_tokenizer(data, pieces, out, on_ray)
+        records = _finished(out, version)
+        todo = [p for p in pieces if p.index not in records]
+        say(f"prepare: {data.source} in {len(pieces)} piece(s), {len(records)} already done -> {out}")
+        if on_ray and todo:
+            stream = _records_on_ray(PieceTask(data, out, version), todo)
+        else:
+            stream = (write_piece(data, out, piece, version) for piece in todo)
+        for done, record in enumerate(stream, start=1):
+            records[record["piece"]["index"]] = record
+            say(f"prepare: piece {done}/{len(todo)}: {record['documents']:,} documents, {record['tokens']:,} tokens, "
+                f"{time.time() - started:.0f}s")
+        manifest = _manifest(data, pieces, records, version)
+    except UserError:
+        if created:  # nothing of use was made: leave no half-written dataset behind
+            storage.delete(out)
         raise
-    say(f"prepare: {len(train):,} train + {len(val)} val blocks of {data.seq_len} tokens in {time.time() - started:.0f}s -> {out}")
+    storage.write_json(storage.join(out, MANIFEST), manifest)
+    rate = manifest["tokens"] / max(time.time() - started, 1e-9)
+    say(f"prepare: {manifest['train_rows']:,} train + {manifest['val']['rows']} val blocks of {data.seq_len} tokens "
+        f"from {manifest['documents']:,} documents in {time.time() - started:.0f}s ({rate:,.0f} tokens/s) -> {out}")
     return out
 
 
@@ -226,7 +351,10 @@ def main() -> int:
     parser = config_parser("raybiphase prepare", "Tokenize and pack the corpus of a config into Parquet shards.")
     args = parser.parse_args()
     cfg = load(SweepSpec, args.config, args.overrides)
-    prepare(cfg.data)
+    from raybiphase.data import assets
+
+    assets.use_mirror(storage.absolute(cfg.sweep.storage))
+    prepare(cfg.data, storage_root=storage.absolute(cfg.sweep.storage))
     return 0
 
 

@@ -23,6 +23,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow.fs as pafs
+
 from raybiphase.data.assets import asset_path
 from raybiphase.cli import UserError
 
@@ -189,31 +191,60 @@ def hf_texts(dataset_id: str, split: str, text_field: str, config_name: str | No
             yield row[text_field]
 
 
-def local_texts(path: str | Path, txt_mode: str = "blocks") -> Iterator[str]:
-    """Documents from a file or a folder (searched recursively, sorted) of .txt, .jsonl, .parquet.
+def text_files(location: str) -> list[str]:
+    """The .txt, .jsonl and .parquet files of a file or a folder (searched recursively, sorted), on disk or in a
+    bucket; each as a location (a path or a URI)."""
+    from raybiphase import storage
 
-    .txt gives one document per blank-line-separated block (``txt_mode="blocks"``) or per file
-    (``txt_mode="file"``); .jsonl a ``text`` field per line; .parquet its ``text`` column.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise SourceError(f"no such file or folder: {path}")
-    files = sorted(p for p in path.rglob("*") if p.suffix in _READERS) if path.is_dir() else [path]
-    if not files:
-        raise SourceError(f"no .txt, .jsonl or .parquet files under {path}")
-    for file in files:
-        if file.suffix not in _READERS:
-            raise SourceError(f"unsupported file type {file.suffix!r}: {file} (use .txt, .jsonl or .parquet)")
-        try:
-            yield from (t for t in _READERS[file.suffix](file, txt_mode) if t.strip())
-        except SourceError:
-            raise
-        except (OSError, UnicodeDecodeError, ValueError, KeyError) as e:
-            raise SourceError(f"could not read {file}: {type(e).__name__}: {e}") from e
+    fs, path = storage.filesystem(location)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        raise SourceError(f"no such file or folder: {location}")
+    if info.type == pafs.FileType.File:
+        if Path(path).suffix not in _READERS:
+            raise SourceError(f"unsupported file type {Path(path).suffix!r}: {location} (use .txt, .jsonl or .parquet)")
+        return [storage.absolute(location)]
+    found = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+    names = sorted(i.path[len(path):].lstrip("/") for i in found
+                   if i.type == pafs.FileType.File and Path(i.path).suffix in _READERS)
+    if not names:
+        raise SourceError(f"no .txt, .jsonl or .parquet files under {location}")
+    return [storage.join(storage.absolute(location), name) for name in names]
 
 
-def _read_txt(file: Path, txt_mode: str) -> Iterator[str]:
-    text = file.read_text(encoding="utf-8")
+def file_texts(location: str, txt_mode: str = "blocks", row_groups: range | None = None) -> Iterator[str]:
+    """Non-blank documents of one file, streamed: .txt gives one document per blank-line-separated block
+    (``txt_mode="blocks"``) or per file (``txt_mode="file"``); .jsonl a ``text`` field per line; .parquet its
+    ``text`` column (``row_groups``: only those)."""
+    from raybiphase import storage
+
+    suffix = Path(location).suffix
+    if suffix not in _READERS:
+        raise SourceError(f"unsupported file type {suffix!r}: {location} (use .txt, .jsonl or .parquet)")
+    fs, path = storage.filesystem(location)
+    try:
+        yield from (t for t in _READERS[suffix](fs, path, location, txt_mode, row_groups) if t.strip())
+    except SourceError:
+        raise
+    except (OSError, UnicodeDecodeError, ValueError, KeyError) as e:
+        raise SourceError(f"could not read {location}: {type(e).__name__}: {e}") from e
+
+
+def corpus_texts(location: str, txt_mode: str = "blocks") -> Iterator[str]:
+    """Documents of every file of a file or a folder (see `text_files` and `file_texts`), in order."""
+    for file in text_files(location):
+        yield from file_texts(file, txt_mode)
+
+
+def _text_stream(fs, path):
+    import io
+
+    return io.TextIOWrapper(fs.open_input_stream(path), encoding="utf-8")
+
+
+def _read_txt(fs, path, location, txt_mode: str, _groups) -> Iterator[str]:
+    with _text_stream(fs, path) as f:
+        text = f.read()
     if txt_mode == "file":
         yield text.strip()
     elif txt_mode == "blocks":
@@ -222,24 +253,27 @@ def _read_txt(file: Path, txt_mode: str) -> Iterator[str]:
         raise SourceError(f"txt_mode must be 'blocks' or 'file', got {txt_mode!r}")
 
 
-def _read_jsonl(file: Path, _mode: str) -> Iterator[str]:
-    with open(file, encoding="utf-8") as f:
+def _read_jsonl(fs, path, location, _mode, _groups) -> Iterator[str]:
+    with _text_stream(fs, path) as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
                 yield json.loads(line)["text"]
             except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise SourceError(f"{file}:{number}: not a JSON object with a 'text' field ({e})") from e
+                raise SourceError(f"{location}:{number}: not a JSON object with a 'text' field ({e})") from e
 
 
-def _read_parquet(file: Path, _mode: str) -> Iterator[str]:
+def _read_parquet(fs, path, location, _mode, row_groups) -> Iterator[str]:
     import pyarrow.parquet as pq
 
-    table = pq.read_table(file)
-    if "text" not in table.column_names:
-        raise SourceError(f"{file} has no 'text' column; columns: {', '.join(table.column_names)}")
-    yield from (t for t in table.column("text").to_pylist() if isinstance(t, str))
+    with fs.open_input_file(path) as handle:
+        parquet = pq.ParquetFile(handle)
+        if "text" not in parquet.schema_arrow.names:
+            raise SourceError(f"{location} has no 'text' column; columns: {', '.join(parquet.schema_arrow.names)}")
+        groups = list(row_groups) if row_groups is not None else None
+        for batch in parquet.iter_batches(batch_size=1024, row_groups=groups, columns=["text"]):
+            yield from (t for t in batch.column("text").to_pylist() if isinstance(t, str))
 
 
 _READERS = {".txt": _read_txt, ".jsonl": _read_jsonl, ".parquet": _read_parquet}

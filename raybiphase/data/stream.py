@@ -8,7 +8,7 @@ Masking is a pure function of (seed, g, phase settings) (raybiphase.data.masking
 branched at step s sees exactly the batches an uninterrupted run sees from s on; nothing needs Ray Data to
 checkpoint an iterator (ray#37633): each worker builds its stream from its own start position.
 
-    manifest = open_dataset(path, seq_len=128)
+    manifest = open_dataset(location, seq_len=128)   # a folder or a bucket URI
     ds = phase_stream(manifest, phase, first_step=0, steps=10, rows_per_step=16, rank=0, world=2, ...)
     for batch in ds.iter_torch_batches(batch_size=4): ...
 """
@@ -24,16 +24,19 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+from raybiphase import storage
 from raybiphase.cli import UserError
 from raybiphase.data.masking import MaskingSpec, mask_batch
 
 FULL_HASH_LIMIT = 2 << 30  # verify every shard's sha256 before training when the dataset is under 2 GiB
 EVAL_SEED = 0  # the held-out MLM masking is the same in every run and phase
+FORMAT_VERSION = 2  # of the prepared dataset (raybiphase.data.prepare writes it)
+MANIFEST = "manifest.json"
 
 
 @dataclass(frozen=True)
 class Manifest:
-    dir: Path
+    dir: str  # a folder or a bucket URI
     seq_len: int
     vocab_size: int
     special_ids: dict[str, int]
@@ -48,40 +51,51 @@ class Manifest:
         return sum(self.shard_rows)
 
     @property
-    def tokenizer_dir(self) -> Path:
-        return self.dir / "tokenizer"
+    def tokenizer_dir(self) -> str:
+        return storage.join(self.dir, "tokenizer")
+
+    def local_tokenizer(self) -> Path:
+        """The tokenizer folder on this node (copied from the bucket once per node)."""
+        from raybiphase.data.assets import cache_dir
+
+        return storage.local_copy(self.tokenizer_dir, cache_dir(), version=self.tokenizer_fingerprint)
 
 
-def _check_file(path: Path, entry: dict, full_hash: bool) -> None:
-    if not path.is_file():
-        raise UserError(f"data: shard {path.name} listed in the manifest is missing from {path.parent}")
-    try:
-        rows = pq.ParquetFile(path).metadata.num_rows
-    except Exception as err:  # pyarrow raises several types for a damaged footer
-        raise UserError(f"data: shard {path} is corrupt ({type(err).__name__}: {err})") from None
-    if rows != entry["rows"]:
-        raise UserError(f"data: shard {path} has {rows} rows but the manifest says {entry['rows']}")
-    if full_hash and hashlib.sha256(path.read_bytes()).hexdigest() != entry["sha256"]:
-        raise UserError(f"data: shard {path} is corrupt (its sha256 differs from the manifest)")
+def _check_file(root: str, entry: dict, sizes: dict[str, int], full_hash: bool) -> None:
+    name = entry["file"]
+    if name not in sizes:
+        raise UserError(f"data: shard {name} listed in the manifest is missing from {root}")
+    if sizes[name] != entry["bytes"]:
+        raise UserError(f"data: shard {storage.join(root, name)} is corrupt ({sizes[name]} bytes, the manifest says "
+                        f"{entry['bytes']})")
+    if full_hash and hashlib.sha256(storage.read_bytes(storage.join(root, name))).hexdigest() != entry["sha256"]:
+        raise UserError(f"data: shard {storage.join(root, name)} is corrupt (its sha256 differs from the manifest)")
 
 
 def open_dataset(path: str | Path, *, seq_len: int, tokenizer_fingerprint: str | None = None) -> Manifest:
-    """Read and check a prepared dataset before training starts; UserError names what is wrong."""
-    root = Path(path)
-    manifest_path = root / "manifest.json"
-    if not manifest_path.is_file():
-        raise UserError(f"data: no prepared dataset at {root} (no manifest.json); run python -m raybiphase prepare CONFIG")
+    """Read and check a prepared dataset (a folder or a bucket URI) before training starts; UserError names what
+    is wrong. Every file's size is checked against the manifest, and every sha256 when the dataset is small."""
+    root = storage.absolute(path)
     try:
-        meta = json.loads(manifest_path.read_text())
+        meta = storage.read_json(storage.join(root, MANIFEST))
     except json.JSONDecodeError:
-        raise UserError(f"data: {manifest_path} is corrupt (not JSON)") from None
+        raise UserError(f"data: {storage.join(root, MANIFEST)} is corrupt (not JSON)") from None
+    except OSError as err:
+        raise UserError(f"data: cannot read {root}: {' '.join(str(err).split())[:200]}") from None
+    if meta is None:
+        raise UserError(f"data: no prepared dataset at {root} (no {MANIFEST}); run raybiphase prepare CONFIG")
+    if meta.get("format") != FORMAT_VERSION:
+        raise UserError(f"data: the dataset at {root} has format {meta.get('format')}, this version reads "
+                        f"{FORMAT_VERSION}; prepare it again into an empty data.dir")
     if meta["seq_len"] != seq_len:
         raise UserError(f"data.seq_len: the run asks for {seq_len} but the shards at {root} hold {meta['seq_len']}-token blocks")
     if tokenizer_fingerprint and meta["tokenizer_fingerprint"] != tokenizer_fingerprint:
         raise UserError(f"data.tokenizer: the shards at {root} were made with another tokenizer than the run's")
-    total = sum((root / s["file"]).stat().st_size for s in meta["shards"] if (root / s["file"]).is_file())
-    for entry in [*meta["shards"], meta["val"]]:
-        _check_file(root / entry["file"], entry, total <= FULL_HASH_LIMIT)
+    sizes = storage.list_files(root)
+    entries = [*meta["shards"], meta["val"]]
+    full_hash = sum(e["bytes"] for e in entries) <= FULL_HASH_LIMIT
+    for entry in entries:
+        _check_file(root, entry, sizes, full_hash)
     return Manifest(
         dir=root,
         seq_len=seq_len,
@@ -99,8 +113,10 @@ def open_dataset(path: str | Path, *, seq_len: int, tokenizer_fingerprint: str |
 
 
 @functools.lru_cache(maxsize=16)
-def _load_blocks(path: str, seq_len: int) -> np.ndarray:
-    column = pq.read_table(path, columns=["input_ids"]).column("input_ids").combine_chunks()
+def _load_blocks(location: str, seq_len: int) -> np.ndarray:
+    """A shard's blocks, read straight from its folder or bucket (cached per process)."""
+    fs, path = storage.filesystem(location)
+    column = pq.read_table(path, columns=["input_ids"], filesystem=fs).column("input_ids").combine_chunks()
     return column.values.to_numpy().reshape(-1, seq_len)
 
 
@@ -127,7 +143,7 @@ def read_samples(manifest: Manifest, sample_ids: np.ndarray, seed: int) -> np.nd
     out = np.empty((len(sample_ids), manifest.seq_len), dtype=np.int32)
     for s in np.unique(shard):
         sel = shard == s
-        out[sel] = _load_blocks(str(manifest.dir / manifest.shard_files[s]), manifest.seq_len)[row[sel]]
+        out[sel] = _load_blocks(storage.join(manifest.dir, manifest.shard_files[s]), manifest.seq_len)[row[sel]]
     return out
 
 
@@ -195,7 +211,7 @@ def phase_stream(
 
 def validation_batches(manifest: Manifest, *, batch_size: int, batches: int, mask_ratio: float) -> dict[str, list[dict]]:
     """Fixed held-out batches for the CLM and the MLM loss: the same in every phase and every run."""
-    blocks = _load_blocks(str(manifest.dir / manifest.val_file), manifest.seq_len)
+    blocks = _load_blocks(storage.join(manifest.dir, manifest.val_file), manifest.seq_len)
     n = min(len(blocks), batch_size * batches)
     spec = MaskingSpec(mask_ratio=mask_ratio)
     out: dict[str, list[dict]] = {"clm": [], "mlm": []}

@@ -4,8 +4,8 @@
                       spec, storage="/abs/results/quickstart", name="finetune", done=keys_already_in_parquet)
 
 One Tune trial per (run, pretrain_step, task, lr, seed): a function trainable that fine-tunes in its own process
-(`raybiphase.finetune.trial.run_trial`, about one CPU: `cpus_per_trial`), reporting `step` and `val_score` at every
-evaluation. With `finetune.asha`, ASHA (time_attr="step", metric="val_score", mode="max") stops weak trials at
+(`raybiphase.finetune.trial.run_trial`, holding `finetune.cpus_per_trial` CPUs and `finetune.gpus_per_trial` GPUs),
+reporting `step` and `val_score` at every evaluation. With `finetune.asha`, ASHA (time_attr="step", metric="val_score", mode="max") stops weak trials at
 its rungs (grace_period = the first evaluation, reduction_factor 3, max_t = finetune.max_steps); each
 checkpoint and task gets its own ASHA, so scores of different tasks never compete. Without it the full grid runs.
 At most `resources.max_concurrent` trials run at once.
@@ -43,7 +43,6 @@ from raybiphase import storage
 from raybiphase.config import FinetuneConfig, SweepSpec
 from raybiphase.finetune.tasks import get_task
 from raybiphase.finetune.trial import (
-    DEFAULT_MAX_LEN,
     find_hf_dir,
     load_checked_tokenizer,
     resolve_hf_dir,
@@ -51,6 +50,7 @@ from raybiphase.finetune.trial import (
 )
 from raybiphase.results import rows as result_rows
 from raybiphase.results.rows import FinetuneRow, FinetuneSource, trial_key
+from raybiphase.results.wandb import sweep_settings
 from raybiphase.storage import absolute, is_uri, join  # by name: run_fanout has a `storage` argument
 
 RECORDS = "records"
@@ -58,10 +58,12 @@ REDUCTION_FACTOR = 3
 TrialKey = tuple  # rows.TRIAL_KEY: (run, pretrain_step, task, lr, seed)
 
 
-def trial_settings(cfg: FinetuneConfig, max_len: int) -> str:
+def trial_settings(cfg: FinetuneConfig) -> str:
     """A digest of the settings that shape one trial's result (not the grid): a record made under other settings
-    is not reused."""
-    settings = [cfg.batch_size, cfg.max_steps, cfg.warmup_ratio, cfg.eval_every, cfg.max_examples, max_len]
+    is not reused. A GPU trial computes in bf16, so whether trials hold a GPU is one of them."""
+    settings = [cfg.batch_size, cfg.max_steps, cfg.warmup_ratio, cfg.eval_every, cfg.max_examples, cfg.max_len]
+    if cfg.gpus_per_trial > 0:
+        settings.append("bf16")
     return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:8]
 
 
@@ -109,20 +111,20 @@ def best_lr(rows: list[FinetuneRow]) -> float | None:
 # ------------------------------------------------------------------------------------------------ the trial
 
 
-def _trainable(config: dict, finetune: FinetuneConfig, max_len: int, cpus: float,
-               wandb_project: str | None = None) -> None:
+def _trainable(config: dict, finetune: FinetuneConfig, wandb: dict | None = None) -> None:
     import torch
     from ray import tune
 
     from raybiphase.results import wandb as wandb_log
 
     trial = config["trial"]
-    torch.set_num_threads(max(1, int(cpus)))
+    torch.set_num_threads(max(1, int(finetune.cpus_per_trial)))
     row = FinetuneRow.from_record(trial["row"])
     name = f"{row.run}@{row.pretrain_step}|{row.task}|lr{row.lr:g}|sd{row.seed}"  # a W&B label
     tracker = wandb_log.init_run("finetune", name, row.sweep,
                                  {k: v for k, v in trial["row"].items() if not isinstance(v, (list, dict))},
-                                 wandb_project, rank=0)
+                                 (wandb or {}).get("project"), rank=0, mode=(wandb or {}).get("mode"),
+                                 sync_to=(wandb or {}).get("sync_to"))
 
     def report(metrics: dict) -> None:
         if "final" in metrics:  # the trial's result is on disk before the report a scheduler may stop it at
@@ -130,9 +132,13 @@ def _trainable(config: dict, finetune: FinetuneConfig, max_len: int, cpus: float
         wandb_log.log(tracker, {"val_score": metrics["val_score"]}, step=metrics["step"])
         tune.report({"step": metrics["step"], "val_score": metrics["val_score"]})
 
-    result = run_trial(row.checkpoint, row.task, lr=row.lr, seed=row.seed, cfg=finetune, report=report,
-                       max_len=max_len)
+    result = run_trial(row.checkpoint, row.task, lr=row.lr, seed=row.seed, cfg=finetune, report=report)
     wandb_log.finish(tracker, {k: v for k, v in result.items() if isinstance(v, (int, float, str))})
+
+
+def trial_resources(cfg: FinetuneConfig) -> dict[str, float]:
+    """What one fine-tuning trial asks Ray for."""
+    return {"cpu": cfg.cpus_per_trial, **({"gpu": cfg.gpus_per_trial} if cfg.gpus_per_trial else {})}
 
 
 def _planned(row: FinetuneRow) -> dict:
@@ -141,8 +147,7 @@ def _planned(row: FinetuneRow) -> dict:
 
 
 def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name: str, asha: bool,
-            grace_period: int | None, reduction_factor: float, cpus_per_trial: float, max_len: int,
-            verbose: int) -> list[FinetuneRow]:
+            grace_period: int | None, reduction_factor: float, verbose: int) -> list[FinetuneRow]:
     """Run `trials` (base rows) as one Tuner; returns their rows, stopped ones recorded by the driver."""
     from ray import tune
 
@@ -150,7 +155,7 @@ def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name:
 
     ensure_ray()
     ft = cfg.finetune
-    settings = trial_settings(ft, max_len)
+    settings = trial_settings(ft)
     space = [{"row": _planned(t), "record": record_path(experiment, t.key, settings), "group": list(group_of(t))}
              for t in trials]
     scheduler = None
@@ -158,9 +163,8 @@ def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name:
         scheduler = GroupedASHA(functools.partial(
             ASHAScheduler, time_attr="step", metric="val_score", mode="max", max_t=ft.max_steps,
             grace_period=grace_period or ft.eval_every, reduction_factor=reduction_factor))
-    trainable = tune.with_resources(tune.with_parameters(_trainable, finetune=ft, max_len=max_len, cpus=cpus_per_trial,
-                                                       wandb_project=cfg.sweep.wandb_project),
-                                    {"cpu": cpus_per_trial})
+    trainable = tune.with_resources(tune.with_parameters(_trainable, finetune=ft, wandb=sweep_settings(cfg)),
+                                    trial_resources(ft))
     tuner = tune.Tuner(
         trainable,
         param_space={"trial": tune.grid_search(space)},
@@ -195,8 +199,7 @@ def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name:
 
 def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, name: str, done=frozenset(),
                grace_period: int | None = None, reduction_factor: float = REDUCTION_FACTOR,
-               cpus_per_trial: float = 1.0, max_len: int = DEFAULT_MAX_LEN, complete_best: bool = True,
-               verbose: int = 0) -> list[dict]:
+               complete_best: bool = True, verbose: int = 0) -> list[dict]:
     """Fine-tune every source checkpoint on cfg.finetune.tasks over lrs x seeds; one row per trial not in `done`
     (keys rows.TRIAL_KEY), as records (FinetuneRow.record). Bad task names or checkpoints raise UserError before
     anything runs."""
@@ -212,14 +215,14 @@ def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, n
             load_checked_tokenizer(resolve_hf_dir(source.hf_dir))
     done = {trial_key(dict(zip(result_rows.TRIAL_KEY, k))) for k in done}
     plan = [t for t in plan_trials(sources, cfg.finetune, cfg.sweep.name) if t.key not in done]
-    settings = trial_settings(cfg.finetune, max_len)
+    settings = trial_settings(cfg.finetune)
     records = {t.key: _read(record_path(experiment, t.key, settings)) for t in plan}
     for key, record in records.items():
         if record is not None and record.stopped_early and not cfg.finetune.asha:
             records[key] = None  # the full grid was asked for: a trial ASHA stopped runs again
     missing = [t for t in plan if records[t.key] is None]
     options = dict(experiment=experiment, grace_period=grace_period, reduction_factor=reduction_factor,
-                   cpus_per_trial=cpus_per_trial, max_len=max_len, verbose=verbose)
+                   verbose=verbose)
     if missing:
         for row in _launch(missing, cfg, name=name, asha=cfg.finetune.asha, **options):
             records[row.key] = row
@@ -244,7 +247,7 @@ def _complete_best(records: dict, plan: list[FinetuneRow], cfg: SweepSpec, exper
         name = f"{experiment.rsplit('/', 1)[-1]}-completion{attempt}"
         for row in _launch([planned[r.key] for r in rerun], cfg, name=name, asha=False, **options):
             row = result_rows.completed_row(records[row.key], row)
-            _write(record_path(experiment, row.key, trial_settings(cfg.finetune, options["max_len"])), row)
+            _write(record_path(experiment, row.key, trial_settings(cfg.finetune)), row)
             records[row.key] = row
 
 

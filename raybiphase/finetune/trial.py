@@ -18,6 +18,7 @@ transformers EuroBERT classes; its tokenizer must be there and fit the model's v
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -38,7 +39,6 @@ from raybiphase.optim import adamw, set_lr, wsd_lr
 
 ADAMW = {"betas": (0.9, 0.95), "eps": 1e-5, "weight_decay": 0.1}
 GRAD_CLIP = 1.0
-DEFAULT_MAX_LEN = 128  # tokens per input on CPU; the paper's encoders read up to 2,048
 SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "mask_token")
 
 
@@ -98,18 +98,31 @@ def _tokenized(hf_path: Path, task: str, max_examples: int, max_len: int, source
     return head, units, head.prepare_eval(splits.val), head.prepare_eval(splits.test)
 
 
+def trial_device(cfg: FinetuneConfig) -> torch.device:
+    """CUDA when the trial holds a GPU (Ray shows it only the GPU it was given), else the CPU."""
+    if cfg.gpus_per_trial > 0:
+        if not torch.cuda.is_available():
+            raise UserError(f"finetune.gpus_per_trial: {cfg.gpus_per_trial} asked for, but this node's torch sees "
+                            f"no CUDA device (torch {torch.__version__})")
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
 def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: FinetuneConfig,
-              report: Callable[[dict], None] | None = None, max_len: int = DEFAULT_MAX_LEN,
-              source: str = "auto") -> dict:
+              report: Callable[[dict], None] | None = None, source: str = "auto") -> dict:
     """Fine-tune `hf_dir` on `task`; returns val_score, test_score, metric, steps, seconds, test_per_example,
     secondary_metric and test_secondary."""
     began = time.perf_counter()
     spec = get_task(task)
     hf_path = resolve_hf_dir(hf_dir)
-    head, units, val, test = _tokenized(hf_path, task, cfg.max_examples, max_len, source)
+    head, units, val, test = _tokenized(hf_path, task, cfg.max_examples, cfg.max_len, source)
+    device = trial_device(cfg)
+    head.device = device
+    autocast = (functools.partial(torch.autocast, "cuda", dtype=torch.bfloat16) if device.type == "cuda"
+                else contextlib.nullcontext)
     torch.manual_seed(seed)
-    model = head.load_model(str(hf_path))
-    optimizer = adamw(model, lr=lr, **ADAMW)
+    model = head.load_model(str(hf_path)).to(device)
+    optimizer = adamw(model, lr=lr, **ADAMW, fused=device.type == "cuda")
     total = min(cfg.max_steps, math.ceil(len(units) / cfg.batch_size))  # at most one epoch
     warmup = round(cfg.warmup_ratio * total)
     order = np.random.default_rng(seed).permutation(len(units))
@@ -121,7 +134,8 @@ def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: Finet
         # --- step
         model.train()
         batch = [units[i] for i in order[step * cfg.batch_size:(step + 1) * cfg.batch_size]]
-        loss = head.loss(model, batch)
+        with autocast():
+            loss = head.loss(model, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
@@ -130,14 +144,16 @@ def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: Finet
         done = step + 1
         if done % cfg.eval_every == 0 or done == total:
             model.eval()
-            val_score = head.evaluate(model, val).score
+            with autocast():
+                val_score = head.evaluate(model, val).score
             if done == total:
                 break  # the last report comes after the test score
             if report:
                 report({"step": done, "val_score": val_score})
 
     # --- test, then the last report
-    tested = head.evaluate(model, test)
+    with autocast():
+        tested = head.evaluate(model, test)
     result = {"val_score": val_score, "test_score": tested.score, "metric": spec.metric, "steps": total,
               "seconds": time.perf_counter() - began, "test_per_example": tested.per_example,
               "secondary_metric": spec.secondary_metric, "test_secondary": tested.secondary}

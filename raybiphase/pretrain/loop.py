@@ -60,8 +60,10 @@ def _initial_model(run: RunConfig, manifest):
     common = dict(vocab_size=manifest.vocab_size, special_ids=manifest.special_ids,
                   attn_implementation=run.model.attn_implementation)
     source = run.model.init_from
-    if source and not storage.is_checkpoint(source):
-        return from_decoder(source, **common)
+    if source and not storage.is_checkpoint(source):  # a decoder in a bucket is copied once to this node
+        from raybiphase.data.assets import cache_dir
+
+        return from_decoder(storage.local_copy(source, cache_dir()), **common)
     return build_model(run.model.size, seed=run.train.seed, **common)
 
 
@@ -130,7 +132,8 @@ def train_loop(loop_config: dict) -> None:
 
     wandb = loop_config.get("wandb") or {}
     tracker = wandb_log.init_run("pretrain", loop_config.get("name", "pretrain"), wandb.get("group", ""),
-                                 flatten(run), wandb.get("project"), rank=rank)
+                                 flatten(run), wandb.get("project"), rank=rank, mode=wandb.get("mode"),
+                                 sync_to=wandb.get("sync_to"))
     val = validation_batches(manifest, batch_size=micro, batches=run.train.eval_batches,
                              mask_ratio=run.train.eval_mask_ratio)
     fpt, peak = model_flops_per_token(model, run.data.seq_len), peak_flops()
@@ -198,7 +201,7 @@ def train_loop(loop_config: dict) -> None:
                 with tempfile.TemporaryDirectory() as tmp:
                     checkpoint.save(Path(tmp), model, optimizer, meta)
                     if step in exports:
-                        checkpoint.export_hf(Path(storage.hf_dir(tmp)), model, manifest.tokenizer_dir)
+                        checkpoint.export_hf(Path(storage.hf_dir(tmp)), model, manifest.local_tokenizer())
                     ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
                                      checkpoint_dir_name=storage.checkpoint_name(step))
             else:

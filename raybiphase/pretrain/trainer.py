@@ -13,6 +13,7 @@ import os
 from raybiphase import storage
 from raybiphase.cli import UserError, config_parser, run_main
 from raybiphase.config import RunConfig, SweepSpec, load, to_dict
+from raybiphase.results.wandb import sweep_settings
 from raybiphase.sweep.naming import run_name
 
 
@@ -73,11 +74,6 @@ def make_trainer(run: RunConfig, *, name: str, paths: storage.SweepPaths, data_d
     )
 
 
-def wandb_settings(spec: SweepSpec) -> dict | None:
-    """What a worker needs to log to W&B: the project, and the sweep as the group."""
-    return {"project": spec.sweep.wandb_project, "group": spec.sweep.name} if spec.sweep.wandb_project else None
-
-
 def run_pretrain(spec: SweepSpec, *, resume_from: str | None = None, max_failures: int = 0, train_fn=None):
     """Prepare data, train the spec's base run, return the ray.train.Result."""
     from raybiphase.data.prepare import prepare
@@ -85,11 +81,15 @@ def run_pretrain(spec: SweepSpec, *, resume_from: str | None = None, max_failure
 
     if spec.sweep.grid or spec.sweep.runs:
         raise UserError("sweep.grid: this config is a sweep; run it with raybiphase sweep")
+    from raybiphase.data import assets
+
     run = spec.run
+    storage.check_writable(storage.absolute(spec.sweep.storage), "sweep.storage")
+    assets.use_mirror(storage.absolute(spec.sweep.storage))
     ensure_ray()
-    data_dir = prepare(run.data)
+    data_dir = prepare(run.data, storage_root=storage.absolute(spec.sweep.storage))
     trainer = make_trainer(run, name=run_name(run), paths=storage.SweepPaths.of(spec.sweep.storage, spec.sweep.name),
-                           data_dir=str(data_dir), resume_from=resume_from, wandb=wandb_settings(spec),
+                           data_dir=data_dir, resume_from=resume_from, wandb=sweep_settings(spec),
                            max_failures=max_failures, train_fn=train_fn)
     return trainer.fit()
 

@@ -6,8 +6,14 @@
     log_report(results_dir, project, sweep)           # summary tables and the report's figures
 
 - No project configured (`sweep.wandb_project` is None) -> `init_run` returns None and nothing imports wandb.
-- `WANDB_MODE=offline` unless the user set WANDB_MODE or WANDB_API_KEY: a configured user gets what they configured;
-  anyone else gets local files under WANDB_DIR (default ./wandb) and no network (`wandb sync` uploads them later).
+- The driver decides the mode once (`driver_settings`): WANDB_MODE when the user set it, else online when a key is
+  at hand (WANDB_API_KEY, or `wandb login`'s entry in ~/.netrc), else offline. Workers on other nodes have neither
+  the variable nor the netrc: the driver hands the key to one named Ray actor (`share_key`), which keeps it in
+  memory only, and a worker that must log online asks it (`init_run`). The key is never put in a config, a
+  runtime environment, a log or a file. The other WANDB_* variables reach every worker through
+  raybiphase.raycluster.
+- An offline run's folder is copied to `<sweep storage>/<sweep>/wandb/` when it finishes (`sync_to`): node disks
+  are deleted by the autoscaler, the bucket keeps them for `wandb sync`.
 - One run per pretraining segment (`kind="pretrain"`) and per fine-tuning trial (`kind="finetune"`), grouped by
   sweep; the config holds the dotted keys (`phases.mask_ratio`), the same names as the YAML and Parquet columns.
 - Secrets: a config key with a word "key", "token", "secret", "password" (split at . _ / -: `sweep.wandb_api_key`,
@@ -19,6 +25,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Mapping
@@ -42,11 +49,94 @@ def clean_config(config_flat: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def default_mode() -> str | None:
-    """'offline' unless the user configured W&B (WANDB_MODE or WANDB_API_KEY set); None lets wandb decide."""
-    if "WANDB_MODE" in os.environ or "WANDB_API_KEY" in os.environ:
+KEY_ACTOR = "raybiphase-wandb-key"
+WANDB_HOST = "api.wandb.ai"
+
+
+def api_key() -> str | None:
+    """The key this process could log in with: WANDB_API_KEY, else `wandb login`'s ~/.netrc entry."""
+    if os.environ.get("WANDB_API_KEY"):
+        return os.environ["WANDB_API_KEY"]
+    import netrc
+
+    host = (os.environ.get("WANDB_BASE_URL") or WANDB_HOST).split("://")[-1].rstrip("/")
+    try:
+        entry = netrc.netrc(os.environ.get("NETRC")).authenticators(host)
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
         return None
-    return "offline"
+    return entry[2] if entry else None
+
+
+def default_mode() -> str:
+    """WANDB_MODE when the user set it, else 'online' when a key is at hand, else 'offline'."""
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    return "online" if api_key() else "offline"
+
+
+def driver_settings(project: str | None, group: str, sync_to: str | None) -> dict | None:
+    """What workers need to log (None without a project): the project, the group, the driver's mode and where
+    offline run folders go. Online, the key is shared through `share_key`, never through these settings."""
+    if not project:
+        return None
+    mode = default_mode()
+    if mode == "online":
+        share_key()
+    return {"project": project, "group": group, "mode": mode, "sync_to": sync_to}
+
+
+def sweep_settings(spec) -> dict | None:
+    """`driver_settings` of a sweep spec: its project, its name as the group, its wandb/ folder for offline runs."""
+    from raybiphase import storage
+
+    root = storage.SweepPaths.of(spec.sweep.storage, spec.sweep.name).root
+    return driver_settings(spec.sweep.wandb_project, spec.sweep.name, sync_to=storage.join(root, "wandb"))
+
+
+def share_key() -> None:
+    """Put the driver's key in a named actor of this Ray job (memory only) for workers on other nodes."""
+    import ray
+
+    key = api_key()
+    if not key or not ray.is_initialized():
+        return
+    try:
+        ray.get_actor(KEY_ACTOR)
+    except ValueError:  # the driver keeps the handle: the actor lives as long as this job
+        _HOLDER.append(_holder_class().options(name=KEY_ACTOR).remote(key))
+
+
+def _key_from_driver() -> str | None:
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    try:
+        return ray.get(ray.get_actor(KEY_ACTOR).key.remote())
+    except ValueError:
+        return None
+
+
+@functools.cache
+def _holder_class():
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class KeyHolder:
+        def __init__(self, key: str):
+            self._key = key
+
+        def key(self) -> str:
+            return self._key
+
+        def __repr__(self) -> str:  # never shows the key in Ray's logs or dashboard
+            return "KeyHolder()"
+
+    return KeyHolder
+
+
+_SYNC: dict[int, str] = {}
+_HOLDER: list = []
 
 
 def world_rank(rank: int | None = None) -> int:
@@ -68,30 +158,43 @@ def init_run(
     *,
     rank: int | None = None,
     directory: str | os.PathLike | None = None,
+    mode: str | None = None,
+    sync_to: str | None = None,
 ):
     """Start a W&B run (a wandb Run) for a pretraining segment, a fine-tuning trial or a report; or None.
 
-    None when no project is configured or when this process is not world rank zero.
+    None when no project is configured or when this process is not world rank zero. `mode` is the driver's
+    (`driver_settings`); `sync_to` receives the run's folder at `finish` when it ran offline.
     """
     if not project or world_rank(rank) != 0:
         return None
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    mode = mode or default_mode()
+    if mode == "online" and not api_key():
+        key = _key_from_driver()
+        if key is None:
+            mode = "offline"  # no key on this node and none shared: keep the run rather than fail the trial
+        else:
+            os.environ["WANDB_API_KEY"] = key  # this process's memory only
     import wandb
 
     settings = wandb.Settings(console="off", save_code=False, disable_git=True, x_disable_stats=True,
                               silent=True)
-    return wandb.init(
+    run = wandb.init(
         project=project,
         name=name,
         group=group,
         job_type=kind,
         config=clean_config(config_flat),
-        mode=default_mode(),
+        mode=mode,
         dir=str(directory) if directory is not None else os.environ.get("WANDB_DIR"),
         reinit="create_new",  # a driver logs many trials one after the other
         settings=settings,
     )
+    if sync_to and mode == "offline":
+        _SYNC[id(run)] = sync_to
+    return run
 
 
 def log(run, metrics: Mapping[str, Any], step: int | None = None) -> None:
@@ -106,7 +209,13 @@ def finish(run, summary: Mapping[str, Any] | None = None) -> None:
         return
     for key, value in (summary or {}).items():
         run.summary[key] = value
+    folder = Path(run.dir).parent  # .../wandb/offline-run-<time>-<id>
     run.finish()
+    sync_to = _SYNC.pop(id(run), None)
+    if sync_to and folder.is_dir():
+        from raybiphase import storage
+
+        storage.upload(folder, storage.join(sync_to, folder.name))
 
 
 def _table(frame):

@@ -39,7 +39,7 @@ def segment_job(plan: Plan, segment: Segment, paths: SweepPaths, data_dirs: dict
                 spec: SweepSpec) -> dict:
     """Everything a Tune trial needs to run one segment (plain data: it travels in Tune's param space)."""
     from raybiphase.data.prepare import fingerprint
-    from raybiphase.pretrain.trainer import wandb_settings
+    from raybiphase.results.wandb import sweep_settings
 
     run = to_dict(segment.config)
     source = plan.runs[segment.runs[0]].source  # continued pretraining: every segment names the source's weights
@@ -53,7 +53,7 @@ def segment_job(plan: Plan, segment: Segment, paths: SweepPaths, data_dirs: dict
         "resume_from": paths.checkpoint(parent.id, parent.end) if parent else None,
         "stop_at": segment.end,
         "root": paths.root,
-        "wandb": wandb_settings(spec),
+        "wandb": sweep_settings(spec),
     }
 
 
@@ -111,19 +111,24 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> Plan
     spec = replace(spec, {"sweep.storage": storage.absolute(spec.sweep.storage)})
     plan = make_plan(spec)
     text = describe(plan, spec)
-    print(text if dry_run else "\n".join(text.splitlines()[:1] + text.splitlines()[-2:-1]), file=out)
+    lines = text.splitlines()
+    print(text if dry_run else "\n".join([lines[0], *(x for x in lines if x.startswith("steps:"))]), file=out)
     if dry_run:
         return plan
     from raybiphase.data.prepare import fingerprint, prepare
     from raybiphase.raycluster import ensure_ray
 
+    from raybiphase.data import assets
+
     paths = SweepPaths.of(spec.sweep.storage, spec.sweep.name)
+    storage.check_writable(paths.root, "sweep.storage")  # an unreachable bucket fails here, before any work
+    assets.use_mirror(spec.sweep.storage)  # nodes without the offline assets copy them from the bucket
     ensure_ray()
     data_dirs = {}
     for run in plan.runs.values():
         key = fingerprint(run.config.data)
         if key not in data_dirs:
-            data_dirs[key] = str(prepare(run.config.data))
+            data_dirs[key] = prepare(run.config.data, storage_root=spec.sweep.storage)
     done = {s.id for s in plan.segments.values() if segment_done(paths, s)}
     todo = [s for s in plan.segments.values() if s.id not in done]
     total_steps, done_steps = plan.planned_steps, sum(plan.segments[s].steps for s in done)

@@ -89,6 +89,23 @@ class Plan:
             total += flops / (spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.mfu) / 3600
         return total
 
+    def finetune_trials(self, spec: SweepSpec) -> int:
+        """Fine-tuning trials of the full grid: every run's final and exported checkpoints x tasks x LRs x seeds."""
+        checkpoints = sum(len({*[s for s in r.config.train.export_steps if s < r.steps], r.steps})
+                          for r in self.runs.values())
+        ft = spec.finetune
+        return checkpoints * len(ft.tasks) * len(ft.lrs) * len(ft.seeds)
+
+    def finetune_gpu_hours(self, spec: SweepSpec) -> float:
+        """An upper bound on the fan-out's GPU-hours: every trial of the full grid (no ASHA stop) running
+        finetune.max_steps steps of finetune.batch_size inputs of finetune.max_len tokens (no LM head), at the
+        same MFU as pretraining."""
+        ft, total = spec.finetune, 0.0
+        for run in self.runs.values():
+            flops = SIZES[run.config.model.size].flops_per_token(0, ft.max_len) * ft.max_steps * ft.batch_size * ft.max_len
+            total += flops / (spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.mfu) / 3600
+        return total * self.finetune_trials(spec) / max(1, len(self.runs))
+
 
 def expand(spec: SweepSpec) -> list[RunConfig]:
     """The grid's cross product plus the explicit runs, each a validated RunConfig; errors name the swept key."""
@@ -246,4 +263,11 @@ def describe(plan: Plan, spec: SweepSpec) -> str:
     lines.append(f"steps: naive {plan.naive_steps:,}, planned {plan.planned_steps:,} ({saved:.0%} saved)")
     lines.append(f"estimate: {plan.gpu_hours(spec):,.0f} GPU-hours planned vs {plan.gpu_hours(spec, planned=False):,.0f} "
                  f"naive at {spec.sweep.mfu:.0%} MFU of {spec.sweep.gpu_peak_tflops:g} TFLOP/s")
+    res, ft = spec.resources, spec.finetune
+    lines.append(f"resources: each pretraining segment holds {res.num_workers} Train worker(s) x {res.cpus_per_worker:g} "
+                 f"CPU, {res.gpus_per_worker:g} GPU (up to {res.max_concurrent} segment(s) at once); each fine-tuning "
+                 f"trial holds {ft.cpus_per_trial:g} CPU, {ft.gpus_per_trial:g} GPU")
+    if ft.tasks:
+        lines.append(f"fine-tuning: {plan.finetune_trials(spec):,} trials (full grid), at most "
+                     f"{plan.finetune_gpu_hours(spec):,.1f} GPU-hours beside pretraining's {plan.gpu_hours(spec):,.0f}")
     return "\n".join(lines)

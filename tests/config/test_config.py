@@ -61,6 +61,13 @@ def test_overrides_use_the_dotted_names_that_flatten_reports():
         ({"sweep": {"grid": {"phases.clm_shar": [0.5]}}}, {}, "phases.clm_shar: unknown key"),
         ({"train": {"global_batch_tokens": 1000}}, {}, "train.global_batch_tokens: 1000 is not a multiple"),
         ({"phases": {"clm_share": 0.5, "clm_steps": 10}}, {}, "phases.clm_steps: give clm_steps or clm_share, not both"),
+        ({"finetune": {"gpus_per_trial": 1.5}}, {}, "finetune.gpus_per_trial: 1.5 is out of range; allowed: a fraction"),
+        ({"finetune": {"max_len": 8}}, {}, "finetune.max_len: 8 is out of range; allowed: 16 or more"),
+        ({"finetune": {"cpus_per_trial": 0}}, {}, "finetune.cpus_per_trial: 0.0 is out of range"),
+        ({}, {"sweep.storage": "ftp://host/results"}, "sweep.storage: unknown URI scheme 'ftp' in 'ftp://host/results'"),
+        ({}, {"data.dir": "hdfs://x/shards"}, "data.dir: unknown URI scheme 'hdfs'"),
+        ({}, {"model.init_from": "http://x/ckpt"}, "model.init_from: unknown URI scheme 'http'"),
+        ({"data": {"piece_documents": 0}}, {}, "data.piece_documents: 0 is out of range"),
     ],
 )
 def test_bad_input_names_the_key(data, overrides, expected):

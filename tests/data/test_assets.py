@@ -138,3 +138,27 @@ def test_smollm2_converts_to_a_plain_hf_folder():
     tokenizer = AutoTokenizer.from_pretrained(folder)
     assert len(tokenizer) == 49152
     assert tokenizer("The capital of France is").input_ids
+
+
+def test_a_fresh_node_copies_the_assets_from_the_bucket_and_checks_them(cache, s3_bucket, tmp_path, monkeypatch):
+    """A cluster node without the assets reads them from <sweep.storage>/assets, verified against the registry."""
+    from raybiphase import storage
+
+    mirror = f"{s3_bucket}/mirror-test/assets"
+    monkeypatch.setenv(assets.MIRROR_ENV, "")  # undone after the test, whatever use_mirror sets
+    monkeypatch.delenv(assets.MIRROR_ENV)
+    assets.use_mirror(f"{s3_bucket}/mirror-test")
+    assert os.environ[assets.MIRROR_ENV] == mirror
+    assert storage.is_file(storage.join(mirror, "tweets", assets.MANIFEST))
+    fresh = tmp_path / "node-cache"
+    assert assets.asset_path("tweets", cache=fresh).read_bytes() == assets.asset_path("tweets").read_bytes()
+    assert not [p for p in fresh.iterdir() if p.name.startswith(".")]  # no staging left behind
+    # a mirror whose file was changed is refused, and nothing lands in the node's cache
+    member = assets.REGISTRY["wiki"].members[0].dest
+    storage.write_bytes(storage.join(mirror, "wiki", member), b"{}")
+    with pytest.raises(assets.AssetError, match="wiki"):
+        assets.asset_path("wiki", cache=fresh)
+    assert not (fresh / "wiki").exists()
+    monkeypatch.delenv(assets.MIRROR_ENV)
+    with pytest.raises(assets.AssetError, match="is not in the cache"):
+        assets.asset_path("squad", "dev-v1.1.json", cache=fresh)

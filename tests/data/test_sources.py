@@ -120,7 +120,7 @@ def test_wiki_retrieval():
     assert len(task["queries"]) == sum(bool(a["description"].strip()) for a in evaluation)
 
 
-def test_local_texts(tmp_path):
+def test_corpus_texts(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -128,14 +128,14 @@ def test_local_texts(tmp_path):
     (tmp_path / "b.jsonl").write_text(json.dumps({"text": "from jsonl"}) + "\n\n" + json.dumps({"text": " "}) + "\n")
     pq.write_table(pa.table({"text": ["from parquet", None]}), tmp_path / "c.parquet")
     (tmp_path / "ignored.md").write_text("not read")
-    assert list(sources.local_texts(tmp_path)) == ["first block\nstill first", "second block",
+    assert list(sources.corpus_texts(tmp_path)) == ["first block\nstill first", "second block",
                                                    "from jsonl", "from parquet"]
-    assert list(sources.local_texts(tmp_path / "a.txt", txt_mode="file")) == [
+    assert list(sources.corpus_texts(str(tmp_path / "a.txt"), txt_mode="file")) == [
         "first block\nstill first\n\n\nsecond block"]
     with pytest.raises(sources.SourceError, match="no such file or folder"):
-        list(sources.local_texts(tmp_path / "missing"))
+        list(sources.corpus_texts(tmp_path / "missing"))
     (tmp_path / "bad.jsonl").write_text('{"title": "no text"}\n')
     with pytest.raises(sources.SourceError, match=r"bad\.jsonl:1"):
-        list(sources.local_texts(tmp_path / "bad.jsonl"))
+        list(sources.corpus_texts(tmp_path / "bad.jsonl"))
     with pytest.raises(sources.SourceError, match="unsupported file type"):
-        list(sources.local_texts(tmp_path / "ignored.md"))
+        list(sources.corpus_texts(tmp_path / "ignored.md"))

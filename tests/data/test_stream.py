@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from raybiphase.cli import UserError
 from raybiphase.config import DataConfig
 from raybiphase.data.masking import MaskingSpec
-from raybiphase.data.prepare import pack, prepare
+from raybiphase.data.prepare import pack, prepare, shard_name
 from raybiphase.data.stream import (
     locate,
     open_dataset,
@@ -108,13 +109,13 @@ def test_prepare_twice_does_nothing(small_shards, monkeypatch):
     data, manifest = small_shards
     import raybiphase.data.prepare as prep
 
-    monkeypatch.setattr(prep, "read_documents", lambda *_: pytest.fail("prepare re-read the corpus"))
+    monkeypatch.setattr(prep, "plan_pieces", lambda *_: pytest.fail("prepare re-read the corpus"))
     assert prepare(data, quiet=True) == manifest.dir
 
 
 def test_manifest_counts_and_special_tokens(small_shards):
     data, manifest = small_shards
-    meta = json.loads((manifest.dir / "manifest.json").read_text())
+    meta = json.loads((Path(manifest.dir) / "manifest.json").read_text())
     assert meta["documents"] == data.max_documents and meta["val"]["rows"] == data.val_blocks
     assert sum(manifest.shard_rows) == meta["train_rows"] and max(manifest.shard_rows) <= data.shard_rows
     blocks = read_samples(manifest, np.arange(64), seed=0)
@@ -132,20 +133,20 @@ def copy_of(small_shards, tmp_path):
 
 
 def test_missing_shard_is_named(copy_of):
-    (copy_of / "train-00001.parquet").unlink()
-    with pytest.raises(UserError, match="shard train-00001.parquet listed in the manifest is missing"):
+    (copy_of / shard_name(0, 1)).unlink()
+    with pytest.raises(UserError, match=f"shard {shard_name(0, 1)} listed in the manifest is missing"):
         open_dataset(copy_of, seq_len=64)
 
 
 def test_corrupt_shard_is_named(copy_of):
-    path = copy_of / "train-00002.parquet"
+    path = copy_of / shard_name(0, 2)
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
-    with pytest.raises(UserError, match="train-00002.parquet is corrupt"):
+    with pytest.raises(UserError, match=f"{shard_name(0, 2)} is corrupt"):
         open_dataset(copy_of, seq_len=64)
     path.write_bytes(bytes(data[:100]))
-    with pytest.raises(UserError, match="train-00002.parquet is corrupt"):
+    with pytest.raises(UserError, match=f"{shard_name(0, 2)} is corrupt"):
         open_dataset(copy_of, seq_len=64)
 
 
@@ -163,16 +164,17 @@ def test_empty_or_unreadable_corpus(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     with pytest.raises(UserError, match="yielded no documents"):
-        prepare(DataConfig(source=str(empty), dir=str(tmp_path / "out")), quiet=True)
+        prepare(DataConfig(source=str(empty), dir=str(tmp_path / "out")), quiet=True, on_ray=False)
     with pytest.raises(UserError, match="data.source: 'nonsense' is not"):
-        prepare(DataConfig(source="nonsense", dir=str(tmp_path / "out2")), quiet=True)
+        prepare(DataConfig(source="nonsense", dir=str(tmp_path / "out2")), quiet=True, on_ray=False)
     assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
 
 
 def test_shards_tokenized_on_ray_equal_those_made_in_process(small_data, small_shards):
     """Ray Data changes where tokenization runs, never what it makes: the same shards, byte for byte."""
     (_, on_ray), (_, plain) = small_data, small_shards
-    files = sorted(p.name for p in on_ray.dir.glob("*.parquet"))
-    assert files == sorted(p.name for p in plain.dir.glob("*.parquet")) and len(files) > 2
+    on_ray, plain = Path(on_ray.dir), Path(plain.dir)
+    files = sorted(p.name for p in on_ray.glob("*.parquet"))
+    assert files == sorted(p.name for p in plain.glob("*.parquet")) and len(files) > 2
     for name in files:
-        assert (on_ray.dir / name).read_bytes() == (plain.dir / name).read_bytes(), name
+        assert (on_ray / name).read_bytes() == (plain / name).read_bytes(), name

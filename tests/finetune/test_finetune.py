@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 from pathlib import Path
@@ -94,12 +95,47 @@ def test_a_trial_reads_its_checkpoint_from_a_bucket(tiny_checkpoint, s3_bucket):
         run_trial(uri.replace("00000008", "00000009"), "tweets", lr=5e-4, seed=0, cfg=TINY_RUN)
 
 
+def test_a_gpu_trial_on_a_node_without_cuda_is_a_one_line_error(tiny_checkpoint):
+    import torch
+
+    from raybiphase.finetune.trial import run_trial
+
+    if torch.cuda.is_available():
+        pytest.skip("this node has CUDA")
+    with pytest.raises(UserError, match="finetune.gpus_per_trial: 0.5 asked for, but this node's torch sees no CUDA"):
+        run_trial(tiny_checkpoint, "tweets", lr=5e-4, seed=0, cfg=dataclasses.replace(TINY_RUN, gpus_per_trial=0.5))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("task", ["tweets", "squad_bio", "squad", "squad_retrieval"])
+def test_a_gpu_trial_trains_on_cuda_in_bf16_and_scores_like_cpu(tiny_checkpoint, task):
+    """Every family runs on the trial's GPU (bf16 autocast); the scores are in range and close to the CPU's."""
+    from raybiphase.finetune.trial import run_trial
+
+    cfg = dataclasses.replace(TINY_RUN, max_len=96)
+    gpu = run_trial(tiny_checkpoint, task, lr=1e-3, seed=0, cfg=dataclasses.replace(cfg, gpus_per_trial=1))
+    cpu = run_trial(tiny_checkpoint, task, lr=1e-3, seed=0, cfg=cfg)
+    assert 0.0 <= gpu["test_score"] <= 1.0 and len(gpu["test_per_example"]) == len(cpu["test_per_example"])
+    assert abs(gpu["test_score"] - cpu["test_score"]) < 0.25
+
+
+def test_trial_resources_follow_the_finetune_settings():
+    from raybiphase.finetune.fanout import trial_resources, trial_settings
+
+    assert trial_resources(FinetuneConfig()) == {"cpu": 1.0}
+    assert trial_resources(FinetuneConfig(cpus_per_trial=4, gpus_per_trial=0.25)) == {"cpu": 4, "gpu": 0.25}
+    # bf16 on a GPU and a longer input give other results: their records are not reused
+    base = trial_settings(FinetuneConfig())
+    assert trial_settings(FinetuneConfig(cpus_per_trial=4)) == base
+    assert trial_settings(FinetuneConfig(gpus_per_trial=0.5)) != base != trial_settings(FinetuneConfig(max_len=512))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["squad_bio", "squad", "squad_retrieval", "qnli"])
 def test_every_family_trains_and_scores(tiny_checkpoint, task):
     from raybiphase.finetune.trial import run_trial
 
-    result = run_trial(tiny_checkpoint, task, lr=1e-3, seed=0, cfg=TINY_RUN, max_len=96)
+    result = run_trial(tiny_checkpoint, task, lr=1e-3, seed=0, cfg=dataclasses.replace(TINY_RUN, max_len=96))
     assert 0.0 <= result["val_score"] <= 1.0 and 0.0 <= result["test_score"] <= 1.0
     assert len(result["test_per_example"]) == 48
     if task == "squad":

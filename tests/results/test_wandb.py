@@ -57,15 +57,66 @@ def test_only_world_rank_zero_logs(offline, monkeypatch) -> None:
     assert not (offline / "wandb").exists()
 
 
-def test_offline_unless_the_user_configured_wandb(monkeypatch) -> None:
+def test_online_when_logged_in_or_given_a_key_else_offline(monkeypatch, tmp_path) -> None:
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    assert wandb_log.default_mode() == "offline"
+    monkeypatch.delenv("WANDB_BASE_URL", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))  # no `wandb login` on this machine
+    assert wandb_log.default_mode() == "offline" and wandb_log.api_key() is None
+    (tmp_path / "netrc").write_text(f"machine api.wandb.ai\n  login user\n  password {FAKE_KEY}\n")
+    (tmp_path / "netrc").chmod(0o600)
+    assert wandb_log.default_mode() == "online" and wandb_log.api_key() == FAKE_KEY  # what `wandb login` leaves
+    monkeypatch.setenv("NETRC", str(tmp_path / "none"))
     monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
-    assert wandb_log.default_mode() is None
-    monkeypatch.delenv("WANDB_API_KEY")
-    monkeypatch.setenv("WANDB_MODE", "online")
-    assert wandb_log.default_mode() is None
+    assert wandb_log.default_mode() == "online"
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the user's choice wins
+    assert wandb_log.default_mode() == "offline"
+    settings = wandb_log.driver_settings("p", "sweep", "s3://bucket/results/sweep/wandb")
+    assert settings == {"project": "p", "group": "sweep", "mode": "offline", "sync_to": "s3://bucket/results/sweep/wandb"}
+    assert FAKE_KEY not in str(settings) and wandb_log.driver_settings(None, "sweep", None) is None
+
+
+def test_an_offline_run_folder_is_kept_in_the_bucket(offline: Path, s3_bucket) -> None:
+    from raybiphase import storage
+
+    target = f"{s3_bucket}/wandb-sync/sweep/wandb"
+    run = wandb_log.init_run("finetune", "t", "sweep", {"a.b": 1}, "raybiphase-test", mode="offline", sync_to=target)
+    wandb_log.log(run, {"val_score": 0.5}, step=1)
+    wandb_log.finish(run, {"test_score": 0.5})
+    (folder,) = (offline / "wandb").glob("offline-run-*")
+    (synced,) = [name for name in storage.list_folders(target)]
+    assert synced == folder.name
+    assert storage.is_file(storage.join(target, synced, next(folder.glob("run-*.wandb")).name))
+
+
+def test_workers_see_the_wandb_and_storage_settings_but_never_the_key(monkeypatch) -> None:
+    from raybiphase.raycluster import worker_env
+
+    monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
+    monkeypatch.setenv("WANDB_ENTITY", "lab")
+    monkeypatch.setenv("WANDB_DIR", "/driver/only")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    env = worker_env()
+    assert env["WANDB_ENTITY"] == "lab" and env["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000"
+    assert FAKE_KEY not in str(env) and "secret" not in str(env).replace("SECRET", "") and "WANDB_DIR" not in env
+
+
+def test_a_worker_on_another_node_gets_the_key_from_the_driver_in_memory(ray_cluster, monkeypatch) -> None:
+    import ray
+
+    monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
+    wandb_log.share_key()
+
+    @ray.remote(num_cpus=0.1, runtime_env={"env_vars": {"WANDB_API_KEY": ""}})
+    def worker_key():
+        import os
+
+        os.environ.pop("WANDB_API_KEY", None)
+        return wandb_log.api_key(), wandb_log._key_from_driver()
+
+    assert ray.get(worker_key.remote()) == (None, FAKE_KEY)
+    assert FAKE_KEY not in repr(ray.get_actor(wandb_log.KEY_ACTOR))
 
 
 def test_log_report_uploads_tables_and_figures(offline: Path) -> None:

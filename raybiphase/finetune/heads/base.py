@@ -47,6 +47,7 @@ def pad(sequences: list[list[int]], value: int) -> torch.Tensor:
 class Head:
     def __init__(self, task: Task, tokenizer, max_len: int):
         self.task, self.tokenizer, self.max_len = task, tokenizer, max_len
+        self.device = torch.device("cpu")  # the trial's device; batches and labels are made there
         self.open = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
         self.close = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -65,9 +66,13 @@ class Head:
             (first if len(first) >= len(second) else second).pop()
         return self.open + first + self.close + second + self.close
 
+    def tensor(self, values) -> torch.Tensor:
+        """Labels or masks on the trial's device."""
+        return torch.as_tensor(values, device=self.device)
+
     def batch(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = pad(sequences, self.pad_id)
-        mask = pad([[1] * len(s) for s in sequences], 0)
+        ids = pad(sequences, self.pad_id).to(self.device, non_blocking=True)
+        mask = pad([[1] * len(s) for s in sequences], 0).to(self.device, non_blocking=True)
         return ids, mask
 
     def forward_logits(self, model, sequences: list[list[int]]) -> torch.Tensor:

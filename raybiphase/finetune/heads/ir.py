@@ -33,7 +33,7 @@ class RetrievalHead(Head):
     def embed(self, model, sequences: list[list[int]]) -> torch.Tensor:
         ids, mask = self.batch(sequences)
         hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
-        pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+        pooled = (hidden.float() * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
         return F.normalize(pooled, dim=-1)
 
     def train_units(self, records: list[dict]) -> list:
@@ -44,9 +44,9 @@ class RetrievalHead(Head):
         passages = self.embed(model, [u[1] for u in units])
         similarity = queries @ passages.T / IR_TEMPERATURE
         pids = [u[2] for u in units]
-        same = torch.tensor([[i != j and pids[i] == pids[j] for j in range(len(pids))] for i in range(len(pids))])
+        same = self.tensor([[i != j and pids[i] == pids[j] for j in range(len(pids))] for i in range(len(pids))])
         similarity = similarity.masked_fill(same, float("-inf"))
-        return F.cross_entropy(similarity, torch.arange(len(units)))
+        return F.cross_entropy(similarity, torch.arange(len(units), device=self.device))
 
     def prepare_eval(self, rset: dict):
         return ([self.query(q["text"]) for q in rset["queries"]], [set(q["positives"]) for q in rset["queries"]],
@@ -59,7 +59,7 @@ class RetrievalHead(Head):
     @torch.no_grad()
     def evaluate(self, model, prepared) -> Evaluation:
         queries, relevant, passages, pids = prepared
-        scores = (self._encode_all(model, queries) @ self._encode_all(model, passages).T).numpy()
+        scores = (self._encode_all(model, queries) @ self._encode_all(model, passages).T).float().cpu().numpy()
         per_query = scoring.retrieval_scores(scoring.rank_by_scores(scores, pids), relevant)
         return Evaluation(float(np.mean(per_query["ndcg@10"])), per_query["ndcg@10"],
                           float(np.mean(per_query["mrr@10"])))

@@ -69,7 +69,7 @@ class QuestionAnsweringHead(Head):
     def loss(self, model, units: list) -> torch.Tensor:
         ids, mask = self.batch([u[0] for u in units])
         logits = model(input_ids=ids, attention_mask=mask).logits.masked_fill(~mask.bool()[..., None], -1e4)
-        starts, ends = torch.tensor([u[1][0] for u in units]), torch.tensor([u[1][1] for u in units])
+        starts, ends = self.tensor([u[1][0] for u in units]), self.tensor([u[1][1] for u in units])
         return (F.cross_entropy(logits[..., 0], starts) + F.cross_entropy(logits[..., 1], ends)) / 2
 
     def prepare_eval(self, split):
@@ -97,7 +97,7 @@ class QuestionAnsweringHead(Head):
         logits: list[list[np.ndarray]] = [[] for _ in prepared]
         for i in range(0, len(flat), EVAL_BATCH):
             chunk = flat[i:i + EVAL_BATCH]
-            out = self.forward_logits(model, [w["ids"] for _, w in chunk]).float().numpy()
+            out = self.forward_logits(model, [w["ids"] for _, w in chunk]).float().cpu().numpy()
             for row, (q, w) in zip(out, chunk):
                 logits[q].append(row[: len(w["ids"])])
         f1, exact = [], []

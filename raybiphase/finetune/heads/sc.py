@@ -24,7 +24,7 @@ class SequenceClassificationHead(Head):
 
     def loss(self, model, units: list) -> torch.Tensor:
         logits = self.forward_logits(model, [u[0] for u in units])
-        return F.cross_entropy(logits, torch.tensor([u[1] for u in units]))
+        return F.cross_entropy(logits, self.tensor([u[1] for u in units]))
 
     def prepare_eval(self, split):
         return self.train_units(split)

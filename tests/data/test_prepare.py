@@ -1,0 +1,150 @@
+"""Corpus preparation streams piece by piece: to a folder or a bucket, resumable, the same bytes either way."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from raybiphase import storage
+from raybiphase.cli import UserError
+from raybiphase.config import ConfigError, DataConfig
+from raybiphase.data import pieces as src
+from raybiphase.data import prepare as prep
+from raybiphase.data.stream import open_dataset, read_samples
+
+SMALL = {"max_documents": 1200, "vocab_size": 512, "seq_len": 64, "val_blocks": 8, "shard_rows": 128,
+         "piece_documents": 300}
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def reference(offline_cache, tmp_path_factory):
+    """The small corpus prepared in one uninterrupted in-process run."""
+    data = DataConfig(**SMALL, dir=str(tmp_path_factory.mktemp("reference") / "data"))
+    return data, prep.prepare(data, quiet=True, on_ray=False)
+
+
+def test_pieces_cover_the_corpus_once_in_order(reference):
+    data, _ = reference
+    pieces = src.plan_pieces(data)
+    assert [p.index for p in pieces] == [0, 1, 2, 3]
+    texts = [t for p in pieces for t in src.piece_texts(data, p)]
+    assert texts == list(src.offline_documents(data.max_documents))
+    assert len(texts) == data.max_documents
+
+
+def test_manifest_lists_every_piece_shard_and_counts(reference):
+    data, location = reference
+    meta = json.loads((Path(location) / "manifest.json").read_text())
+    assert meta["pieces"] == 4 and meta["documents"] == data.max_documents
+    assert [s["file"] for s in meta["shards"]] == sorted(s["file"] for s in meta["shards"])
+    assert {s["file"][:11] for s in meta["shards"]} == {f"train-{i:05d}" for i in range(4)}
+    assert all(s["rows"] <= data.shard_rows for s in meta["shards"]) and meta["val"]["rows"] == data.val_blocks
+    manifest = open_dataset(location, seq_len=data.seq_len)
+    blocks = read_samples(manifest, np.arange(manifest.train_rows), seed=0)
+    # every token of the corpus is in a block, but the last partial block of each piece
+    assert meta["tokens"] - 4 * data.seq_len < blocks.size + data.val_blocks * data.seq_len <= meta["tokens"]
+
+
+def test_an_interrupted_preparation_redoes_only_unfinished_pieces(reference, tmp_path, monkeypatch):
+    data, location = reference
+    data = DataConfig(**SMALL, dir=str(tmp_path / "data"))
+    real = prep.write_piece
+    calls = []
+
+    def dies_at_piece_2(data, out, piece, version):
+        if piece.index == 2:
+            raise KeyboardInterrupt  # the machine went away
+        calls.append(piece.index)
+        return real(data, out, piece, version)
+
+    monkeypatch.setattr(prep, "write_piece", dies_at_piece_2)
+    with pytest.raises(KeyboardInterrupt):
+        prep.prepare(data, quiet=True, on_ray=False)
+    assert calls == [0, 1] and not (tmp_path / "data" / "manifest.json").exists()
+
+    def counted(data, out, piece, version):
+        calls.append(piece.index)
+        return real(data, out, piece, version)
+
+    monkeypatch.setattr(prep, "write_piece", counted)
+    prep.prepare(data, quiet=True, on_ray=False)
+    assert calls == [0, 1, 2, 3]  # pieces 0 and 1 were not redone
+    assert files_of(tmp_path / "data") == files_of(Path(location))
+
+
+def test_a_bucket_holds_the_same_dataset_and_trains_from_it(reference, s3_bucket):
+    data, location = reference
+    uri = f"{s3_bucket}/shards/small"
+    assert prep.prepare(DataConfig(**SMALL, dir=uri), quiet=True, on_ray=False) == uri
+    local = files_of(Path(location))
+    for name, body in local.items():
+        assert storage.read_bytes(storage.join(uri, name)) == body, name
+    remote = open_dataset(uri, seq_len=data.seq_len)
+    here = open_dataset(location, seq_len=data.seq_len)
+    ids = np.arange(0, remote.train_rows, 7)
+    assert np.array_equal(read_samples(remote, ids, seed=3), read_samples(here, ids, seed=3))
+    assert (remote.local_tokenizer() / "tokenizer.json").read_bytes() == local["tokenizer/tokenizer.json"]
+
+
+def test_a_sweep_on_a_bucket_keeps_its_shards_there(s3_bucket):
+    data = DataConfig(**SMALL)
+    assert prep.dataset_location(data, f"{s3_bucket}/results") == f"{s3_bucket}/results/shards/{prep.fingerprint(data)}"
+    assert not storage.is_uri(prep.dataset_location(data, "/tmp/results"))
+
+
+def test_parquet_pieces_follow_row_groups_and_the_document_cap(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    texts = [f"document number {i} " * 3 for i in range(250)]
+    pq.write_table(pa.table({"text": texts[:150]}), corpus / "a.parquet", row_group_size=40)
+    pq.write_table(pa.table({"text": texts[150:]}), corpus / "b.parquet", row_group_size=40)
+    data = DataConfig(source=str(corpus), piece_documents=70)
+    pieces = src.plan_pieces(data)
+    assert [(Path(p.location).name, p.start, p.stop) for p in pieces] == [
+        ("a.parquet", 0, 2), ("a.parquet", 2, 4), ("b.parquet", 0, 2), ("b.parquet", 2, 3)]
+    assert [t for p in pieces for t in src.piece_texts(data, p)] == texts
+    capped = DataConfig(source=str(corpus), piece_documents=70, max_documents=170)
+    assert [t for p in src.plan_pieces(capped) for t in src.piece_texts(capped, p)] == texts[:170]
+
+
+def test_an_hf_dataset_streams_one_piece_per_shard(tmp_path, monkeypatch):
+    """The production loader (`datasets.load_dataset(..., streaming=True)`) on files in the hub's layout."""
+    import datasets
+
+    repo = tmp_path / "org--corpus"
+    (repo / "data").mkdir(parents=True)
+    texts = [f"a streamed document {i}" for i in range(60)]
+    for shard in range(3):
+        pq.write_table(pa.table({"text": texts[shard * 20:(shard + 1) * 20], "id": list(range(20))}),
+                       repo / "data" / f"train-{shard:05d}-of-00003.parquet")
+    monkeypatch.setattr(src, "_hf_stream", lambda data: datasets.load_dataset(str(repo), split="train", streaming=True))
+    data = DataConfig(source="org/corpus")
+    pieces = src.plan_pieces(data)
+    assert [(p.kind, p.start, p.stop) for p in pieces] == [("hf", 0, 3), ("hf", 1, 3), ("hf", 2, 3)]
+    assert sorted(t for p in pieces for t in src.piece_texts(data, p)) == sorted(texts)
+
+
+def test_bad_locations_are_named_before_anything_is_written(s3_bucket, tmp_path, offline_cache):
+    with pytest.raises(ConfigError, match="data.dir: unknown URI scheme 'ftp'"):
+        DataConfig(dir="ftp://host/shards")
+    with pytest.raises(UserError, match="data.dir: cannot write to s3://no-such-bucket/shards"):
+        prep.prepare(DataConfig(**SMALL, dir="s3://no-such-bucket/shards"), quiet=True, on_ray=False)
+    with pytest.raises(UserError, match="data.source: no such file or folder: s3://raybiphase-test/nothing"):
+        prep.prepare(DataConfig(**SMALL, source=f"{s3_bucket}/nothing", dir=str(tmp_path / "d")), quiet=True)
+    assert not (tmp_path / "d").exists()
+
+
+def test_too_small_a_corpus_leaves_nothing_behind(tmp_path, offline_cache):
+    data = DataConfig(**{**SMALL, "max_documents": 20, "val_blocks": 400}, dir=str(tmp_path / "d"))
+    with pytest.raises(UserError, match="too few for data.val_blocks=400"):
+        prep.prepare(data, quiet=True, on_ray=False)
+    assert not (tmp_path / "d").exists()
