@@ -9,19 +9,20 @@ words drawn with Zipf frequencies from the vocabulary of the offline Wikipedia l
   `--tokenizer-documents` documents, `--seq-len`-token blocks. The driver's resident memory is sampled every 20 ms
   from /proc/self/statm for the whole call; its peak above the level before the call (imports and Ray started) and
   the absolute peak are printed.
-* In-process baseline: the same `prepare` with `on_ray=False` (the same pieces, written by one process) on the
-  first `--baseline-files` files into another folder, for tokens/s on the same data in the same run.
+* In-process baseline: the same `prepare` with `on_ray=False` (the same piece function, in this one process) on
+  the first `--baseline-documents` documents of the corpus, for tokens/s on the same data in the same run.
 
 It prints the corpus size, the driver's peak RSS, their ratio (corpus / peak: how many times the driver's memory the
 corpus is), and tokens/s of both sides with their ratio.
 
     python benchmarks/bench_prepare.py [--corpus-mib 1024] [--files 16] [--words 400] [--vocab-size 8192] \
-        [--seq-len 2048] [--shard-rows 1024] [--piece-documents 10000] [--baseline-files 2] [--workdir DIR]
+        [--seq-len 2048] [--shard-rows 1024] [--piece-documents 10000] [--baseline-documents 8000] [--workdir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -37,7 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
-import pyarrow.compute  # noqa: E402,F401
 import pyarrow.parquet as pq  # noqa: E402
 
 from raybiphase.config import DataConfig  # noqa: E402
@@ -72,7 +72,8 @@ class PeakRSS:
 
 
 def write_corpus(folder: Path, mib: int, files: int, words: int, seed: int = 0) -> int:
-    """Synthetic documents as Parquet files; returns the text bytes written."""
+    """Synthetic documents as Parquet files, one file in memory at a time; returns the text bytes written (also
+    kept in corpus.json, so that measuring never reads the corpus into this process)."""
     from raybiphase.data import sources
 
     counts: dict[str, int] = {}
@@ -94,6 +95,7 @@ def write_corpus(folder: Path, mib: int, files: int, words: int, seed: int = 0) 
             size += len(doc)
         pq.write_table(pa.table({"text": docs}), folder / f"part-{index:04d}.parquet", row_group_size=2000)
         written += size
+    (folder / "corpus.json").write_text(json.dumps({"text_bytes": written}))
     return written
 
 
@@ -108,21 +110,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--shard-rows", type=int, default=1024)
     p.add_argument("--piece-documents", type=int, default=10_000)
-    p.add_argument("--baseline-files", type=int, default=2, help="files the in-process baseline prepares")
+    p.add_argument("--baseline-documents", type=int, default=8000, help="documents the in-process baseline prepares")
     p.add_argument("--workdir", default="", help="where the corpus and the shards go (default: a temp folder)")
     args = p.parse_args(argv)
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench-prepare-"))
     corpus = work / "corpus"
     t0 = time.perf_counter()
-    if not corpus.is_dir():
-        write_corpus(corpus, args.corpus_mib, args.files, args.words)
+    if not (corpus / "corpus.json").is_file():  # in a child process: the driver's memory stays untouched
+        import multiprocessing
+
+        child = multiprocessing.get_context("fork").Process(
+            target=write_corpus, args=(corpus, args.corpus_mib, args.files, args.words))
+        child.start()
+        child.join()
+        assert child.exitcode == 0, "writing the corpus failed"
     files = sorted(corpus.glob("*.parquet"))
     docs = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
     print(f"# corpus: {len(files)} Parquet files, {docs:,} documents, "
           f"{sum(f.stat().st_size for f in files) / MIB:,.0f} MiB on disk, built in {time.perf_counter() - t0:.0f}s")
-    text_mib = sum(pa.compute.sum(pa.compute.utf8_length(pq.read_table(f, columns=["text"]).column("text"))).as_py()
-                   for f in files) / MIB
+    text_mib = json.loads((corpus / "corpus.json").read_text())["text_bytes"] / MIB
 
     from raybiphase.raycluster import ensure_ray
 
@@ -136,15 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     with PeakRSS() as driver:
         prepare(DataConfig(source=str(corpus), dir=str(out), **settings), quiet=True)
     ray_s = time.perf_counter() - t0
-    import json
-
     tokens = json.loads((out / "manifest.json").read_text())["tokens"]
 
     baseline_corpus = work / "baseline-corpus"
     shutil.rmtree(baseline_corpus, ignore_errors=True)
     baseline_corpus.mkdir()
-    for f in files[:args.baseline_files]:
-        os.link(f, baseline_corpus / f.name)
+    first = pq.ParquetFile(files[0])
+    rows = next(first.iter_batches(batch_size=args.baseline_documents, columns=["text"]))
+    pq.write_table(pa.Table.from_batches([rows]), baseline_corpus / "part-0000.parquet", row_group_size=2000)
     base_out = work / "baseline-shards"
     shutil.rmtree(base_out, ignore_errors=True)
     t0 = time.perf_counter()
@@ -161,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"corpus text: {text_mib:,.0f} MiB, {tokens:,} tokens")
     print(f"driver RSS before prepare: {before / MIB:,.0f} MiB; peak during prepare: {driver.peak / MIB:,.0f} MiB "
           f"(+{(driver.peak - before) / MIB:,.0f} MiB)")
-    print(f"Ray Data prepare: {ray_s:,.0f}s, {ray_rate:,.0f} tokens/s; in-process baseline on {args.baseline_files} "
-          f"file(s): {base_s:,.0f}s, {base_rate:,.0f} tokens/s")
+    print(f"Ray Data prepare: {ray_s:,.0f}s, {ray_rate:,.0f} tokens/s; in-process baseline on the first "
+          f"{args.baseline_documents:,} documents: {base_s:,.0f}s, {base_rate:,.0f} tokens/s")
     print(f"tokens/s ratio (Ray Data / in-process): {ray_rate / base_rate:.2f}")
     print(f"corpus / driver peak RSS: {text_mib * MIB / driver.peak:.1f}")
     return 0

@@ -24,7 +24,7 @@ checkpoints (sharded + HF export), teardown).
 Plain side (the baseline): one process, `torch.set_num_threads(2)` (the whole machine), no Ray, no FSDP:
 `build_model` -> for each step: the LR from `raybiphase.pretrain.schedule.Schedule`, then for each micro-batch of
 the global batch `raybiphase.data.stream.read_samples` + `raybiphase.data.stream.make_inputs` (`mlm_mask` or
-`clm_labels`), `forward_loss`, backward; clip; `AdamW.step`. Each step is timed on its own; the plain
+`clm_labels`), `loss_terms` (the token-weighted loss), backward; clip; `AdamW.step`. Each step is timed on its own; the plain
 steady rate covers exactly the steps of the Ray side's steady windows (the steps of the first window are
 the warm-up). No evaluation or checkpoint is timed on either side. The plain loop runs before and after the
 Ray run (`--repeats` pairs interleave further) and the best of its runs is used; the losses at the report
@@ -78,7 +78,9 @@ import torch  # noqa: E402
 
 from raybiphase.config import SweepSpec, from_dict  # noqa: E402
 from raybiphase.data.masking import MaskingSpec  # noqa: E402
-from raybiphase.pretrain.model import build_model, forward_loss  # noqa: E402
+from raybiphase.pretrain.loop import step_tokens  # noqa: E402
+from raybiphase.pretrain.loss import token_weighted  # noqa: E402
+from raybiphase.pretrain.model import build_model, loss_terms  # noqa: E402
 from raybiphase.pretrain.parallel import use_bf16  # noqa: E402
 from raybiphase.pretrain.schedule import Schedule  # noqa: E402
 from raybiphase.data.stream import make_inputs, open_dataset, read_samples  # noqa: E402
@@ -142,12 +144,16 @@ def plain_loop(cfg: SweepSpec, manifest, device: torch.device) -> tuple[list[flo
         for group in optimizer.param_groups:
             group["lr"] = lr
         total = torch.zeros((), device=device)
+        micro_batches = []
         for j in range(accum):
             ids = np.arange(step * rows + j * micro, step * rows + (j + 1) * micro, dtype=np.int64)
             batch = make_inputs(read_samples(manifest, ids, seed), ids, phase.objective, manifest, seed, mask)
-            batch = {k: torch.from_numpy(batch[k]).to(device) for k in ("input_ids", "labels")}
+            micro_batches.append({k: torch.from_numpy(batch[k]).to(device) for k in ("input_ids", "labels")})
+        tokens = step_tokens(micro_batches, world=1)
+        for batch in micro_batches:  # the loop's token-weighted loss, in one process
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                loss = forward_loss(model, batch, phase.objective) / accum
+                loss_sum, _ = loss_terms(model, batch, phase.objective)
+                loss = token_weighted(loss_sum, tokens, world=1)
             loss.backward()
             total += loss.detach()
         if o.grad_clip > 0:

@@ -181,7 +181,9 @@ class OptimConfig:
     decay_steps: int = 10
     """Linear decay to 0 over the last steps of the run (the paper: 2000); 0 = no decay."""
     decay_embeddings: bool = True
-    """Apply weight decay to the embedding matrices too (norms and biases never decay: raybiphase.optim)."""
+    """Apply weight decay to the embedding matrices too (norms and biases never decay: raybiphase.optim). True
+    follows the authors' library, Optimus (optimus/trainer/optimizer_factory.py hands all of model.parameters() to
+    AdamW with one weight_decay, so embeddings decay there; its norms do too, which this rule does not copy)."""
 
     def __post_init__(self) -> None:
         positive(self.lr, "optim.lr")
@@ -214,11 +216,24 @@ class TrainConfig:
     """Mask ratio of the held-out MLM loss; keep it fixed across a sweep so the curves compare."""
     precision: Literal["auto", "bf16", "fp32"] = "auto"
     """'auto' = bf16 mixed precision on CUDA, fp32 on CPU."""
+    loss_weighting: Literal["tokens", "micro_batch_mean"] = "tokens"
+    """'tokens': every labelled token of the global batch weighs the same, across micro-batches and workers (the loss
+    of one big batch); 'micro_batch_mean': the mean of each micro-batch's mean, averaged over workers (for comparison)."""
+    head_chunk_rows: int = field(default=2048, metadata=NOT_WEIGHTS)
+    """Rows per chunk of the LM head's cross-entropy (raybiphase.pretrain.loss): bounds the fp32 logits in memory."""
+    compile: bool = field(default=False, metadata=NOT_WEIGHTS)
+    """torch.compile each transformer block (CUDA; the first steps pay for compilation)."""
+    activation_checkpointing: bool = field(default=False, metadata=NOT_WEIGHTS)
+    """Recompute each block's activations in the backward pass: less memory for about a third more compute."""
+    reshard_after_forward: bool = field(default=True, metadata=NOT_WEIGHTS)
+    """FSDP2: free each block's gathered parameters after its forward (less memory) or keep them for the backward
+    (one all-gather fewer per block and step)."""
 
     def __post_init__(self) -> None:
         positive(self.global_batch_tokens, "train.global_batch_tokens")
         positive(self.micro_batch_size, "train.micro_batch_size")
         positive(self.eval_every, "train.eval_every")
+        positive(self.head_chunk_rows, "train.head_chunk_rows")
         non_negative(self.eval_batches, "train.eval_batches")
         ratio(self.eval_mask_ratio, "train.eval_mask_ratio")
         positive(self.checkpoint_every, "train.checkpoint_every")

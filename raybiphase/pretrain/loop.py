@@ -28,8 +28,10 @@ from raybiphase.pretrain import checkpoint
 from raybiphase.pretrain.checkpoint import CheckpointMeta
 from raybiphase.results import wandb as wandb_log
 from raybiphase.data.masking import MaskingSpec
-from raybiphase.pretrain.model import build_model, forward_loss, from_decoder
-from raybiphase.pretrain.parallel import apply_fsdp, use_bf16
+from raybiphase.data.masking import IGNORE_INDEX
+from raybiphase.pretrain.loss import token_weighted
+from raybiphase.pretrain.model import build_model, from_decoder, loss_terms
+from raybiphase.pretrain.parallel import apply_fsdp, use_bf16, wrap_blocks
 from raybiphase.pretrain.schedule import Schedule
 from raybiphase.pretrain.sizes import PEAK_BF16_TFLOPS, flops_per_token
 from raybiphase.data.stream import open_dataset, phase_stream, validation_batches
@@ -90,13 +92,23 @@ def restore(run: RunConfig, model, optimizer, resume_from: str | None) -> tuple[
     return 0, 0
 
 
+def step_tokens(micro_batches: list[dict], world: int) -> torch.Tensor:
+    """Labelled tokens of one optimizer step over all micro-batches of all workers."""
+    tokens = sum((b["labels"] != IGNORE_INDEX).sum() for b in micro_batches)
+    if world > 1:
+        dist.all_reduce(tokens)
+    return tokens
+
+
 @torch.no_grad()
 def evaluate(model, val: dict[str, list[dict]], device) -> dict[str, float]:
     model.eval()
     out = {}
     for objective, batches in val.items():
-        losses = [forward_loss(model, {k: torch.as_tensor(v, device=device) for k, v in b.items()}, objective) for b in batches]
-        out[f"val/{objective}_loss"] = float(torch.stack(losses).mean()) if losses else float("nan")
+        terms = [loss_terms(model, {k: torch.as_tensor(v, device=device) for k, v in b.items()}, objective)
+                 for b in batches]
+        tokens = sum(int(n) for _, n in terms)
+        out[f"val/{objective}_loss"] = float(sum(s for s, _ in terms)) / tokens if tokens else float("nan")
     model.train()
     return out
 
@@ -124,10 +136,12 @@ def train_loop(loop_config: dict) -> None:
     model = _initial_model(run, manifest)
     model.to(device).train()
     bf16 = use_bf16(run.train.precision)
-    model = apply_fsdp(model, bf16=bf16)
+    model = wrap_blocks(model, activation_checkpointing=run.train.activation_checkpointing, compile=run.train.compile)
+    model = apply_fsdp(model, bf16=bf16, reshard_after_forward=run.train.reshard_after_forward)
     optim = run.optim
+    fused = {"fused": True} if device.type == "cuda" else {"foreach": False}  # CPU: the reference loop's order
     optimizer = adamw(model, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay,
-                      decay_embeddings=optim.decay_embeddings, foreach=False)
+                      decay_embeddings=optim.decay_embeddings, **fused)
     step, data_start = restore(run, model, optimizer, loop_config.get("resume_from"))
 
     wandb = loop_config.get("wandb") or {}
@@ -159,14 +173,19 @@ def train_loop(loop_config: dict) -> None:
             _, lr = schedule.at(step)
             set_lr(optimizer, lr)
 
-            # --- micro-steps (gradient accumulation to the global batch)
+            # --- micro-steps (gradient accumulation to the global batch), each token weighing the same
+            micro_batches = [next(batches) for _ in range(accum)]
+            tokens = step_tokens(micro_batches, world)
             total = torch.zeros((), device=device)
-            for _ in range(accum):
-                batch = next(batches)
+            for batch in micro_batches:
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16 and device.type == "cuda"):
-                    loss = forward_loss(model, batch, phase.objective) / accum
+                    loss_sum, count = loss_terms(model, batch, phase.objective, run.train.head_chunk_rows)
+                    if run.train.loss_weighting == "tokens":
+                        loss = token_weighted(loss_sum, tokens, world)
+                    else:  # the mean of micro-batch means (FSDP then averages the workers)
+                        loss = loss_sum / count.clamp(min=1) / accum
                 loss.backward()
-                total += loss.detach()
+                total += loss_sum.detach()
 
             # --- clip and step
             if optim.grad_clip > 0:
@@ -185,7 +204,7 @@ def train_loop(loop_config: dict) -> None:
             # --- eval and report
             if world > 1:
                 dist.all_reduce(total)
-                total /= world
+            total /= tokens.clamp(min=1)  # the step's loss: every labelled token of the global batch, once
             seconds = time.perf_counter() - window_start
             metrics = {"step": step, "tokens_seen": step * tokens_per_step, "phase": phase_idx,
                        "objective": phase.objective, f"train/{phase.objective}_loss": float(total), "lr": lr,

@@ -16,6 +16,7 @@ from transformers import EuroBertConfig, EuroBertForMaskedLM
 
 from raybiphase.cli import UserError
 from raybiphase.data.masking import IGNORE_INDEX
+from raybiphase.pretrain.loss import CHUNK_ROWS, labelled_rows, linear_cross_entropy
 from raybiphase.pretrain.sizes import SIZES
 
 
@@ -86,7 +87,8 @@ def from_decoder(path: str | Path, *, vocab_size: int, special_ids: dict[str, in
 
 
 def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over positions whose label is not -100.
+    """Mean cross-entropy over positions whose label is not -100, from full logits (the reference the step's
+    sparse, chunked loss is tested against).
 
     For CLM the data already holds next-token labels (raybiphase.data.masking.clm_labels), so nothing is shifted here;
     for MLM only the masked positions carry labels.
@@ -94,7 +96,27 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX)
 
 
+def sparse_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, is_causal: bool,
+                chunk_rows: int = CHUNK_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of token losses, labelled tokens) of one micro-batch: EuroBERT's encoder for the hidden states, then its
+    own LM head on the labelled rows only (sparse prediction), its cross-entropy chunked (raybiphase.pretrain.loss).
+    Under FSDP2 it is registered as a forward method of the root module (raybiphase.pretrain.parallel)."""
+    hidden = model.model(input_ids=input_ids, is_causal=is_causal).last_hidden_state
+    rows, targets = labelled_rows(hidden, labels)
+    total = linear_cross_entropy(rows, model.lm_head.weight, targets, model.lm_head.bias, chunk_rows=chunk_rows)
+    return total, torch.tensor(targets.numel(), device=total.device)
+
+
+def loss_terms(model, batch: dict[str, torch.Tensor], objective: str,
+               chunk_rows: int = CHUNK_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of token losses, labelled tokens) of one micro-batch under the phase's objective: causal attention for
+    CLM, bidirectional for MLM."""
+    method = getattr(model, "sparse_loss", None)  # FSDP2's registered method, when the model is sharded
+    args = (batch["input_ids"], batch["labels"], objective == "clm", chunk_rows)
+    return method(*args) if method is not None else sparse_loss(model, *args)
+
+
 def forward_loss(model, batch: dict[str, torch.Tensor], objective: str) -> torch.Tensor:
-    """Loss of one micro-batch under the phase's objective: causal attention for CLM, bidirectional for MLM."""
-    logits = model(input_ids=batch["input_ids"], is_causal=objective == "clm").logits
-    return token_loss(logits, batch["labels"])
+    """Mean token loss of one micro-batch."""
+    total, tokens = loss_terms(model, batch, objective)
+    return total / tokens.clamp(min=1)

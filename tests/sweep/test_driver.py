@@ -1,12 +1,10 @@
-"""The sweep on a real local Ray: a killed driver resumes without recomputing, a branch equals the run alone,
-and `ray job submit -- python -m raybiphase.sweep SPEC` runs against `ray start --head`."""
+"""The sweep on a real local Ray: a killed driver resumes without recomputing, a branch equals the run alone.
+(`ray job submit` against `ray start --head` nodes: tests/test_multinode.py.)"""
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,7 +38,7 @@ def _sweep(spec: Path, env=None, **kwargs):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **kwargs)
 
 
-@pytest.fixture(scope="session")  # session: the cluster test runs last, after other modules, and reuses it
+@pytest.fixture(scope="module")
 def finished_sweep(small_data, tmp_path_factory):
     """Run the sweep, kill the driver (and its local Ray) once the shared CLM segment is done, run it again."""
     tmp = tmp_path_factory.mktemp("sweep")
@@ -94,33 +92,3 @@ def test_a_branch_ends_with_the_weights_of_the_run_alone(finished_sweep, tiny_ru
     alone = Path(tiny_run.checkpoint.path) / "hf" / "model.safetensors"
     a, b = load_file(str(branch)), load_file(str(alone))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.mark.cluster
-def test_ray_job_submit_runs_the_sweep_on_a_started_cluster(finished_sweep):
-    """`ray start --head` + `ray job submit`: the job finds every segment done and exits cleanly."""
-    import ray
-
-    ray.shutdown()  # this test owns the machine's Ray from here on (the marker runs it last)
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": ""}
-    env.pop("RAY_ADDRESS")
-    dashboard = _free_port()
-    ray_bin = shutil.which("ray") or str(Path(sys.executable).parent / "ray")
-    start = [ray_bin, "start", "--head", f"--port={_free_port()}", "--num-cpus=2", "--include-dashboard=true",
-             f"--dashboard-port={dashboard}", "--disable-usage-stats"]
-    subprocess.run(start, env=env, check=True, capture_output=True, timeout=120)
-    try:
-        submit = [ray_bin, "job", "submit", f"--address=http://127.0.0.1:{dashboard}", "--",
-                  sys.executable, "-m", "raybiphase.sweep", str(finished_sweep["spec"])]
-        proc = subprocess.run(submit, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        assert "6/6 segments already done" in proc.stdout
-        assert "succeeded" in proc.stdout
-    finally:
-        subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=120)
