@@ -100,6 +100,7 @@ def test_every_node_installs_the_project_and_none_compiles_flash_attn(autoscaler
     _, raw, prepared = autoscaler
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert extras["flash"] == ["flash-attn>=2.6"]  # an option, installed from a prebuilt wheel or an image
+    assert "cd ~/raybiphase && pip install -c constraints.txt -e '.[gpu]'" in " && ".join(prepared["worker_setup_commands"])
     assert raw["file_mounts"] == {"~/raybiphase": "."}, "setup installs the working tree that `ray up` syncs"
     # prepare_config puts setup_commands in front of head_setup_commands and worker_setup_commands.
     for commands in (prepared["head_setup_commands"], prepared["worker_setup_commands"]):

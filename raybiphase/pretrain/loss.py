@@ -76,13 +76,15 @@ def linear_cross_entropy(rows: torch.Tensor, weight: torch.Tensor, labels: torch
     if rows.is_cuda and fused_kernel_available():
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
-        return liger_fused_linear_cross_entropy(rows, weight, labels, bias, reduction="sum")
+        out = liger_fused_linear_cross_entropy(rows, weight, labels, bias, reduction="sum")
+        return out[0] if isinstance(out, tuple) else out  # some versions also return the z-loss
     return _ChunkedLinearCE.apply(rows, weight, bias, labels, chunk_rows)  # fp32, whatever the weights' dtype
 
 
 @functools.cache
 def fused_kernel_available() -> bool:
-    """liger-kernel's fused linear cross-entropy (the `gpu` extra) is importable."""
+    """liger-kernel's fused linear cross-entropy (the `gpu` extra, installed on the clusters' GPU workers) is
+    importable."""
     return importlib.util.find_spec("liger_kernel") is not None
 
 
