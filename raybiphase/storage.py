@@ -86,14 +86,8 @@ def read_json(location: Location) -> Any | None:
 
 
 def write_json(location: Location, document: Any) -> None:
-    """Write a temporary sibling, then move it over `location`: a reader sees the old or the new document."""
-    fs, path = filesystem(location)
-    parent, name = path.rsplit("/", 1)
-    fs.create_dir(parent, recursive=True)
-    tmp = f"{parent}/.{name}.tmp"
-    with fs.open_output_stream(tmp) as handle:
-        handle.write(json.dumps(document).encode())
-    fs.move(tmp, path)
+    """Write a whole JSON document (`write_bytes`): a reader sees the old or the new document."""
+    write_bytes(location, json.dumps(document).encode())
 
 
 def read_bytes(location: Location) -> bytes:
@@ -115,18 +109,20 @@ def write_bytes(location: Location, data: bytes) -> None:
         fs.move(target, path)
 
 
-def list_files(location: Location) -> dict[str, int]:
-    """Files directly under a folder, name -> size in bytes; {} when the folder does not exist."""
+def _entries(location: Location, kind: pafs.FileType) -> dict[str, int]:
     fs, path = filesystem(location)
     infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
-    return {info.base_name: info.size for info in infos if info.type == pafs.FileType.File}
+    return {info.base_name: info.size for info in infos if info.type == kind}
+
+
+def list_files(location: Location) -> dict[str, int]:
+    """Files directly under a folder, name -> size in bytes; {} when the folder does not exist."""
+    return _entries(location, pafs.FileType.File)
 
 
 def list_folders(location: Location) -> list[str]:
     """Names of the folders directly under `location`, sorted; [] when it does not exist."""
-    fs, path = filesystem(location)
-    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
-    return sorted(info.base_name for info in infos if info.type == pafs.FileType.Directory)
+    return sorted(_entries(location, pafs.FileType.Directory))
 
 
 def upload(folder: Path, location: Location) -> None:

@@ -56,6 +56,7 @@ def test_a_local_folder_is_used_in_place(tmp_path):
     assert isinstance(storage.filesystem("s3://b/x")[0], pafs.S3FileSystem)
 
 
+@pytest.mark.slow  # a subprocess that imports the whole CLI: seconds
 def test_a_sweep_to_a_missing_bucket_stops_with_one_line_before_any_work(s3_bucket, tmp_path):
     import subprocess
     import sys

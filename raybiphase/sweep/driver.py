@@ -159,7 +159,7 @@ def finetune_sources(plan: Plan, paths: SweepPaths) -> list[result_rows.Finetune
     """Every run's final checkpoint and its requested intermediate ones (train.export_steps)."""
     out = []
     for run in plan.runs.values():
-        for step in sorted({*[s for s in run.config.train.export_steps if s < run.steps], run.steps}):
+        for step in run.finetune_steps:
             seg = next(plan.segments[s] for s in run.segments if plan.segments[s].start < step <= plan.segments[s].end)
             out.append(result_rows.FinetuneSource(run.name, step, storage.hf_dir(paths.checkpoint(seg.id, step)),
                                                   result_rows.config_columns(run.config)))

@@ -47,6 +47,11 @@ class Run:
     def steps(self) -> int:
         return len(self.signature)
 
+    @property
+    def finetune_steps(self) -> list[int]:
+        """The checkpoints fine-tuned: the final one and the requested intermediate ones (train.export_steps)."""
+        return sorted({*[s for s in self.config.train.export_steps if s < self.steps], self.steps})
+
 
 @dataclass
 class Segment:
@@ -89,22 +94,21 @@ class Plan:
             total += flops / (spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.mfu) / 3600
         return total
 
-    def finetune_trials(self, spec: SweepSpec) -> int:
-        """Fine-tuning trials of the full grid: every run's final and exported checkpoints x tasks x LRs x seeds."""
-        checkpoints = sum(len({*[s for s in r.config.train.export_steps if s < r.steps], r.steps})
-                          for r in self.runs.values())
+    def finetune_trials(self, spec: SweepSpec, run: Run | None = None) -> int:
+        """Fine-tuning trials of the full grid (of one run, or of all): checkpoints x tasks x LRs x seeds."""
         ft = spec.finetune
+        checkpoints = sum(len(r.finetune_steps) for r in ([run] if run else self.runs.values()))
         return checkpoints * len(ft.tasks) * len(ft.lrs) * len(ft.seeds)
 
     def finetune_gpu_hours(self, spec: SweepSpec) -> float:
         """An upper bound on the fan-out's GPU-hours: every trial of the full grid (no ASHA stop) running
         finetune.max_steps steps of finetune.batch_size inputs of finetune.max_len tokens (no LM head), at the
         same MFU as pretraining."""
-        ft, total = spec.finetune, 0.0
+        ft, flops = spec.finetune, 0.0
         for run in self.runs.values():
-            flops = SIZES[run.config.model.size].flops_per_token(0, ft.max_len) * ft.max_steps * ft.batch_size * ft.max_len
-            total += flops / (spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.mfu) / 3600
-        return total * self.finetune_trials(spec) / max(1, len(self.runs))
+            per_trial = SIZES[run.config.model.size].flops_per_token(0, ft.max_len) * ft.max_steps * ft.batch_size * ft.max_len
+            flops += per_trial * self.finetune_trials(spec, run)
+        return flops / (spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.mfu) / 3600
 
 
 def expand(spec: SweepSpec) -> list[RunConfig]:

@@ -140,6 +140,7 @@ def test_smollm2_converts_to_a_plain_hf_folder():
     assert tokenizer("The capital of France is").input_ids
 
 
+@pytest.mark.slow  # a real S3 server round trip of many files: seconds
 def test_a_fresh_node_copies_the_assets_from_the_bucket_and_checks_them(cache, s3_bucket, tmp_path, monkeypatch):
     """A cluster node without the assets reads them from <sweep.storage>/assets, verified against the registry."""
     from raybiphase import storage

@@ -81,6 +81,7 @@ def test_an_interrupted_preparation_redoes_only_unfinished_pieces(reference, tmp
     assert files_of(tmp_path / "data") == files_of(Path(location))
 
 
+@pytest.mark.slow  # a real S3 server round trip of many files: seconds
 def test_a_bucket_holds_the_same_dataset_and_trains_from_it(reference, s3_bucket):
     data, location = reference
     uri = f"{s3_bucket}/shards/small"

@@ -116,6 +116,7 @@ def test_cli(tmp_path, monkeypatch, capsys) -> None:
     assert exit_info.value.code == 2
 
 
+@pytest.mark.slow  # a real S3 server round trip of many files: seconds
 def test_a_tree_in_a_bucket_imports_the_same_rows_into_a_bucket(s3_bucket, tmp_path) -> None:
     import uuid
 
