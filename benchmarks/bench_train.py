@@ -46,15 +46,12 @@ processes take a core, single-thread workers much less (under a load average of 
 3.5), so the load average is printed at the start and the end. Where each worker owns a GPU and the CPUs are
 left to the data (a GPU node), the >= 0.9 aim is the one that applies.
 
-GPU path (`--gpu`): on a CUDA machine the same script measures MFU with bf16 mixed precision and
-flash_attention_2 (when the flash-attn package imports; else sdpa, said in the output) at `--gpu-sizes`
-(default 210m and 610m): the plain loop on one GPU against Ray Train with one worker per visible GPU
-(`resources.gpus_per_worker=1`, nccl), MFU = model FLOPs per token (`raybiphase.pretrain.loop.model_flops_per_token`)
-x tokens/s / (peak bf16 FLOP/s (`raybiphase.pretrain.loop.peak_flops`) x GPUs). Use `--seq-len 2048
---max-documents 0` for the paper's context length. Without CUDA it prints that it skipped and exits 0.
+GPU path (`--gpu`): runs `benchmarks/bench_train_gpu.py` (the paper's vocabulary and length on CUDA: our step,
+the same under Ray Train with one GPU worker, a plain transformers baseline, a fine-tuning trial), preparing its data
+in `--gpu-data` first when missing. Without CUDA it prints that it skipped and exits 0.
 
     python benchmarks/bench_train.py [--size tiny] [--steps 32] [--report-every 4] [--rows-per-step 8] \
-        [--micro 4] [--repeats 1] [--gpu [--gpu-sizes 210m 610m]]
+        [--micro 4] [--repeats 1] [--gpu [--gpu-sizes 210m 610m] [--gpu-data .gpu/bench] [--json OUT]]
 """
 
 from __future__ import annotations
@@ -72,6 +69,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_train_gpu
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -86,25 +84,16 @@ from raybiphase.pretrain.schedule import Schedule  # noqa: E402
 from raybiphase.data.stream import make_inputs, open_dataset, read_samples  # noqa: E402
 
 
-def make_config(args, storage: str, *, size: str, gpu: bool = False) -> SweepSpec:
-    rows, micro = (args.gpu_rows_per_step, args.gpu_micro) if gpu else (args.rows_per_step, args.micro)
-    steps = args.gpu_steps if gpu else args.steps
-    attn = "sdpa"
-    if gpu:
-        import importlib.util
-
-        attn = "flash_attention_2" if importlib.util.find_spec("flash_attn") else "sdpa"
+def make_config(args, storage: str, *, size: str) -> SweepSpec:
     return from_dict(SweepSpec, {
-        "model": {"size": size, "attn_implementation": attn},
+        "model": {"size": size, "attn_implementation": "sdpa"},
         "data": {"max_documents": args.max_documents, "vocab_size": args.vocab_size, "seq_len": args.seq_len,
                  "shard_rows": args.shard_rows, "dir": args.data_dir},
-        "phases": {"steps": steps, "clm_share": 0.5, "mask_ratio": args.mask_ratio},
+        "phases": {"steps": args.steps, "clm_share": 0.5, "mask_ratio": args.mask_ratio},
         "optim": {"warmup_steps": 2, "decay_steps": 0},
-        "train": {"global_batch_tokens": rows * args.seq_len, "micro_batch_size": micro,
-                  "eval_every": args.report_every, "eval_batches": 1, "checkpoint_every": 10**9,
-                  "precision": "bf16" if gpu else "fp32"},
-        "resources": ({"num_workers": torch.cuda.device_count(), "cpus_per_worker": 1, "gpus_per_worker": 1}
-                      if gpu else {"num_workers": args.workers, "cpus_per_worker": args.cpus_per_worker}),
+        "train": {"global_batch_tokens": args.rows_per_step * args.seq_len, "micro_batch_size": args.micro,
+                  "eval_every": args.report_every, "eval_batches": 1, "checkpoint_every": 10**9, "precision": "fp32"},
+        "resources": {"num_workers": args.workers, "cpus_per_worker": args.cpus_per_worker},
         "sweep": {"name": "bench_train", "storage": storage},
     })
 
@@ -285,31 +274,14 @@ def prepared(args):
 def run_gpu(args) -> int:
     if not torch.cuda.is_available():
         print("--gpu: skipped: no CUDA device here (torch.cuda.is_available() is False)")
-        print("summary: gpu MFU benchmark skipped (no CUDA)")
         return 0
-    from raybiphase.pretrain.loop import model_flops_per_token, peak_flops
+    import bench_train_gpu
 
-    manifest = prepared(args)
-    device = torch.device("cuda", 0)
-    peak, gpus = peak_flops(), torch.cuda.device_count()
-    print(f"# {torch.cuda.get_device_name()} x {gpus}, peak bf16 {peak / 1e12 if peak else float('nan'):.0f} TFLOP/s")
-    summary = []
-    for size in args.gpu_sizes:
-        cfg = make_config(args, "/tmp", size=size, gpu=True)
-        print(f"# {size}: attention {cfg.model.attn_implementation}, bf16")
-        result = compare(cfg, manifest, device, args.repeats, f"GPU {size}")
-        probe = build_model(size, vocab_size=manifest.vocab_size, special_ids=manifest.special_ids, seed=0)
-        fpt = model_flops_per_token(probe, cfg.data.seq_len)
-        del probe
-        if peak:
-            ray_mfu, plain_mfu = fpt * result["ray"] / (peak * gpus), fpt * result["plain"] / peak
-            print(f"MFU {size}: Ray Train {ray_mfu:.1%} on {gpus} GPU(s), plain {plain_mfu:.1%} on 1 GPU")
-            summary.append(f"{size} MFU Ray {ray_mfu:.1%} plain {plain_mfu:.1%} (ratio {ray_mfu / plain_mfu:.2f})")
-        else:
-            summary.append(f"{size} tokens/s Ray {result['ray']:,.0f} plain {result['plain']:,.0f} (peak unknown)")
-        torch.cuda.empty_cache()
-    print("summary: " + "; ".join(summary))
-    return 0
+    data = Path(args.gpu_data)
+    if not (data / "data" / "manifest.json").exists():
+        bench_train_gpu.main(["prepare", str(data)])
+    return bench_train_gpu.main(["run", "--data", str(data), "--sizes", *args.gpu_sizes]
+                                + (["--json", args.json] if args.json else []))
 
 
 def load_average() -> str:
@@ -334,19 +306,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--shard-rows", type=int, default=1024)
     p.add_argument("--data-dir", default="", help="where the shards go; empty: the raybiphase cache")
-    p.add_argument("--gpu", action="store_true", help="measure MFU on CUDA (bf16, flash-attn) instead")
+    p.add_argument("--gpu", action="store_true", help="run bench_train_gpu.py (CUDA: MFU, Ray Train, baseline)")
     p.add_argument("--gpu-sizes", nargs="+", default=["210m", "610m"])
-    p.add_argument("--gpu-rows-per-step", type=int, default=64)
-    p.add_argument("--gpu-micro", type=int, default=8)
-    p.add_argument("--gpu-steps", type=int, default=40)
+    p.add_argument("--gpu-data", default=".gpu/bench", help="bench_train_gpu.py's data (prepared here when missing)")
+    p.add_argument("--json", help="--gpu: write the records here")
     args = p.parse_args(argv)
 
     from raybiphase.raycluster import ensure_ray
 
     started, load0 = time.perf_counter(), load_average()
     if args.gpu:
-        if torch.cuda.is_available():
-            ensure_ray()
         return run_gpu(args)
     if (args.rows_per_step // args.workers) % args.micro or args.rows_per_step % args.workers:
         p.error("--rows-per-step must split into --workers workers of whole --micro micro-batches")

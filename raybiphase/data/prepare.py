@@ -41,6 +41,7 @@ from raybiphase.data.pieces import Piece, piece_texts, plan_pieces, windows
 from raybiphase.data.stream import FORMAT_VERSION, MANIFEST
 
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "mask_token": "<mask>"}
+RESERVED_MASK = "<|reserved_special_token_0|>"  # Llama-3's first reserved id, the paper's mask token
 SHUFFLE_SEED = 1234  # window order within a piece, seeded by (this, piece); fixed so shards are a pure function
 TOKENIZER_DIR, PIECES_DIR, VAL_FILE = "tokenizer", "pieces", "val.parquet"
 
@@ -93,6 +94,9 @@ def build_tokenizer(data: DataConfig, docs: list[str], out_dir: Path):
         if "pad_token" in missing and tok.eos_token is not None:  # Llama-3 convention: pad = eos
             tok.pad_token = tok.eos_token
             missing.pop("pad_token")
+        if "mask_token" in missing and RESERVED_MASK in tok.get_vocab():  # Llama-3 (the paper): id 128002, no new id
+            tok.mask_token = RESERVED_MASK
+            missing.pop("mask_token")
         if missing:
             tok.add_special_tokens(missing)
     tok.save_pretrained(str(out_dir))

@@ -6,7 +6,7 @@ a causal mask, MLM bidirectional at its ratio) and its learning rate come from `
 step k is global batch k (raybiphase.data.stream), so resuming or branching at any step is exact.
 
 Metrics (one dotted namespace): step, tokens_seen, phase, objective, train/{clm,mlm}_loss, val/clm_loss,
-val/mlm_loss, lr, tokens_per_s, and mfu on GPU, where
+val/mlm_loss, lr, tokens_per_s, and on GPU mfu and peak_mem_gb (this worker's peak allocated memory), where
     model FLOPs per token = 6 * (N_nonembedding + LM head) + 12 * layers * hidden * seq_len   (PaLM, appendix B;
                             raybiphase.pretrain.sizes.flops_per_token)
     mfu = FLOPs per token * tokens_per_s / (peak bf16 FLOP/s of the device * world size).
@@ -136,7 +136,8 @@ def train_loop(loop_config: dict) -> None:
     model = _initial_model(run, manifest)
     model.to(device).train()
     bf16 = use_bf16(run.train.precision)
-    model = wrap_blocks(model, activation_checkpointing=run.train.activation_checkpointing, compile=run.train.compile)
+    compile = run.train.compile if run.train.compile is not None else device.type == "cuda"
+    model = wrap_blocks(model, activation_checkpointing=run.train.activation_checkpointing, compile=compile)
     model = apply_fsdp(model, bf16=bf16, reshard_after_forward=run.train.reshard_after_forward)
     optim = run.optim
     fused = {"fused": True} if device.type == "cuda" else {"foreach": False}  # CPU: the reference loop's order
@@ -211,6 +212,8 @@ def train_loop(loop_config: dict) -> None:
                        "tokens_per_s": window_tokens / max(seconds, 1e-9)}
             if peak:
                 metrics["mfu"] = fpt * metrics["tokens_per_s"] / (peak * world)
+            if device.type == "cuda":
+                metrics["peak_mem_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
             if do_eval:
                 metrics.update(evaluate(model, val, device))
 

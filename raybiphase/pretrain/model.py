@@ -53,7 +53,24 @@ def build_model(size: str, *, vocab_size: int, special_ids: dict[str, int], seed
     config = eurobert_config(size, vocab_size=vocab_size, special_ids=special_ids, attn_implementation=attn_implementation)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return EuroBertForMaskedLM(config)
+        model = EuroBertForMaskedLM(config)
+        return learn_padding_row(model)
+
+
+def learn_padding_row(model: EuroBertForMaskedLM) -> EuroBertForMaskedLM:
+    """Make the pad token's embedding an ordinary, trained row. transformers builds the embedding with
+    `padding_idx=pad_token_id` (a zero row that never gets a gradient), but packed pretraining has no padding, and
+    with Llama-3's convention pad = eos: the document separator would stay a zero vector. A block that starts with
+    it then puts an all-zero vector at position 0, and the step's gradients turn NaN on CUDA in bf16 (seen on an
+    H100 at 610m; benchmarks/results/h100-2026-11-23.json)."""
+    embedding = model.get_input_embeddings()
+    if embedding.padding_idx is not None:
+        with torch.no_grad():
+            row = embedding.weight[embedding.padding_idx]
+            if not row.any():  # freshly initialised: give it the other rows' initialisation
+                row.normal_(0.0, model.config.initializer_range)
+        embedding.padding_idx = None
+    return model
 
 
 def from_decoder(path: str | Path, *, vocab_size: int, special_ids: dict[str, int],
@@ -79,7 +96,7 @@ def from_decoder(path: str | Path, *, vocab_size: int, special_ids: dict[str, in
         max_position_embeddings=llama.max_position_embeddings, rms_norm_eps=llama.rms_norm_eps,
         rope_parameters=dict(llama.rope_parameters), special_ids=special_ids, attn_implementation=attn_implementation,
     )
-    model = EuroBertForMaskedLM(config)
+    model = learn_padding_row(EuroBertForMaskedLM(config))
     model.load_state_dict(decoder.state_dict(), strict=True)
     if vocab_size != config.vocab_size:
         model.resize_token_embeddings(vocab_size, mean_resizing=True)

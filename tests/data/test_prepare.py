@@ -149,3 +149,23 @@ def test_too_small_a_corpus_leaves_nothing_behind(tmp_path, offline_cache):
     with pytest.raises(UserError, match="too few for data.val_blocks=400"):
         prep.prepare(data, quiet=True, on_ray=False)
     assert not (tmp_path / "d").exists()
+
+
+def test_a_llama3_tokenizer_keeps_its_vocabulary_and_masks_with_its_reserved_token(tmp_path):
+    """The paper masks with Llama-3's reserved id 128002 and keeps 128,256 ids: no new token is added (a tokenizer
+    of Llama-3's layout in small: learned ids, then begin/end of text and reserved tokens)."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["a small corpus of plain words"] * 20, vocab_size=300, min_frequency=1)
+    bpe.add_special_tokens(["<|begin_of_text|>", "<|end_of_text|>"] + [f"<|reserved_special_token_{i}|>" for i in range(4)])
+    folder = tmp_path / "llama3-like"
+    PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<|begin_of_text|>",
+                            eos_token="<|end_of_text|>").save_pretrained(str(folder))
+    size = len(PreTrainedTokenizerFast.from_pretrained(str(folder)))
+
+    tok = prep.build_tokenizer(DataConfig(tokenizer=str(folder)), [], tmp_path / "out")
+    assert len(tok) == size  # nothing added
+    assert tok.mask_token == "<|reserved_special_token_0|>" and tok.mask_token_id == tok.eos_token_id + 1
+    assert tok.pad_token_id == tok.eos_token_id  # Llama-3's convention

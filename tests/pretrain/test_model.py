@@ -134,3 +134,16 @@ def test_real_smollm2_decoder_continues_as_an_encoder(tmp_path):
         loss.backward()
         optimizer.step()
     assert forward_loss(model, batch, "mlm") < before
+
+
+def test_the_pad_token_is_an_ordinary_trained_row(model):
+    """pad = eos (Llama-3) is the packed data's document separator: its embedding is initialised like the others
+    and learns; transformers' padding_idx would keep it a zero row without gradient (NaN steps on CUDA in bf16)."""
+    fresh = build_model("tiny", vocab_size=VOCAB, special_ids=SPECIALS, seed=0)
+    embedding = fresh.model.embed_tokens
+    pad = SPECIALS["pad_token"]
+    assert embedding.padding_idx is None and embedding.weight[pad].any()
+    x = _tokens()
+    x[:, 0] = pad
+    forward_loss(fresh, {"input_ids": x[:, :-1], "labels": x[:, 1:]}, "clm").backward()
+    assert embedding.weight.grad[pad].any()

@@ -1,0 +1,154 @@
+"""The step on CUDA (`pytest -m gpu`; skipped where torch sees no GPU): bf16 against fp32, causal attention on
+every SDPA kernel, the fused head's loss, a checkpoint saved on the GPU resuming to the same next step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raybiphase.pretrain.model import build_model, loss_terms
+
+pytestmark = pytest.mark.gpu
+
+SPECIALS = {"bos_token": 0, "eos_token": 1, "pad_token": 2, "mask_token": 3}
+VOCAB = 4096
+CUDA = torch.device("cuda", 0) if torch.cuda.is_available() else None
+
+
+def _model(size: str = "mini", attn: str = "sdpa", seed: int = 0):
+    return build_model(size, vocab_size=VOCAB, special_ids=SPECIALS, seed=seed, attn_implementation=attn).to(CUDA)
+
+
+def _batch(objective: str, rows: int = 4, seq: int = 256, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(4, VOCAB, (rows, seq + 1), generator=g)
+    if objective == "clm":
+        return {"input_ids": x[:, :-1].to(CUDA), "labels": x[:, 1:].to(CUDA)}
+    labels = torch.full((rows, seq), -100)
+    keep = torch.rand((rows, seq), generator=g) < 0.4
+    labels[keep] = x[:, :-1][keep]
+    inputs = x[:, :-1].clone()
+    inputs[keep] = SPECIALS["mask_token"]
+    return {"input_ids": inputs.to(CUDA), "labels": labels.to(CUDA)}
+
+
+def _loss_and_grads(model, batch, objective, bf16: bool):
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        total, tokens = loss_terms(model, batch, objective)
+        loss = total / tokens
+    loss.backward()
+    return float(loss.detach()), torch.cat([p.grad.flatten().float() for p in model.parameters()])
+
+
+@pytest.mark.parametrize("objective", ["clm", "mlm"])
+def test_a_bf16_step_agrees_with_fp32(objective):
+    """bf16 autocast (the training precision on CUDA) against fp32 on the same weights and batch: the loss within
+    1% and the full gradient within 5% relative norm (bf16 keeps 8 bits of mantissa)."""
+    model, batch = _model(), _batch(objective)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    loss32, grad32 = _loss_and_grads(model, batch, objective, bf16=False)
+    loss16, grad16 = _loss_and_grads(model, batch, objective, bf16=True)
+    assert abs(loss16 - loss32) / loss32 < 1e-2, (loss16, loss32)
+    assert float((grad16 - grad32).norm() / grad32.norm()) < 5e-2
+
+
+def _backends():
+    from torch.nn.attention import SDPBackend
+
+    return [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
+
+
+@pytest.mark.parametrize("backend", _backends(), ids=lambda b: b.name.lower())
+def test_causal_attention_never_looks_ahead_on_every_sdpa_kernel(backend):
+    """Changing token 100 leaves every position before it unchanged in causal mode, and changes them in
+    bidirectional mode, whichever SDPA kernel runs (the 210m shape: head dim 64, bf16)."""
+    from torch.nn.attention import sdpa_kernel
+
+    model = _model("210m").eval()
+    x = _batch("clm", rows=2, seq=256)["input_ids"]
+    y = x.clone()
+    y[:, 100] = (y[:, 100] + 1) % VOCAB
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16), sdpa_kernel([backend]):
+        try:
+            causal = [model.model(input_ids=t, is_causal=True).last_hidden_state for t in (x, y)]
+        except RuntimeError as err:
+            if "No available kernel" in str(err):
+                pytest.skip(f"{backend.name} does not run here: {err}")
+            raise
+        bidirectional = [model.model(input_ids=t).last_hidden_state for t in (x, y)]
+    assert torch.equal(causal[0][:, :100], causal[1][:, :100])
+    assert not torch.equal(causal[0][:, 100:], causal[1][:, 100:])
+    assert not torch.allclose(bidirectional[0][:, :100], bidirectional[1][:, :100])
+
+
+def test_causal_attention_never_looks_ahead_with_flash_attention_2():
+    pytest.importorskip("flash_attn")
+    model = _model("210m", attn="flash_attention_2").eval()
+    x = _batch("clm", rows=2, seq=256)["input_ids"]
+    y = x.clone()
+    y[:, 100] = (y[:, 100] + 1) % VOCAB
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        a, b = (model.model(input_ids=t, is_causal=True).last_hidden_state for t in (x, y))
+    assert torch.equal(a[:, :100], b[:, :100]) and not torch.equal(a[:, 100:], b[:, 100:])
+
+
+@pytest.mark.parametrize("objective", ["clm", "mlm"])
+def test_the_fused_head_gives_the_full_logits_loss_on_cuda(objective):
+    """The step's head (liger-kernel's fused linear cross-entropy when installed, else the chunked one) against
+    full fp32 logits, under bf16 autocast as in training."""
+    from raybiphase.pretrain.model import token_loss
+
+    model, batch = _model(), _batch(objective)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        total, tokens = loss_terms(model, batch, objective)
+        reference = token_loss(model(input_ids=batch["input_ids"], is_causal=objective == "clm").logits, batch["labels"])
+    assert abs(float(total / tokens) - float(reference)) < 1e-2 * float(reference)
+
+
+def test_a_checkpoint_saved_on_cuda_resumes_to_the_same_next_step(tmp_path):
+    """Three bf16 steps on the GPU, save (DCP), load into other weights, one more step on each: the same loss and
+    the same weights (the run's deterministic settings)."""
+    from raybiphase.config import RunConfig, from_dict, to_dict
+    from raybiphase.optim import adamw
+    from raybiphase.pretrain import checkpoint
+    from raybiphase.pretrain.checkpoint import CheckpointMeta
+
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+    def fresh(seed):
+        model = _model(seed=seed)
+        return model, adamw(model, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
+
+    def step(model, optimizer, seed) -> float:
+        loss, _ = _loss_and_grads(model, _batch("clm", seed=seed), "clm", bf16=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    run = from_dict(RunConfig, {"phases": {"steps": 10}, "data": {"seq_len": 256},
+                                "optim": {"warmup_steps": 2, "decay_steps": 2},
+                                "train": {"global_batch_tokens": 1024, "micro_batch_size": 4},
+                                "resources": {"num_workers": 1}})
+    model, optimizer = fresh(0)
+    for s in range(3):
+        step(model, optimizer, s)
+    checkpoint.save(tmp_path, model, optimizer, CheckpointMeta(run=to_dict(run), step=3, data_start=0, metrics={}))
+    restored, restored_optimizer = fresh(1)
+    checkpoint.load(tmp_path, restored, restored_optimizer)
+    assert all(p.is_cuda for p in restored.parameters())
+    assert step(model, optimizer, 3) == step(restored, restored_optimizer, 3)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(restored.state_dict()[name], tensor), name
+    torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize("objective", ["clm", "mlm"])
+def test_a_block_that_starts_with_the_pad_token_keeps_finite_gradients(objective):
+    """Llama-3 pads with eos, the packed data's document separator; a block may start with it. With the pad row
+    frozen at zero (transformers' padding_idx) the 610m step's gradients turned NaN on an H100 in bf16."""
+    model = _model("210m")
+    batch = _batch(objective)
+    batch["input_ids"][:, 0] = SPECIALS["pad_token"]
+    _, grads = _loss_and_grads(model, batch, objective, bf16=True)
+    assert torch.isfinite(grads).all() and model.model.embed_tokens.weight.grad[SPECIALS["pad_token"]].any()
