@@ -208,7 +208,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise ConfigError(f"{path}:{where} is not valid YAML ({getattr(err, 'problem', err)})") from None
-    return data or {}
+    if data is None:
+        raise ConfigError(f"{path}: the file is empty (no settings)")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected settings (a mapping of sections), got a {type(data).__name__}")
+    return data
 
 
 def load(cls: type[T], path: str | Path, overrides: list[str] | None = None) -> T:

@@ -10,6 +10,10 @@ from raybiphase.config import SweepSpec, flatten, load
 def main() -> int:
     args = config_parser("raybiphase validate", __doc__.splitlines()[0]).parse_args()
     cfg = load(SweepSpec, args.config, args.overrides)
+    from raybiphase.finetune.tasks import get_task
+
+    for task in cfg.finetune.tasks:
+        get_task(task)
     for key, value in flatten(cfg).items():
         print(f"{key} = {value}")
     return 0

@@ -129,8 +129,10 @@ def _trainable(config: dict, finetune: FinetuneConfig, wandb: dict | None = None
     def report(metrics: dict) -> None:
         if "final" in metrics:  # the trial's result is on disk before the report a scheduler may stop it at
             _write(trial["record"], result_rows.finished_row(row, metrics["final"]))
-        wandb_log.log(tracker, {"val_score": metrics["val_score"]}, step=metrics["step"])
-        tune.report({"step": metrics["step"], "val_score": metrics["val_score"]})
+        score = metrics["val_score"]
+        wandb_log.log(tracker, {"val_score": score}, step=metrics["step"])
+        # a diverged trial (NaN) ranks below every score for ASHA; its row says diverged, with no score
+        tune.report({"step": metrics["step"], "val_score": -1.0 if math.isnan(score) else score})
 
     result = run_trial(row.checkpoint, row.task, lr=row.lr, seed=row.seed, cfg=finetune, report=report)
     wandb_log.finish(tracker, {k: v for k, v in result.items() if isinstance(v, (int, float, str))})

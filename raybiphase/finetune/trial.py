@@ -111,7 +111,8 @@ def trial_device(cfg: FinetuneConfig) -> torch.device:
 def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: FinetuneConfig,
               report: Callable[[dict], None] | None = None, source: str = "auto") -> dict:
     """Fine-tune `hf_dir` on `task`; returns val_score, test_score, metric, steps, seconds, test_per_example,
-    secondary_metric and test_secondary."""
+    secondary_metric, test_secondary and diverged (the loss turned NaN or inf: the trial stops at its next
+    evaluation, with no score)."""
     began = time.perf_counter()
     spec = get_task(task)
     hf_path = resolve_hf_dir(hf_dir)
@@ -127,6 +128,7 @@ def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: Finet
     warmup = round(cfg.warmup_ratio * total)
     order = np.random.default_rng(seed).permutation(len(units))
     val_score = float("nan")
+    finite = torch.ones((), dtype=torch.bool, device=device)  # read at evaluations only: no sync per step
 
     for step in range(total):
         # --- schedule
@@ -140,9 +142,17 @@ def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: Finet
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
         optimizer.step()
+        finite &= torch.isfinite(loss.detach())
         # --- eval and report
         done = step + 1
         if done % cfg.eval_every == 0 or done == total:
+            if not bool(finite):  # diverged: recorded as such, never scored
+                result = {"val_score": float("nan"), "test_score": float("nan"), "metric": spec.metric, "steps": done,
+                          "seconds": time.perf_counter() - began, "test_per_example": [],
+                          "secondary_metric": spec.secondary_metric, "test_secondary": float("nan"), "diverged": True}
+                if report:
+                    report({"step": done, "val_score": float("nan"), "final": result})
+                return result
             model.eval()
             with autocast():
                 val_score = head.evaluate(model, val).score
@@ -156,7 +166,7 @@ def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: Finet
         tested = head.evaluate(model, test)
     result = {"val_score": val_score, "test_score": tested.score, "metric": spec.metric, "steps": total,
               "seconds": time.perf_counter() - began, "test_per_example": tested.per_example,
-              "secondary_metric": spec.secondary_metric, "test_secondary": tested.secondary}
+              "secondary_metric": spec.secondary_metric, "test_secondary": tested.secondary, "diverged": False}
     if report:
         report({"step": total, "val_score": val_score, "final": result})
     return result

@@ -29,7 +29,7 @@ import pandas as pd
 GROUP = ("source", "run", "pretrain_step", "task")
 SUMMARY_KEY = GROUP
 PER_TRIAL = frozenset(
-    {"lr", "seed", "val_score", "test_score", "steps", "stopped_early", "seconds", "test_per_example"}
+    {"lr", "seed", "val_score", "test_score", "steps", "stopped_early", "seconds", "test_per_example", "diverged"}
 )
 """Columns that vary from trial to trial; every other column constant within a group is carried into the summary."""
 
@@ -98,7 +98,8 @@ def _prepare(trials: pd.DataFrame) -> pd.DataFrame:
 
 
 def lr_table(trials: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
-    """One row per (source, run, pretrain_step, task, lr): mean validation, mean test ± CI over finished seeds."""
+    """One row per (source, run, pretrain_step, task, lr): mean validation, mean test ± CI over finished seeds, and
+    how many of its trials diverged (no score: they count in n_trials, never in a mean)."""
     trials = _prepare(trials)
     rows = []
     for key, group in trials.groupby([*GROUP, "lr"], dropna=False, sort=True):
@@ -110,9 +111,10 @@ def lr_table(trials: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
             "n_val": int(val.notna().sum()),
             "test_mean": test.mean, "test_ci95": test.half_width, "test_std": test.std, "n_seeds": test.n,
             "n_trials": len(group),
+            "n_diverged": int(group["diverged"].fillna(False).astype(bool).sum()) if "diverged" in group else 0,
         })
     return pd.DataFrame(rows, columns=[*GROUP, "lr", "val_mean", "n_val", "test_mean", "test_ci95", "test_std",
-                                       "n_seeds", "n_trials"])
+                                       "n_seeds", "n_trials", "n_diverged"])
 
 
 def _constant_columns(trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -148,7 +150,8 @@ def summarize(trials: pd.DataFrame, confidence: float = 0.95, bootstrap: bool = 
     """One row per (source, run, pretrain_step, task): the best LR and its mean test score ± CI, LR spread.
 
     Columns: the group, `best_lr`, `best_val_mean`, `test_mean`, `test_ci95` (half-width), `test_std`, `n_seeds`,
-    `n_lrs`, `lr_spread` (max - min of the mean test score across LRs), `lr_std`, `n_trials`, `n_stopped`, then
+    `n_lrs`, `lr_spread` (max - min of the mean test score across LRs), `lr_std`, `n_trials`, `n_stopped`,
+    `n_diverged` (trials whose loss turned NaN or inf; per LR in `lr_table`), then
     every column constant within the group (config, family, dataset, metric, phases.clm_share). With `bootstrap=True`
     and per-example scores present, `test_boot_low` / `test_boot_high` too.
     """
@@ -169,7 +172,8 @@ def summarize(trials: pd.DataFrame, confidence: float = 0.95, bootstrap: bool = 
                "lr_std": float(finished.std(ddof=0)) if len(finished) else math.nan,
                "n_trials": len(group),
                "n_stopped": int(group["stopped_early"].fillna(False).astype(bool).sum())
-               if "stopped_early" in group else 0}
+               if "stopped_early" in group else 0,
+               "n_diverged": int(lrs["n_diverged"].sum())}
         if len(candidates):
             best = candidates.iloc[0]
             row.update(best_lr=float(best["lr"]), best_val_mean=float(best["val_mean"]),

@@ -101,6 +101,8 @@ class FinetuneRow:
     seconds: float = 0.0
     stopped_early: bool = False
     completed_after_stop: bool = False
+    diverged: bool = False
+    """The fine-tuning loss turned NaN or inf: the trial stopped with no score."""
     settings: dict[str, Any] = field(default_factory=dict)
     """The pretrained run's dotted settings."""
 
@@ -138,7 +140,8 @@ def finished_row(planned: FinetuneRow, result: dict[str, Any]) -> FinetuneRow:
     """A trial that ran to its end (raybiphase.finetune.trial.run_trial's result)."""
     return dataclasses.replace(planned, val_score=result["val_score"], test_score=result["test_score"],
                                test_secondary=result["test_secondary"], test_per_example=list(result["test_per_example"]),
-                               steps=result["steps"], steps_run=result["steps"], seconds=result["seconds"])
+                               steps=result["steps"], steps_run=result["steps"], seconds=result["seconds"],
+                               diverged=bool(result.get("diverged", False)))
 
 
 def stopped_row(planned: FinetuneRow, *, val_score: float, step: int, seconds: float) -> FinetuneRow:

@@ -23,6 +23,7 @@ from raybiphase.cli import UserError, config_parser, run_main
 from raybiphase.config import SweepSpec, load, replace, to_dict
 from raybiphase.results import rows as result_rows
 from raybiphase.storage import SweepPaths
+from raybiphase.sweep.clock import step_seconds
 from raybiphase.sweep.plan import Plan, Segment, dependencies, describe, make_plan
 
 
@@ -108,6 +109,10 @@ def record_pretraining(plan: Plan, segment: Segment, paths: SweepPaths, spec: Sw
 
 def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> Plan:
     # trials run elsewhere (another directory, another node): pin a local path
+    from raybiphase.finetune.tasks import get_task
+
+    for task in spec.finetune.tasks:  # an unknown name fails here, dry run included, before anything runs
+        get_task(task)
     spec = replace(spec, {"sweep.storage": storage.absolute(spec.sweep.storage)})
     plan = make_plan(spec)
     text = describe(plan, spec)
@@ -120,15 +125,21 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> Plan
 
     from raybiphase.data import assets
 
+    from raybiphase.pretrain.trainer import read_history
+    from raybiphase.sweep.clock import Clock
+
+    clock = Clock()
     paths = SweepPaths.of(spec.sweep.storage, spec.sweep.name)
     storage.check_writable(paths.root, "sweep.storage")  # an unreachable bucket fails here, before any work
     assets.use_mirror(spec.sweep.storage)  # nodes without the offline assets copy them from the bucket
-    ensure_ray()
+    with clock.span("Ray start"):
+        ensure_ray()
     data_dirs = {}
-    for run in plan.runs.values():
-        key = fingerprint(run.config.data)
-        if key not in data_dirs:
-            data_dirs[key] = prepare(run.config.data, storage_root=spec.sweep.storage)
+    with clock.span("data"):
+        for run in plan.runs.values():
+            key = fingerprint(run.config.data)
+            if key not in data_dirs:
+                data_dirs[key] = prepare(run.config.data, storage_root=spec.sweep.storage)
     done = {s.id for s in plan.segments.values() if segment_done(paths, s)}
     todo = [s for s in plan.segments.values() if s.id not in done]
     total_steps, done_steps = plan.planned_steps, sum(plan.segments[s].steps for s in done)
@@ -137,9 +148,13 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> Plan
     while todo:
         wave = [s for s in todo if all(d in done for d in dependencies(s, plan.runs))]
         print(f"pretraining: running {len(wave)} segment(s): {', '.join(s.id for s in wave)}", file=out, flush=True)
-        run_wave(plan, wave, paths, data_dirs, spec)
+        with clock.span("pretraining"):
+            run_wave(plan, wave, paths, data_dirs, spec)
+        clock.waves += 1
         for s in wave:
             record_pretraining(plan, s, paths, spec)
+            clock.segments += 1
+            clock.in_steps += step_seconds(read_history(paths.run_dir(s.id)), s.start, s.config.train.global_batch_tokens)
             done.add(s.id)
             done_steps += s.steps
             steps_now += s.steps
@@ -150,8 +165,13 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> Plan
     for s in plan.segments.values():  # rows of segments finished by an earlier, interrupted invocation
         record_pretraining(plan, s, paths, spec)
     if spec.finetune.tasks:
-        run_finetuning(plan, paths, spec, out=out)
-    finish(paths, spec, out=out)
+        with clock.span("fine-tuning"):
+            rows = run_finetuning(plan, paths, spec, out=out)
+        clock.trials = sum(r["source"] == result_rows.OURS for r in rows)
+        clock.in_trials = sum(r.get("seconds") or 0.0 for r in rows if r["source"] == result_rows.OURS)
+    with clock.span("report"):
+        finish(paths, spec, out=out)
+    print(clock.summary(), file=out, flush=True)
     return plan
 
 
@@ -166,8 +186,8 @@ def finetune_sources(plan: Plan, paths: SweepPaths) -> list[result_rows.Finetune
     return out
 
 
-def run_finetuning(plan: Plan, paths: SweepPaths, spec: SweepSpec, out=sys.stdout) -> int:
-    """The fan-out over every checkpoint x task x LR x seed; rows appended once to finetune.parquet."""
+def run_finetuning(plan: Plan, paths: SweepPaths, spec: SweepSpec, out=sys.stdout) -> list[dict]:
+    """The fan-out over every checkpoint x task x LR x seed; rows appended once to finetune.parquet (and returned)."""
     from raybiphase.finetune.fanout import run_fanout
     from raybiphase.results import store
 
@@ -181,7 +201,7 @@ def run_finetuning(plan: Plan, paths: SweepPaths, spec: SweepSpec, out=sys.stdou
     rows += bm25_rows(spec)
     store.append_rows(path, rows, key=result_rows.FINETUNE_KEY) if rows else None
     print(f"fine-tuning: {len(rows)} trials recorded", file=out, flush=True)
-    return len(rows)
+    return rows
 
 
 def bm25_rows(spec: SweepSpec) -> list[dict]:

@@ -85,6 +85,24 @@ def test_bad_yaml_file(tmp_path):
         load(SweepSpec, path)
     with pytest.raises(ConfigError, match="no such config file"):
         load(SweepSpec, tmp_path / "missing.yaml")
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing here\n")
+    with pytest.raises(ConfigError, match="the file is empty"):
+        load(SweepSpec, empty)
+    empty.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="expected settings .* got a list"):
+        load(SweepSpec, empty)
+
+
+def test_an_unknown_task_stops_the_dry_run_with_one_line(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"sweep:\n  name: bad\n  storage: {tmp_path / 'out'}\nfinetune:\n  tasks: [tweets, sst-2]\n")
+    for command in (["raybiphase.sweep", str(spec), "--dry-run"], ["raybiphase", "validate", str(spec)]):
+        proc = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, cwd=REPO)
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert proc.stderr.startswith("error: finetune.tasks: unknown task 'sst-2'; known: tweets,")
+        assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
 
 
 def test_cli_rejects_bad_config_with_one_line_and_writes_nothing(tmp_path):

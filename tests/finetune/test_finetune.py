@@ -95,6 +95,22 @@ def test_a_trial_reads_its_checkpoint_from_a_bucket(tiny_checkpoint, s3_bucket):
         run_trial(uri.replace("00000008", "00000009"), "tweets", lr=5e-4, seed=0, cfg=TINY_RUN)
 
 
+def test_a_trial_whose_loss_turns_nan_is_recorded_as_diverged_never_as_a_score(tiny_checkpoint):
+    import math
+
+    from raybiphase.finetune.trial import run_trial
+    from raybiphase.results.rows import FinetuneRow, finished_row
+
+    reports = []
+    result = run_trial(tiny_checkpoint, "tweets", lr=1e9, seed=0, cfg=TINY_RUN, report=reports.append)
+    assert result["diverged"] and math.isnan(result["val_score"]) and math.isnan(result["test_score"])
+    assert result["test_per_example"] == [] and reports[-1]["final"] is not None
+    row = finished_row(FinetuneRow(run="r", pretrain_step=8, task="tweets", lr=1e9, seed=0), result)
+    assert row.diverged and math.isnan(row.test_score)
+    healthy = run_trial(tiny_checkpoint, "tweets", lr=5e-4, seed=0, cfg=TINY_RUN)
+    assert healthy["diverged"] is False and not math.isnan(healthy["test_score"])
+
+
 def test_a_gpu_trial_on_a_node_without_cuda_is_a_one_line_error(tiny_checkpoint):
     import torch
 

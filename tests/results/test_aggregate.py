@@ -121,3 +121,17 @@ def test_summary_bootstrap_columns_from_per_example_scores() -> None:
     rows[0]["test_per_example"], rows[1]["test_per_example"] = [1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 1.0, 0.0]
     row = summarize(pd.DataFrame(rows), bootstrap=True).iloc[0]
     assert row["test_boot_low"] <= row["test_mean"] <= row["test_boot_high"]
+
+
+def test_diverged_trials_are_counted_per_lr_and_never_scored():
+    from raybiphase.results.aggregate import lr_table, summarize
+
+    rows = [{"run": "r", "pretrain_step": 8, "task": "tweets", "lr": lr, "seed": seed, "val_score": v, "test_score": t,
+             "diverged": d}
+            for lr, seed, v, t, d in [(1e-4, 0, 0.6, 0.55, False), (1e-4, 1, 0.62, 0.57, False),
+                                      (1e-3, 0, float("nan"), float("nan"), True), (1e-3, 1, 0.7, 0.4, False)]]
+    per_lr = lr_table(pd.DataFrame(rows)).set_index("lr")
+    assert per_lr.loc[1e-3, "n_diverged"] == 1 and per_lr.loc[1e-3, "n_seeds"] == 1
+    assert per_lr.loc[1e-3, "test_mean"] == 0.4 and per_lr.loc[1e-4, "n_diverged"] == 0
+    (summary,) = summarize(pd.DataFrame(rows)).to_dict("records")
+    assert summary["n_diverged"] == 1 and summary["n_trials"] == 4

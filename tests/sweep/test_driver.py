@@ -67,6 +67,8 @@ def test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once(finis
     from raybiphase.results.store import read_rows
 
     assert "1/6 segments already done" in finished_sweep["output"]
+    last = finished_sweep["output"].strip().splitlines()[-1]  # where the time went, stage by stage
+    assert last.startswith("time: ") and "5 segment(s) in 3 wave(s)" in last and "in optimizer steps" in last
     assert finished_sweep["first"].stat().st_mtime_ns == finished_sweep["stamp"]  # not recomputed
     rows = read_rows(finished_sweep["root"] / "pretrain.parquet")
     assert not rows.duplicated(["run", "step"]).any()
