@@ -41,6 +41,9 @@ def ensure_ray(num_cpus: int | None = None) -> None:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's tables stay off the console (verbose=0)
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Ray Train's controller polls its workers this often (default 2 s): a finished segment's group is released
+    # up to a poll later. Ray Train passes RAY_TRAIN_* settings from the driver to its controller.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     runtime_env = {"env_vars": worker_env()}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], logging_level=logging.WARNING, log_to_driver=verbose, runtime_env=runtime_env)

@@ -1,8 +1,8 @@
 """The command users run: `raybiphase sweep SPEC [--set k=v] [--dry-run]` (or `python -m raybiphase.sweep`).
 
 SPEC is a sweep YAML (a base run plus `sweep.grid` / `sweep.runs`). The planner (raybiphase.sweep.plan) turns it into
-a tree of shared segments; Ray Tune runs every ready segment as a trial that builds and fits a TorchTrainer
-(resuming from its parent's checkpoint), wave after wave in dependency order; the final (and requested
+a tree of shared segments; the driver fits every ready segment's TorchTrainer (resuming from its parent's
+checkpoint), wave after wave in dependency order; the final (and requested
 intermediate) checkpoints of every run then go to the fine-tuning fan-out; rows land in
 <storage>/<sweep>/{pretrain,finetune,summary}.parquet and the report is drawn.
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 
 from raybiphase import storage
@@ -38,7 +39,7 @@ def final_checkpoint(plan: Plan, paths: SweepPaths, run: str) -> str:
 
 def segment_job(plan: Plan, segment: Segment, paths: SweepPaths, data_dirs: dict[str, str],
                 spec: SweepSpec) -> dict:
-    """Everything a Tune trial needs to run one segment (plain data: it travels in Tune's param space)."""
+    """Everything the fit of one segment needs (plain data)."""
     from raybiphase.data.prepare import fingerprint
     from raybiphase.results.wandb import sweep_settings
 
@@ -58,36 +59,45 @@ def segment_job(plan: Plan, segment: Segment, paths: SweepPaths, data_dirs: dict
     }
 
 
-def segment_trainable(job: dict) -> None:
-    """A Tune trial: fit one segment's TorchTrainer, forwarding its reports to Tune."""
-    from ray.tune.integration.ray_train import TuneReportCallback
-
+def fit_segment(job: dict) -> None:
+    """Fit one segment's TorchTrainer from this process (its controller runs on this node; a failure raises)."""
     from raybiphase.config import RunConfig, from_dict
     from raybiphase.pretrain.trainer import make_trainer
 
-    trainer = make_trainer(from_dict(RunConfig, job["run"]), name=job["segment"], paths=SweepPaths(job["root"]),
-                           data_dir=job["data_dir"], resume_from=job["resume_from"], stop_at=job["stop_at"],
-                           wandb=job["wandb"], max_failures=2, callbacks=[TuneReportCallback()])
-    trainer.fit()
+    make_trainer(from_dict(RunConfig, job["run"]), name=job["segment"], paths=SweepPaths(job["root"]),
+                 data_dir=job["data_dir"], resume_from=job["resume_from"], stop_at=job["stop_at"],
+                 wandb=job["wandb"], max_failures=2).fit()
 
 
 def run_wave(plan: Plan, wave: list[Segment], paths: SweepPaths, data_dirs: dict[str, str], spec: SweepSpec) -> None:
-    from ray import tune
-
+    """Fit the wave's segments, `resources.max_concurrent` at a time, straight from the driver: one thread per
+    running segment when several run at once (Ray Train drives a fit from any thread). No Tune trial stands between
+    the driver and a segment: each would cost a process and the loop's imports again (seconds per wave)."""
     jobs = [segment_job(plan, s, paths, data_dirs, spec) for s in wave]
-    tuner = tune.Tuner(
-        tune.with_resources(segment_trainable, {"cpu": 0.01}),
-        param_space=tune.grid_search(jobs) if len(jobs) > 1 else jobs[0],
-        tune_config=tune.TuneConfig(max_concurrent_trials=spec.resources.max_concurrent,
-                                    trial_dirname_creator=lambda trial: trial.config["segment"],
-                                    trial_name_creator=lambda trial: trial.config["segment"]),
-        run_config=tune.RunConfig(name="segments", storage_path=paths.tune, verbose=0),
-    )
-    results = tuner.fit()
-    failed = [r for r in results if r.error]
-    if failed:
-        raise UserError(f"sweep: {len(failed)} segment(s) failed, first: {failed[0].config['segment']}: "
-                        f"{str(failed[0].error).splitlines()[0]}")
+    errors: dict[str, BaseException] = {}
+
+    def fit(job: dict) -> None:
+        try:
+            fit_segment(job)
+        except Exception as err:  # reported once every running segment has ended
+            errors[job["segment"]] = err
+
+    limit = spec.resources.max_concurrent
+    if limit == 1 or len(jobs) == 1:
+        for job in jobs:  # the main thread: Ray Train's Ctrl-C handler aborts the run gracefully
+            fit(job)
+    else:
+        pending, running = list(jobs), []
+        while pending or running:
+            while pending and len(running) < limit:
+                running.append(threading.Thread(target=fit, args=(pending.pop(0),), daemon=True))
+                running[-1].start()
+            running[0].join(timeout=0.5)  # short joins: Ctrl-C still reaches this thread
+            running = [t for t in running if t.is_alive()]
+    if errors:
+        first = next(job["segment"] for job in jobs if job["segment"] in errors)
+        message = (str(errors[first]).strip().splitlines() or [type(errors[first]).__name__])[0]
+        raise UserError(f"sweep: {len(errors)} segment(s) failed, first: {first}: {message}")
 
 
 def record_pretraining(plan: Plan, segment: Segment, paths: SweepPaths, spec: SweepSpec) -> int:
