@@ -18,8 +18,8 @@ def _commands() -> list[str]:
 
 def test_readme_names_exactly_two_setup_commands_and_ci_runs_the_test_one():
     run, test = _commands()
-    assert run.startswith("pip install --no-compile -c constraints.txt -e . && ")
-    assert test == "pip install --no-compile -c constraints.txt -e '.[dev]' && python -m pytest"
+    assert run.startswith("pip install -c constraints.txt -e . && ")
+    assert test == "pip install -c constraints.txt -e '.[dev]' && python -m pytest"
     ci = (REPO / ".ci" / "run").read_text()
     assert test in ci.splitlines()
 
