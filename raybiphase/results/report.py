@@ -73,8 +73,19 @@ def _enrich(summary: pd.DataFrame) -> pd.DataFrame:
     s["family"] = _col(s, "family").fillna("?")
     s["metric"] = _col(s, "metric").fillna("score")
     s["final"] = s["pretrain_step"] == s.groupby(["source", "run"])["pretrain_step"].transform("max")
-    s["score"], s["ci"] = s["test_mean"] * 100, s["test_ci95"] * 100
+    s["score"], s["ci"] = s["test_mean"] * 100, _interval(s["test_ci95"], s["n_seeds"])
     return s
+
+
+MIN_SEEDS = 3
+"""Fewest seeds behind a printed or drawn interval: with 2, Student's t at 1 degree of freedom makes it meaningless
+(12.7 standard errors); fewer seeds show the mean and the seed count only."""
+
+
+def _interval(ci95: pd.Series, n_seeds: pd.Series) -> pd.Series:
+    """The 95% half-width in points where at least MIN_SEEDS seeds stand behind it, else NaN."""
+    n = pd.to_numeric(n_seeds, errors="coerce").fillna(0)
+    return (ci95 * 100).where(n >= MIN_SEEDS)
 
 
 def _budget(value: float) -> str:
@@ -127,14 +138,17 @@ def _task_grid(points: pd.DataFrame, x: str, series: str, title: str, xlabel: st
 
 def _score_table(points: pd.DataFrame, index: list[str]) -> str:
     """Markdown table: one row per `index` value, one column per task, cells 'mean ± CI (LR)'."""
-    cells = points.assign(cell=[f"{_mean_ci(m, c)} (lr {lr:.0e})" if pd.notna(m) else "n/a"
-                                for m, c, lr in zip(points["score"], points["ci"], points["best_lr"])])
+    cells = points.assign(cell=[f"{_mean_ci(m, c, n)} (lr {lr:.0e})" if pd.notna(m) else "n/a"
+                                for m, c, n, lr in zip(points["score"], points["ci"], points["n_seeds"],
+                                                       points["best_lr"])])
     table = cells.pivot_table(index=index, columns="task", values="cell", aggfunc="first").reset_index()
     return _markdown(table)
 
 
-def _mean_ci(mean: float, ci: float) -> str:
-    return f"{mean:.2f} ± {ci:.2f}" if pd.notna(ci) else f"{mean:.2f} (1 seed)"
+def _mean_ci(mean: float, ci: float, n_seeds: int) -> str:
+    if pd.notna(ci):
+        return f"{mean:.2f} ± {ci:.2f}"
+    return f"{mean:.2f} ({int(n_seeds)} seed{'' if n_seeds == 1 else 's'}, no interval)"
 
 
 def _markdown(frame: pd.DataFrame) -> str:
@@ -199,7 +213,7 @@ def lr_section(s: pd.DataFrame, trials: pd.DataFrame) -> Section:
         return Section("lr_sensitivity", title, None, "Not drawn: a single fine-tuning learning rate.")
     final = s[s["final"]][["source", "run", "pretrain_step", "task", "objective", "family", "metric"]]
     pts = lr_table(trials).merge(final, on=["source", "run", "pretrain_step", "task"])
-    pts = pts.assign(score=pts["test_mean"] * 100, ci=pts["test_ci95"] * 100,
+    pts = pts.assign(score=pts["test_mean"] * 100, ci=_interval(pts["test_ci95"], pts["n_seeds"]),
                      line=[f"{_prefix(a)}{r}" for a, r in zip(pts["source"], pts["run"])])
     fig = _task_grid(pts, "lr", "line", title + " (colour: objective)", "fine-tuning learning rate (log scale)",
                      logx=True, color_by="objective")
@@ -243,7 +257,7 @@ def summary_section(s: pd.DataFrame) -> Section:
         "source": final["source"], "run": final["run"], "objective": final["objective"],
         "CLM share (%)": (final["clm_share"] * 100).round(1), "task": final["task"],
         "best LR": final["best_lr"].map(lambda v: f"{v:.0e}"),
-        "test (%)": [_mean_ci(m, c) for m, c in zip(final["score"], final["ci"])],
+        "test (%)": [_mean_ci(m, c, n) for m, c, n in zip(final["score"], final["ci"], final["n_seeds"])],
         "seeds": final["n_seeds"], "LR spread (pts)": (final["lr_spread"] * 100).round(2)})
     return Section("summary", "All results at the final checkpoint", None,
                    "Best LR by mean validation score; test mean ± 95% CI over seeds; LR spread = max - min of the "
@@ -334,7 +348,8 @@ def write_report(results_dir: storage.Location) -> tuple[str, list[Section]]:
              f"{len(pretrain)} pretraining rows from {pretrain['run'].nunique() if len(pretrain) else 0} runs; "
              f"{len(trials)} fine-tuning trials ({', '.join(f'{n} {k}' for k, n in sources.items()) or 'none'}).",
              "Scores: test metric x 100, mean over seeds at the LR with the best mean validation score, "
-             "± 95% CI (t, n-1 degrees of freedom). Paper rows are dashed in figures.", ""]
+             "± 95% CI (t, n-1 degrees of freedom; from 3 seeds up, fewer print the mean and their count). Paper rows are "
+             "dashed in figures.", ""]
     sections = build_sections(pretrain, trials)
     target = storage.join(results_dir, storage.REPORT_DIR)
     with tempfile.TemporaryDirectory() as staging:

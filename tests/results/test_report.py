@@ -187,3 +187,15 @@ def test_report_from_a_bucket_is_written_beside_its_rows(s3_bucket, tmp_path) ->
     for png in (local / "report").glob("*.png"):
         assert storage.is_file(f"{uri}/report/{png.name}")
     assert storage.is_file(f"{uri}/{storage.SUMMARY_FILE}")
+
+
+def test_an_interval_needs_three_seeds(written) -> None:
+    """With 2 seeds Student's t at 1 degree of freedom is 12.7: such rows print their mean and seed count only."""
+    import pandas as pd
+
+    _, path, by_name = written
+    assert "(2 seeds, no interval)" in by_name["clm_share"].table  # the sweep's rows: 2 seeds
+    assert "91.74 ± 0.35" in Path(path).read_text()  # the paper's: 5 seeds
+    ci = report._interval(pd.Series([0.01, 0.01, 0.01]), pd.Series([1, 2, 3]))
+    assert ci.isna().tolist() == [True, True, False] and ci.iloc[2] == 1.0
+    assert report._mean_ci(50.0, float("nan"), 1) == "50.00 (1 seed, no interval)"
