@@ -246,7 +246,7 @@ class TrainConfig:
 @dataclass(frozen=True, kw_only=True)
 class ResourcesConfig:
     num_workers: int = field(default=2, metadata=NOT_WEIGHTS)
-    """Ray Train workers per pretraining segment (0 runs the loop in the trial's own process)."""
+    """Ray Train workers per pretraining segment (0: Ray Train's local mode, the loop runs in the process that fits the segment: the sweep's driver)."""
     cpus_per_worker: float = field(default=0.5, metadata=NOT_WEIGHTS)
     """CPUs each Train worker holds (leave room for Ray Data on small machines)."""
     gpus_per_worker: float = field(default=0.0, metadata=NOT_WEIGHTS)
