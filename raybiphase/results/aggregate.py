@@ -126,21 +126,34 @@ def _constant_columns(trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]
 
 
 def bootstrap_ci(
-    per_example: Sequence[Sequence[float]], confidence: float = 0.95, n_resamples: int = 2000, seed: int = 0
+    per_example: Sequence[Sequence], confidence: float = 0.95, n_resamples: int = 2000, seed: int = 0,
+    metric: str = "mean",
 ) -> tuple[float, float]:
-    """Percentile interval of the mean over seeds of the mean per-example test score.
+    """Percentile interval of the mean over seeds of the test score, resampling test examples.
 
-    `per_example` holds one score list per seed, all over the same test examples in the same order; resampling
-    draws examples (the same draw for every seed), so the interval reflects test-set sampling. Seeded: equal
-    inputs give equal intervals.
+    `per_example` holds one list per seed, all over the same test examples in the same order; every resample draws
+    examples (the same draw for every seed), so the interval reflects test-set sampling. For `metric="entity_f1"`
+    an entry is a sentence's [true positives, predicted, gold] entity counts and each resample recomputes corpus
+    micro-F1 from the drawn sentences (a mean of per-sentence F1 is not micro-F1); otherwise entries are scores and
+    a resample's score is their mean. Seeded: equal inputs give equal intervals.
     """
-    scores = np.asarray([np.asarray(s, dtype=float) for s in per_example])
-    if scores.ndim != 2 or scores.shape[1] == 0:
-        raise ValueError("bootstrap_ci needs one non-empty score list per seed, all of the same length")
-    per_item = scores.mean(axis=0)
     rng = np.random.default_rng(seed)
-    draws = rng.integers(0, len(per_item), size=(n_resamples, len(per_item)))
-    stats = per_item[draws].mean(axis=1)
+    if metric == "entity_f1":
+        counts = np.asarray([np.asarray(s, dtype=float).reshape(-1, 3) for s in per_example])  # (seeds, N, 3)
+        if counts.ndim != 3 or counts.shape[1] == 0:
+            raise ValueError("bootstrap_ci needs one non-empty list of [tp, pred, gold] per seed, all of one length")
+        draws = rng.integers(0, counts.shape[1], size=(n_resamples, counts.shape[1]))
+        totals = np.stack([c[draws].sum(axis=1) for c in counts])  # (seeds, resamples, 3)
+        denominator = totals[..., 1] + totals[..., 2]
+        f1 = np.divide(2 * totals[..., 0], denominator, out=np.zeros_like(denominator), where=totals[..., 0] > 0)
+        stats = f1.mean(axis=0)
+    else:
+        scores = np.asarray([np.asarray(s, dtype=float) for s in per_example])
+        if scores.ndim != 2 or scores.shape[1] == 0:
+            raise ValueError("bootstrap_ci needs one non-empty score list per seed, all of the same length")
+        per_item = scores.mean(axis=0)
+        draws = rng.integers(0, len(per_item), size=(n_resamples, len(per_item)))
+        stats = per_item[draws].mean(axis=1)
     tail = (1 - confidence) / 2 * 100
     low, high = np.percentile(stats, [tail, 100 - tail])
     return float(low), float(high)
@@ -183,7 +196,8 @@ def summarize(trials: pd.DataFrame, confidence: float = 0.95, bootstrap: bool = 
                 at_best = group[(group["lr"] == best["lr"]) & group["test_score"].notna()]
                 lists = [s for s in at_best["test_per_example"] if s is not None and len(s)]
                 if lists and len({len(s) for s in lists}) == 1:
-                    row["test_boot_low"], row["test_boot_high"] = bootstrap_ci(lists, confidence)
+                    metric = group["metric"].iloc[0] if "metric" in group else "mean"
+                    row["test_boot_low"], row["test_boot_high"] = bootstrap_ci(lists, confidence, metric=metric)
         row.update(first.loc[key][is_constant.loc[key]].to_dict())
         rows.append(row)
     return pd.DataFrame(rows)

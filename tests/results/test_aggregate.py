@@ -135,3 +135,22 @@ def test_diverged_trials_are_counted_per_lr_and_never_scored():
     assert per_lr.loc[1e-3, "test_mean"] == 0.4 and per_lr.loc[1e-4, "n_diverged"] == 0
     (summary,) = summarize(pd.DataFrame(rows)).to_dict("records")
     assert summary["n_diverged"] == 1 and summary["n_trials"] == 4
+
+
+def test_token_classification_bootstraps_sentences_and_recomputes_corpus_f1() -> None:
+    """Per-sentence [tp, predicted, gold] counts: the bootstrap redraws sentences and recomputes micro-F1, which is
+    not the mean of per-sentence F1 (a 1-entity sentence would weigh as much as a 10-entity one)."""
+    rng = np.random.default_rng(0)
+    seeds = []
+    for _ in range(3):
+        gold = rng.integers(1, 10, 200)
+        tp = rng.binomial(gold, 0.7)
+        seeds.append([[int(t), int(t + rng.integers(0, 3)), int(g)] for t, g in zip(tp, gold)])
+    corpus = [2 * sum(t for t, _, _ in s) / sum(p + g for _, p, g in s) for s in seeds]
+    rows = [{"run": "r", "pretrain_step": 8, "task": "squad_bio", "lr": 1e-4, "seed": i, "val_score": 0.7,
+             "test_score": f1, "metric": "entity_f1", "test_per_example": s} for i, (s, f1) in enumerate(zip(seeds, corpus))]
+    row = summarize(pd.DataFrame(rows), bootstrap=True).iloc[0]
+    assert row["test_boot_low"] < np.mean(corpus) < row["test_boot_high"] < 1.0
+    perfect = [[[3, 3, 3]] * 50] * 3
+    assert bootstrap_ci(perfect, metric="entity_f1") == (1.0, 1.0)
+    assert bootstrap_ci(seeds, metric="entity_f1", seed=1) == bootstrap_ci(seeds, metric="entity_f1", seed=1)
