@@ -179,6 +179,29 @@ def test_bm25_ranks_the_passage_that_shares_the_rare_words_first():
     assert scoring.bm25_rankings(["the the the mat"], passages, pids)[0][0] == "cat"
 
 
+def test_bm25_stems_and_drops_stopwords():
+    passages = ["A runner runs every morning.", "Cats sleep all day.", "It is what it is, and that is that."]
+    pids = ["run", "cat", "stop"]
+    # "running" and "runs" share the stem "run"; "cat" matches "Cats"; stopwords alone match nothing
+    assert scoring.bm25_rankings(["running"], passages, pids)[0][0] == "run"
+    assert scoring.bm25_rankings(["cat"], passages, pids)[0][0] == "cat"
+    assert not scoring.bm25_scores(["it is that"], passages).any()  # Lucene's English stopword list
+
+
+def test_bm25_scores_are_lucenes_formula():
+    passages = ["apple banana apple", "banana cherry", "cherry date elderberry fig"]
+    k1, b = scoring.BM25_K1, scoring.BM25_B
+    lengths = [3, 2, 4]
+    avg = sum(lengths) / 3
+
+    def term(tf, df, length):  # Lucene: idf = ln(1 + (N - df + 0.5) / (df + 0.5)), tf saturation without (k1 + 1)
+        return math.log(1 + (3 - df + 0.5) / (df + 0.5)) * tf / (tf + k1 * (1 - b + b * length / avg))
+
+    (got,) = scoring.bm25_scores(["apple cherry"], passages)
+    expected = [term(2, 1, 3), term(1, 2, 2), term(1, 2, 4)]
+    assert got == pytest.approx(expected, rel=1e-5)
+
+
 def test_bm25_baseline_on_squad_retrieval_is_strong(offline_cache):
     from raybiphase.finetune.baselines import bm25_baseline
 
