@@ -158,6 +158,6 @@ def bm25_rankings(queries: Sequence[str], passages: Sequence[str], pids: Sequenc
 
 def corpus_score(metric: str, per_example: Sequence) -> float:
     """The task score from per-example entries (what a bootstrap resamples): micro F1 for entities, else the mean."""
-    if metric == "entity_f1":
-        return entity_f1(per_example)
+    if metric == "entity_f1":  # [tp, predicted, gold] per sentence, nested or flat (as rows store them)
+        return entity_f1(np.asarray(per_example, dtype=float).reshape(-1, 3).tolist())
     return float(np.mean(per_example)) if len(per_example) else float("nan")

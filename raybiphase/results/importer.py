@@ -2,21 +2,25 @@
 
     python -m raybiphase importer TREE RESULTS_DIR [--sweep paper]
 
-The tree is laid out as `<model>/<family>/<dataset>/lr<LR>_sd<SEED>/results.json`, e.g.
-`610m-mlm40-42k/SC/sst2/lr1e-04_sd0/results.json`. The rows then go through the same aggregation and report as
-ours (raybiphase.results.aggregate, raybiphase.results.report), and summary.parquet is rewritten.
+The tree is the authors' evaluation results as they publish them: `<model>/<family>/<dataset>/lr<LR>_sd<SEED>/
+results.json`, e.g. `610m-mlm40-42k/SC/sst2/lr1e-04_sd0/results.json`, and for retrieval, where one model trained on
+MS MARCO pairs is evaluated on every dataset, `<model>/IR/<dataset>/msmarco_pairs_lr<LR>_sd<SEED>/results.json` (the
+prefix names the training data and lands in the `train_data` column). TREE may be that folder or any folder above it
+(their repository's root, with the tree under `results/`). The rows then go through the same aggregation and
+report as ours (raybiphase.results.aggregate, raybiphase.results.report), and summary.parquet is rewritten.
 
-results.json (scores are fractions in [0, 1]; a score above 1 is read as a percentage and divided by 100):
+results.json, as the authors write it (scores are fractions in [0, 1]; a score above 1 is read as a percentage):
 
-    {"metric": "accuracy",                                   optional; default by family: SC accuracy, TC/QA f1,
-                                                             IR ndcg@10
-     "validation": {"score": 0.918},                         also named val, valid, eval, dev, validation_results
-     "test": {"score": 0.9186, "per_example": [1, 0, ...]},  also named test_results
-     "steps": 1000, "seconds": 812.5}                        optional
+    {"validation": {"score": 0.918, "scores_i": [1, 0, ...]},
+     "test": {"score": 0.9186, "scores_i": [1, 0, ...]}}     per-example scores: what a bootstrap resamples
+
+and leniently: an optional "metric" (default by family: SC accuracy, TC/QA f1, IR ndcg@10), sections also named
+val, valid, eval, dev, validation_results / test_results, optional "steps" and "seconds".
 
 A section may also be a bare number, or a dict whose score sits under `score`, `value`, the metric's name
 (`accuracy`, `eval_accuracy`, `test_f1`, `ndcg@10`...) or is its only number; per-example scores sit under
-`per_example`, `per_example_scores`, `scores` or `examples`. Flat files work too: `val_score` (or
+`scores_i`, `per_example`, `per_example_scores`, `scores` or `examples` (numbers, or for entity F1 the
+[true positives, predicted, gold] counts of each sentence, stored flat as rows store them). Flat files work too: `val_score` (or
 `validation_score`, `eval_score`), `test_score`, `test_per_example`.
 
 The model name (the paper's scheme, ../shared/paper.md) fills the columns the report groups by: `phases.clm_share`,
@@ -39,15 +43,15 @@ import pyarrow.fs as pafs
 
 from raybiphase import storage
 from raybiphase.cli import UserError, run_main
-from raybiphase.results.rows import FINETUNE_KEY
+from raybiphase.results.rows import FINETUNE_KEY, per_example_flat
 from raybiphase.results.store import append_rows, write_summary
 from raybiphase.storage import FINETUNE_FILE, join
 
 DEFAULT_METRIC = {"SC": "accuracy", "TC": "f1", "QA": "f1", "IR": "ndcg@10"}
 VALIDATION_NAMES = ("validation", "val", "valid", "eval", "dev", "validation_results", "eval_results")
 TEST_NAMES = ("test", "test_results")
-PER_EXAMPLE_NAMES = ("per_example", "per_example_scores", "scores", "examples")
-TRIAL_DIR = re.compile(r"lr(?P<lr>[0-9.eE+-]+?)_s(?:ee)?d(?P<seed>\d+)")
+PER_EXAMPLE_NAMES = ("scores_i", "per_example", "per_example_scores", "scores", "examples")
+TRIAL_DIR = re.compile(r"(?:(?P<train>\w+?)_)?lr(?P<lr>[0-9.eE+-]+?)_s(?:ee)?d(?P<seed>\d+)")
 _STEPS = re.compile(r"(?P<dec>dec)?(?P<num>\d+(?:\.\d+)?)(?P<k>k?)")
 _OBJECTIVE = re.compile(r"(?P<obj>clm|mlm)(?P<ratio>\d*)")
 
@@ -139,11 +143,19 @@ def _section(value: Any, metric: str, where: str) -> tuple[float, list[float] | 
         if len(numbers) != 1:
             raise UserError(f"{where}: cannot tell which entry is the {metric} score (keys: {sorted(value)})")
         score = numbers[0]
-    if per_example is not None:
-        per_example = [float(x) for x in per_example]
-        if per_example and max(per_example) > 1.0:
-            per_example = [x / 100 for x in per_example]
-    return _fraction(score), per_example
+    return _fraction(score), None if per_example is None else _per_example(per_example, where)
+
+
+def _per_example(values: Any, where: str) -> list:
+    """Per-example scores as fractions (percentages divided by 100); entity-F1 count triples stay counts."""
+    if not isinstance(values, list):
+        raise UserError(f"{where}: per-example scores must be a list, found {type(values).__name__}")
+    if values and all(isinstance(v, list) for v in values):
+        if any(len(v) != 3 for v in values):
+            raise UserError(f"{where}: per-example entries that are lists must be [true positives, predicted, gold]")
+        return per_example_flat(values)
+    numbers = [float(x) for x in values]
+    return [x / 100 for x in numbers] if numbers and max(numbers) > 1.0 else numbers
 
 
 def read_trial(path: Path, family: str) -> dict[str, Any]:
@@ -161,28 +173,36 @@ def read_trial(path: Path, family: str) -> dict[str, Any]:
         raise UserError(f"{path}: needs a validation and a test score (keys: {sorted(data)})")
     val_score, _ = _section(val_raw, metric, f"{path} validation")
     test_score, per_example = _section(test_raw, metric, f"{path} test")
+    raw = _find(test_raw, PER_EXAMPLE_NAMES) if isinstance(test_raw, dict) else None
+    if "metric" not in data and raw and isinstance(raw[0], list):  # sentences' entity counts: micro F1
+        metric = "entity_f1"
     flat = _find(data, ("test_per_example",))
-    per_example = per_example if per_example is not None else ([float(x) for x in flat] if flat else None)
+    if per_example is None and flat:
+        per_example = _per_example(flat, f"{path} test_per_example")
     return {"metric": metric, "val_score": val_score, "test_score": test_score,
             "test_per_example": per_example or [], "steps": data.get("steps"),
             "seconds": float(data.get("seconds", math.nan))}
 
 
 def collect(tree: str | Path, sweep: str = "paper") -> list[dict[str, Any]]:
-    """Every `<model>/<family>/<dataset>/lr<LR>_sd<SEED>/results.json` under `tree` as a finetune row."""
+    """Every `<model>/<family>/<dataset>/[<train>_]lr<LR>_sd<SEED>/results.json` under `tree` as a finetune row."""
     tree = Path(tree)
     if not tree.is_dir():
         raise UserError(f"{tree}: not a folder of evaluation results")
     rows = []
-    for path in sorted(tree.glob("*/*/*/*/results.json")):
+    for path in sorted(tree.rglob("results.json")):
+        if len(path.relative_to(tree).parts) < 5:
+            raise UserError(f"{path}: expected <model>/<family>/<dataset>/lr<LR>_sd<SEED>/results.json under {tree}")
         trial_dir, dataset_dir, family_dir, model_dir = path.parents[:4]
         match = TRIAL_DIR.fullmatch(trial_dir.name)
         if not match:
-            raise UserError(f"{trial_dir}: expected a folder named lr<LR>_sd<SEED>, e.g. lr1e-04_sd0")
+            raise UserError(f"{trial_dir}: expected a folder named lr<LR>_sd<SEED> (e.g. lr1e-04_sd0), "
+                            "or <train data>_lr<LR>_sd<SEED> for retrieval (msmarco_pairs_lr1e-04_sd0)")
         family = family_dir.name.upper()
         rows.append({
             "run": model_dir.name, "sweep": sweep, "checkpoint": model_dir.name, "pretrain_step": -1,
             "task": dataset_dir.name.lower(), "family": family, "dataset": dataset_dir.name.lower(),
+            "train_data": match["train"] or dataset_dir.name.lower(),
             "lr": float(match["lr"]), "seed": int(match["seed"]), "stopped_early": False, "source": "paper",
             **read_trial(path, family), **parse_model_name(model_dir.name),
         })
@@ -210,7 +230,7 @@ def import_tree(tree: str | Path, results_dir: str | Path, sweep: str = "paper")
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="raybiphase import", description=__doc__.split("\n")[0])
-    parser.add_argument("tree", help="folder or bucket URI laid out as <model>/<family>/<dataset>/lr<LR>_sd<SEED>/results.json")
+    parser.add_argument("tree", help="folder or bucket URI holding <model>/<family>/<dataset>/lr<LR>_sd<SEED>/results.json files")
     parser.add_argument("results_dir", help="results folder of a sweep (finetune.parquet goes there)")
     parser.add_argument("--sweep", default="paper", help="value of the sweep column (default: paper)")
     args = parser.parse_args()

@@ -95,6 +95,8 @@ class FinetuneRow:
     """Fractions in [0, 1]; NaN when ASHA stopped the trial (its test split is never scored)."""
     test_secondary: float = math.nan
     test_per_example: list = field(default_factory=list)
+    """One flat list of floats in every row, so one Parquet column holds every family: entity F1's per-sentence
+    [true positives, predicted, gold] counts lie in it as consecutive triples (`per_example_flat`)."""
     steps: int = 0
     steps_run: int = 0
     """Steps trained over every attempt (a completed trial counts its stopped attempt too)."""
@@ -113,6 +115,7 @@ class FinetuneRow:
 
     def record(self) -> dict[str, Any]:
         plain = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "settings"}
+        plain["test_per_example"] = per_example_flat(self.test_per_example)
         return {**plain, **self.settings}
 
     @classmethod
@@ -120,6 +123,14 @@ class FinetuneRow:
         names = {f.name for f in dataclasses.fields(cls)} - {"settings"}
         return cls(**{k: v for k, v in record.items() if k in names},
                    settings={k: v for k, v in record.items() if k not in names})
+
+
+def per_example_flat(values) -> list[float]:
+    """Per-example scores as one flat list of floats: [[tp, predicted, gold], ...] -> [tp, predicted, gold, ...]."""
+    values = [] if values is None else list(values)
+    if values and not isinstance(values[0], (int, float)):
+        return [float(x) for entry in values for x in entry]
+    return [float(x) for x in values]
 
 
 def trial_key(record: dict[str, Any]) -> tuple:

@@ -116,6 +116,52 @@ def test_cli(tmp_path, monkeypatch, capsys) -> None:
     assert exit_info.value.code == 2
 
 
+def _authors_file(root: Path, relative: str, val: list, test: list) -> None:
+    """One results.json as the authors' evaluation repository writes it: score and scores_i per split."""
+    def score(values):
+        if values and isinstance(values[0], list):  # entity F1 from [tp, predicted, gold] counts
+            tp, predicted, gold = (sum(v[i] for v in values) for i in range(3))
+            return 2 * tp / (predicted + gold)
+        return sum(values) / len(values)
+
+    path = root / "results" / relative / "results.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"validation": {"score": score(val), "scores_i": val},
+                                "test": {"score": score(test), "scores_i": test}}))
+
+
+def test_the_authors_result_tree_as_they_publish_it(tmp_path) -> None:
+    repo = tmp_path / "evaluation-repo"  # their repository's root: the tree sits under results/
+    for seed in range(3):
+        _authors_file(repo, f"610m-clm-42k/IR/nq/msmarco_pairs_lr1e-04_sd{seed}", [0.5, 1.0], [1.0, 0.0, 0.5 + seed / 10])
+        _authors_file(repo, f"610m-clm-42k/TC/conll2003/lr2e-05_sd{seed}", [[1, 1, 1]],
+                      [[2, 2, 3], [seed % 2, 1, 1], [0, 1, 0]])
+    rows = {(r["family"], r["seed"]): r for r in collect(repo)}
+    assert len(rows) == 6
+    ir = rows["IR", 1]
+    assert (ir["task"], ir["train_data"], ir["lr"], ir["metric"]) == ("nq", "msmarco_pairs", 1e-4, "ndcg@10")
+    assert ir["test_per_example"] == pytest.approx([1.0, 0.0, 0.6]) and ir["val_score"] == pytest.approx(0.75)
+    tc = rows["TC", 1]
+    assert tc["test_per_example"] == [2.0, 2.0, 3.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0]  # flat, as rows store them
+    assert (tc["lr"], tc["train_data"], tc["metric"]) == (2e-5, "conll2003", "entity_f1")
+
+    import_tree(repo, tmp_path / "out")
+    summary = read_rows(tmp_path / "out" / "summary.parquet").set_index("task")
+    assert summary.loc["nq", "n_seeds"] == 3 and summary.loc["conll2003", "n_seeds"] == 3
+    assert summary.loc["nq", "test_mean"] == pytest.approx((0.5 + 0.6 + 0.7) / 9 + 1 / 3)
+    from raybiphase.results.aggregate import summarize
+
+    booted = summarize(read_rows(tmp_path / "out" / "finetune.parquet"), bootstrap=True).set_index("task")
+    low, high = booted.loc["conll2003", ["test_boot_low", "test_boot_high"]]
+    assert 0 <= low <= booted.loc["conll2003", "test_mean"] <= high <= 1
+
+
+def test_malformed_scores_i_is_one_clear_error(tmp_path) -> None:
+    _write(tmp_path, "lr1e-4_sd0", {"validation": 0.5, "test": {"score": 0.5, "scores_i": [[1, 2]]}})
+    with pytest.raises(UserError, match=r"\[true positives, predicted, gold\]"):
+        collect(tmp_path)
+
+
 @pytest.mark.slow  # a real S3 server round trip of many files: seconds
 def test_a_tree_in_a_bucket_imports_the_same_rows_into_a_bucket(s3_bucket, tmp_path) -> None:
     import uuid
