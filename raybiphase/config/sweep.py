@@ -49,6 +49,9 @@ class FinetuneConfig:
     """Cap on training examples per task (CPU runs); 0 uses all."""
     asha: bool = True
     """Stop weak LR x seed trials early with ASHA on the validation metric; false runs the full grid."""
+    complete_lrs: bool = False
+    """After ASHA, run every stopped trial to its end (not only the best LR's), so the LR-sensitivity analysis has
+    a complete LR x seed grid; without it, that analysis uses the LRs whose seeds all finished."""
     max_len: int = 128
     """Tokens per input (longer inputs are trimmed; QA slides windows over the context). 128 suits CPU runs; the
     paper fine-tunes at nearly the encoders' full context (sweeps/split_grid.yaml: 2,048)."""

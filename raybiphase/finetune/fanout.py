@@ -12,10 +12,11 @@ At most `resources.max_concurrent` trials run at once.
 
 Stopped trials: their row keeps the last validation score and step, `stopped_early=True`, `test_score=NaN` (a
 stopped trial is ended at its report, so its test split is never scored). The paper reports the test mean over
-all seeds of the best LR, so a *completion pass* follows: per (run, task), the LR with the best mean validation
-over its finished trials; its stopped seeds are run again from the start without ASHA (their row then has
-`completed_after_stop=True`; `steps_run` and `seconds` count both attempts). Repeated until the best LR has no
-stopped seed.
+all seeds of the best LR, so a *completion pass* follows: per (run, task), the best LR by the report's own rule
+(raybiphase.results.aggregate.best_lr: the best mean validation over finished trials); its stopped seeds are run
+again from the start without ASHA (their row then has `completed_after_stop=True`; `steps_run` and `seconds` count both attempts). Repeated until the best LR has no
+stopped seed. `finetune.complete_lrs` completes every stopped trial instead, so the LR sensitivity rests on complete
+LR x seed cells (ASHA then only orders the work).
 
 Resuming: every trial leaves a record `<storage>/<name>/records/<key>.json` (finished trials write theirs before
 their last report; the driver writes the stopped ones), named by its key and a digest of the settings that shape
@@ -38,6 +39,8 @@ import re
 from collections import defaultdict
 
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+from raybiphase.results.aggregate import best_lr
 
 from raybiphase import storage
 from raybiphase.config import FinetuneConfig, SweepSpec
@@ -96,16 +99,6 @@ def plan_trials(sources: list[FinetuneSource], cfg: FinetuneConfig, sweep: str =
 def group_of(row: FinetuneRow) -> tuple:
     """The trials one ASHA compares, and one best LR is picked among: one checkpoint, one task."""
     return (row.run, row.pretrain_step, row.task)
-
-
-def best_lr(rows: list[FinetuneRow]) -> float | None:
-    """The LR with the best mean validation score over its finished (not stopped) trials of one group."""
-    by_lr = defaultdict(list)
-    for row in rows:
-        if not row.stopped_early:
-            by_lr[row.lr].append(row.val_score)
-    means = {lr: sum(v) / len(v) for lr, v in by_lr.items() if not any(math.isnan(x) for x in v)}
-    return max(means, key=lambda lr: (means[lr], -lr)) if means else None
 
 
 # ------------------------------------------------------------------------------------------------ the trial
@@ -234,15 +227,17 @@ def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, n
 
 
 def _complete_best(records: dict, plan: list[FinetuneRow], cfg: SweepSpec, experiment: str, options: dict) -> None:
-    """Rerun, without ASHA, the stopped seeds of each group's best LR, until the best LR has none."""
+    """Rerun, without ASHA, the stopped seeds of each group's best LR (aggregate.best_lr: the report's rule), until
+    the best LR has none; with `finetune.complete_lrs`, every stopped trial at once."""
     for attempt in range(len(cfg.finetune.lrs)):
         groups = defaultdict(list)
         for row in records.values():
-            groups[group_of(row)].append(row)
+            if row is not None:
+                groups[group_of(row)].append(row)
         rerun = []
         for rows in groups.values():
-            lr = best_lr(rows)
-            rerun += [r for r in rows if r.lr == lr and r.stopped_early]
+            lr = None if cfg.finetune.complete_lrs else best_lr([r.record() for r in rows])
+            rerun += [r for r in rows if r.stopped_early and (cfg.finetune.complete_lrs or r.lr == lr)]
         if not rerun:
             return
         planned = {t.key: t for t in plan}

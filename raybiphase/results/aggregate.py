@@ -3,16 +3,19 @@
 Pure pandas/numpy (no Ray, no scipy). The protocol (../shared/paper.md, "Fine-tuning and evaluation protocol"):
 for each (source, run, pretrain_step, task)
 
-1. per learning rate, the mean validation score over seeds;
-2. the best LR is the one with the highest mean validation score (ties: more seeds, then the smaller LR);
+1. per learning rate, the mean validation score over the seeds that finished;
+2. the best LR is the one with the highest such mean (ties: more seeds, then the smaller LR): `choose_best_lr`,
+   the one rule the fan-out's completion pass (raybiphase.finetune.fanout) also uses;
 3. the reported score is the mean test score over the seeds at that LR, with a 95% confidence interval from the
    t distribution with n-1 degrees of freedom: mean ± t(0.975, n-1) * std(ddof=1) / sqrt(n);
-4. the LR sensitivity (the paper's finding 2) is the spread of the mean test score across LRs: max - min and the
-   standard deviation (ddof=0: the LR grid is the whole population, not a sample).
+4. the LR sensitivity (the paper's finding 2) is the spread of the mean test score across the LRs whose cells are
+   complete (every seed of the group finished with a score): max - min and the standard deviation (ddof=0: the LR
+   grid is the whole population, not a sample). An LR that ASHA cut short has only its best seeds left, which
+   would understate the spread, so it is left out (`n_lrs_complete` says how many LRs it rests on; with fewer than
+   two it is NaN). `finetune.complete_lrs` makes the fan-out finish every stopped trial, so every cell is complete.
 
-Trials stopped by ASHA carry NaN scores and are left out of every mean (a validation score a stopped trial did
-record counts toward its LR's validation mean); an LR is eligible when at least one seed finished; `n_seeds` counts
-the seeds that finished at the best LR. Scores stay in the metric's own units (fractions in [0, 1] for accuracy, F1 and NDCG@10).
+Trials stopped by ASHA carry NaN test scores; their early validation scores never compete with finished trials'
+(an LR is eligible when at least one seed finished); `n_seeds` counts the seeds that finished at the best LR. Scores stay in the metric's own units (fractions in [0, 1] for accuracy, F1 and NDCG@10).
 `bootstrap_ci` gives a percentile interval from per-example test scores (paired across seeds), seeded.
 """
 
@@ -105,6 +108,8 @@ def lr_table(trials: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
     for key, group in trials.groupby([*GROUP, "lr"], dropna=False, sort=True):
         test = mean_ci(group["test_score"], confidence)
         val = group["val_score"].astype(float)
+        if "stopped_early" in group:  # a stopped trial's early validation never competes with finished ones
+            val = val.where(~group["stopped_early"].fillna(False).astype(bool))
         rows.append({
             **dict(zip((*GROUP, "lr"), key)),
             "val_mean": float(val.mean()) if val.notna().any() else math.nan,
@@ -115,6 +120,22 @@ def lr_table(trials: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
         })
     return pd.DataFrame(rows, columns=[*GROUP, "lr", "val_mean", "n_val", "test_mean", "test_ci95", "test_std",
                                        "n_seeds", "n_trials", "n_diverged"])
+
+
+def choose_best_lr(lrs: pd.DataFrame) -> pd.Series | None:
+    """The row of `lr_table` (one group) with the best LR: the highest mean validation over finished seeds, ties
+    to more seeds, then to the smaller LR; None when no LR has a finished seed with a test score."""
+    eligible = lrs[lrs["val_mean"].notna() & lrs["test_mean"].notna()]
+    if not len(eligible):
+        return None
+    return eligible.sort_values(["val_mean", "n_val", "lr"], ascending=[False, False, True]).iloc[0]
+
+
+def best_lr(trials: pd.DataFrame | Sequence[dict]) -> float | None:
+    """The best LR of one group's trials (rows as a frame or as records): `choose_best_lr` over their lr_table."""
+    trials = pd.DataFrame(list(trials)) if not isinstance(trials, pd.DataFrame) else trials
+    best = choose_best_lr(lr_table(trials)) if len(trials) else None
+    return None if best is None else float(best["lr"])
 
 
 def _constant_columns(trials: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -163,7 +184,8 @@ def summarize(trials: pd.DataFrame, confidence: float = 0.95, bootstrap: bool = 
     """One row per (source, run, pretrain_step, task): the best LR and its mean test score ± CI, LR spread.
 
     Columns: the group, `best_lr`, `best_val_mean`, `test_mean`, `test_ci95` (half-width), `test_std`, `n_seeds`,
-    `n_lrs`, `lr_spread` (max - min of the mean test score across LRs), `lr_std`, `n_trials`, `n_stopped`,
+    `n_lrs`, `n_lrs_complete`, `lr_spread` (max - min of the mean test score across the LRs whose every seed
+    finished), `lr_std`, `n_trials`, `n_stopped`,
     `n_diverged` (trials whose loss turned NaN or inf; per LR in `lr_table`), then
     every column constant within the group (config, family, dataset, metric, phases.clm_share). With `bootstrap=True`
     and per-example scores present, `test_boot_low` / `test_boot_high` too.
@@ -176,19 +198,20 @@ def summarize(trials: pd.DataFrame, confidence: float = 0.95, bootstrap: bool = 
     rows = []
     for key, group in trials.groupby(list(GROUP), dropna=False, sort=True):
         lrs = per_lr[key]
-        eligible = lrs["val_mean"].notna() & lrs["test_mean"].notna()  # an LR whose every seed ASHA stopped is out
-        candidates = lrs[eligible].sort_values(["val_mean", "n_val", "lr"], ascending=[False, False, True])
-        finished = lrs["test_mean"].dropna()
+        n_seeds = group["seed"].nunique() if "seed" in group else int(lrs["n_seeds"].max())
+        complete = lrs.loc[lrs["n_seeds"] == n_seeds, "test_mean"].dropna()  # every seed finished with a score
+        spread = len(complete) >= 2
         row = {**dict(zip(GROUP, key)), "best_lr": math.nan, "best_val_mean": math.nan, "test_mean": math.nan,
                "test_ci95": math.nan, "test_std": math.nan, "n_seeds": 0, "n_lrs": int(lrs["lr"].nunique()),
-               "lr_spread": float(finished.max() - finished.min()) if len(finished) else math.nan,
-               "lr_std": float(finished.std(ddof=0)) if len(finished) else math.nan,
+               "n_lrs_complete": len(complete),
+               "lr_spread": float(complete.max() - complete.min()) if spread else math.nan,
+               "lr_std": float(complete.std(ddof=0)) if spread else math.nan,
                "n_trials": len(group),
                "n_stopped": int(group["stopped_early"].fillna(False).astype(bool).sum())
                if "stopped_early" in group else 0,
                "n_diverged": int(lrs["n_diverged"].sum())}
-        if len(candidates):
-            best = candidates.iloc[0]
+        best = choose_best_lr(lrs)
+        if best is not None:
             row.update(best_lr=float(best["lr"]), best_val_mean=float(best["val_mean"]),
                        test_mean=float(best["test_mean"]), test_ci95=float(best["test_ci95"]),
                        test_std=float(best["test_std"]), n_seeds=int(best["n_seeds"]))

@@ -217,11 +217,15 @@ def lr_section(s: pd.DataFrame, trials: pd.DataFrame) -> Section:
                      line=[f"{_prefix(a)}{r}" for a, r in zip(pts["source"], pts["run"])])
     fig = _task_grid(pts, "lr", "line", title + " (colour: objective)", "fine-tuning learning rate (log scale)",
                      logx=True, color_by="objective")
-    spread = s[s["final"]].groupby(["source", "objective"], as_index=False).agg(
+    final_rows = s[s["final"]]
+    spread = final_rows.groupby(["source", "objective"], as_index=False).agg(
         runs=("run", "nunique"), **{"mean LR spread (max-min, pts)": ("lr_spread", lambda v: 100 * v.mean()),
-                                    "mean LR std (pts)": ("lr_std", lambda v: 100 * v.mean())})
+                                    "mean LR std (pts)": ("lr_std", lambda v: 100 * v.mean()),
+                                    "complete LRs": ("n_lrs_complete", "sum"), "LRs": ("n_lrs", "sum")})
     note = ("Mean test score over seeds at each LR, one line per model (final checkpoints). A flatter line is a less "
-            "LR-sensitive model; the table averages the spread across tasks.")
+            "LR-sensitive model; the table averages the spread across tasks. The spread uses only complete LR x "
+            "seed cells (every seed finished with a score): an LR that ASHA cut short keeps only its best seeds, "
+            "which would understate it. `finetune.complete_lrs: true` finishes every cell.")
     return Section("lr_sensitivity", title, fig, note, _markdown(spread.round(2)))
 
 
@@ -261,7 +265,7 @@ def summary_section(s: pd.DataFrame) -> Section:
         "seeds": final["n_seeds"], "LR spread (pts)": (final["lr_spread"] * 100).round(2)})
     return Section("summary", "All results at the final checkpoint", None,
                    "Best LR by mean validation score; test mean ± 95% CI over seeds; LR spread = max - min of the "
-                   "mean test score across LRs.", _markdown(table))
+                   "mean test score across the LRs whose every seed finished.", _markdown(table))
 
 
 def _palette(n: int):

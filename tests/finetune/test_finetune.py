@@ -230,18 +230,6 @@ def fanout_config(**finetune):
     return from_dict(SweepSpec, {"finetune": {**base, **finetune}, "resources": {"max_concurrent": 2}})
 
 
-def test_best_lr_is_chosen_on_the_mean_validation_of_finished_trials():
-    from raybiphase.finetune.fanout import best_lr
-
-    def row(lr, seed, val_score, stopped_early=False):
-        return FinetuneRow(run="r", pretrain_step=8, task="tweets", lr=lr, seed=seed, val_score=val_score,
-                           stopped_early=stopped_early)
-
-    rows = [row(1e-4, 0, 0.6), row(1e-4, 1, 0.8), row(1e-3, 0, 0.75), row(1e-3, 1, 0.1, stopped_early=True)]
-    assert best_lr(rows) == 1e-3  # 0.75 over its finished trial beats 0.7; the stopped one does not count
-    assert best_lr([row(1e-4, 0, 0.3, stopped_early=True)]) is None
-
-
 @pytest.mark.ray
 @pytest.mark.slow
 def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(ray_cluster, tiny_checkpoint,
@@ -259,7 +247,7 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
             assert math.isnan(row["test_score"]) and row["steps"] < 8 and row["test_per_example"] == []
         else:
             assert 0.0 <= row["test_score"] <= 1.0 and len(row["test_per_example"]) == 64 and row["steps"] == 8
-    best = fanout.best_lr([FinetuneRow.from_record(r) for r in rows])
+    best = fanout.best_lr(rows)
     assert all(not r["stopped_early"] for r in rows if r["lr"] == best)  # the completion pass ran them all
 
     def no_launch(*args, **kwargs):
@@ -280,6 +268,36 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
     fanout.run_fanout(checkpoints, fanout_config(max_examples=32), storage=str(tmp_path), name="ft",
                       complete_best=False)
     assert len(launched) == 4
+
+
+@pytest.mark.parametrize("complete_lrs", [False, True])
+def test_the_completion_pass_reruns_the_best_lrs_stopped_seeds_or_every_stopped_trial(tmp_path, monkeypatch,
+                                                                                     complete_lrs):
+    from raybiphase.finetune import fanout
+
+    def row(lr, seed, val, stopped):
+        return FinetuneRow(run="r", pretrain_step=8, task="tweets", lr=lr, seed=seed, val_score=val,
+                           test_score=math.nan if stopped else val, stopped_early=stopped, steps=3 if stopped else 9,
+                           steps_run=3 if stopped else 9)
+
+    # 1e-4 is best on finished seeds (0.8) though 2e-3's stopped seed showed a lucky early 0.95
+    plan = [row(1e-4, 0, 0.8, False), row(1e-4, 1, 0.5, True), row(2e-3, 0, 0.6, False), row(2e-3, 1, 0.95, True)]
+    launched = []
+
+    def finish(trials, *args, **kwargs):
+        launched.append(sorted(t.key for t in trials))
+        return [dataclasses.replace(t, stopped_early=False, test_score=0.7, val_score=0.7, steps=9, steps_run=9)
+                for t in trials]
+
+    monkeypatch.setattr(fanout, "_launch", finish)
+    records = {t.key: t for t in plan}
+    cfg = fanout_config(complete_lrs=complete_lrs, lrs=[1e-4, 2e-3])
+    fanout._complete_best(records, plan, cfg, str(tmp_path / "ft"), {})
+    if complete_lrs:
+        assert launched == [sorted([plan[1].key, plan[3].key])]  # every stopped trial, in one pass
+    else:
+        assert launched == [[plan[1].key]]  # only the best LR's stopped seed; 2e-3's stays stopped
+    assert records[plan[1].key].completed_after_stop and records[plan[1].key].steps_run == 3 + 9
 
 
 def test_fanout_refuses_a_bad_checkpoint_before_starting_anything(tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from raybiphase.results.aggregate import bootstrap_ci, lr_table, mean_ci, summarize, t_quantile
+from raybiphase.results.aggregate import best_lr, bootstrap_ci, lr_table, mean_ci, summarize, t_quantile
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -66,6 +66,27 @@ def test_asha_stopped_trials_are_left_out_of_the_means() -> None:
     assert row["test_mean"] == pytest.approx(0.92)
     per_lr = lr_table(trials).set_index("lr")
     assert per_lr.loc[1e-3, "n_trials"] == 3 and per_lr.loc[1e-3, "n_seeds"] == 2
+
+
+def test_a_stopped_trials_early_validation_never_picks_the_lr_and_the_fanout_agrees() -> None:
+    # LR 1e-3: one finished seed (val 0.79) and one ASHA stopped at a lucky early 0.99; LR 1e-4: two finished, 0.80.
+    stopped = {**_rows("A", 1e-3, [0.99], [math.nan])[0], "seed": 1}
+    trials = pd.DataFrame(_rows("A", 1e-4, [0.80, 0.80], [0.70, 0.72]) + _rows("A", 1e-3, [0.79], [0.75]) + [stopped])
+    assert summarize(trials).iloc[0]["best_lr"] == 1e-4
+    assert best_lr(trials) == best_lr(trials.to_dict("records")) == 1e-4  # the fan-out's completion pass calls it
+    assert best_lr([stopped]) is None
+
+
+def test_lr_spread_rests_on_complete_cells_only() -> None:
+    # 1e-5 and 1e-4: every seed finished (test 0.70 and 0.90). 1e-3: ASHA kept only its best seed (0.20): left out,
+    # or the spread would say 0.70 from one lucky survivor of an LR whose other seeds were cut.
+    trials = pd.DataFrame(_rows("A", 1e-5, [0.6] * 3, [0.70] * 3) + _rows("A", 1e-4, [0.8] * 3, [0.90] * 3)
+                          + _rows("A", 1e-3, [0.5, math.nan, math.nan], [0.20, math.nan, math.nan]))
+    row = summarize(trials).iloc[0]
+    assert row["n_lrs"] == 3 and row["n_lrs_complete"] == 2
+    assert row["lr_spread"] == pytest.approx(0.20) and row["lr_std"] == pytest.approx(0.10)
+    one_complete = trials[trials["lr"] != 1e-5]
+    assert math.isnan(summarize(one_complete).iloc[0]["lr_spread"])  # a spread needs two complete LRs
 
 
 def test_ties_prefer_more_seeds_then_the_smaller_lr() -> None:
