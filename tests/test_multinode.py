@@ -114,7 +114,7 @@ def test_the_quickstart_on_two_nodes_crosses_only_through_the_bucket(s3_bucket, 
     results = f"{root}/results/quickstart"
     fs, path = storage.filesystem(storage.join(results, storage.FINETUNE_FILE))
     finetune = pq.read_table(path, filesystem=fs).to_pandas()
-    assert len(finetune[finetune["source"] == "raybiphase"]) == 2  # two runs x one task x one LR x one seed
+    assert len(finetune[finetune["source"] == "raybiphase"]) == 3  # (two runs + their untrained control) x 1 x 1 x 1
     assert finetune["test_score"].between(0, 1).all()
     assert storage.is_file(storage.join(results, storage.PRETRAIN_FILE))
     assert storage.is_file(storage.join(results, storage.REPORT_DIR, "report.md"))

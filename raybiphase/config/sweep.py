@@ -49,6 +49,9 @@ class FinetuneConfig:
     """Cap on training examples per task (CPU runs); 0 uses all."""
     asha: bool = True
     """Stop weak LR x seed trials early with ASHA on the validation metric; false runs the full grid."""
+    control: bool = True
+    """Also fine-tune the untrained step-0 weights the runs start from (one per model, seed and data), recorded with
+    pretrain_step 0: the control that shows what pretraining added."""
     complete_lrs: bool = False
     """After ASHA, run every stopped trial to its end (not only the best LR's), so the LR-sensitivity analysis has
     a complete LR x seed grid; without it, that analysis uses the LRs whose seeds all finished."""

@@ -1,4 +1,5 @@
-"""Baselines beside the fine-tuned encoders: BM25 on every retrieval task's test split."""
+"""Baselines beside the fine-tuned encoders: BM25 on every retrieval task's test split, the majority class on every
+sequence-classification task's."""
 
 from __future__ import annotations
 
@@ -18,3 +19,17 @@ def bm25_baseline(task_name: str, *, max_examples: int = 0) -> dict:
     return {"task": task.name, "dataset": task.dataset, "metric": task.metric,
             "test_score": float(np.mean(per_query["ndcg@10"])), "test_secondary": float(np.mean(per_query["mrr@10"])),
             "secondary_metric": task.secondary_metric, "test_per_example": per_query["ndcg@10"]}
+
+
+def majority_baseline(task_name: str, *, max_examples: int = 0) -> dict:
+    """The majority-class row of a sequence-classification task: the training split's most frequent label (ties
+    to the lower index) predicted for every test example, capped like fine-tuning."""
+    task = get_task(task_name)
+    splits = load_splits(task, max_examples=max_examples)
+    counts = np.bincount([r["label"] for r in splits.train], minlength=task.num_labels)
+    majority = int(np.argmax(counts))
+    per_example = [float(r["label"] == majority) for r in splits.test]
+    return {"task": task.name, "dataset": task.dataset, "metric": task.metric,
+            "test_score": float(np.mean(per_example)), "test_secondary": float("nan"),
+            "secondary_metric": task.secondary_metric, "test_per_example": per_example,
+            "label": task.label_names[majority]}

@@ -5,9 +5,10 @@
 
 Families (../shared/paper.md): SC sequence classification over mean-pooled tokens, TC token classification,
 QA extractive QA as token classification with 2 labels (start, end), IR a mean-pooled bi-encoder. Offline tasks use
-the real files of `raybiphase.data.sources`; production tasks use `datasets.load_dataset` with the paper's ids (they
-need the hub and are never called in tests). `squad` has both: the same SQuAD v1.1, offline from the packaged
-official files, production from the hub.
+the real files of `raybiphase.data.sources`; production tasks load the paper's twelve datasets with `datasets` from
+the hub, or from local snapshots under RAYBIPHASE_DATASETS_DIR (`raybiphase.finetune.hub`). `squad` has both: the
+same SQuAD v1.1, offline from the packaged official files, production from the hub. nq and mldr train on MS MARCO's
+pairs (`train_task`), as the authors do: one retrieval model, three test sets.
 
 Splits, as in the paper: validation = 5% of the train split, drawn like `datasets`' `train_test_split(test_size=0.05,
 seed=42)` (a `default_rng(42)` permutation of the rows: the first ceil(5%) are validation, the rest train, in that
@@ -43,6 +44,7 @@ import numpy as np
 
 from raybiphase.cli import UserError
 from raybiphase.data import sources
+from raybiphase.finetune import hub
 
 Family = Literal["SC", "TC", "QA", "IR"]
 VALIDATION_SHARE = 0.05
@@ -50,6 +52,9 @@ VALIDATION_SEED = 42
 TEST_PERCENT = 20
 IR_CORPUS_PER_QUERY = 5
 BIO_TAGS = ("O", "B-ANS", "I-ANS")
+SST2_LABELS = ("negative", "positive")
+MNLI_LABELS = ("entailment", "neutral", "contradiction")
+QQP_LABELS = ("not_duplicate", "duplicate")
 Loader = Callable[[], tuple[Any, Any]]  # () -> (full train split, test split)
 
 
@@ -69,6 +74,8 @@ class Task:
     """QA only: some questions have no answer (SQuAD v2)."""
     finish: Callable[[dict], dict] | None = None
     """Turns a light record into its final shape, applied only to the examples kept after capping."""
+    train_task: str = ""
+    """IR only: the task whose training pairs this one uses (its own when empty)."""
 
     @property
     def num_labels(self) -> int:
@@ -236,57 +243,6 @@ def _wiki_retrieval() -> tuple[dict, dict]:
             {"queries": test, "passages": everything["passages"]})
 
 
-# ------------------------------------------------------------------------------------------------ production
-
-
-def _hub(dataset_id: str, config: str | None, split: str):
-    import datasets
-
-    return datasets.load_dataset(dataset_id, config, split=split)
-
-
-def _glue(config: str, text: str, pair: str | None, test_split: str = "validation") -> Loader:
-    def load() -> tuple[list, list]:
-        def rows(split: str) -> list[dict]:
-            return [{"text": r[text], "text_pair": r[pair] if pair else None, "label": int(r["label"])}
-                    for r in _hub("glue", config, split)]
-        return rows("train"), rows(test_split)
-    return load
-
-
-def _conll2003() -> tuple[list, list]:
-    def rows(split: str) -> list[dict]:
-        data = _hub("conll2003", None, split)
-        names = data.features["ner_tags"].feature.names
-        return [{"words": r["tokens"], "tags": [names[t] for t in r["ner_tags"]]} for r in data]
-    return rows("train"), rows("validation")
-
-
-def _hub_squad(dataset_id: str) -> Loader:
-    def load() -> tuple[list, list]:
-        def rows(split: str) -> list[dict]:
-            return [{"id": r["id"], "title": r["title"], "question": r["question"], "context": r["context"],
-                     "answers": {key: list(r["answers"][key]) for key in ("text", "answer_start")}}
-                    for r in _hub(dataset_id, None, split)]
-        return rows("train"), rows("validation")
-    return load
-
-
-def _msmarco() -> tuple[dict, dict]:
-    """MS MARCO v1.1 passage ranking: train pairs from the selected passages; the test corpus pools the candidate
-    passages of the validation queries (ids are content hashes, so a passage shared by queries is one passage)."""
-    def rows(split: str) -> dict:
-        queries, passages = [], {}
-        for r in _hub("ms_marco", "v1.1", split):
-            pids = [hashlib.sha256(t.encode()).hexdigest()[:16] for t in r["passages"]["passage_text"]]
-            passages.update(zip(pids, r["passages"]["passage_text"]))
-            positives = [pid for pid, sel in zip(pids, r["passages"]["is_selected"]) if sel]
-            if positives:
-                queries.append({"qid": str(r["query_id"]), "text": r["query"], "positives": positives})
-        return {"queries": queries, "passages": [{"pid": pid, "text": text} for pid, text in passages.items()]}
-    return rows("train"), rows("validation")
-
-
 # ------------------------------------------------------------------------------------------------ registry
 
 _TASK_LIST = [
@@ -296,19 +252,30 @@ _TASK_LIST = [
     Task("qnli", "SC", "QNLI built from SQuAD v1.1", "accuracy", ("entailment", "not_entailment"), _qnli, None),
     Task("squad_bio", "TC", "SQuAD v1.1 answer spans (BIO)", "entity_f1", BIO_TAGS, _squad_bio, None,
          finish=tag_sentence),
-    Task("squad", "QA", "SQuAD v1.1", "f1", ("start", "end"), _squad, _hub_squad("squad"), "exact_match"),
+    Task("squad", "QA", "SQuAD v1.1", "f1", ("start", "end"), _squad, hub.squad("rajpurkar/squad"), "exact_match"),
     Task("squad_retrieval", "IR", "SQuAD question -> paragraph", "ndcg@10", (), _squad_retrieval, None, "mrr@10"),
     Task("wiki_retrieval", "IR", "Wikidata description -> Wikipedia lead", "ndcg@10", (), _wiki_retrieval, None,
          "mrr@10"),
-    Task("sst2", "SC", "SST-2", "accuracy", ("negative", "positive"), None, _glue("sst2", "sentence", None)),
-    Task("mnli", "SC", "MNLI-matched", "accuracy", ("entailment", "neutral", "contradiction"), None,
-         _glue("mnli", "premise", "hypothesis", "validation_matched")),
-    Task("qqp", "SC", "QQP", "accuracy", ("not_duplicate", "duplicate"), None, _glue("qqp", "question1", "question2")),
-    Task("conll2003", "TC", "CoNLL-2003", "entity_f1",
-         ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"), None, _conll2003),
-    Task("squad_v2", "QA", "SQuAD v2", "f1", ("start", "end"), None, _hub_squad("squad_v2"), "exact_match",
+    Task("sst2", "SC", "SST-2 (nyu-mll/glue sst2)", "accuracy", SST2_LABELS, None,
+         hub.glue("sst2", "sentence", None, SST2_LABELS)),
+    Task("mnli", "SC", "MNLI-matched (nyu-mll/glue mnli)", "accuracy", MNLI_LABELS, None,
+         hub.glue("mnli", "premise", "hypothesis", MNLI_LABELS, "validation_matched")),
+    Task("qqp", "SC", "QQP (nyu-mll/glue qqp)", "accuracy", QQP_LABELS, None,
+         hub.glue("qqp", "question1", "question2", QQP_LABELS)),
+    Task("conll2003", "TC", "CoNLL-2003", "entity_f1", hub.CONLL_TAGS, None, hub.conll2003),
+    Task("ontonotes", "TC", "OntoNotes 5 (CoNLL-2012 english_v12)", "entity_f1", hub.ONTONOTES_TAGS, None,
+         hub.ontonotes),
+    Task("uner", "TC", "UNER English (EWT)", "entity_f1", hub.UNER_TAGS, None, hub.uner),
+    Task("squad_v2", "QA", "SQuAD v2", "f1", ("start", "end"), None, hub.squad("rajpurkar/squad_v2"), "exact_match",
          unanswerable=True),
-    Task("msmarco", "IR", "MS MARCO", "ndcg@10", (), None, _msmarco, "mrr@10"),
+    Task("record", "QA", "ReCoRD (SuperGLUE), answers as passage spans", "f1", ("start", "end"), None, hub.record,
+         "exact_match"),
+    Task("msmarco", "IR", "MS MARCO passages (dev qrels, official collection)", "ndcg@10", (), None, hub.msmarco,
+         "mrr@10"),
+    Task("nq", "IR", "Natural Questions (BEIR); trained on MS MARCO pairs", "ndcg@10", (), None, hub.nq, "mrr@10",
+         train_task="msmarco"),
+    Task("mldr", "IR", "MLDR English; trained on MS MARCO pairs", "ndcg@10", (), None, hub.mldr, "mrr@10",
+         train_task="msmarco"),
 ]
 TASKS: dict[str, Task] = {task.name: task for task in _TASK_LIST}
 OFFLINE_TASKS = tuple(name for name, task in TASKS.items() if task.offline)

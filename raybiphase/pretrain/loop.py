@@ -56,7 +56,7 @@ def _rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-def _initial_model(run: RunConfig, manifest):
+def initial_model(run: RunConfig, manifest):
     """Random init, or an HF decoder's weights (continued pretraining from a Llama-family model); a raybiphase
     checkpoint in model.init_from is loaded by `restore`."""
     common = dict(vocab_size=manifest.vocab_size, special_ids=manifest.special_ids,
@@ -67,6 +67,16 @@ def _initial_model(run: RunConfig, manifest):
 
         return from_decoder(storage.local_copy(source, cache_dir()), **common)
     return build_model(run.model.size, seed=run.train.seed, **common)
+
+
+def export_initial(run: RunConfig, data_dir: str, dest: str) -> None:
+    """The run's step-0 weights (what `train_loop` starts from before any step) as an HF folder at `dest` (a folder
+    or a bucket URI): the sweep's untrained control."""
+    manifest = open_dataset(data_dir, seq_len=run.data.seq_len)
+    model = initial_model(run, manifest)
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint.export_hf(Path(tmp) / "hf", model, manifest.local_tokenizer())
+        storage.upload(Path(tmp) / "hf", dest)
 
 
 def restore(run: RunConfig, model, optimizer, resume_from: str | None) -> tuple[int, int]:
@@ -133,7 +143,7 @@ def train_loop(loop_config: dict) -> None:
     accum = rows_per_step // world // micro
 
     # --- model, FSDP2, optimizer, restore
-    model = _initial_model(run, manifest)
+    model = initial_model(run, manifest)
     model.to(device).train()
     bf16 = use_bf16(run.train.precision)
     compile = run.train.compile if run.train.compile is not None else device.type == "cuda"

@@ -27,6 +27,7 @@ from matplotlib.figure import (
 
 from raybiphase import storage
 from raybiphase.cli import UserError, run_main
+from raybiphase.results.verdicts import MIN_SEEDS, UNTRAINED, family_verdicts, versus_control
 from raybiphase.results.aggregate import lr_table, summarize
 from raybiphase.results.store import read_rows, write_summary
 from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE
@@ -67,19 +68,15 @@ def _enrich(summary: pd.DataFrame) -> pd.DataFrame:
     s = summary.copy()
     s["clm_share"] = pd.to_numeric(_col(s, "phases.clm_share"), errors="coerce")
     s["init_from"] = _col(s, "model.init_from").replace("", None)
-    s["objective"] = [_objective(a, b) for a, b in zip(s["clm_share"], s["init_from"])]
     s["budget"] = pd.to_numeric(_col(s, "phases.steps"), errors="coerce")
+    s["objective"] = [UNTRAINED if budget == 0 else _objective(a, b)
+                      for a, b, budget in zip(s["clm_share"], s["init_from"], s["budget"])]
     s["mask_ratio"] = pd.to_numeric(_col(s, "phases.mask_ratio"), errors="coerce")
     s["family"] = _col(s, "family").fillna("?")
     s["metric"] = _col(s, "metric").fillna("score")
     s["final"] = s["pretrain_step"] == s.groupby(["source", "run"])["pretrain_step"].transform("max")
     s["score"], s["ci"] = s["test_mean"] * 100, _interval(s["test_ci95"], s["n_seeds"])
     return s
-
-
-MIN_SEEDS = 3
-"""Fewest seeds behind a printed or drawn interval: with 2, Student's t at 1 degree of freedom makes it meaningless
-(12.7 standard errors); fewer seeds show the mean and the seed count only."""
 
 
 def _interval(ci95: pd.Series, n_seeds: pd.Series) -> pd.Series:
@@ -254,6 +251,29 @@ def continued_section(s: pd.DataFrame) -> Section:
                    _score_table(pts.assign(steps=pts["budget"].map(_budget)), ["source", "start", "steps"]))
 
 
+def control_section(s: pd.DataFrame) -> Section:
+    title = "Pretrained vs untrained control, with baselines"
+    versus = versus_control(s)
+    if versus.empty:
+        return Section("control", title, None, "Not drawn: no untrained control (finetune.control is off, or its "
+                       "trials have not run).")
+    baselines = s[s["source"] == "baseline"].set_index("task")
+    table = pd.DataFrame({
+        "family": versus["family"], "task": versus["task"], "run": versus["run"], "objective": versus["objective"],
+        "test (%)": [_mean_ci(m, c, n) for m, c, n in zip(versus["score"], versus["ci"], versus["n_seeds"])],
+        "control (%)": [_mean_ci(m, c, n) for m, c, n in
+                        zip(versus["control"], versus["control_ci"], versus["control_seeds"])],
+        "baseline (%)": [", ".join(f"{b['run']} {b['score']:.2f}" for _, b in baselines.loc[[t]].iterrows())
+                         if t in baselines.index else "" for t in versus["task"]],
+        "vs control": versus["verdict"]})
+    verdicts = family_verdicts(versus)
+    note = ("Each pretrained model's final checkpoint against the same architecture fine-tuned from its untrained "
+            "step-0 weights (the control), per task; baselines: the majority class (classification) and BM25 "
+            "(retrieval). Per family, do the pretrained models beat the control? "
+            + "; ".join(f"**{family}**: {text}" for family, text in verdicts.items()) + ".")
+    return Section("control", title, None, note, _markdown(table))
+
+
 def summary_section(s: pd.DataFrame) -> Section:
     """Every (run, task) at its final checkpoint: the table behind all the figures."""
     final = s[s["final"]].sort_values(["source", "task", "run"])
@@ -314,7 +334,7 @@ def curves_section(pretrain: pd.DataFrame) -> Section:
                    "the objective changes at the dotted lines.")
 
 
-FINETUNE_SECTIONS = {"clm_share": "Downstream score vs CLM share", "mask_ratio": "Downstream score vs masking ratio",
+FINETUNE_SECTIONS = {"control": "Pretrained vs untrained control, with baselines", "clm_share": "Downstream score vs CLM share", "mask_ratio": "Downstream score vs masking ratio",
                      "data_efficiency": "Data efficiency", "lr_sensitivity": "Learning-rate sensitivity",
                      "continued": "Continued MLM pretraining"}
 
@@ -324,7 +344,7 @@ def build_sections(pretrain: pd.DataFrame, trials: pd.DataFrame) -> list[Section
     empty = "Not drawn: no {} rows ({}.parquet is empty)."
     if len(trials):
         s = _enrich(summarize(trials))
-        sections = [clm_share_section(s), mask_ratio_section(s), data_efficiency_section(s),
+        sections = [control_section(s), clm_share_section(s), mask_ratio_section(s), data_efficiency_section(s),
                     lr_section(s, trials), continued_section(s)]
     else:
         sections = [Section(name, title, None, empty.format("fine-tuning", "finetune"))

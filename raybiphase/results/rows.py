@@ -64,6 +64,15 @@ def pretrain_row(run: str, config: RunConfig, *, sweep: str, segment: str, repor
                        checkpoint=report.get("checkpoint", ""), settings=config_columns(config))
 
 
+def control_columns(config: RunConfig) -> dict[str, Any]:
+    """An untrained control's columns: its model, data and seed settings; no phases (it saw no step)."""
+    columns = config_columns(config)
+    for key in [k for k in columns if k.startswith(("phases.", "optim."))]:
+        columns[key] = None
+    columns.update({"phases.steps": 0, "phases.clm_steps": 0, "phases.clm_share": math.nan})
+    return columns
+
+
 @dataclass(frozen=True)
 class FinetuneSource:
     """A checkpoint to fine-tune: run `run` at step `pretrain_step`, its HF folder, its dotted settings."""

@@ -23,7 +23,7 @@ from raybiphase import storage
 from raybiphase.cli import UserError, config_parser, run_main
 from raybiphase.config import SweepSpec, load, replace, to_dict
 from raybiphase.results import rows as result_rows
-from raybiphase.storage import SweepPaths
+from raybiphase.storage import SweepPaths, join
 from raybiphase.sweep.clock import step_seconds
 from raybiphase.sweep.plan import Plan, Segment, dependencies, describe, make_plan
 
@@ -176,7 +176,7 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> Plan
         record_pretraining(plan, s, paths, spec)
     if spec.finetune.tasks:
         with clock.span("fine-tuning"):
-            rows = run_finetuning(plan, paths, spec, out=out)
+            rows = run_finetuning(plan, paths, spec, out=out, data_dirs=data_dirs)
         clock.trials = sum(r["source"] == result_rows.OURS for r in rows)
         clock.in_trials = sum(r.get("seconds") or 0.0 for r in rows if r["source"] == result_rows.OURS)
     with clock.span("report"):
@@ -196,32 +196,61 @@ def finetune_sources(plan: Plan, paths: SweepPaths) -> list[result_rows.Finetune
     return out
 
 
-def run_finetuning(plan: Plan, paths: SweepPaths, spec: SweepSpec, out=sys.stdout) -> list[dict]:
-    """The fan-out over every checkpoint x task x LR x seed; rows appended once to finetune.parquet (and returned)."""
+def control_sources(plan: Plan, paths: SweepPaths, data_dirs: dict) -> list[result_rows.FinetuneSource]:
+    """The untrained controls (plan.controls): each one's step-0 weights exported once, under
+    <sweep>/controls/<name>/hf (an `exported.json` beside it marks a finished export), as a source at step 0."""
+    from raybiphase.data.prepare import fingerprint
+
+    out = []
+    for control in plan.controls.values():
+        folder = join(paths.root, "controls", control.name)
+        if not storage.exists(join(folder, "exported.json")):
+            from raybiphase.pretrain.loop import export_initial
+
+            storage.delete(join(folder, "hf"))  # an export cut short, if any
+            export_initial(control.config, data_dirs[fingerprint(control.config.data)], join(folder, "hf"))
+            storage.write_json(join(folder, "exported.json"), {"runs": control.runs})
+        out.append(result_rows.FinetuneSource(control.name, 0, join(folder, "hf"),
+                                              result_rows.control_columns(control.config)))
+    return out
+
+
+def run_finetuning(plan: Plan, paths: SweepPaths, spec: SweepSpec, out=sys.stdout,
+                   data_dirs: dict | None = None) -> list[dict]:
+    """The fan-out over every checkpoint (the untrained controls too) x task x LR x seed; rows appended once to
+    finetune.parquet (and returned)."""
     from raybiphase.finetune.fanout import run_fanout
     from raybiphase.results import store
 
     path = paths.table(storage.FINETUNE_FILE)
     done = {key[:-1] for key in store.done_keys(path, result_rows.FINETUNE_KEY) if key[-1] == result_rows.OURS}
-    sources = finetune_sources(plan, paths)
+    sources = control_sources(plan, paths, data_dirs or {}) + finetune_sources(plan, paths)
     total = len(sources) * len(spec.finetune.tasks) * len(spec.finetune.lrs) * len(spec.finetune.seeds)
     print(f"fine-tuning: {len(done)}/{total} trials already done; running the rest "
           f"({'ASHA' if spec.finetune.asha else 'full grid'})", file=out, flush=True)
     rows = run_fanout(sources, spec, storage=paths.root, name="finetune", done=done)
-    rows += bm25_rows(spec)
+    rows += baseline_rows(spec)
     store.append_rows(path, rows, key=result_rows.FINETUNE_KEY) if rows else None
     print(f"fine-tuning: {len(rows)} trials recorded", file=out, flush=True)
     return rows
 
 
-def bm25_rows(spec: SweepSpec) -> list[dict]:
-    """A BM25 baseline row for each retrieval task, on the same test split (appended once: its key is fixed)."""
-    from raybiphase.finetune.baselines import bm25_baseline
+def baseline_rows(spec: SweepSpec) -> list[dict]:
+    """Baseline rows on the same test splits (each appended once: its key is fixed): BM25 for every retrieval task
+    (run "bm25"), the majority class for every sequence-classification task (run "majority")."""
+    from raybiphase.finetune.baselines import bm25_baseline, majority_baseline
     from raybiphase.finetune.tasks import get_task
 
-    return [result_rows.baseline_row(bm25_baseline(name, max_examples=spec.finetune.max_examples), run="bm25",
-                                     family="IR", sweep=spec.sweep.name).record()
-            for name in spec.finetune.tasks if get_task(name).family == "IR"]
+    rows, cap = [], spec.finetune.max_examples
+    for name in spec.finetune.tasks:
+        family = get_task(name).family
+        if family == "IR":
+            rows.append(result_rows.baseline_row(bm25_baseline(name, max_examples=cap), run="bm25", family=family,
+                                                 sweep=spec.sweep.name).record())
+        elif family == "SC":
+            rows.append(result_rows.baseline_row(majority_baseline(name, max_examples=cap), run="majority",
+                                                 family=family, sweep=spec.sweep.name).record())
+    return rows
 
 
 def finish(paths: SweepPaths, spec: SweepSpec, out=sys.stdout) -> None:

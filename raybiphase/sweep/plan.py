@@ -70,9 +70,20 @@ class Segment:
 
 
 @dataclass
+class Control:
+    """The untrained step-0 weights that runs start from (same model, seed and data): exported once, fine-tuned
+    once as the control (`pretrain_step` 0) the pretrained runs are measured against."""
+
+    name: str  # "<size>-init-<hash>"
+    config: RunConfig  # the first of its runs' config (step 0 does not depend on phases or schedule)
+    runs: list[str]
+
+
+@dataclass
 class Plan:
     runs: dict[str, Run]
     segments: dict[str, Segment]  # in dependency order
+    controls: dict[str, Control] = field(default_factory=dict)
 
     @property
     def naive_steps(self) -> int:
@@ -98,6 +109,7 @@ class Plan:
         """Fine-tuning trials of the full grid (of one run, or of all): checkpoints x tasks x LRs x seeds."""
         ft = spec.finetune
         checkpoints = sum(len(r.finetune_steps) for r in ([run] if run else self.runs.values()))
+        checkpoints += 0 if run else len(self.controls)
         return checkpoints * len(ft.tasks) * len(ft.lrs) * len(ft.seeds)
 
     def finetune_gpu_hours(self, spec: SweepSpec) -> float:
@@ -105,9 +117,12 @@ class Plan:
         finetune.max_steps steps of finetune.batch_size inputs of finetune.max_len tokens (no LM head), at the
         same MFU as pretraining."""
         ft, flops = spec.finetune, 0.0
+        per_trial = {size: SIZES[size].flops_per_token(0, ft.max_len) * ft.max_steps * ft.batch_size * ft.max_len
+                     for size in {r.config.model.size for r in self.runs.values()}}
         for run in self.runs.values():
-            per_trial = SIZES[run.config.model.size].flops_per_token(0, ft.max_len) * ft.max_steps * ft.batch_size * ft.max_len
-            flops += per_trial * self.finetune_trials(spec, run)
+            flops += per_trial[run.config.model.size] * self.finetune_trials(spec, run)
+        grid = len(ft.tasks) * len(ft.lrs) * len(ft.seeds)
+        flops += sum(per_trial[c.config.model.size] * grid for c in self.controls.values())
         return flops / (spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.mfu) / 3600
 
 
@@ -159,6 +174,25 @@ def base_key(cfg: RunConfig, source: str | None) -> str:
         data[section] = {k: v for k, v in data[section].items() if k not in keys}
     data["model"] = {**data["model"], "init_from": source or cfg.model.init_from}
     return digest(data, 12)
+
+
+def init_key(cfg: RunConfig) -> str:
+    """What fixes a run's step-0 weights: the model settings, the seed and the data (its tokenizer sets the
+    vocabulary); runs that share it start from identical weights."""
+    settings = weights_settings(cfg)
+    return digest({"model": settings.get("model"), "seed": cfg.train.seed, "data": settings.get("data")}, 6)
+
+
+def plan_controls(runs: dict[str, Run]) -> dict[str, Control]:
+    """One control per distinct step-0 init among runs trained from scratch (a continued run, or one initialised
+    from a decoder, starts from trained weights: no control)."""
+    controls: dict[str, Control] = {}
+    for run in runs.values():
+        if run.source is not None or run.config.model.init_from:
+            continue
+        name = f"{run.config.model.size}-init-{init_key(run.config)}"
+        controls.setdefault(name, Control(name, run.config, [])).runs.append(run.name)
+    return controls
 
 
 def _segment_id(run: Run, end: int, start: int) -> str:
@@ -225,7 +259,7 @@ def make_plan(spec: SweepSpec) -> Plan:
         members = list(members)
         build(members, 0, None, members[0].source)
     ordered = _dependency_order(segments, runs)
-    return Plan(runs=runs, segments=ordered)
+    return Plan(runs=runs, segments=ordered, controls=plan_controls(runs) if spec.finetune.control else {})
 
 
 def _dependency_order(segments: dict[str, Segment], runs: dict[str, Run]) -> dict[str, Segment]:
@@ -272,6 +306,8 @@ def describe(plan: Plan, spec: SweepSpec) -> str:
                  f"CPU, {res.gpus_per_worker:g} GPU (up to {res.max_concurrent} segment(s) at once); each fine-tuning "
                  f"trial holds {ft.cpus_per_trial:g} CPU, {ft.gpus_per_trial:g} GPU")
     if ft.tasks:
+        for control in plan.controls.values():
+            lines.append(f"control: {control.name}  step 0 (untrained), the start of {len(control.runs)} run(s)")
         lines.append(f"fine-tuning: {plan.finetune_trials(spec):,} trials (full grid), at most "
                      f"{plan.finetune_gpu_hours(spec):,.1f} GPU-hours beside pretraining's {plan.gpu_hours(spec):,.0f}")
     return "\n".join(lines)

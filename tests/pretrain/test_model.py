@@ -147,3 +147,26 @@ def test_the_pad_token_is_an_ordinary_trained_row(model):
     x[:, 0] = pad
     forward_loss(fresh, {"input_ids": x[:, :-1], "labels": x[:, 1:]}, "clm").backward()
     assert embedding.weight.grad[pad].any()
+
+
+def test_the_untrained_control_is_exactly_the_step_0_weights_runs_start_from(small_shards, tmp_path):
+    from transformers import AutoModelForMaskedLM
+
+    from raybiphase.config import RunConfig, from_dict
+    from raybiphase.pretrain.loop import export_initial, initial_model
+
+    data, manifest = small_shards
+    run = from_dict(RunConfig, {"model": {"size": "tiny"}, "data": {"dir": data.dir, "seq_len": data.seq_len}})
+    export_initial(run, manifest.dir, str(tmp_path / "hf"))
+    exported = AutoModelForMaskedLM.from_pretrained(tmp_path / "hf").state_dict()
+    started = initial_model(run, manifest).state_dict()  # what train_loop builds before its first step
+    assert exported.keys() == started.keys()
+    assert all(torch.equal(exported[k], started[k]) for k in started)
+    other_seed = initial_model(from_dict(RunConfig, {**to_plain(run), "train": {"seed": 1}}), manifest).state_dict()
+    assert not torch.equal(other_seed["model.embed_tokens.weight"], started["model.embed_tokens.weight"])
+
+
+def to_plain(run) -> dict:
+    from raybiphase.config import to_dict
+
+    return {k: v for k, v in to_dict(run).items() if k in ("model", "data")}

@@ -14,6 +14,7 @@ import pytest
 from raybiphase.results import report
 from raybiphase.results.importer import import_tree
 from raybiphase.results.rows import FINETUNE_KEY, PRETRAIN_KEY
+from raybiphase.results.verdicts import UNTRAINED, family_verdicts, versus_control
 from raybiphase.results.store import append_rows
 from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE
 
@@ -35,7 +36,9 @@ def _runs() -> list[dict]:
     runs = [_run(share, budget) for share in (0, 0.25, 0.5, 0.75, 1) for budget in (200, 400)]
     runs += [_run(0, 400, ratio) for ratio in (0.2, 0.3)]
     runs += [_run(0, 200, source=source) for source in ("clm", "mlm40")]
-    return runs
+    control = {"run": "tiny-init-abc123", "phases.clm_share": math.nan, "phases.steps": 0, "phases.clm_steps": 0,
+               "phases.mask_ratio": None, "model.size": "tiny", "train.seed": 0, "model.init_from": None}
+    return [*runs, control]
 
 
 def _pretrain_rows(config: dict) -> list[dict]:
@@ -56,12 +59,13 @@ def _pretrain_rows(config: dict) -> list[dict]:
 def _finetune_rows(config: dict, rng: np.random.Generator) -> list[dict]:
     rows, budget = [], config["phases.steps"]
     steps = (100, 200, 400) if budget == 400 and config["phases.mask_ratio"] == 0.4 else (budget,)
+    untrained = budget == 0  # the control: far below every pretrained model
     for pretrain_step in steps:
         for task, (family, metric) in TASKS.items():
             for lr in (1e-4, 5e-4):
                 for seed in (0, 1):
-                    share = config["phases.clm_share"]
-                    base = 0.70 + 0.08 * share * (1 - share) + 0.03 * pretrain_step / 400 - (0.02 if lr == 5e-4 else 0)
+                    share = 0.0 if untrained else config["phases.clm_share"]
+                    base = -0.2 * untrained + 0.70 + 0.08 * share * (1 - share) + 0.03 * pretrain_step / 400 - (0.02 if lr == 5e-4 else 0)
                     val, test = base + rng.normal(0, 0.005, 2)
                     rows.append({**config, "sweep": "synthetic", "checkpoint": f"/ckpt/{config['run']}/{pretrain_step}",
                                  "pretrain_step": pretrain_step, "task": task, "family": family, "dataset": task,
@@ -91,8 +95,11 @@ def written(tmp_path_factory) -> tuple[Path, Path, dict]:
 
 def test_report_draws_every_figure_with_titles_labels_and_paper_rows(written) -> None:
     _, _, by_name = written
-    assert set(by_name) == {*FIGURES, "summary"}
+    assert set(by_name) == {*FIGURES, "summary", "control"}
     assert "| paper | 610m-mlm40-42k | MLM | 0 | sst2 | 1e-04 | 91.74 ± 0.35 | 5 |" in by_name.pop("summary").table
+    control = by_name.pop("control")  # a table: two seeds give no intervals, so nothing is decided
+    assert "tiny-init-abc123" not in control.table and "| not resolved |" in control.table
+    assert "**SC**: not resolved: fewer than 3 seeds" in control.note
     for section in by_name.values():
         assert section.figure is not None, f"{section.name}: {section.note}"
         assert section.title in section.figure._suptitle.get_text()
@@ -139,7 +146,7 @@ def test_report_says_why_a_figure_is_absent(tmp_path: Path) -> None:
     assert "Not drawn: needs continued runs started from both CLM and MLM." in text
     assert "Not drawn: no pretraining rows (pretrain.parquet is empty)." in text
     assert all(s.figure is None for s in sections)
-    assert "## 7. All results at the final checkpoint" in text and "| tiny-clm-100-mlm40-200-abc123 |" in text
+    assert "## 8. All results at the final checkpoint" in text and "| tiny-clm-100-mlm40-200-abc123 |" in text
     assert not list((tmp_path / "report").glob("*.png"))
 
 
@@ -199,3 +206,23 @@ def test_an_interval_needs_three_seeds(written) -> None:
     ci = report._interval(pd.Series([0.01, 0.01, 0.01]), pd.Series([1, 2, 3]))
     assert ci.isna().tolist() == [True, True, False] and ci.iloc[2] == 1.0
     assert report._mean_ci(50.0, float("nan"), 1) == "50.00 (1 seed, no interval)"
+
+
+def test_verdicts_against_the_untrained_control_come_from_the_intervals() -> None:
+    def row(run, task, family, score, ci, objective):
+        return {"source": "raybiphase", "run": run, "task": task, "family": family, "final": True, "score": score,
+                "ci": ci, "n_seeds": 3, "objective": objective}
+
+    s = pd.DataFrame([
+        row("init", "tweets", "SC", 50.0, 1.0, UNTRAINED), row("mlm", "tweets", "SC", 60.0, 2.0, "MLM"),
+        row("clm", "tweets", "SC", 52.5, 2.0, "CLM"),  # 50.5 < 51: intervals overlap
+        row("init", "squad", "QA", 10.0, 1.0, UNTRAINED), row("mlm", "squad", "QA", 30.0, 2.0, "MLM"),
+        row("init", "conll", "TC", 40.0, 1.0, UNTRAINED), row("mlm", "conll", "TC", 30.0, 2.0, "MLM"),
+        row("init", "nq", "IR", 5.0, math.nan, UNTRAINED), row("mlm", "nq", "IR", 30.0, 2.0, "MLM"),
+    ])
+    versus = versus_control(s).set_index(["task", "run"])["verdict"]
+    assert versus.to_dict() == {("conll", "mlm"): "below", ("nq", "mlm"): "not resolved", ("squad", "mlm"): "above",
+                                ("tweets", "clm"): "overlap", ("tweets", "mlm"): "above"}
+    verdicts = family_verdicts(versus_control(s))
+    assert verdicts["QA"].startswith("yes") and verdicts["SC"].startswith("partly: 1 of 2")
+    assert verdicts["TC"].startswith("no: 0 of 1") and verdicts["IR"].startswith("not resolved")

@@ -76,10 +76,64 @@ def test_continued_pretraining_hangs_below_its_source():
         make_plan(load(SweepSpec, "sweeps/cpt.yaml", ["sweep.runs=[{model.init_from: '@610m-clm-12k'}]"]))
 
 
-def test_retrieval_tasks_get_a_bm25_baseline_row(offline_cache):
-    from raybiphase.sweep.driver import bm25_rows
+def test_baselines_bm25_for_retrieval_and_the_majority_class_for_classification(offline_cache):
+    from raybiphase.finetune.tasks import get_task, load_splits
+    from raybiphase.sweep.driver import baseline_rows
 
-    spec = load(SweepSpec, "sweeps/quickstart.yaml", ["finetune.tasks=[tweets, wiki_retrieval]", "finetune.max_examples=200"])
-    (row,) = bm25_rows(spec)
-    assert row["run"] == "bm25" and row["source"] == "baseline" and row["task"] == "wiki_retrieval"
-    assert 0.3 < row["test_score"] <= 1.0 and len(row["test_per_example"]) > 0
+    spec = load(SweepSpec, "sweeps/quickstart.yaml",
+                ["finetune.tasks=[tweets, wiki_retrieval, squad]", "finetune.max_examples=200"])
+    majority, bm25 = baseline_rows(spec)  # none for QA
+    assert bm25["run"] == "bm25" and bm25["source"] == "baseline" and bm25["task"] == "wiki_retrieval"
+    assert 0.3 < bm25["test_score"] <= 1.0 and len(bm25["test_per_example"]) > 0
+    splits = load_splits(get_task("tweets"), max_examples=200)
+    labels = [r["label"] for r in splits.train]
+    top = max(set(labels), key=lambda label: (labels.count(label), -label))
+    assert majority["run"] == "majority" and majority["task"] == "tweets"
+    assert majority["test_score"] == pytest.approx(sum(r["label"] == top for r in splits.test) / len(splits.test))
+
+
+def test_every_run_from_scratch_shares_one_untrained_control():
+    plan = make_plan(load(SweepSpec, "sweeps/quickstart.yaml"))
+    (control,) = plan.controls.values()
+    assert control.name.startswith("tiny-init-") and sorted(control.runs) == sorted(plan.runs)
+    other_seed = make_plan(load(SweepSpec, "sweeps/quickstart.yaml", ["sweep.grid={train.seed: [0, 1]}"]))
+    assert len(other_seed.controls) == 2  # another seed is another step 0
+    assert not make_plan(load(SweepSpec, "sweeps/quickstart.yaml", ["finetune.control=false"])).controls
+    cpt = make_plan(load(SweepSpec, "sweeps/cpt.yaml"))
+    (control,) = cpt.controls.values()  # continued runs start from trained weights: no control of their own
+    assert len(control.runs) == 2 and all(not cpt.runs[r].source for r in control.runs)
+    spec = load(SweepSpec, "sweeps/quickstart.yaml")
+    grid = len(spec.finetune.tasks) * len(spec.finetune.lrs) * len(spec.finetune.seeds)
+    assert plan.finetune_trials(spec) == (len(plan.runs) + 1) * grid
+
+
+STUDY = {  # the study's 37 models by their own names (sweeps/paper.yaml says which are seen on model pages)
+    *(f"{size}-{obj}-42k" for size in ("210m", "610m", "1b") for obj in ("clm", "mlm20", "mlm30", "mlm40", "mlm50")),
+    "610m-clm-12k", "610m-mlm40-12k", "610m-clm-3k-mlm40-12k", "610m-clm-6k-mlm40-12k", "610m-clm-9k-mlm40-12k",
+    "610m-clm-22k", "610m-mlm40-22k", "610m-clm-5k-mlm40-22k", "610m-clm-11k-mlm40-22k", "610m-clm-17k-mlm40-22k",
+    "610m-clm-10k-mlm40-42k", "610m-clm-21k-mlm40-42k", "610m-clm-32k-mlm40-42k",
+    "610m-clm-40k-mlm20-42k", "610m-clm-40k-mlm40-42k", "1b-clm-10k-mlm40-42k",
+    *(f"610m-{src}-dec42k-mlm40-{total}" for src in ("clm", "mlm40") for total in ("44k", "54k", "64k")),
+}
+
+
+def test_paper_spec_plans_every_model_of_the_study_under_its_own_name():
+    import io
+
+    from raybiphase.results.importer import parse_model_name
+    from raybiphase.sweep.driver import run_sweep
+
+    spec = load(SweepSpec, "sweeps/paper.yaml")
+    out = io.StringIO()
+    plan = run_sweep(spec, dry_run=True, out=out)
+    assert {name.rsplit("-", 1)[0] for name in plan.runs} == STUDY and len(plan.runs) == len(STUDY)
+    for name, run in plan.runs.items():  # the name says what the run does, read back as the importer reads it
+        parsed = parse_model_name(name.rsplit("-", 1)[0])
+        assert parsed["phases.steps"] == run.steps and parsed["model.size"] == run.config.model.size
+        assert parsed["phases.clm_steps"] == sum(p.steps for p in run.config.phases.resolved() if p.objective == "clm")
+    assert plan.runs[next(n for n in plan.runs if n.startswith("1b-"))].config.model.size == "1b"
+    printed = out.getvalue()
+    assert "steps: naive 1,124,000, planned 840,000" in printed and "GPU-hours planned vs" in printed
+    assert "fine-tuning: " in printed and "control: 610m-init-" in printed
+    assert set(spec.finetune.tasks) == {"sst2", "mnli", "qqp", "conll2003", "ontonotes", "uner", "squad", "squad_v2",
+                                        "record", "msmarco", "nq", "mldr"}
