@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import json
 import tempfile
 import time
@@ -208,6 +209,7 @@ def write_piece(data: DataConfig, out: str, piece: Piece, tokenizer_version: str
     tok = _load_tokenizer(storage.join(out, TOKENIZER_DIR), tokenizer_version)
     rng = np.random.default_rng([SHUFFLE_SEED, piece.index])
     counts = {"documents": 0, "tokens": 0}
+    unigram = np.zeros(len(tok), dtype=np.int64)
 
     def token_ids() -> Iterator[np.ndarray]:
         for window in windows(piece_texts(data, piece), data.piece_documents):
@@ -215,6 +217,9 @@ def write_piece(data: DataConfig, out: str, piece: Piece, tokenizer_version: str
             encoded = tok(shuffled, add_special_tokens=False)["input_ids"]
             counts["documents"] += len(window)
             counts["tokens"] += sum(len(ids) + 2 for ids in encoded)
+            if encoded:
+                unigram[:] += np.bincount(np.concatenate([np.asarray(ids, dtype=np.int64) for ids in encoded]),
+                                          minlength=len(unigram))[:len(unigram)]
             yield from (np.asarray(ids, dtype=np.int32) for ids in encoded)
 
     val_rows = data.val_blocks if piece.index == 0 else 0
@@ -232,6 +237,9 @@ def write_piece(data: DataConfig, out: str, piece: Piece, tokenizer_version: str
         shards.append(write_blocks(storage.join(out, shard_name(piece.index, len(shards))),
                                    pending.take(pending.rows)))
     specials = {k: getattr(tok, k + "_id") for k in ("bos_token", "eos_token", "pad_token", "mask_token")}
+    buffer = io.BytesIO()
+    np.save(buffer, unigram)
+    storage.write_bytes(storage.join(out, PIECES_DIR, f"{piece.index:05d}.unigram.npy"), buffer.getvalue())
     record = {"piece": asdict(piece), "tokenizer_fingerprint": tokenizer_version, "vocab_size": len(tok),
               "special_ids": specials, **counts,
               "held_blocks": pending.rows, "shards": shards, "val": val}
@@ -287,7 +295,24 @@ def _finished(out: str, tokenizer_version: str) -> dict[int, dict]:
     return {r["piece"]["index"]: r for r in records if r and r["tokenizer_fingerprint"] == tokenizer_version}
 
 
-def _manifest(data: DataConfig, pieces: list[Piece], records: dict[int, dict], version: str) -> dict:
+def unigram_entropy(out: str, pieces: list[Piece]) -> float | None:
+    """Entropy (nats per token) of the corpus' token frequencies, from the pieces' counts (document text only,
+    without bos/eos): the loss of a model that knows only how often each token occurs, the reference line a
+    pretrained model's held-out loss should fall well below. None for pieces made before counts were kept."""
+    total = None
+    for piece in pieces:
+        location = storage.join(out, PIECES_DIR, f"{piece.index:05d}.unigram.npy")
+        if not storage.is_file(location):
+            return None
+        counts = np.load(io.BytesIO(storage.read_bytes(location)))
+        total = counts if total is None else total + counts
+    if total is None or not total.sum():
+        return None
+    p = total[total > 0] / total.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+def _manifest(data: DataConfig, pieces: list[Piece], records: dict[int, dict], version: str, out: str) -> dict:
     val = records[0]["val"] if records else None
     shards = [s for p in pieces for s in records[p.index]["shards"]]
     if val is None or val["rows"] < data.val_blocks or not shards:
@@ -308,6 +333,7 @@ def _manifest(data: DataConfig, pieces: list[Piece], records: dict[int, dict], v
         "train_rows": sum(s["rows"] for s in shards),
         "shards": shards,
         "val": val,
+        "unigram_entropy": unigram_entropy(out, pieces),
     }
 
 
@@ -339,7 +365,7 @@ def prepare(data: DataConfig, *, quiet: bool = False, on_ray: bool = True, stora
             records[record["piece"]["index"]] = record
             say(f"prepare: piece {done}/{len(todo)}: {record['documents']:,} documents, {record['tokens']:,} tokens, "
                 f"{time.time() - started:.0f}s")
-        manifest = _manifest(data, pieces, records, version)
+        manifest = _manifest(data, pieces, records, version, out)
     except UserError:
         if created:  # nothing of use was made: leave no half-written dataset behind
             storage.delete(out)

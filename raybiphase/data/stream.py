@@ -45,6 +45,8 @@ class Manifest:
     shard_rows: tuple[int, ...]
     val_file: str
     val_rows: int
+    unigram_entropy: float | None = None
+    """Nats per token of the corpus' token frequencies (prepare.unigram_entropy): the curves' reference line."""
 
     @property
     def train_rows(self) -> int:
@@ -106,6 +108,7 @@ def open_dataset(path: str | Path, *, seq_len: int, tokenizer_fingerprint: str |
         shard_rows=tuple(s["rows"] for s in meta["shards"]),
         val_file=meta["val"]["file"],
         val_rows=meta["val"]["rows"],
+        unigram_entropy=meta.get("unigram_entropy"),
     )
 
 

@@ -6,7 +6,8 @@ a causal mask, MLM bidirectional at its ratio) and its learning rate come from `
 step k is global batch k (raybiphase.data.stream), so resuming or branching at any step is exact.
 
 Metrics (one dotted namespace): step, tokens_seen, phase, objective, train/{clm,mlm}_loss, val/clm_loss,
-val/mlm_loss, lr, tokens_per_s, and on GPU mfu and peak_mem_gb (this worker's peak allocated memory), where
+val/mlm_loss, lr, tokens_per_s, unigram_entropy (with the evaluations: the corpus' unigram entropy, a reference),
+and on GPU mfu and peak_mem_gb (this worker's peak allocated memory), where
     model FLOPs per token = 6 * (N_nonembedding + LM head) + 12 * layers * hidden * seq_len   (PaLM, appendix B;
                             raybiphase.pretrain.sizes.flops_per_token)
     mfu = FLOPs per token * tokens_per_s / (peak bf16 FLOP/s of the device * world size).
@@ -226,6 +227,8 @@ def train_loop(loop_config: dict) -> None:
                 metrics["peak_mem_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
             if do_eval:
                 metrics.update(evaluate(model, val, device))
+                if manifest.unigram_entropy is not None:  # the reference the held-out losses should fall below
+                    metrics["unigram_entropy"] = manifest.unigram_entropy
 
             # --- checkpoint (and HF export) with the report, or the report alone
             if do_save:

@@ -324,14 +324,23 @@ def curves_section(pretrain: pd.DataFrame) -> Section:
                 ax.plot(line["step"], line[loss], marker=".", color=color, label=run)
                 for step in _switch_steps(rows):
                     ax.axvline(step, color=color, linestyle=":", alpha=0.8)
+            entropy = pd.to_numeric(_col(runs, "unigram_entropy"), errors="coerce").dropna()
+            if len(entropy):  # what knowing only token frequencies achieves: learning means falling well below
+                ax.axhline(entropy.iloc[0], color="black", linestyle="--", alpha=0.6,
+                           label=f"unigram entropy {entropy.iloc[0]:.2f}")
             ax.set_title(f"held-out {loss.split('/')[1].split('_')[0].upper()} loss, {_budget(budget)} budget")
             ax.set_xlabel("pretraining step (optimizer steps)")
             ax.set_ylabel("cross-entropy (nats/token)")
             ax.grid(alpha=0.3)
         row[-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8)
     fig.suptitle(f"{title} (dotted: CLM→MLM switch)")
-    return Section("pretrain_curves", title, fig, "Held-out loss of every run, one row per step budget; "
-                   "the objective changes at the dotted lines.")
+    last = pretrain.sort_values("step").groupby("run", sort=True).last()
+    table = pd.DataFrame({"run": last.index, "step": last["step"].astype(int),
+                          **{f"final {loss}": last[loss].round(3) for loss in losses},
+                          "unigram entropy": pd.to_numeric(_col(last, "unigram_entropy"), errors="coerce").round(3)})
+    return Section("pretrain_curves", title, fig, "Held-out loss of every run, one row per step budget; the objective "
+                   "changes at the dotted lines; dashed: the corpus' unigram entropy (a model that knows only token "
+                   "frequencies), which a learning model falls well below.", _markdown(table))
 
 
 FINETUNE_SECTIONS = {"control": "Pretrained vs untrained control, with baselines", "clm_share": "Downstream score vs CLM share", "mask_ratio": "Downstream score vs masking ratio",
