@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -24,6 +25,9 @@ T = TypeVar("T")
 
 NOT_WEIGHTS = {"weights": False}
 """Field metadata: this setting never changes a run's weights (where results go, how often it evaluates...)."""
+
+_FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+"""Exponent notation without a dot (3e-3), which YAML 1.1 leaves a string."""
 
 
 class ConfigError(ValueError):
@@ -130,6 +134,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is Any:
         return value
     if tp is float:
+        if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):  # YAML 1.1 reads 3e-3 as text
+            value = float(value)
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         check(ok, key, f"expected a number, got {value!r}")
         return float(value)

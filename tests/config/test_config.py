@@ -115,3 +115,9 @@ def test_cli_rejects_bad_config_with_one_line_and_writes_nothing(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: phases.mask_ratio: 1.4 is out of range; allowed: a ratio in (0, 1)"
     assert not (tmp_path / "out").exists()
+
+
+def test_exponent_notation_without_a_dot_is_a_number():
+    # YAML 1.1 (PyYAML) reads 3e-3 as the string "3e-3"; every researcher writes learning rates that way
+    spec = load(SweepSpec, "sweeps/quickstart.yaml", ["optim.lr=3e-3", "finetune.lrs=[1e-3, 5E-4]"])
+    assert spec.run.optim.lr == 3e-3 and spec.finetune.lrs == (1e-3, 5e-4)
