@@ -73,8 +73,11 @@ def initial_model(run: RunConfig, manifest):
 def export_initial(run: RunConfig, data_dir: str, dest: str) -> None:
     """The run's step-0 weights (what `train_loop` starts from before any step) as an HF folder at `dest` (a folder
     or a bucket URI): the sweep's untrained control."""
+    from transformers.utils import logging as hf_logging
+
     manifest = open_dataset(data_dir, seq_len=run.data.seq_len)
     model = initial_model(run, manifest)
+    hf_logging.disable_progress_bar()  # one small folder: no "Writing model shards" bar in the sweep's output
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint.export_hf(Path(tmp) / "hf", model, manifest.local_tokenizer())
         storage.upload(Path(tmp) / "hf", dest)

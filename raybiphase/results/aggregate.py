@@ -126,6 +126,8 @@ def choose_best_lr(lrs: pd.DataFrame) -> pd.Series | None:
     """The row of `lr_table` (one group) with the best LR: the highest mean validation over finished seeds, ties
     to more seeds, then to the smaller LR; None when no LR has a finished seed with a test score."""
     eligible = lrs[lrs["val_mean"].notna() & lrs["test_mean"].notna()]
+    if not len(eligible) and lrs["val_mean"].isna().all():  # a baseline (BM25, majority class): no validation
+        eligible = lrs[lrs["test_mean"].notna()]
     if not len(eligible):
         return None
     return eligible.sort_values(["val_mean", "n_val", "lr"], ascending=[False, False, True]).iloc[0]

@@ -27,7 +27,7 @@ from matplotlib.figure import (
 
 from raybiphase import storage
 from raybiphase.cli import UserError, run_main
-from raybiphase.results.verdicts import MIN_SEEDS, UNTRAINED, family_verdicts, versus_control
+from raybiphase.results.verdicts import MIN_SEEDS, UNTRAINED, family_verdicts, findings, versus_control
 from raybiphase.results.aggregate import lr_table, summarize
 from raybiphase.results.store import read_rows, write_summary
 from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE
@@ -360,7 +360,16 @@ def build_sections(pretrain: pd.DataFrame, trials: pd.DataFrame) -> list[Section
                     for name, title in FINETUNE_SECTIONS.items()]
     sections.append(curves_section(pretrain) if len(pretrain) else
                     Section("pretrain_curves", "Pretraining curves", None, empty.format("pretraining", "pretrain")))
-    return [*sections, summary_section(s)] if len(trials) else sections
+    return [*sections, summary_section(s), findings_section(s)] if len(trials) else sections
+
+
+def findings_section(s: pd.DataFrame) -> Section:
+    """The paper's five findings, each held, not held, mixed or not resolved at this sweep's scale."""
+    table = pd.DataFrame(findings(s), columns=["finding", "verdict", "evidence"])
+    return Section("findings", "The paper's findings at this scale", None,
+                   "From the 95% intervals of our final (and earliest) checkpoints: held when every decided "
+                   "comparison goes the paper's way, not held when every one goes the other way, mixed when both "
+                   "happen, not resolved when the intervals overlap or are missing.", _markdown(table))
 
 
 def write_report(results_dir: storage.Location) -> tuple[str, list[Section]]:

@@ -1,4 +1,5 @@
-"""Verdicts from intervals: whether pretrained models beat their untrained control, per task and per family.
+"""Verdicts from intervals: whether pretrained models beat their untrained control, per task and per family, and
+the paper's five findings (../shared/paper.md) at the scale of the user's sweep.
 
 Pure pandas on the report's enriched summary (raybiphase.results.report: columns source, run, task, family, final,
 objective, score and ci in points, n_seeds). A comparison is decided only when both sides have a 95% interval
@@ -58,4 +59,80 @@ def family_verdicts(versus: pd.DataFrame) -> dict[str, str]:
                        f"control with 95% intervals apart ({n - above - unresolved} overlap or fall below"
                        + (f", {unresolved} unresolved" if unresolved else "") + ")")
         out[family] = verdict
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the findings
+
+HELD, NOT_HELD, MIXED, UNRESOLVED = "held", "not held", "mixed", "not resolved"
+
+
+def _side(a: pd.Series, b: pd.Series) -> str:
+    """'a' or 'b' when that side's 95% interval lies wholly above the other's, 'overlap', or 'no interval'."""
+    if pd.isna(a["ci"]) or pd.isna(b["ci"]):
+        return "no interval"
+    if a["score"] - a["ci"] > b["score"] + b["ci"]:
+        return "a"
+    if b["score"] - b["ci"] > a["score"] + a["ci"]:
+        return "b"
+    return "overlap"
+
+
+def _pairs(a: pd.DataFrame, b: pd.DataFrame, on: list[str]) -> list[tuple[str, str]]:
+    """(label, side) for every row of `a` matched with a row of `b` on `on`, the better of each side per match."""
+    out = []
+    best = lambda frame: frame.sort_values("score", ascending=False).drop_duplicates(on)  # noqa: E731
+    for _, row in best(a).merge(best(b), on=on, suffixes=("_a", "_b")).iterrows():
+        left = pd.Series({"score": row["score_a"], "ci": row["ci_a"]})
+        right = pd.Series({"score": row["score_b"], "ci": row["ci_b"]})
+        out.append((" ".join(str(row[k]) for k in on), _side(left, right)))
+    return out
+
+
+def _verdict(pairs: list[tuple[str, str]], expected: str = "a") -> tuple[str, str]:
+    """HELD when every decided pair goes the paper's way, NOT_HELD when every one goes the other way, MIXED when both
+    happen, UNRESOLVED when none is decided; with the tally."""
+    if not pairs:
+        return UNRESOLVED, "nothing to compare in this sweep"
+    way = sum(side == expected for _, side in pairs)
+    other = sum(side not in (expected, "overlap", "no interval") for _, side in pairs)
+    tally = f"{way} of {len(pairs)} comparisons the paper's way, {other} the other way, {len(pairs) - way - other} undecided"
+    if way and other:
+        return MIXED, tally
+    return (HELD if way else NOT_HELD if other else UNRESOLVED), tally
+
+
+def findings(s: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """The paper's five findings, each (claim, verdict, evidence), from our final checkpoints' scores and intervals
+    (the enriched summary: objective, budget, mask_ratio, init_from, pretrain_step, final, score, ci, family)."""
+    ours = s[s["source"] == "raybiphase"]
+    final = ours[ours["final"] & ours["init_from"].isna() & (ours["objective"] != UNTRAINED)]
+    mlm, clm = final[final["objective"] == "MLM"], final[final["objective"] == "CLM"]
+    two = final[final["objective"] == "CLM→MLM"]
+    out = []
+    sc_qa = ["SC", "QA"]
+    out.append(("1. MLM beats CLM on sequence classification and QA",
+                *_verdict(_pairs(mlm[mlm["family"].isin(sc_qa)], clm[clm["family"].isin(sc_qa)], ["task", "budget"]))))
+    early = ours[~ours["final"] & ours["init_from"].isna()]
+    first = early[early["pretrain_step"] == early["pretrain_step"].min()] if len(early) else early
+    out.append(("2. CLM is more data-efficient early (its earliest checkpoint beats MLM's)",
+                *_verdict(_pairs(first[first["objective"] == "CLM"], first[first["objective"] == "MLM"],
+                                 ["task", "pretrain_step"]))))
+    ratios = sorted(mlm["mask_ratio"].dropna().unique())
+    if len(ratios) >= 2:
+        low, high = (mlm[mlm["mask_ratio"] == r].assign(budget=mlm["budget"]) for r in (ratios[0], ratios[-1]))
+        pairs = _pairs(low, high, ["task", "budget"])
+        sides = {side for _, side in pairs}
+        verdict = (HELD if {"a", "b"} <= sides else NOT_HELD if sides & {"a", "b"} and not sides & {"overlap"}
+                   else UNRESOLVED)
+        evidence = (f"masking {ratios[0]:g} vs {ratios[-1]:g}: " + ", ".join(f"{k}: {side}" for k, side in pairs))
+        out.append(("3. No masking ratio is best on every task", verdict, evidence))
+    else:
+        out.append(("3. No masking ratio is best on every task", UNRESOLVED, "one masking ratio in this sweep"))
+    out.append(("4. Under a fixed budget, CLM then MLM beats MLM only",
+                *_verdict(_pairs(two, mlm[mlm["mask_ratio"].isin(two["mask_ratio"])], ["task", "budget"]))))
+    continued = ours[ours["final"] & ours["init_from"].notna()]
+    start = continued["run"].astype(str).str.contains("-clm-dec")  # the name says the start: 610m-clm-dec42k-...
+    out.append(("5. Continued MLM from a CLM checkpoint beats continued MLM from an MLM checkpoint",
+                *_verdict(_pairs(continued[start], continued[~start], ["task", "budget"]))))
     return out

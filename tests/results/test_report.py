@@ -95,7 +95,8 @@ def written(tmp_path_factory) -> tuple[Path, Path, dict]:
 
 def test_report_draws_every_figure_with_titles_labels_and_paper_rows(written) -> None:
     _, _, by_name = written
-    assert set(by_name) == {*FIGURES, "summary", "control"}
+    assert set(by_name) == {*FIGURES, "summary", "control", "findings"}
+    assert "| 5. Continued MLM from a CLM checkpoint" in by_name.pop("findings").table
     assert "| paper | 610m-mlm40-42k | MLM | 0 | sst2 | 1e-04 | 91.74 ± 0.35 | 5 |" in by_name.pop("summary").table
     control = by_name.pop("control")  # a table: two seeds give no intervals, so nothing is decided
     assert "tiny-init-abc123" not in control.table and "| not resolved |" in control.table
@@ -226,3 +227,29 @@ def test_verdicts_against_the_untrained_control_come_from_the_intervals() -> Non
     verdicts = family_verdicts(versus_control(s))
     assert verdicts["QA"].startswith("yes") and verdicts["SC"].startswith("partly: 1 of 2")
     assert verdicts["TC"].startswith("no: 0 of 1") and verdicts["IR"].startswith("not resolved")
+
+
+def test_the_papers_five_findings_are_judged_from_the_intervals() -> None:
+    from raybiphase.results.verdicts import findings
+
+    def row(run, objective, task, family, score, *, budget=400, ratio=0.4, step=400, final=True, init=None):
+        return {"source": "raybiphase", "run": run, "objective": objective, "task": task, "family": family,
+                "score": score, "ci": 1.0, "n_seeds": 3, "budget": budget, "mask_ratio": ratio, "pretrain_step": step,
+                "final": final, "init_from": init}
+
+    rows = []
+    for task, family in (("tweets", "SC"), ("squad", "QA")):
+        rows += [row("mlm", "MLM", task, family, 70), row("clm", "CLM", task, family, 60),  # 1 held
+                 row("clm", "CLM", task, family, 50, step=100, final=False),  # 2: CLM early below MLM early
+                 row("mlm", "MLM", task, family, 55, step=100, final=False),
+                 row("bi", "CLM→MLM", task, family, 70.5),  # 4: overlaps MLM
+                 row("mlm20", "MLM", task, family, 80 if task == "tweets" else 60, ratio=0.2),  # 3: each ratio wins once
+                 row("t-clm-dec400-mlm40-600", "continued", task, family, 75, budget=200, init="/c/clm"),  # 5 held
+                 row("t-mlm40-dec400-mlm40-600", "continued", task, family, 65, budget=200, init="/c/mlm")]
+    verdicts = {claim[:2]: (verdict, evidence) for claim, verdict, evidence in findings(pd.DataFrame(rows))}
+    assert verdicts["1."][0] == "held" and verdicts["1."][1].startswith("2 of 2 comparisons the paper's way")
+    assert verdicts["2."][0] == "not held"
+    assert verdicts["3."][0] == "held"
+    assert verdicts["4."][0] == "not resolved" and "2 undecided" in verdicts["4."][1]
+    assert verdicts["5."][0] == "held"
+    assert findings(pd.DataFrame(rows[:2]))[4][1] == "not resolved"  # no continued runs: nothing to compare

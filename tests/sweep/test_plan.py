@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from raybiphase.config import ConfigError, SweepSpec, from_dict, load
+from raybiphase.finetune.tasks import get_task
 from raybiphase.sweep.plan import describe, expand, make_plan, signature
 
 SWEEPS = sorted((Path(__file__).resolve().parents[2] / "sweeps").glob("*.yaml"))
@@ -137,3 +138,16 @@ def test_paper_spec_plans_every_model_of_the_study_under_its_own_name():
     assert "fine-tuning: " in printed and "control: 610m-init-" in printed
     assert set(spec.finetune.tasks) == {"sst2", "mnli", "qqp", "conll2003", "ontonotes", "uner", "squad", "squad_v2",
                                         "record", "msmarco", "nq", "mldr"}
+
+
+def test_cpu_study_plans_the_papers_comparisons():
+    spec = load(SweepSpec, "sweeps/cpu_study.yaml")
+    plan = make_plan(spec)
+    names = {name.rsplit("-", 1)[0] for name in plan.runs}
+    assert names == {"tiny-mlm40-200", "tiny-clm-100-mlm40-200", "tiny-clm-200", "tiny-mlm40-400",
+                     "tiny-clm-200-mlm40-400", "tiny-clm-400", "tiny-mlm20-200", "tiny-mlm20-400",
+                     "tiny-clm-dec400-mlm40-500", "tiny-mlm40-dec400-mlm40-500"}
+    assert len(plan.controls) == 1 and len(spec.finetune.seeds) >= 3  # intervals need 3 seeds
+    families = {get_task(t).family for t in spec.finetune.tasks}
+    assert families == {"SC", "TC", "QA", "IR"}
+    assert plan.planned_steps < plan.naive_steps
