@@ -31,7 +31,7 @@ def test_readme_run_command_plans_the_quickstart():
     proc = subprocess.run([sys.executable, *sweep[1:], "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "steps: naive" in proc.stdout and "planned" in proc.stdout
-    assert "resources: each pretraining segment holds 2 Train worker(s) x 0.45 CPU, 0 GPU" in proc.stdout
+    assert "resources: each pretraining segment holds 1 Train worker(s) x 0.45 CPU, 0 GPU (up to 2 segment(s)" in proc.stdout
     assert "each fine-tuning trial holds 1 CPU, 0 GPU" in proc.stdout
     assert "control: tiny-init-" in proc.stdout and "fine-tuning: 48 trials (full grid), at most" in proc.stdout
 

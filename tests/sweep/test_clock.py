@@ -20,3 +20,11 @@ def test_the_summary_names_every_stage_and_the_overhead():
     assert "pretraining 3m10s (4 segment(s) in 3 wave(s): 41s in optimizer steps, 2m29s start-up" in text
     assert "fine-tuning 2m50s (24 trial(s): 1m38s inside trials" in text and "data 15s" in text
     assert duration(59.6) == "1m00s" and duration(7) == "7s"
+
+
+def test_segments_side_by_side_never_show_a_negative_overhead():
+    clock = Clock()
+    clock.spans = {"pretraining": 295.0}
+    clock.segments, clock.waves, clock.in_steps = 4, 2, 381.0  # two segments at once: step time sums past the wall
+    text = clock.summary()
+    assert "6m21s in optimizer steps, summed over those running at once" in text and "-" not in text
