@@ -144,9 +144,9 @@ def test_cpu_study_plans_the_papers_comparisons():
     spec = load(SweepSpec, "sweeps/cpu_study.yaml")
     plan = make_plan(spec)
     names = {name.rsplit("-", 1)[0] for name in plan.runs}
-    assert names == {"tiny-mlm40-200", "tiny-clm-100-mlm40-200", "tiny-clm-200", "tiny-mlm40-400",
-                     "tiny-clm-200-mlm40-400", "tiny-clm-400", "tiny-mlm20-200", "tiny-mlm20-400",
-                     "tiny-clm-dec400-mlm40-500", "tiny-mlm40-dec400-mlm40-500"}
+    assert names == {"tiny-mlm40-800", "tiny-clm-400-mlm40-800", "tiny-clm-800", "tiny-mlm40-1.6k",
+                     "tiny-clm-800-mlm40-1.6k", "tiny-clm-1.6k", "tiny-mlm20-800", "tiny-mlm20-1.6k",
+                     "tiny-clm-dec1.6k-mlm40-2k", "tiny-mlm40-dec1.6k-mlm40-2k"}
     assert len(plan.controls) == 1 and len(spec.finetune.seeds) >= 3  # intervals need 3 seeds
     families = {get_task(t).family for t in spec.finetune.tasks}
     assert families == {"SC", "TC", "QA", "IR"}
