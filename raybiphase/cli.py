@@ -14,7 +14,12 @@ class UserError(RuntimeError):
 
 
 def config_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    """A command that takes a config: its `--help` lists every setting by dotted name, default and docstring."""
+    from raybiphase.config import SweepSpec
+    from raybiphase.config.docs import settings_help
+
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=settings_help(SweepSpec),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="YAML config or sweep spec")
     parser.add_argument(
         "--set",

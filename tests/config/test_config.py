@@ -121,3 +121,20 @@ def test_exponent_notation_without_a_dot_is_a_number():
     # YAML 1.1 (PyYAML) reads 3e-3 as the string "3e-3"; every researcher writes learning rates that way
     spec = load(SweepSpec, "sweeps/quickstart.yaml", ["optim.lr=3e-3", "finetune.lrs=[1e-3, 5E-4]"])
     assert spec.run.optim.lr == 3e-3 and spec.finetune.lrs == (1e-3, 5e-4)
+
+
+def test_help_lists_every_setting_with_its_default_and_docstring():
+    import subprocess
+    import sys
+
+    from raybiphase.config.docs import settings
+
+    listed = settings(SweepSpec)
+    assert len(listed) > 60 and all(doc for _, _, doc in listed), [n for n, _, d in listed if not d]
+    names = [name for name, _, _ in listed]
+    assert {"phases.mask_ratio", "finetune.control", "sweep.grid", "train.export_steps"} <= set(names)
+    proc = subprocess.run([sys.executable, "-m", "raybiphase", "sweep", "--help"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0
+    assert "  phases.mask_ratio = 0.4\n      Share of tokens masked in MLM phases" in proc.stdout
+    assert all(f"  {name} = " in proc.stdout for name in names)
