@@ -47,9 +47,10 @@ def ensure_ray(num_cpus: int | None = None) -> None:
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     runtime_env = {"env_vars": worker_env()}
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], logging_level=logging.WARNING, log_to_driver=verbose, runtime_env=runtime_env)
+        context = ray.init(address=os.environ["RAY_ADDRESS"], logging_level=logging.WARNING, log_to_driver=verbose,
+                           runtime_env=runtime_env)
     else:
-        ray.init(
+        context = ray.init(
             num_cpus=num_cpus or int(os.environ.get("RAYBIPHASE_NUM_CPUS", os.cpu_count() or 2)),
             object_store_memory=1 << 30,
             include_dashboard=True,
@@ -57,6 +58,10 @@ def ensure_ray(num_cpus: int | None = None) -> None:
             log_to_driver=verbose,
             runtime_env=runtime_env,
         )
+    dashboard = getattr(context, "dashboard_url", None)
+    if dashboard:  # where to watch the jobs, actors and logs while the sweep runs
+        print(f"Ray dashboard: http://{dashboard}" if "://" not in dashboard else f"Ray dashboard: {dashboard}",
+              flush=True)
     quiet_data()
 
 

@@ -67,6 +67,7 @@ def test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once(finis
     from raybiphase.results.store import read_rows
 
     assert "1/6 segments already done" in finished_sweep["output"]
+    assert "Ray dashboard: http://127.0.0.1:" in finished_sweep["output"]  # printed at start: where to watch
     last = finished_sweep["output"].strip().splitlines()[-1]  # where the time went, stage by stage
     assert last.startswith("time: ") and "5 segment(s) in 3 wave(s)" in last and "in optimizer steps" in last
     assert finished_sweep["first"].stat().st_mtime_ns == finished_sweep["stamp"]  # not recomputed
