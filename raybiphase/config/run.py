@@ -212,6 +212,10 @@ class TrainConfig:
     """Sharded checkpoint every N steps (phase boundaries, decay start and the end always get one)."""
     export_steps: tuple[int, ...] = field(default=(), metadata=NOT_WEIGHTS)
     """Extra steps at which to write an HF export (the end always gets one)."""
+    keep_checkpoints: int | None = field(default=None, metadata=NOT_WEIGHTS)
+    """Once a segment is done, keep its last N periodic checkpoints besides the ones always kept (phase boundaries,
+    decay start, exports, the segment's end, which resumes and child segments start from) and delete the rest;
+    None keeps every checkpoint."""
     eval_mask_ratio: float = field(default=0.4, metadata=NOT_WEIGHTS)
     """Mask ratio of the held-out MLM loss; keep it fixed across a sweep so the curves compare."""
     precision: Literal["auto", "bf16", "fp32"] = "auto"
@@ -239,6 +243,8 @@ class TrainConfig:
         non_negative(self.eval_batches, "train.eval_batches")
         ratio(self.eval_mask_ratio, "train.eval_mask_ratio")
         positive(self.checkpoint_every, "train.checkpoint_every")
+        if self.keep_checkpoints is not None:
+            non_negative(self.keep_checkpoints, "train.keep_checkpoints")
         for i, step in enumerate(self.export_steps):
             positive(step, f"train.export_steps.{i}")
 

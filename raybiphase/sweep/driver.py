@@ -100,6 +100,35 @@ def run_wave(plan: Plan, wave: list[Segment], paths: SweepPaths, data_dirs: dict
         raise UserError(f"sweep: {len(errors)} segment(s) failed, first: {first}: {message}")
 
 
+def kept_steps(plan: Plan, segment: Segment) -> set[int]:
+    """The steps of a segment whose checkpoints are always kept: its end (a resume or a child segment starts
+    there), and for every run through it the phase boundaries, the decay start and the HF exports."""
+    from raybiphase.pretrain.schedule import Schedule
+
+    keep = {segment.end}
+    for name in segment.runs:
+        config = plan.runs[name].config
+        schedule = Schedule.from_config(config)
+        keep |= {*schedule.boundaries, schedule.decay_start, *config.train.export_steps}
+    return {step for step in keep if segment.start < step <= segment.end}
+
+
+def prune_checkpoints(plan: Plan, segment: Segment, paths: SweepPaths) -> list[int]:
+    """After a segment is done, delete the periodic checkpoints beyond train.keep_checkpoints (the last N are
+    kept, and every one of `kept_steps`); returns the deleted steps."""
+    keep_last = segment.config.train.keep_checkpoints
+    if keep_last is None or not segment_done(paths, segment):
+        return []
+    folder = paths.run_dir(segment.id)
+    steps = sorted(int(name.rsplit("-", 1)[1]) for name in storage.list_folders(folder)
+                   if name.startswith("step-") and name.rsplit("-", 1)[1].isdigit())
+    protected = kept_steps(plan, segment) | set(steps[len(steps) - keep_last:] if keep_last else [])
+    doomed = [step for step in steps if step not in protected]
+    for step in doomed:
+        storage.delete(paths.checkpoint(segment.id, step))
+    return doomed
+
+
 def record_pretraining(plan: Plan, segment: Segment, paths: SweepPaths, spec: SweepSpec) -> int:
     """Rows for every run through the segment, one per report: (run, step) keyed, appended once."""
     from raybiphase.pretrain.checkpoint import read_meta
@@ -163,6 +192,7 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> Plan
         clock.waves += 1
         for s in wave:
             record_pretraining(plan, s, paths, spec)
+            prune_checkpoints(plan, s, paths)
             clock.segments += 1
             clock.in_steps += step_seconds(read_history(paths.run_dir(s.id)), s.start, s.config.train.global_batch_tokens)
             done.add(s.id)
@@ -174,6 +204,7 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> Plan
               + (f", about {eta / 60:.0f} min left" if todo else ""), file=out, flush=True)
     for s in plan.segments.values():  # rows of segments finished by an earlier, interrupted invocation
         record_pretraining(plan, s, paths, spec)
+        prune_checkpoints(plan, s, paths)
     if spec.finetune.tasks:
         with clock.span("fine-tuning"):
             rows = run_finetuning(plan, paths, spec, out=out, data_dirs=data_dirs)

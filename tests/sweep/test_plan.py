@@ -151,3 +151,31 @@ def test_cpu_study_plans_the_papers_comparisons():
     families = {get_task(t).family for t in spec.finetune.tasks}
     assert families == {"SC", "TC", "QA", "IR"}
     assert plan.planned_steps < plan.naive_steps
+
+
+def test_keep_checkpoints_prunes_only_what_no_resume_branch_or_export_needs(tmp_path):
+    from raybiphase.storage import SweepPaths
+    from raybiphase.sweep.driver import kept_steps, prune_checkpoints
+
+    # the quickstart's CLM-only run: its segment 400-800 has the decay start (720) and, here, an export at 600
+    spec = load(SweepSpec, "sweeps/quickstart.yaml", ["train.keep_checkpoints=1", "train.export_steps=[600]",
+                                                      f"sweep.storage={tmp_path}"])
+    plan = make_plan(spec)
+    segment = next(s for s in plan.segments.values() if s.start == 400 and s.id.startswith("tiny-clm"))
+    paths = SweepPaths.of(spec.sweep.storage, spec.sweep.name)
+    saved = [500, 600, 700, 720, 740, 760, 780, 800]  # checkpoint_every 100 plus the milestones
+    for step in saved:
+        folder = Path(paths.checkpoint(segment.id, step))
+        folder.mkdir(parents=True)
+        (folder / "meta.json").write_text("{}")
+    assert kept_steps(plan, segment) == {600, 720, 800}
+    assert prune_checkpoints(plan, segment, paths) == [500, 700, 740, 760, 780]  # 800 is also the last one
+    assert sorted(int(p.name.split("-")[1]) for p in Path(paths.run_dir(segment.id)).iterdir()) == [600, 720, 800]
+    parent = plan.segments[segment.parent]  # the shared CLM prefix ends at 400: the children start from it
+    assert 400 in kept_steps(plan, parent)
+    unfinished = next(s for s in plan.segments.values() if s.id != segment.id and s.start == 400)
+    assert prune_checkpoints(plan, unfinished, paths) == []  # a segment not done is never touched
+    keep_all = load(SweepSpec, "sweeps/quickstart.yaml", [f"sweep.storage={tmp_path}"])
+    default = make_plan(keep_all)
+    assert segment.id in default.segments  # how many checkpoints are kept does not change what a segment is
+    assert prune_checkpoints(default, default.segments[segment.id], paths) == []  # the default keeps them all
