@@ -316,3 +316,37 @@ def test_fanout_refuses_a_missing_bucket_checkpoint_before_starting_anything(s3_
     with pytest.raises(UserError, match=f"checkpoint {s3_bucket}/nowhere/step-00000008 does not exist"):
         run_fanout([FinetuneSource("x", 8, f"{s3_bucket}/nowhere/step-00000008")], fanout_config(),
                    storage=str(tmp_path), name="ft")
+
+
+def test_finetune_command_refuses_bad_input_before_anything_runs(tmp_path):
+    import subprocess
+    import sys
+
+    from raybiphase.finetune.command import finetune_model
+
+    spec = fanout_config()
+    with pytest.raises(UserError, match="does not exist"):
+        finetune_model(str(tmp_path / "missing"), str(tmp_path / "out"), spec)
+    with pytest.raises(UserError, match="finetune.tasks: empty"):
+        finetune_model(str(tmp_path), str(tmp_path / "out"), fanout_config(tasks=[]))
+    proc = subprocess.run([sys.executable, "-m", "raybiphase", "finetune", str(tmp_path / "missing"),
+                           str(tmp_path / "out"), "--set", "finetune.tasks=[nope]"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: finetune.tasks: unknown task 'nope'")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_finetune_command_puts_any_hf_checkpoint_through_the_protocol(ray_cluster, tiny_checkpoint, tmp_path):
+    from raybiphase.finetune.command import finetune_model
+    from raybiphase.results.store import read_rows
+
+    spec = fanout_config(lrs=[1e-3], seeds=[0], max_steps=4, eval_every=2, max_examples=32, asha=False)
+    rows = finetune_model(str(tiny_checkpoint), str(tmp_path / "out"), spec, name="published-encoder")
+    assert [(r["run"], r["pretrain_step"], r["task"]) for r in rows] == [("published-encoder", 0, "tweets")]
+    assert 0.0 <= rows[0]["test_score"] <= 1.0
+    assert (tmp_path / "out" / "report" / "report.md").exists()
+    summary = read_rows(tmp_path / "out" / "summary.parquet")
+    assert list(summary["run"]) == ["published-encoder"]
+    assert finetune_model(str(tiny_checkpoint), str(tmp_path / "out"), spec, name="published-encoder") == []
