@@ -17,6 +17,17 @@ UNTRAINED = "untrained"
 """The objective label of a sweep's control: its step-0 weights, fine-tuned like every checkpoint."""
 
 
+def _side(a: pd.Series, b: pd.Series) -> str:
+    """'a' or 'b' when that side's 95% interval lies wholly above the other's, 'overlap', or 'no interval'."""
+    if pd.isna(a["ci"]) or pd.isna(b["ci"]):
+        return "no interval"
+    if a["score"] - a["ci"] > b["score"] + b["ci"]:
+        return "a"
+    if b["score"] - b["ci"] > a["score"] + a["ci"]:
+        return "b"
+    return "overlap"
+
+
 def versus_control(s: pd.DataFrame) -> pd.DataFrame:
     """Per task, each pretrained model's final score against the untrained control of the same sweep: "above" or
     "below" when the 95% intervals are apart, "overlap" when they are not, "not resolved" without intervals
@@ -29,14 +40,7 @@ def versus_control(s: pd.DataFrame) -> pd.DataFrame:
             continue
         c = control.iloc[0]
         for _, r in group[group["objective"] != UNTRAINED].sort_values("run").iterrows():
-            if pd.isna(r["ci"]) or pd.isna(c["ci"]):
-                verdict = "not resolved"
-            elif r["score"] - r["ci"] > c["score"] + c["ci"]:
-                verdict = "above"
-            elif r["score"] + r["ci"] < c["score"] - c["ci"]:
-                verdict = "below"
-            else:
-                verdict = "overlap"
+            verdict = {"a": "above", "b": "below", "overlap": "overlap"}.get(_side(r, c), "not resolved")
             rows.append({"family": r["family"], "task": task, "run": r["run"], "objective": r["objective"],
                          "score": r["score"], "ci": r["ci"], "n_seeds": r["n_seeds"], "control": c["score"],
                          "control_ci": c["ci"], "control_seeds": c["n_seeds"], "verdict": verdict})
@@ -65,17 +69,6 @@ def family_verdicts(versus: pd.DataFrame) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------------ the findings
 
 HELD, NOT_HELD, MIXED, UNRESOLVED = "held", "not held", "mixed", "not resolved"
-
-
-def _side(a: pd.Series, b: pd.Series) -> str:
-    """'a' or 'b' when that side's 95% interval lies wholly above the other's, 'overlap', or 'no interval'."""
-    if pd.isna(a["ci"]) or pd.isna(b["ci"]):
-        return "no interval"
-    if a["score"] - a["ci"] > b["score"] + b["ci"]:
-        return "a"
-    if b["score"] - b["ci"] > a["score"] + a["ci"]:
-        return "b"
-    return "overlap"
 
 
 def _pairs(a: pd.DataFrame, b: pd.DataFrame, on: list[str]) -> list[tuple[str, str]]:

@@ -44,13 +44,11 @@ class Clock:
         for name, seconds in self.spans.items():
             text = f"{name} {duration(seconds)}"
             if name == "pretraining" and self.segments:
-                if self.in_steps <= seconds:
-                    text += (f" ({self.segments} segment(s) in {self.waves} wave(s): {duration(self.in_steps)} in "
-                             f"optimizer steps, {duration(seconds - self.in_steps)} start-up, evaluation, checkpoints "
-                             f"and teardown)")
-                else:  # segments ran side by side: their step time adds up to more than the wall time
-                    text += (f" ({self.segments} segment(s) in {self.waves} wave(s): {duration(self.in_steps)} in "
-                             f"optimizer steps, summed over those running at once)")
+                rest = (f"{duration(seconds - self.in_steps)} start-up, evaluation, checkpoints and teardown"
+                        if self.in_steps <= seconds  # else segments ran side by side: step time sums past the wall
+                        else "summed over those running at once")
+                text += (f" ({self.segments} segment(s) in {self.waves} wave(s): {duration(self.in_steps)} in "
+                         f"optimizer steps, {rest})")
             if name == "fine-tuning" and self.trials:
                 text += (f" ({self.trials} trial(s): {duration(self.in_trials)} inside trials, summed over those "
                          f"running at once; the rest start-up and scheduling)")

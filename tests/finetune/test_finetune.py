@@ -318,10 +318,10 @@ def test_fanout_refuses_a_missing_bucket_checkpoint_before_starting_anything(s3_
                    storage=str(tmp_path), name="ft")
 
 
-def test_finetune_command_refuses_bad_input_before_anything_runs(tmp_path):
-    import subprocess
+def test_finetune_command_refuses_bad_input_before_anything_runs(tmp_path, capsys, monkeypatch):
     import sys
 
+    from raybiphase.__main__ import main
     from raybiphase.finetune.command import finetune_model
 
     spec = fanout_config()
@@ -329,10 +329,11 @@ def test_finetune_command_refuses_bad_input_before_anything_runs(tmp_path):
         finetune_model(str(tmp_path / "missing"), str(tmp_path / "out"), spec)
     with pytest.raises(UserError, match="finetune.tasks: empty"):
         finetune_model(str(tmp_path), str(tmp_path / "out"), fanout_config(tasks=[]))
-    proc = subprocess.run([sys.executable, "-m", "raybiphase", "finetune", str(tmp_path / "missing"),
-                           str(tmp_path / "out"), "--set", "finetune.tasks=[nope]"], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: finetune.tasks: unknown task 'nope'")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # main() sets sys.argv for the command
+    with pytest.raises(SystemExit) as exit_info:  # in-process: the console command's one line and exit code
+        main(["finetune", str(tmp_path / "missing"), str(tmp_path / "out"), "--set", "finetune.tasks=[nope]"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith("error: finetune.tasks: unknown task 'nope'")
     assert not (tmp_path / "out").exists()
 
 
