@@ -36,6 +36,7 @@ import hashlib
 import json
 import math
 import re
+import sys
 from collections import defaultdict
 
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
@@ -125,7 +126,8 @@ def _trainable(config: dict, finetune: FinetuneConfig, wandb: dict | None = None
         score = metrics["val_score"]
         wandb_log.log(tracker, {"val_score": score}, step=metrics["step"])
         # a diverged trial (NaN) ranks below every score for ASHA; its row says diverged, with no score
-        tune.report({"step": metrics["step"], "val_score": -1.0 if math.isnan(score) else score})
+        tune.report({"step": metrics["step"], "val_score": -1.0 if math.isnan(score) else score,
+                     "finished": int("final" in metrics)})  # else a trial that ended was stopped (progress lines)
 
     result = run_trial(row.checkpoint, row.task, lr=row.lr, seed=row.seed, cfg=finetune, report=report)
     wandb_log.finish(tracker, {k: v for k, v in result.items() if isinstance(v, (int, float, str))})
@@ -142,9 +144,11 @@ def _planned(row: FinetuneRow) -> dict:
 
 
 def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name: str, asha: bool,
-            grace_period: int | None, reduction_factor: float, verbose: int) -> list[FinetuneRow]:
+            grace_period: int | None, reduction_factor: float, verbose: int, out) -> list[FinetuneRow]:
     """Run `trials` (base rows) as one Tuner; returns their rows, stopped ones recorded by the driver."""
     from ray import tune
+
+    from raybiphase.sweep.progress import trial_progress
 
     from raybiphase.raycluster import ensure_ray
 
@@ -165,7 +169,10 @@ def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name:
         param_space={"trial": tune.grid_search(space)},
         tune_config=tune.TuneConfig(scheduler=scheduler, max_concurrent_trials=cfg.resources.max_concurrent,
                                     reuse_actors=True, trial_dirname_creator=lambda t: f"trial_{t.trial_id}"),
-        run_config=tune.RunConfig(storage_path=experiment.rsplit("/", 1)[0], name=name, verbose=verbose),
+        run_config=tune.RunConfig(storage_path=experiment.rsplit("/", 1)[0], name=name, verbose=verbose,
+                                  callbacks=[trial_progress(len(trials), out=out, label=(
+                                      "fine-tuning" if name == experiment.rsplit("/", 1)[-1] else
+                                      "fine-tuning (completion pass)"))]),
     )
     results = tuner.fit()
     rows, failures = [], []
@@ -194,7 +201,7 @@ def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name:
 
 def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, name: str, done=frozenset(),
                grace_period: int | None = None, reduction_factor: float = REDUCTION_FACTOR,
-               complete_best: bool = True, verbose: int = 0) -> list[dict]:
+               complete_best: bool = True, verbose: int = 0, out=None) -> list[dict]:
     """Fine-tune every source checkpoint on cfg.finetune.tasks over lrs x seeds; one row per trial not in `done`
     (keys rows.TRIAL_KEY), as records (FinetuneRow.record). Bad task names or checkpoints raise UserError before
     anything runs."""
@@ -217,7 +224,7 @@ def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, n
             records[key] = None  # the full grid was asked for: a trial ASHA stopped runs again
     missing = [t for t in plan if records[t.key] is None]
     options = dict(experiment=experiment, grace_period=grace_period, reduction_factor=reduction_factor,
-                   verbose=verbose)
+                   verbose=verbose, out=out or sys.stdout)
     if missing:
         for row in _launch(missing, cfg, name=name, asha=cfg.finetune.asha, **options):
             records[row.key] = row

@@ -36,6 +36,7 @@ from raybiphase.pretrain.parallel import apply_fsdp, use_bf16, wrap_blocks
 from raybiphase.pretrain.schedule import Schedule
 from raybiphase.pretrain.sizes import PEAK_BF16_TFLOPS, flops_per_token
 from raybiphase.data.stream import open_dataset, phase_stream, validation_batches
+from raybiphase.sweep.progress import Beacon
 
 def model_flops_per_token(model, seq_len: int) -> float:
     config = model.config
@@ -132,7 +133,8 @@ def train_loop(loop_config: dict) -> None:
 
     loop_config: {"run": the RunConfig as a dict, "name": run or segment name, "data_dir": prepared shards,
     "resume_from": a checkpoint to continue (same schedule) or None, "stop_at": the last step of a sweep segment
-    (default: the end of the run), "wandb": {"project", "group"} or None}.
+    (default: the end of the run), "wandb": {"project", "group"} or None, "progress": where rank 0 writes its
+    progress beat (raybiphase.sweep.progress) every "progress_every" seconds, or None}.
     """
     import ray.train
 
@@ -170,6 +172,8 @@ def train_loop(loop_config: dict) -> None:
     stop_at = min(loop_config.get("stop_at") or schedule.total_steps, schedule.total_steps)  # a sweep segment's end
     exports = {*run.train.export_steps, schedule.total_steps}
     milestones = {*schedule.boundaries[1:], schedule.decay_start, stop_at, *exports}  # always evaluated and saved
+    beacon = Beacon(loop_config.get("progress") if rank == 0 else None, stop_at=stop_at,
+                    tokens_per_step=tokens_per_step, every_s=loop_config.get("progress_every", 0))
 
     while step < stop_at:
         # --- phase: a fresh stream from this step to the phase's end (pure function of the sample ids)
@@ -209,6 +213,9 @@ def train_loop(loop_config: dict) -> None:
             optimizer.zero_grad(set_to_none=True)
             step += 1
             window_tokens += tokens_per_step
+            beacon.beat(step, phase.objective,  # this rank's loss of the step, read only when a beat is written
+                        lambda: total / sum((b["labels"] != IGNORE_INDEX).sum() for b in micro_batches),
+                        fpt / (peak * world) if peak else None)
 
             # --- what this step does, decided once
             do_eval = step % run.train.eval_every == 0 or step in milestones

@@ -15,6 +15,7 @@ from raybiphase.cli import UserError, config_parser, run_main
 from raybiphase.config import RunConfig, SweepSpec, load, to_dict
 from raybiphase.results.wandb import sweep_settings
 from raybiphase.sweep.naming import run_name
+from raybiphase.sweep.progress import PROGRESS_FILE, interval
 
 
 def read_history(run_dir: str) -> list[dict]:
@@ -57,7 +58,8 @@ def make_trainer(run: RunConfig, *, name: str, paths: storage.SweepPaths, data_d
     use_gpu = res.gpus_per_worker > 0
     per_worker = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if use_gpu else {})}
     loop_config = {"run": to_dict(run), "name": name, "data_dir": data_dir, "resume_from": resume_from,
-                   "stop_at": stop_at, "wandb": wandb}
+                   "stop_at": stop_at, "wandb": wandb, "progress": storage.join(paths.run_dir(name), PROGRESS_FILE),
+                   "progress_every": interval()}
     return TorchTrainer(
         train_fn or train_loop,
         train_loop_config=loop_config,

@@ -26,6 +26,7 @@ from raybiphase.results import rows as result_rows
 from raybiphase.storage import SweepPaths, join
 from raybiphase.sweep.clock import step_seconds
 from raybiphase.sweep.plan import Plan, Segment, dependencies, describe, make_plan
+from raybiphase.sweep.progress import PROGRESS_FILE, Watch
 
 
 def segment_done(paths: SweepPaths, segment: Segment) -> bool:
@@ -187,7 +188,8 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> Plan
     while todo:
         wave = [s for s in todo if all(d in done for d in dependencies(s, plan.runs))]
         print(f"pretraining: running {len(wave)} segment(s): {', '.join(s.id for s in wave)}", file=out, flush=True)
-        with clock.span("pretraining"):
+        watched = {s.id: join(paths.run_dir(s.id), PROGRESS_FILE) for s in wave}
+        with clock.span("pretraining"), Watch(watched, out=out):  # a line per running segment every few seconds
             run_wave(plan, wave, paths, data_dirs, spec)
         clock.waves += 1
         for s in wave:
@@ -259,7 +261,7 @@ def run_finetuning(plan: Plan, paths: SweepPaths, spec: SweepSpec, out=sys.stdou
     total = len(sources) * len(spec.finetune.tasks) * len(spec.finetune.lrs) * len(spec.finetune.seeds)
     print(f"fine-tuning: {len(done)}/{total} trials already done; running the rest "
           f"({'ASHA' if spec.finetune.asha else 'full grid'})", file=out, flush=True)
-    rows = run_fanout(sources, spec, storage=paths.root, name="finetune", done=done)
+    rows = run_fanout(sources, spec, storage=paths.root, name="finetune", done=done, out=out)
     rows += baseline_rows(spec)
     store.append_rows(path, rows, key=result_rows.FINETUNE_KEY) if rows else None
     print(f"fine-tuning: {len(rows)} trials recorded", file=out, flush=True)

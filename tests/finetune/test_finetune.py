@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 import shutil
 from pathlib import Path
@@ -238,7 +239,12 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
 
     checkpoints = [FinetuneSource("tiny-run", 8, str(tiny_checkpoint), {"phases.clm_share": 0.5})]
     cfg = fanout_config()
-    rows = fanout.run_fanout(checkpoints, cfg, storage=str(tmp_path), name="ft")
+    out = io.StringIO()
+    rows = fanout.run_fanout(checkpoints, cfg, storage=str(tmp_path), name="ft", out=out)
+    # progress on the driver: the last trial always prints its line, stops by ASHA counted
+    stopped = sum(r["stopped_early"] or r["completed_after_stop"] for r in rows)  # in the first launch
+    finals = [x for x in out.getvalue().splitlines() if x.startswith("fine-tuning: 4/4 trials done")]
+    assert finals and (f"({stopped} stopped by ASHA)" in finals[0]) == bool(stopped), out.getvalue()
     assert len(rows) == 4 and {(r["lr"], r["seed"]) for r in rows} == {(1e-4, 0), (1e-4, 1), (2e-3, 0), (2e-3, 1)}
     for row in rows:
         assert row["phases.clm_share"] == 0.5 and row["family"] == "SC" and row["metric"] == "accuracy"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -57,8 +58,12 @@ def finished_sweep(small_data, tmp_path_factory):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     stamp = first.stat().st_mtime_ns
-    rerun = _sweep(spec)
-    output = rerun.communicate(timeout=600)[0]
+    rerun = _sweep(spec, env={**os.environ, "RAYBIPHASE_PROGRESS_S": "1"})
+    try:
+        output = rerun.communicate(timeout=600)[0]
+    except subprocess.TimeoutExpired:  # never leave a stuck sweep (and its Ray) behind: kill it, show its output
+        os.killpg(rerun.pid, signal.SIGKILL)
+        pytest.fail(f"the resumed sweep did not finish within 600 s:\n{rerun.communicate()[0][-3000:]}")
     assert rerun.returncode == 0, output[-3000:]
     return {"spec": spec, "root": root, "first": first, "stamp": stamp, "output": output}
 
@@ -68,6 +73,11 @@ def test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once(finis
 
     assert "1/6 segments already done" in finished_sweep["output"]
     assert "Ray dashboard: http://127.0.0.1:" in finished_sweep["output"]  # printed at start: where to watch
+    # live progress: each running segment's step, loss and throughput, and where it ended
+    progress = re.findall(r"^pretraining: (tiny-\S+) step (\d+)/(\d+), (?:clm|mlm) loss [\d.]+, [\d.]+k? tok/s",
+                          finished_sweep["output"], re.M)
+    ended = {name for name, step, end in progress if step == end}
+    assert len(ended) == 5, finished_sweep["output"][-3000:]  # the 5 segments this invocation ran
     last = finished_sweep["output"].strip().splitlines()[-1]  # where the time went, stage by stage
     assert last.startswith("time: ") and "5 segment(s) in 3 wave(s)" in last and "in optimizer steps" in last
     assert finished_sweep["first"].stat().st_mtime_ns == finished_sweep["stamp"]  # not recomputed

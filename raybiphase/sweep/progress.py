@@ -1,0 +1,163 @@
+"""Live progress on the driver's console (and so in `ray job logs -f`): a line per running segment every few
+seconds, and the fine-tuning fan-out as trials done / total.
+
+    pretraining: tiny-clm-0-400-8f7d5072 step 240/400, clm loss 5.83, 3.1k tok/s, ETA 52s
+    fine-tuning: 12/48 trials done (3 stopped by ASHA), 2 running, ETA 1m20s
+
+Workers never print to the driver (Ray's log forwarding is off, see raybiphase.raycluster): rank 0 of a segment
+writes a small `progress.json` beside the segment's history every `every_s` seconds (`Beacon`, called once per
+optimizer step; it syncs the device only when it writes), and a driver thread (`Watch`) reads those files and
+prints what moved. The files live in the sweep's storage, so this works the same from a bucket on a cluster. The
+fine-tuning line comes from a Tune callback on the driver (`TrialProgress`). RAYBIPHASE_PROGRESS_S sets the
+interval (default 10 s; 0 turns the lines off).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+from raybiphase import storage
+from raybiphase.sweep.clock import duration
+
+PROGRESS_FILE = "progress.json"
+
+
+def interval() -> float:
+    """Seconds between progress lines (RAYBIPHASE_PROGRESS_S; 0 = no progress lines)."""
+    return float(os.environ.get("RAYBIPHASE_PROGRESS_S", "10"))
+
+
+def rate(tokens_per_s: float) -> str:
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if tokens_per_s >= scale:
+            return f"{tokens_per_s / scale:.1f}{unit} tok/s"
+    return f"{tokens_per_s:.0f} tok/s"
+
+
+def line(name: str, beat: dict) -> str:
+    """One progress line of a segment from its latest beat."""
+    text = f"pretraining: {name} step {beat['step']}/{beat['stop_at']}"
+    if beat.get("loss") is not None:
+        text += f", {beat['objective']} loss {beat['loss']:.2f}"
+    text += f", {rate(beat['tokens_per_s'])}"
+    if beat.get("mfu") is not None:
+        text += f", MFU {100 * beat['mfu']:.0f}%"
+    if beat["tokens_per_s"] > 0 and beat["step"] < beat["stop_at"]:
+        text += f", ETA {duration((beat['stop_at'] - beat['step']) * beat['tokens_per_step'] / beat['tokens_per_s'])}"
+    return text
+
+
+class Beacon:
+    """Rank 0 of a training loop: `beat(...)` after every optimizer step writes `progress.json` at most every
+    `every_s` seconds (the loss is read from the device only then)."""
+
+    def __init__(self, location: str | None, *, stop_at: int, tokens_per_step: int, every_s: float):
+        self.location, self.stop_at, self.tokens_per_step = location, stop_at, tokens_per_step
+        self.every_s = every_s
+        self.last = self.window_start = time.perf_counter()
+        self.window_steps = 0
+
+    def beat(self, step: int, objective: str, loss, mfu_per_token_s: float | None = None) -> None:
+        """`loss`: a callable giving this rank's loss of the step (called only when a beat is written)."""
+        self.window_steps += 1
+        now = time.perf_counter()
+        if not self.location or self.every_s <= 0 or (now - self.last < self.every_s and step < self.stop_at):
+            return
+        tokens_per_s = self.window_steps * self.tokens_per_step / max(now - self.window_start, 1e-9)
+        beat = {"step": step, "stop_at": self.stop_at, "objective": objective, "loss": float(loss()),
+                "tokens_per_s": tokens_per_s, "tokens_per_step": self.tokens_per_step, "time": time.time()}
+        if mfu_per_token_s:
+            beat["mfu"] = tokens_per_s * mfu_per_token_s
+        try:
+            storage.write_json(self.location, beat)
+        except OSError:  # progress is a courtesy: a storage hiccup never stops training
+            pass
+        self.last, self.window_start, self.window_steps = now, now, 0
+
+
+class Watch:
+    """A driver thread printing each running segment's latest beat when it moved, every `every_s` seconds.
+
+        with Watch({segment_id: progress_location}, out=sys.stdout):
+            run_wave(...)
+    """
+
+    def __init__(self, locations: dict[str, str], *, out=sys.stdout, every_s: float | None = None):
+        self.locations, self.out = locations, out
+        self.every_s = interval() if every_s is None else every_s
+        self.seen: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="raybiphase-progress")
+
+    def poll(self) -> list[str]:
+        """The lines of segments whose step moved since the last poll."""
+        lines = []
+        for name, location in self.locations.items():
+            try:
+                beat = storage.read_json(location)
+            except (OSError, ValueError):  # being written, or a storage hiccup: next time
+                continue
+            if beat and beat.get("step", 0) > self.seen.get(name, 0):
+                self.seen[name] = beat["step"]
+                lines.append(line(name, beat))
+        return lines
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            for text in self.poll():
+                print(text, file=self.out, flush=True)
+
+    def __enter__(self) -> "Watch":
+        if self.every_s > 0:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+            for text in self.poll():  # where each segment ended
+                print(text, file=self.out, flush=True)
+
+
+def trials_line(done: int, total: int, stopped: int, running: int, elapsed: float, label: str = "fine-tuning") -> str:
+    text = f"{label}: {done}/{total} trials done"
+    if stopped:
+        text += f" ({stopped} stopped by ASHA)"
+    text += f", {running} running"
+    if 0 < done < total:
+        text += f", ETA {duration(elapsed / done * (total - done))}"
+    return text
+
+
+def trial_progress(total: int, *, label: str = "fine-tuning", out=sys.stdout, every_s: float | None = None):
+    """A Tune callback printing `trials_line` at most every `every_s` seconds and once when the last trial ends.
+    A trial that finished says so in its last report (`finished`); one that ended without it was stopped."""
+    from ray.tune import Callback
+
+    class TrialProgress(Callback):
+        def __init__(self):
+            self.every_s = interval() if every_s is None else every_s
+            self.started = self.last = time.perf_counter()
+            self.done = self.stopped = self.running = 0
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            self.running += 1
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self.running = max(0, self.running - 1)
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self.running = max(0, self.running - 1)
+            self.done += 1
+            self.stopped += not (trial.last_result or {}).get("finished")
+            now = time.perf_counter()
+            if self.every_s > 0 and (now - self.last >= self.every_s or self.done == total):
+                self.last = now
+                print(trials_line(self.done, total, self.stopped, self.running, now - self.started, label),
+                      file=out, flush=True)
+
+    return TrialProgress()
