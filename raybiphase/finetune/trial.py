@@ -18,8 +18,10 @@ transformers EuroBERT classes; its tokenizer must be there and fit the model's v
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
+import hashlib
 import json
 import math
 import time
@@ -40,6 +42,7 @@ from raybiphase.optim import adamw, set_lr, wsd_lr
 ADAMW = {"betas": (0.9, 0.95), "eps": 1e-5, "weight_decay": 0.1}
 GRAD_CLIP = 1.0
 SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "mask_token")
+TOKENIZER_FILES = ("tokenizer", "special_tokens", "vocab", "merges", "spiece", "sentencepiece")
 
 
 # ------------------------------------------------------------------------------------------------ checkpoint
@@ -65,12 +68,24 @@ def load_checked_tokenizer(hf_dir: Path):
     """The checkpoint's tokenizer, checked against its model config (vocabulary size and special token ids)."""
     from transformers import AutoTokenizer
 
+    if not any((hf_dir / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        _model_config(hf_dir)  # a foreign model says so first
+        raise UserError(f"finetune: {hf_dir} has no tokenizer (save it beside the model with save_pretrained)")
+    tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+    check_fits(hf_dir, tokenizer)
+    return tokenizer
+
+
+def _model_config(hf_dir: Path) -> dict:
     config = json.loads((hf_dir / "config.json").read_text())
     if config.get("model_type") != "eurobert":
         raise UserError(f"finetune: {hf_dir} holds a {config.get('model_type')!r} model, not EuroBERT")
-    if not any((hf_dir / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
-        raise UserError(f"finetune: {hf_dir} has no tokenizer (save it beside the model with save_pretrained)")
-    tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+    return config
+
+
+def check_fits(hf_dir: Path, tokenizer) -> None:
+    """UserError unless `tokenizer` belongs to the model in `hf_dir` (vocabulary size, special token ids)."""
+    config = _model_config(hf_dir)
     if len(tokenizer) > config["vocab_size"]:
         raise UserError(f"finetune: the tokenizer in {hf_dir} has {len(tokenizer)} tokens but the model's "
                         f"vocabulary is {config['vocab_size']}: they do not belong together")
@@ -79,23 +94,44 @@ def load_checked_tokenizer(hf_dir: Path):
         if ours is not None and theirs is not None and ours != theirs:
             raise UserError(f"finetune: {name} is id {ours} in the tokenizer of {hf_dir} but {theirs} in the "
                             f"model config: they do not belong together")
-    return tokenizer
+
+
+def tokenizer_digest(hf_dir: Path) -> str:
+    """A digest of the tokenizer's files: checkpoints of one sweep share their tokenizer, and so its tokenized
+    splits."""
+    digest = hashlib.sha256()
+    for path in sorted(hf_dir.iterdir()):
+        if path.is_file() and path.name.startswith(TOKENIZER_FILES):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------------ trial
 
 
-@functools.lru_cache(maxsize=2)
+_TOKENIZED: collections.OrderedDict = collections.OrderedDict()  # (tokenizer digest, task, ...) -> tokenized splits
+TOKENIZED_KEPT = 8  # tasks x tokenizers one process keeps tokenized
+
+
 def _tokenized(hf_path: Path, task: str, max_examples: int, max_len: int, source: str) -> tuple:
     """Head, training units, prepared validation and test: shared by the trials one process runs (Tune reuses
-    its actors), which differ only in LR and seed."""
+    its actors), which differ in checkpoint, LR and seed but share the sweep's tokenizer; each checkpoint is still
+    checked against that tokenizer."""
+    key = (tokenizer_digest(hf_path), task, max_examples, max_len, source)
+    if key in _TOKENIZED:
+        _TOKENIZED.move_to_end(key)
+        check_fits(hf_path, _TOKENIZED[key][0].tokenizer)
+        return _TOKENIZED[key]
     spec = get_task(task)
     head = head_for(spec, load_checked_tokenizer(hf_path), max_len)
     splits = load_splits(spec, max_examples=max_examples, source=source)
     units = head.train_units(splits.train)
     if not units:
         raise UserError(f"finetune: task {task!r} has no training examples (finetune.max_examples?)")
-    return head, units, head.prepare_eval(splits.val), head.prepare_eval(splits.test)
+    _TOKENIZED[key] = head, units, head.prepare_eval(splits.val), head.prepare_eval(splits.test)
+    while len(_TOKENIZED) > TOKENIZED_KEPT:
+        _TOKENIZED.popitem(last=False)
+    return _TOKENIZED[key]
 
 
 def trial_device(cfg: FinetuneConfig) -> torch.device:

@@ -222,6 +222,21 @@ def test_bad_checkpoints_and_tasks_are_one_line_user_errors(tiny_checkpoint, tmp
     assert "do not belong together" in error(tmp_path / "checkpoint")  # a checkpoint folder leads to its hf/
 
 
+def test_checkpoints_sharing_a_tokenizer_share_its_tokenized_splits_yet_each_is_checked(tiny_checkpoint, tmp_path):
+    import json
+
+    from raybiphase.finetune import trial
+
+    first = trial._tokenized(tiny_checkpoint, "tweets", 16, 64, "auto")
+    twin = tmp_path / "twin"  # another checkpoint of the same sweep: other weights, the same tokenizer
+    shutil.copytree(tiny_checkpoint, twin)
+    assert trial._tokenized(twin, "tweets", 16, 64, "auto") is first  # tokenized once per process
+    config = json.loads((twin / "config.json").read_text())
+    (twin / "config.json").write_text(json.dumps({**config, "vocab_size": 10}))
+    with pytest.raises(UserError, match="do not belong together"):
+        trial._tokenized(twin, "tweets", 16, 64, "auto")
+
+
 # ------------------------------------------------------------------------------------------------ the fan-out
 
 
