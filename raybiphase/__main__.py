@@ -15,6 +15,7 @@ COMMANDS = {
     "pretrain": ("raybiphase.pretrain.trainer", "pretrain one encoder on Ray Train"),
     "prepare": ("raybiphase.data.prepare", "tokenize and pack a corpus into Parquet shards"),
     "finetune": ("raybiphase.finetune.command", "fine-tune any HF encoder checkpoint with the sweep's protocol"),
+    "export": ("raybiphase.pretrain.export", "export a checkpoint (any step) as an HF folder with its model card"),
     "report": ("raybiphase.results.report", "draw the report from a results folder"),
     "import": ("raybiphase.results.importer", "import the authors' result trees into finetune.parquet"),
     "validate": ("raybiphase.config.validate", "check a config without running it; print its dotted settings"),

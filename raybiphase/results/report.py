@@ -4,7 +4,8 @@
 
 Reads RESULTS_DIR/pretrain.parquet and finetune.parquet (our rows and the authors', imported with
 raybiphase.results.importer), rewrites summary.parquet (raybiphase.results.aggregate) and writes RESULTS_DIR/report/report.md with
-one PNG per figure. Scores are the test metric x 100: the mean over seeds at the LR with the best mean validation
+one PNG per figure, and report.html: the same report in one self-contained file with vector figures and a header
+(spec, code version, date, hardware: raybiphase.results.html). Scores are the test metric x 100: the mean over seeds at the LR with the best mean validation
 score, error bars the 95% CI. Paper rows are drawn dashed beside ours. A figure is drawn only when the data varies
 along its axis; otherwise the report says in one line why it is absent. RESULTS_DIR is a local folder.
 """
@@ -27,6 +28,7 @@ from matplotlib.figure import (
 
 from raybiphase import storage
 from raybiphase.cli import UserError, run_main
+from raybiphase.results import html
 from raybiphase.results.verdicts import MIN_SEEDS, UNTRAINED, family_verdicts, findings, versus_control
 from raybiphase.results.aggregate import lr_table, summarize
 from raybiphase.results.store import read_rows, write_summary
@@ -392,6 +394,9 @@ def write_report(results_dir: storage.Location) -> tuple[str, list[Section]]:
              "Scores: test metric x 100, mean over seeds at the LR with the best mean validation score, "
              "± 95% CI (t, n-1 degrees of freedom; from 3 seeds up, fewer print the mean and their count). Paper rows are "
              "dashed in figures.", ""]
+    header = html.header_of(results_dir)
+    lines[1:1] = ["", " · ".join(f"{k}: {v}" for k, v in header.items() if v and k != "report drawn")]
+    title, intro = lines[0][2:], lines[3:]
     sections = build_sections(pretrain, trials)
     target = storage.join(results_dir, storage.REPORT_DIR)
     with tempfile.TemporaryDirectory() as staging:
@@ -406,6 +411,7 @@ def write_report(results_dir: storage.Location) -> tuple[str, list[Section]]:
             lines += [f"![{section.title}]({section.name}.png)", "", section.note, "",
                       *([section.table, ""] if section.table else [])]
         (out / "report.md").write_text("\n".join(lines).rstrip() + "\n")
+        (out / "report.html").write_text(html.render(title, header=header, intro=intro, sections=sections))
         if storage.is_uri(results_dir):  # a bucket: the drawn folder goes up as a whole
             fs, path = storage.filesystem(target)
             pafs.copy_files(str(out), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)

@@ -147,7 +147,7 @@ def record_pretraining(plan: Plan, segment: Segment, paths: SweepPaths, spec: Sw
     return store.append_rows(paths.table(storage.PRETRAIN_FILE), rows, key=result_rows.PRETRAIN_KEY) if rows else 0
 
 
-def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> Plan:
+def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout, spec_path: str = "") -> Plan:
     # trials run elsewhere (another directory, another node): pin a local path
     from raybiphase.finetune.tasks import get_task
 
@@ -174,6 +174,9 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> Plan
     assets.use_mirror(spec.sweep.storage)  # nodes without the offline assets copy them from the bucket
     with clock.span("Ray start"):
         ensure_ray()
+    from raybiphase.results.html import RUN_INFO, run_info
+
+    storage.write_json(join(paths.root, RUN_INFO), run_info(spec_path))  # the report's header: spec, code, hardware
     data_dirs = {}
     with clock.span("data"):
         for run in plan.runs.values():
@@ -213,7 +216,7 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> Plan
         clock.trials = sum(r["source"] == result_rows.OURS for r in rows)
         clock.in_trials = sum(r.get("seconds") or 0.0 for r in rows if r["source"] == result_rows.OURS)
     with clock.span("report"):
-        finish(paths, spec, out=out)
+        finish(paths, spec, out=out, cards=finetune_sources(plan, paths))
     print(clock.summary(), file=out, flush=True)
     return plan
 
@@ -286,14 +289,18 @@ def baseline_rows(spec: SweepSpec) -> list[dict]:
     return rows
 
 
-def finish(paths: SweepPaths, spec: SweepSpec, out=sys.stdout) -> None:
-    """summary.parquet, the report, and W&B when configured."""
+def finish(paths: SweepPaths, spec: SweepSpec, out=sys.stdout, cards=()) -> None:
+    """summary.parquet, the model card of every export in `cards` (FinetuneSources: with their scores), the report,
+    and W&B when configured."""
+    from raybiphase.pretrain.export import write_card
     from raybiphase.results import store
     from raybiphase.results import wandb as wandb_log
     from raybiphase.results.report import write_report
 
     if storage.exists(paths.table(storage.FINETUNE_FILE)):
         store.write_summary(paths.root)
+    for source in cards:
+        write_card(source.hf_dir, source.hf_dir.rstrip("/").rsplit("/", 1)[0], name=source.run)
     path, _ = write_report(paths.root)
     wandb_log.log_report(paths.root, spec.sweep.wandb_project, spec.sweep.name)
     print(f"report: {path}", file=out)
@@ -306,7 +313,8 @@ def main() -> int:
     overrides = list(args.overrides)
     if os.environ.get("RAYBIPHASE_STORAGE"):
         overrides.append(f"sweep.storage={os.environ['RAYBIPHASE_STORAGE']}")
-    run_sweep(load(SweepSpec, args.config, overrides), dry_run=args.dry_run)
+    run_sweep(load(SweepSpec, args.config, overrides), dry_run=args.dry_run,
+              spec_path=" ".join([args.config, *(f"--set {o}" for o in overrides)]))
     return 0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+import json
 import math
 import sys
 from pathlib import Path
@@ -130,6 +132,34 @@ def test_report_writes_markdown_and_valid_pngs(written) -> None:
         assert image.ndim == 3 and image.shape[0] > 300 and image.shape[1] > 400
     assert "± " in text and "Not drawn" not in text
     assert (results_dir / "summary.parquet").exists()
+
+
+def test_the_html_report_travels_alone_with_vector_figures_and_a_header(written) -> None:
+    results_dir, _, by_name = written
+    page = (results_dir / "report" / "report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.count("<svg") == len(FIGURES)  # every figure inline, vector
+    assert "<img" not in page and ".png" not in page  # nothing beside it to lose
+    markdown = (results_dir / "report" / "report.md").read_text()
+    assert page.count("<h2") == markdown.count("\n## ")  # every section, in the same numbering
+    for section in by_name.values():
+        assert html.escape(section.title) in page
+    assert page.count("<table>") >= sum(bool(s.table) for s in by_name.values())
+    assert "91.74 ± 0.35" in page  # the paper's rows beside ours
+    for key in ("spec", "code", "report drawn", "hardware"):
+        assert f"<dt>{key}</dt>" in page
+
+
+def test_the_header_names_the_sweep_that_made_the_rows(tmp_path) -> None:
+    from raybiphase.results.html import RUN_INFO, run_info
+
+    folder = _small_sweep(tmp_path / "quickstart")
+    info = run_info("sweeps/quickstart.yaml --set phases.steps=400")
+    (folder / RUN_INFO).write_text(json.dumps(info))
+    markdown, _ = report.write_report(folder)
+    page = (folder / "report" / "report.html").read_text()
+    assert "<dt>spec</dt><dd>sweeps/quickstart.yaml --set phases.steps=400</dd>" in page
+    assert f"<dt>code</dt><dd>{info['code']}</dd>" in page and "CPUs" in info["hardware"]
+    assert f"spec: sweeps/quickstart.yaml --set phases.steps=400 · code: {info['code']}" in Path(markdown).read_text()
 
 
 def _small_sweep(folder: Path) -> Path:

@@ -83,6 +83,9 @@ def test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once(finis
     assert finished_sweep["first"].stat().st_mtime_ns == finished_sweep["stamp"]  # not recomputed
     rows = read_rows(finished_sweep["root"] / "pretrain.parquet")
     assert not rows.duplicated(["run", "step"]).any()
+    # every run's final export carries its model card, under the run's own name
+    cards = [p.read_text() for p in finished_sweep["root"].glob("runs/*/step-*/hf/README.md")]
+    assert sorted(c.split("\n# ", 1)[1].split("\n", 1)[0] for c in cards) == sorted(rows["run"].unique())
     steps = rows.groupby("run")["step"].apply(sorted)
     assert sorted(steps.tolist()) == [[1, 2, 3, 4], list(range(1, 7))] + [list(range(1, 9))] * 2
 

@@ -1,0 +1,153 @@
+"""`raybiphase export CHECKPOINT OUT [--name NAME] [--push-to-hub REPO [--private]]`: any raybiphase checkpoint
+(local or in a bucket, at any step) as a folder stock transformers loads, with its model card.
+
+    raybiphase export results/quickstart/runs/tiny-clm-0-400-8f7d5072/step-00000200 exports/clm-200
+    python -c "from transformers import AutoModelForMaskedLM; AutoModelForMaskedLM.from_pretrained('exports/clm-200')"
+
+A checkpoint the run exported (train.export_steps, the end) is copied; any other step is rebuilt from its sharded
+weights (torch.distributed.checkpoint, read in this process) with the tokenizer of its data. The card
+(raybiphase.results.card) names the run as the sweep did (pretrain.parquet), else in the paper's scheme from the
+checkpoint's config, and lists the downstream scores summary.parquet holds for that run and step. OUT must not
+exist or be empty; nothing is written there when the checkpoint is bad. `--push-to-hub` uploads the folder to a
+Hugging Face Hub model repository (created if missing; needs `huggingface-cli login` or HF_TOKEN).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+from raybiphase import storage
+from raybiphase.cli import UserError, run_main
+from raybiphase.results.card import CARD, model_card, scores_for
+
+
+def _parent(location: str, levels: int = 1) -> str:
+    for _ in range(levels):
+        location = location.rstrip("/").rsplit("/", 1)[0]
+    return location
+
+
+def sweep_root(checkpoint: str) -> str:
+    """<storage>/<sweep> of a checkpoint at <storage>/<sweep>/runs/<run or segment>/step-N."""
+    return _parent(checkpoint, 3)
+
+
+def _read_table(location: str) -> list[dict]:
+    if not storage.is_file(location):
+        return []
+    from raybiphase.results.store import read_rows
+
+    return read_rows(location).to_dict("records")
+
+
+def checkpoint_name(checkpoint: str, meta) -> str:
+    """The run this checkpoint ends (else the first run through it) as the sweep recorded it; without records,
+    the paper's scheme for its config."""
+    from raybiphase.sweep.naming import run_name
+
+    rows = [r for r in _read_table(storage.join(sweep_root(checkpoint), storage.PRETRAIN_FILE))
+            if r.get("checkpoint") and storage.absolute(r["checkpoint"]).rstrip("/") == checkpoint.rstrip("/")]
+    ending = [r["run"] for r in rows if int(r.get("phases.steps") or 0) == meta.step]
+    return (ending or [r["run"] for r in rows] or [run_name(meta.config)])[0]
+
+
+def write_card(hf_location: str, checkpoint: str, *, name: str | None = None, location: str | None = None) -> str:
+    """Write README.md into an HF folder (local or in a bucket) for `checkpoint`; returns the run name used."""
+    from raybiphase.pretrain.checkpoint import read_meta
+
+    meta = read_meta(checkpoint)
+    name = name or checkpoint_name(checkpoint, meta)
+    summary = _read_table(storage.join(sweep_root(checkpoint), storage.SUMMARY_FILE))
+    text = model_card(meta, name=name, scores=scores_for(summary, run=name, step=meta.step),
+                      location=location or hf_location)
+    storage.write_bytes(storage.join(hf_location, CARD), text.encode())
+    return name
+
+
+def _rebuild(checkpoint: str, meta, dest: Path) -> None:
+    """An HF folder from the sharded weights of a step that was not exported."""
+    from raybiphase.data.assets import cache_dir
+    from raybiphase.data.prepare import prepare
+    from raybiphase.data.stream import open_dataset
+    from raybiphase.pretrain import checkpoint as ckpt
+    from raybiphase.pretrain.model import build_model
+    from transformers.utils import logging as hf_logging
+
+    run = meta.config
+    data_dir = prepare(run.data, on_ray=False, storage_root=_parent(sweep_root(checkpoint)))
+    manifest = open_dataset(data_dir, seq_len=run.data.seq_len)
+    model = build_model(run.model.size, vocab_size=manifest.vocab_size, special_ids=manifest.special_ids,
+                        seed=run.train.seed, attn_implementation=run.model.attn_implementation)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        ckpt.load(storage.local_copy(checkpoint, cache_dir()), model)
+    hf_logging.disable_progress_bar()
+    ckpt.export_hf(dest, model, manifest.local_tokenizer())
+
+
+def push_to_hub(folder: Path, repo: str, *, private: bool = False) -> str:
+    """Upload `folder` to the Hub model repository `repo`; UserError with the Hub's reason on failure."""
+    from huggingface_hub import HfApi
+
+    try:
+        api = HfApi()
+        url = api.create_repo(repo, repo_type="model", private=private, exist_ok=True)
+        api.upload_folder(folder_path=str(folder), repo_id=repo, repo_type="model",
+                          commit_message="raybiphase export")
+    except Exception as err:  # the Hub's own errors are many; each becomes one line
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserError(f"export: pushing to the Hub repository {repo!r} failed: {type(err).__name__}: {reason}")
+    return str(url)
+
+
+def export_checkpoint(checkpoint: str, out: str, *, name: str | None = None, push: str | None = None,
+                      private: bool = False) -> str:
+    """Export `checkpoint` to `out` (a folder or a bucket URI) with its card; push to the Hub when `push` names a
+    repository. Returns the run name written on the card."""
+    from raybiphase.pretrain.checkpoint import read_meta
+
+    checkpoint, out = storage.absolute(checkpoint), storage.absolute(out)
+    if not storage.exists(checkpoint):
+        raise UserError(f"export: checkpoint {checkpoint} does not exist")
+    meta = read_meta(checkpoint)  # not a raybiphase checkpoint: one line, before anything is written
+    if storage.exists(out) and (storage.list_files(out) or storage.list_folders(out)):
+        raise UserError(f"export: {out} exists and is not empty; name a new folder")
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / "hf"
+        exported = storage.hf_dir(checkpoint)
+        if storage.is_file(storage.join(exported, "config.json")):
+            from raybiphase.data.assets import cache_dir
+
+            shutil.copytree(storage.local_copy(exported, cache_dir()), local)
+        else:
+            _rebuild(checkpoint, meta, local)
+        (local / CARD).unlink(missing_ok=True)
+        name = write_card(str(local), checkpoint, name=name, location=push or out)
+        storage.upload(local, out)
+        if push:
+            try:
+                print(f"export: pushed to {push_to_hub(local, push, private=private)}")
+            except UserError as err:
+                raise UserError(f"{err} (the folder itself is complete at {out})") from None
+    print(f"export: {name} step {meta.step:,} -> {out}")
+    return name
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="raybiphase export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", help="a raybiphase checkpoint folder (.../runs/<run>/step-N), local or s3://")
+    parser.add_argument("out", help="the folder (or bucket URI) to write; must not exist or be empty")
+    parser.add_argument("--name", help="the model's name on its card (default: the run's name in the sweep)")
+    parser.add_argument("--push-to-hub", metavar="REPO", help="also upload to this Hub repository (user/name)")
+    parser.add_argument("--private", action="store_true", help="create the Hub repository private")
+    args = parser.parse_args()
+    export_checkpoint(args.checkpoint, args.out, name=args.name, push=args.push_to_hub, private=args.private)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)

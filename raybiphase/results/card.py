@@ -1,0 +1,100 @@
+"""The model card (README.md) beside every HF export: what the checkpoint is, how it was trained, how to load it,
+and its downstream scores when the sweep's summary holds them.
+
+    text = model_card(read_meta(checkpoint), name="tiny-clm-400-mlm40-800-b3fa71", scores=summary_rows)
+
+The card names the run in the paper's scheme, its phases (objective, steps, masking ratio), data, tokens seen,
+the held-out losses at this step, the code version that wrote it, the run config as YAML, and, per fine-tuning
+task, the test score (mean ± 95% CI over seeds at the best LR) as raybiphase.results.aggregate computes it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import yaml
+
+from raybiphase.config import RunConfig
+from raybiphase.pretrain.checkpoint import CheckpointMeta
+from raybiphase.pretrain.schedule import Schedule
+
+CARD = "README.md"
+
+
+def _phases(config: RunConfig) -> list[str]:
+    rows, start = [], 0
+    for phase in Schedule.from_config(config).phases:
+        ratio = f"{round(phase.mask_ratio * 100)}%" if phase.objective == "mlm" else ""
+        rows.append(f"| {phase.objective.upper()} | {start:,} to {start + phase.steps:,} | {phase.steps:,} | {ratio} |")
+        start += phase.steps
+    return rows
+
+
+def _score(value: float) -> str:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.2f}"
+
+
+def _scores(rows: list[dict]) -> list[str]:
+    if not rows:
+        return ["_No fine-tuning results for this checkpoint yet: `raybiphase finetune` or a sweep with "
+                "`finetune.tasks` adds them._"]
+    lines = ["Test score x 100: mean over seeds at the learning rate with the best mean validation score, ± 95% CI "
+             "(t, n-1 degrees of freedom; from 3 seeds up).", "",
+             "| task | family | metric | test | best LR | seeds |", "|---|---|---|---|---|---|"]
+    for row in sorted(rows, key=lambda r: (r.get("family") or "", r["task"])):
+        ci = _score(row.get("test_ci95"))
+        test = _score(row.get("test_mean")) + (f" ± {ci}" if ci and row.get("n_seeds", 0) >= 3 else "")
+        lines.append(f"| {row['task']} | {row.get('family', '')} | {row.get('metric', '')} | {test} | "
+                     f"{row.get('best_lr', float('nan')):g} | {row.get('n_seeds', '')} |")
+    return lines
+
+
+def model_card(meta: CheckpointMeta, *, name: str, scores: list[dict] = (), location: str = "PATH") -> str:
+    """The card's Markdown (with the Hub's YAML header). `location`: the folder or Hub repository to load from."""
+    config = meta.config
+    schedule = Schedule.from_config(config)
+    tokens = meta.step * config.train.global_batch_tokens
+    objectives = " then ".join(p.objective.upper() for p in schedule.phases)
+    losses = ", ".join(f"{key.split('/')[1].replace('_', ' ')} {value:.3f}" for key, value in meta.metrics.items()
+                       if key.startswith("val/") and isinstance(value, (int, float)))
+    if meta.metrics.get("unigram_entropy"):
+        losses += f" (the corpus' unigram entropy: {meta.metrics['unigram_entropy']:.3f} nats)"
+    data = config.data
+    header = {"library_name": "transformers", "pipeline_tag": "fill-mask",
+              "tags": ["raybiphase", "eurobert", "encoder", *sorted({p.objective for p in schedule.phases})]}
+    source = (f"\n\nContinued pretraining from `{config.model.init_from}`." if config.model.init_from else "")
+    lines = [
+        "---", yaml.safe_dump(header, sort_keys=False).strip(), "---", "",
+        f"# {name}", "",
+        f"A {config.model.size} encoder of the EuroBERT architecture pretrained with raybiphase ({objectives}), "
+        f"the recipe family of Gisserot-Boukhlef et al., *Should We Still Pretrain Encoders with Masked Language "
+        f"Modeling?* (arXiv 2507.00994). This is step {meta.step:,} of {schedule.total_steps:,}"
+        f"{' (the end of the run: the learning rate decayed to 0)' if meta.step == schedule.total_steps else ''}; "
+        f"{tokens:,} tokens seen.{source}", "",
+        "## Pretraining", "",
+        "| objective | steps | length | masking ratio |", "|---|---|---|---|", *_phases(config), "",
+        f"- data: `{data.source}`{f', {data.max_documents:,} documents' if data.max_documents else ''}, tokenizer "
+        f"`{data.tokenizer}` ({data.vocab_size:,} ids), sequences of {data.seq_len:,} tokens",
+        f"- optimizer: AdamW, peak LR {config.optim.lr:g}, warmup {config.optim.warmup_steps:,} steps, "
+        f"linear decay over the last {config.optim.decay_steps:,} (WSD); {config.train.global_batch_tokens:,} "
+        f"tokens per step",
+        *([f"- held-out loss at this step: {losses}"] if losses else []),
+        f"- written by raybiphase {meta.code_version or '(unknown version)'}", "",
+        "## How to load", "",
+        "```python",
+        "from transformers import AutoModelForMaskedLM, AutoTokenizer",
+        "",
+        f'tokenizer = AutoTokenizer.from_pretrained("{location}")',
+        f'model = AutoModelForMaskedLM.from_pretrained("{location}")  # or AutoModel, '
+        "EuroBertForSequenceClassification, ...",
+        "```", "",
+        "## Downstream scores", "", *_scores(list(scores)), "",
+        "## Config", "", "```yaml", yaml.safe_dump(meta.run, sort_keys=False).strip(), "```", "",
+    ]
+    return "\n".join(lines)
+
+
+def scores_for(summary_rows: list[dict], *, run: str, step: int) -> list[dict]:
+    """The summary rows of one checkpoint (ours: source raybiphase)."""
+    return [r for r in summary_rows if r.get("run") == run and int(r.get("pretrain_step", -1)) == step
+            and r.get("source", "raybiphase") == "raybiphase"]

@@ -1,0 +1,81 @@
+"""`raybiphase export`: any step of a checkpoint as a folder stock transformers loads, with a card that names the
+run, its phases and its scores; bad input stops before anything is written. No Ray: the shards are made in process."""
+
+import dataclasses
+
+import pandas as pd
+import pytest
+import torch
+
+from raybiphase.cli import UserError
+
+
+@pytest.fixture()
+def saved(small_shards, tmp_path):
+    """A raybiphase checkpoint at step 3 (not an export step: only sharded weights) in a sweep's layout."""
+    from raybiphase.config import RunConfig, from_dict, to_dict
+    from raybiphase.optim import adamw
+    from raybiphase.pretrain import checkpoint
+    from raybiphase.pretrain.checkpoint import CheckpointMeta
+    from raybiphase.pretrain.model import build_model, forward_loss
+
+    data, manifest = small_shards
+    run = from_dict(RunConfig, {"model": {"size": "tiny"}, "data": dataclasses.asdict(data),
+                                "phases": {"steps": 6, "clm_share": 0.5},
+                                "optim": {"warmup_steps": 1, "decay_steps": 1},
+                                "train": {"global_batch_tokens": 512, "micro_batch_size": 8},
+                                "resources": {"num_workers": 1}})
+    model = build_model("tiny", vocab_size=manifest.vocab_size, special_ids=manifest.special_ids, seed=0)
+    optimizer = adamw(model, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    ids = torch.randint(4, manifest.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    forward_loss(model, {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}, "clm").backward()
+    optimizer.step()
+    path = tmp_path / "results" / "study" / "runs" / "seg-0-3" / "step-00000003"
+    metrics = {"step": 3, "val/clm_loss": 6.5, "unigram_entropy": 6.9}
+    checkpoint.save(path, model, optimizer, CheckpointMeta(run=to_dict(run), step=3, data_start=0, metrics=metrics))
+    return path, model, run
+
+
+def test_a_step_that_was_not_exported_loads_in_stock_transformers_with_its_card(saved, tmp_path):
+    from transformers import AutoModelForMaskedLM
+
+    from raybiphase.pretrain.export import export_checkpoint
+    from raybiphase.sweep.naming import run_name
+
+    path, model, run = saved
+    name = run_name(run)
+    pd.DataFrame([{"source": "raybiphase", "run": name, "pretrain_step": 3, "task": "tweets", "family": "SC",
+                   "metric": "accuracy", "test_mean": 0.5123, "test_ci95": 0.0211, "best_lr": 1e-4, "n_seeds": 3},
+                  {"source": "raybiphase", "run": name, "pretrain_step": 6, "task": "squad", "family": "QA",
+                   "metric": "f1", "test_mean": 0.3, "test_ci95": 0.01, "best_lr": 1e-4, "n_seeds": 3}]
+                 ).to_parquet(path.parents[2] / "summary.parquet")
+    out = tmp_path / "exported"
+    assert export_checkpoint(str(path), str(out)) == name  # no pretrain.parquet: the paper's scheme
+    loaded = AutoModelForMaskedLM.from_pretrained(out)
+    state = model.state_dict()
+    assert all(torch.equal(tensor, state[key]) for key, tensor in loaded.state_dict().items())
+    card = (out / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers") and f"# {name}" in card
+    assert "step 3 of 6" in card and "1,536 tokens seen" in card  # 3 steps x 512 tokens
+    assert "| CLM | 0 to 3 | 3 |  |" in card and "| MLM | 3 to 6 | 3 | 40% |" in card
+    assert "clm loss 6.500" in card and f'from_pretrained("{out}")' in card
+    assert "| tweets | SC | accuracy | 51.23 ± 2.11 | 0.0001 | 3 |" in card and "squad" not in card  # its step only
+
+
+def test_bad_input_stops_before_anything_is_written(saved, tmp_path, monkeypatch):
+    from raybiphase.pretrain.export import export_checkpoint
+
+    path, _, _ = saved
+    with pytest.raises(UserError, match="does not exist"):
+        export_checkpoint(str(tmp_path / "nowhere"), str(tmp_path / "a"))
+    with pytest.raises(UserError, match="not a raybiphase checkpoint"):
+        export_checkpoint(str(path.parent), str(tmp_path / "a"))
+    assert not (tmp_path / "a").exists()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("mine")
+    with pytest.raises(UserError, match="exists and is not empty"):
+        export_checkpoint(str(path), str(tmp_path / "full"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no hub here: the push fails with the Hub's reason, in one line
+    with pytest.raises(UserError, match="pushing to the Hub repository 'me/tiny' failed") as err:
+        export_checkpoint(str(path), str(tmp_path / "b"), push="me/tiny")
+    assert "\n" not in str(err.value)
