@@ -54,7 +54,7 @@ from raybiphase.finetune.trial import (
 )
 from raybiphase.results import rows as result_rows
 from raybiphase.results.rows import FinetuneRow, FinetuneSource, trial_key
-from raybiphase.results.wandb import sweep_settings
+from raybiphase.results.wandb import log_finetune_group, sweep_settings
 from raybiphase.storage import absolute, is_uri, join  # by name: run_fanout has a `storage` argument
 
 RECORDS = "records"
@@ -105,32 +105,23 @@ def group_of(row: FinetuneRow) -> tuple:
 # ------------------------------------------------------------------------------------------------ the trial
 
 
-def _trainable(config: dict, finetune: FinetuneConfig, wandb: dict | None = None) -> None:
+def _trainable(config: dict, finetune: FinetuneConfig) -> None:
     import torch
     from ray import tune
-
-    from raybiphase.results import wandb as wandb_log
 
     trial = config["trial"]
     torch.set_num_threads(max(1, int(finetune.cpus_per_trial)))
     row = FinetuneRow.from_record(trial["row"])
-    name = f"{row.run}@{row.pretrain_step}|{row.task}|lr{row.lr:g}|sd{row.seed}"  # a W&B label
-    tracker = wandb_log.init_run("finetune", name, row.sweep,
-                                 {k: v for k, v in trial["row"].items() if not isinstance(v, (list, dict))},
-                                 (wandb or {}).get("project"), rank=0, mode=(wandb or {}).get("mode"),
-                                 sync_to=(wandb or {}).get("sync_to"))
 
     def report(metrics: dict) -> None:
         if "final" in metrics:  # the trial's result is on disk before the report a scheduler may stop it at
             _write(trial["record"], result_rows.finished_row(row, metrics["final"]))
         score = metrics["val_score"]
-        wandb_log.log(tracker, {"val_score": score}, step=metrics["step"])
         # a diverged trial (NaN) ranks below every score for ASHA; its row says diverged, with no score
         tune.report({"step": metrics["step"], "val_score": -1.0 if math.isnan(score) else score,
                      "finished": int("final" in metrics)})  # else a trial that ended was stopped (progress lines)
 
-    result = run_trial(row.checkpoint, row.task, lr=row.lr, seed=row.seed, cfg=finetune, report=report)
-    wandb_log.finish(tracker, {k: v for k, v in result.items() if isinstance(v, (int, float, str))})
+    run_trial(row.checkpoint, row.task, lr=row.lr, seed=row.seed, cfg=finetune, report=report)
 
 
 def trial_resources(cfg: FinetuneConfig) -> dict[str, float]:
@@ -162,7 +153,7 @@ def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name:
         scheduler = GroupedASHA(functools.partial(
             ASHAScheduler, time_attr="step", metric="val_score", mode="max", max_t=ft.max_steps,
             grace_period=grace_period or ft.eval_every, reduction_factor=reduction_factor))
-    trainable = tune.with_resources(tune.with_parameters(_trainable, finetune=ft, wandb=sweep_settings(cfg)),
+    trainable = tune.with_resources(tune.with_parameters(_trainable, finetune=ft),
                                     trial_resources(ft))
     tuner = tune.Tuner(
         trainable,
@@ -229,13 +220,27 @@ def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, n
         for row in _launch(missing, cfg, name=name, asha=cfg.finetune.asha, **options):
             records[row.key] = row
     if complete_best:
-        _complete_best(records, plan, cfg, experiment, options)
-    return [records[t.key].record() for t in plan if records[t.key] is not None]
+        missing += _complete_best(records, plan, cfg, experiment, options)
+    rows = [records[t.key].record() for t in plan if records[t.key] is not None]
+    _log_groups(rows, {t.key for t in missing}, sweep_settings(cfg))
+    return rows
 
 
-def _complete_best(records: dict, plan: list[FinetuneRow], cfg: SweepSpec, experiment: str, options: dict) -> None:
+def _log_groups(rows: list[dict], new: set, settings: dict | None) -> None:
+    """W&B: one run per (checkpoint, task) with a table of its trials, for the groups this invocation added to."""
+    groups = defaultdict(list)
+    for row in rows:
+        groups[(row["run"], row["pretrain_step"], row["task"])].append(row)
+    for group in groups.values():
+        if settings and any(trial_key(r) in new for r in group):
+            log_finetune_group(settings, group)
+
+
+def _complete_best(records: dict, plan: list[FinetuneRow], cfg: SweepSpec, experiment: str,
+                   options: dict) -> list[FinetuneRow]:
     """Rerun, without ASHA, the stopped seeds of each group's best LR (aggregate.best_lr: the report's rule), until
-    the best LR has none; with `finetune.complete_lrs`, every stopped trial at once."""
+    the best LR has none; with `finetune.complete_lrs`, every stopped trial at once. Returns the rerun trials."""
+    done = []
     for attempt in range(len(cfg.finetune.lrs)):
         groups = defaultdict(list)
         for row in records.values():
@@ -246,13 +251,15 @@ def _complete_best(records: dict, plan: list[FinetuneRow], cfg: SweepSpec, exper
             lr = None if cfg.finetune.complete_lrs else best_lr([r.record() for r in rows])
             rerun += [r for r in rows if r.stopped_early and (cfg.finetune.complete_lrs or r.lr == lr)]
         if not rerun:
-            return
+            return done
         planned = {t.key: t for t in plan}
         name = f"{experiment.rsplit('/', 1)[-1]}-completion{attempt}"
         for row in _launch([planned[r.key] for r in rerun], cfg, name=name, asha=False, **options):
             row = result_rows.completed_row(records[row.key], row)
             _write(record_path(experiment, row.key, trial_settings(cfg.finetune)), row)
             records[row.key] = row
+            done.append(row)
+    return done
 
 
 class GroupedASHA(FIFOScheduler):

@@ -160,11 +160,13 @@ def init_run(
     directory: str | os.PathLike | None = None,
     mode: str | None = None,
     sync_to: str | None = None,
+    run_id: str | None = None,
 ):
     """Start a W&B run (a wandb Run) for a pretraining segment, a fine-tuning trial or a report; or None.
 
     None when no project is configured or when this process is not world rank zero. `mode` is the driver's
-    (`driver_settings`); `sync_to` receives the run's folder at `finish` when it ran offline.
+    (`driver_settings`); `sync_to` receives the run's folder at `finish` when it ran offline; `run_id` names the
+    W&B run (`stable_id`), so logging it again continues it rather than making another.
     """
     if not project or world_rank(rank) != 0:
         return None
@@ -189,8 +191,9 @@ def init_run(
         config=clean_config(config_flat),
         mode=mode,
         dir=str(directory) if directory is not None else os.environ.get("WANDB_DIR"),
-        reinit="create_new",  # a driver logs many trials one after the other
+        reinit="create_new",  # a driver logs many runs one after the other
         settings=settings,
+        **({"id": run_id, "resume": "allow"} if run_id else {}),
     )
     if sync_to and mode == "offline":
         _SYNC[id(run)] = sync_to
@@ -216,6 +219,58 @@ def finish(run, summary: Mapping[str, Any] | None = None) -> None:
         from raybiphase import storage
 
         storage.upload(folder, storage.join(sync_to, folder.name))
+
+
+def stable_id(*parts: Any) -> str:
+    """A W&B run id from what the run is (sweep, kind, name): the same run gets the same id on every invocation."""
+    import hashlib
+
+    return hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:16]
+
+
+def log_pretraining_run(settings: dict | None, name: str, config_flat: Mapping[str, Any],
+                        history: list[dict]) -> str | None:
+    """One W&B run per pretraining run: the reports of every segment it went through (shared prefixes included),
+    in step order, as one curve. `settings`: `sweep_settings` (None: nothing is logged). Returns the run id."""
+    if not settings:
+        return None
+    run = init_run("pretrain", name, settings["group"], config_flat, settings["project"], rank=0,
+                   mode=settings.get("mode"), sync_to=settings.get("sync_to"),
+                   run_id=stable_id(settings["group"], "pretrain", name))
+    for row in sorted(history, key=lambda r: r["step"]):
+        log(run, {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
+            step=int(row["step"]))
+    run_id = run.id
+    finish(run)
+    return run_id
+
+
+TRIAL_COLUMNS = ("lr", "seed", "val_score", "test_score", "steps", "steps_run", "stopped_early",
+                 "completed_after_stop", "diverged", "seconds")
+
+
+def log_finetune_group(settings: dict | None, rows: list[dict]) -> str | None:
+    """One W&B run per (checkpoint, task): a table of its trials (LR x seed) and, as the run's summary, the
+    best LR with its test mean ± 95% CI (raybiphase.results.aggregate). Returns the run id."""
+    if not settings or not rows:
+        return None
+    import pandas as pd
+
+    from raybiphase.results.aggregate import summarize
+
+    first = rows[0]
+    name = f"{first['run']}@{first['pretrain_step']}|{first['task']}"
+    config = {k: v for k, v in first.items() if "." in k or k in ("run", "pretrain_step", "task", "family", "metric")}
+    run = init_run("finetune", name, settings["group"], config, settings["project"], rank=0,
+                   mode=settings.get("mode"), sync_to=settings.get("sync_to"),
+                   run_id=stable_id(settings["group"], "finetune", name))
+    frame = pd.DataFrame(rows)
+    run.log({"trials": _table(frame[[c for c in TRIAL_COLUMNS if c in frame]])})
+    summary = summarize(frame)
+    keep = ("best_lr", "best_val_mean", "test_mean", "test_ci95", "n_seeds", "n_trials", "n_stopped")
+    run_id = run.id
+    finish(run, {k: summary.iloc[0][k] for k in keep if len(summary) and k in summary})
+    return run_id
 
 
 def _table(frame):

@@ -42,7 +42,6 @@ def segment_job(plan: Plan, segment: Segment, paths: SweepPaths, data_dirs: dict
                 spec: SweepSpec) -> dict:
     """Everything the fit of one segment needs (plain data)."""
     from raybiphase.data.prepare import fingerprint
-    from raybiphase.results.wandb import sweep_settings
 
     run = to_dict(segment.config)
     source = plan.runs[segment.runs[0]].source  # continued pretraining: every segment names the source's weights
@@ -56,7 +55,7 @@ def segment_job(plan: Plan, segment: Segment, paths: SweepPaths, data_dirs: dict
         "resume_from": paths.checkpoint(parent.id, parent.end) if parent else None,
         "stop_at": segment.end,
         "root": paths.root,
-        "wandb": sweep_settings(spec),
+        "wandb": None,  # W&B gets one run per pretraining run from the driver (log_runs), not one per segment
     }
 
 
@@ -147,6 +146,21 @@ def record_pretraining(plan: Plan, segment: Segment, paths: SweepPaths, spec: Sw
     return store.append_rows(paths.table(storage.PRETRAIN_FILE), rows, key=result_rows.PRETRAIN_KEY) if rows else 0
 
 
+def log_runs(plan: Plan, paths: SweepPaths, spec: SweepSpec, *, finished: set[str], done: set[str]) -> None:
+    """W&B (when sweep.wandb_project is set): one run per pretraining run that `finished` completed, with the
+    reports of all its segments as one curve."""
+    from raybiphase.config import flatten
+    from raybiphase.pretrain.trainer import read_history
+    from raybiphase.results.wandb import log_pretraining_run, sweep_settings
+
+    settings = sweep_settings(spec)
+    for run in plan.runs.values() if settings else ():
+        if set(run.segments) <= done and finished & set(run.segments):
+            segments = [plan.segments[s] for s in run.segments]
+            history = [r for s in segments for r in read_history(paths.run_dir(s.id)) if s.start < r["step"] <= s.end]
+            log_pretraining_run(settings, run.name, flatten(run.config), history)
+
+
 def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout, spec_path: str = "") -> Plan:
     # trials run elsewhere (another directory, another node): pin a local path
     from raybiphase.finetune.tasks import get_task
@@ -204,6 +218,7 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout, spec_pa
             done_steps += s.steps
             steps_now += s.steps
         todo = [s for s in todo if s.id not in done]
+        log_runs(plan, paths, spec, finished={s.id for s in wave}, done=done)
         eta = (time.time() - started) / steps_now * (total_steps - done_steps)
         print(f"pretraining: {len(done)}/{len(plan.segments)} segments, {done_steps:,}/{total_steps:,} steps"
               + (f", about {eta / 60:.0f} min left" if todo else ""), file=out, flush=True)

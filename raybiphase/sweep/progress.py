@@ -135,29 +135,28 @@ def trials_line(done: int, total: int, stopped: int, running: int, elapsed: floa
 
 def trial_progress(total: int, *, label: str = "fine-tuning", out=sys.stdout, every_s: float | None = None):
     """A Tune callback printing `trials_line` at most every `every_s` seconds and once when the last trial ends.
-    A trial that finished says so in its last report (`finished`); one that ended without it was stopped."""
+    A trial that finished says so in its last report (`finished`); one that ended without it was stopped. Tune
+    pickles its callbacks with the experiment's state: the stream is left out (a restored one prints to stdout)."""
     from ray.tune import Callback
 
     class TrialProgress(Callback):
-        def __init__(self):
+        def __init__(self, total, label, out, every_s):  # arguments, not closure cells: cloudpickle keeps those
+            self.total, self.label, self.out = total, label, out
             self.every_s = interval() if every_s is None else every_s
             self.started = self.last = time.perf_counter()
-            self.done = self.stopped = self.running = 0
+            self.done = self.stopped = 0
 
-        def on_trial_start(self, iteration, trials, trial, **info):
-            self.running += 1
-
-        def on_trial_error(self, iteration, trials, trial, **info):
-            self.running = max(0, self.running - 1)
+        def __getstate__(self):
+            return {**self.__dict__, "out": None}
 
         def on_trial_complete(self, iteration, trials, trial, **info):
-            self.running = max(0, self.running - 1)
             self.done += 1
             self.stopped += not (trial.last_result or {}).get("finished")
             now = time.perf_counter()
-            if self.every_s > 0 and (now - self.last >= self.every_s or self.done == total):
+            if self.every_s > 0 and (now - self.last >= self.every_s or self.done == self.total):
                 self.last = now
-                print(trials_line(self.done, total, self.stopped, self.running, now - self.started, label),
-                      file=out, flush=True)
+                running = sum(t.status == "RUNNING" and t is not trial for t in trials)
+                print(trials_line(self.done, self.total, self.stopped, running, now - self.started, self.label),
+                      file=self.out or sys.stdout, flush=True)
 
-    return TrialProgress()
+    return TrialProgress(total, label, out, every_s)

@@ -130,3 +130,37 @@ def test_log_report_uploads_tables_and_figures(offline: Path) -> None:
     assert any(n.startswith("clm_share") for n in media) and any(n.startswith("lr_sensitivity") for n in media)
     assert list(run_dir.rglob("*.table.json"))
     assert not _files_containing(offline, FAKE_KEY)
+
+
+def test_a_pretraining_run_is_one_wandb_run_across_its_segments(offline: Path) -> None:
+    settings = {"project": "raybiphase-test", "group": "quickstart", "mode": "offline", "sync_to": None}
+    shared = [{"step": s, "train/clm_loss": 6.0 - s / 10, "objective": "clm"} for s in (1, 2)]  # the shared prefix
+    own = [{"step": s, "train/mlm_loss": 7.0 - s / 10, "val/mlm_loss": 6.9, "checkpoint": "x"} for s in (3, 4)]
+    first = wandb_log.log_pretraining_run(settings, "tiny-clm-2-mlm40-4-abc", {"phases.steps": 4}, own + shared)
+    other = wandb_log.log_pretraining_run(settings, "tiny-clm-4-def", {"phases.steps": 4}, shared)
+    assert first == wandb_log.stable_id("quickstart", "pretrain", "tiny-clm-2-mlm40-4-abc") and first != other
+    folders = sorted((offline / "wandb").glob("offline-run-*"))
+    assert {f.name.rsplit("-", 1)[1] for f in folders} == {first, other} and len(folders) == 2  # one per run
+    log = next(folders[0].glob("run-*.wandb")).read_bytes() + next(folders[1].glob("run-*.wandb")).read_bytes()
+    assert b"train/clm_loss" in log and b"val/mlm_loss" in log
+    assert wandb_log.log_pretraining_run(None, "x", {}, shared) is None  # no project: nothing
+
+
+def test_fine_tuning_is_one_wandb_run_per_checkpoint_and_task_with_a_table_of_trials(offline: Path) -> None:
+    import json
+
+    settings = {"project": "raybiphase-test", "group": "quickstart", "mode": "offline", "sync_to": None}
+    rows = [{"source": "raybiphase", "run": "tiny-clm-8-abc", "pretrain_step": 8, "task": "tweets", "family": "SC",
+             "metric": "accuracy", "lr": lr, "seed": seed, "val_score": 0.5 + seed / 100, "test_score": 0.4 + lr,
+             "steps": 10, "steps_run": 10, "stopped_early": False, "completed_after_stop": False,
+             "diverged": False, "seconds": 1.0, "test_per_example": [1.0, 0.0], "phases.clm_share": 1.0}
+            for lr in (1e-4, 1e-3) for seed in (0, 1, 2)]
+    run_id = wandb_log.log_finetune_group(settings, rows)
+    (folder,) = (offline / "wandb").glob(f"offline-run-*-{run_id}")
+    (table,) = folder.rglob("trials_*.table.json")
+    trials = json.loads(table.read_text())
+    assert len(trials["data"]) == 6 and {"lr", "seed", "val_score", "test_score"} <= set(trials["columns"])
+    assert [row[trials["columns"].index("lr")] for row in trials["data"]] == [1e-4] * 3 + [1e-3] * 3
+    log = next(folder.glob("run-*.wandb")).read_bytes()  # the summary: the best LR and its test mean ± CI
+    assert all(key.encode() in log for key in ("best_lr", "test_mean", "test_ci95", "n_seeds"))
+    assert wandb_log.log_finetune_group(settings, rows) == run_id  # logged again: the same W&B run, continued

@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _spec(tmp_path: Path, small_data) -> Path:
     spec = tiny_base(tmp_path / "results", small_data, name="branch")
     spec["sweep"]["grid"] = {"phases.clm_share": [0.5, 1.0]}
+    spec["sweep"]["wandb_project"] = "raybiphase-test"  # offline here: folders kept in <sweep>/wandb
     # continued pretraining: MLM on top of the decayed CLM run, with its own schedule (the paper's clm-dec recipe),
     # for two lengths from the same source (the paper: 12k and 22k): they share their first 3 steps
     spec["sweep"]["runs"] = [{"model.init_from": "@tiny-clm-8", "phases.steps": steps, "phases.clm_share": 0.0,
@@ -45,7 +46,8 @@ def finished_sweep(small_data, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sweep")
     spec = _spec(tmp, small_data)
     root = tmp / "results" / "branch"
-    proc = _sweep(spec)
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp), "RAYBIPHASE_PROGRESS_S": "1"}
+    proc = _sweep(spec, env=env)
     first = None
     deadline = time.time() + 420
     while time.time() < deadline and proc.poll() is None:
@@ -58,7 +60,7 @@ def finished_sweep(small_data, tmp_path_factory):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     stamp = first.stat().st_mtime_ns
-    rerun = _sweep(spec, env={**os.environ, "RAYBIPHASE_PROGRESS_S": "1"})
+    rerun = _sweep(spec, env=env)
     try:
         output = rerun.communicate(timeout=600)[0]
     except subprocess.TimeoutExpired:  # never leave a stuck sweep (and its Ray) behind: kill it, show its output
@@ -86,6 +88,11 @@ def test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once(finis
     # every run's final export carries its model card, under the run's own name
     cards = [p.read_text() for p in finished_sweep["root"].glob("runs/*/step-*/hf/README.md")]
     assert sorted(c.split("\n# ", 1)[1].split("\n", 1)[0] for c in cards) == sorted(rows["run"].unique())
+    # W&B: one run per pretraining run (not per segment), under an id that is the run's own
+    from raybiphase.results.wandb import stable_id
+
+    logged = {p.name.rsplit("-", 1)[1] for p in (finished_sweep["root"] / "wandb").glob("offline-run-*")}
+    assert logged == {stable_id("branch", "pretrain", run) for run in rows["run"].unique()}
     steps = rows.groupby("run")["step"].apply(sorted)
     assert sorted(steps.tolist()) == [[1, 2, 3, 4], list(range(1, 7))] + [list(range(1, 9))] * 2
 
