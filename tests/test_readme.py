@@ -44,3 +44,12 @@ def test_bad_sweep_key_exits_2_with_one_line_and_writes_nothing(tmp_path):
     assert proc.stderr.strip().startswith("error: phases.mask_ratoi: unknown key (did you mean 'phases.mask_ratio'?)")
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_readme_shows_every_command_of_the_cli():
+    from raybiphase.__main__ import COMMANDS, usage
+
+    text = (REPO / "README.md").read_text()
+    for command in COMMANDS:
+        assert f"\nraybiphase {command} " in text, command
+        assert f"  {command} " in usage()
