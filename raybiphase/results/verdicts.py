@@ -78,7 +78,8 @@ def _pairs(a: pd.DataFrame, b: pd.DataFrame, on: list[str]) -> list[tuple[str, s
     for _, row in best(a).merge(best(b), on=on, suffixes=("_a", "_b")).iterrows():
         left = pd.Series({"score": row["score_a"], "ci": row["ci_a"]})
         right = pd.Series({"score": row["score_b"], "ci": row["ci_b"]})
-        out.append((" ".join(str(row[k]) for k in on), _side(left, right)))
+        label = " ".join(f"{row[k]:g}" if isinstance(row[k], float) else str(row[k]) for k in on)
+        out.append((label, _side(left, right)))
     return out
 
 
@@ -118,7 +119,10 @@ def findings(s: pd.DataFrame) -> list[tuple[str, str, str]]:
         sides = {side for _, side in pairs}
         verdict = (HELD if {"a", "b"} <= sides else NOT_HELD if sides & {"a", "b"} and not sides & {"overlap"}
                    else UNRESOLVED)
-        evidence = (f"masking {ratios[0]:g} vs {ratios[-1]:g}: " + ", ".join(f"{k}: {side}" for k, side in pairs))
+        names = {"a": f"{ratios[0]:.0%}", "b": f"{ratios[-1]:.0%}"}
+        decided = [f"{names[side]} better on {label}" for label, side in pairs if side in names]
+        evidence = (f"masking {names['a']} vs {names['b']} (task, budget): " + ("; ".join(decided) or "none decided")
+                    + f"; {len(pairs) - len(decided)} of {len(pairs)} undecided")
         out.append(("3. No masking ratio is best on every task", verdict, evidence))
     else:
         out.append(("3. No masking ratio is best on every task", UNRESOLVED, "one masking ratio in this sweep"))
