@@ -15,7 +15,7 @@ from raybiphase.cli import UserError, config_parser, run_main
 from raybiphase.config import RunConfig, SweepSpec, load, to_dict
 from raybiphase.results.wandb import sweep_settings
 from raybiphase.sweep.naming import run_name
-from raybiphase.sweep.progress import PROGRESS_FILE, interval
+from raybiphase.sweep.progress import PROGRESS_FILE, Watch, interval
 
 
 def read_history(run_dir: str) -> list[dict]:
@@ -90,10 +90,11 @@ def run_pretrain(spec: SweepSpec, *, resume_from: str | None = None, max_failure
     assets.use_mirror(storage.absolute(spec.sweep.storage))
     ensure_ray()
     data_dir = prepare(run.data, storage_root=storage.absolute(spec.sweep.storage))
-    trainer = make_trainer(run, name=run_name(run), paths=storage.SweepPaths.of(spec.sweep.storage, spec.sweep.name),
-                           data_dir=data_dir, resume_from=resume_from, wandb=sweep_settings(spec),
-                           max_failures=max_failures, train_fn=train_fn)
-    return trainer.fit()
+    name, paths = run_name(run), storage.SweepPaths.of(spec.sweep.storage, spec.sweep.name)
+    trainer = make_trainer(run, name=name, paths=paths, data_dir=data_dir, resume_from=resume_from,
+                           wandb=sweep_settings(spec), max_failures=max_failures, train_fn=train_fn)
+    with Watch({name: storage.join(paths.run_dir(name), PROGRESS_FILE)}):  # step, loss, tok/s, ETA every few seconds
+        return trainer.fit()
 
 
 def main() -> int:
