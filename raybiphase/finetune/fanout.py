@@ -139,9 +139,8 @@ def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name:
     """Run `trials` (base rows) as one Tuner; returns their rows, stopped ones recorded by the driver."""
     from ray import tune
 
-    from raybiphase.sweep.progress import trial_progress
-
     from raybiphase.raycluster import ensure_ray
+    from raybiphase.sweep.progress import trial_progress
 
     ensure_ray()
     ft = cfg.finetune

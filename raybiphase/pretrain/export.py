@@ -36,7 +36,8 @@ def sweep_root(checkpoint: str) -> str:
     return _parent(checkpoint, 3)
 
 
-def _read_table(location: str) -> list[dict]:
+def read_table(location: str) -> list[dict]:
+    """The rows of a results table as records; none when it does not exist."""
     if not storage.is_file(location):
         return []
     from raybiphase.results.store import read_rows
@@ -49,19 +50,22 @@ def checkpoint_name(checkpoint: str, meta) -> str:
     the paper's scheme for its config."""
     from raybiphase.sweep.naming import run_name
 
-    rows = [r for r in _read_table(storage.join(sweep_root(checkpoint), storage.PRETRAIN_FILE))
+    rows = [r for r in read_table(storage.join(sweep_root(checkpoint), storage.PRETRAIN_FILE))
             if r.get("checkpoint") and storage.absolute(r["checkpoint"]).rstrip("/") == checkpoint.rstrip("/")]
     ending = [r["run"] for r in rows if int(r.get("phases.steps") or 0) == meta.step]
     return (ending or [r["run"] for r in rows] or [run_name(meta.config)])[0]
 
 
-def write_card(hf_location: str, checkpoint: str, *, name: str | None = None, location: str | None = None) -> str:
-    """Write README.md into an HF folder (local or in a bucket) for `checkpoint`; returns the run name used."""
+def write_card(hf_location: str, checkpoint: str, *, name: str | None = None, location: str | None = None,
+               summary: list[dict] | None = None) -> str:
+    """Write README.md into an HF folder (local or in a bucket) for `checkpoint`; returns the run name used.
+    `summary`: the sweep's summary rows when the caller holds them (else read from the checkpoint's sweep)."""
     from raybiphase.pretrain.checkpoint import read_meta
 
     meta = read_meta(checkpoint)
     name = name or checkpoint_name(checkpoint, meta)
-    summary = _read_table(storage.join(sweep_root(checkpoint), storage.SUMMARY_FILE))
+    if summary is None:
+        summary = read_table(storage.join(sweep_root(checkpoint), storage.SUMMARY_FILE))
     text = model_card(meta, name=name, scores=scores_for(summary, run=name, step=meta.step),
                       location=location or hf_location)
     storage.write_bytes(storage.join(hf_location, CARD), text.encode())

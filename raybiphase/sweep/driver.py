@@ -307,15 +307,16 @@ def baseline_rows(spec: SweepSpec) -> list[dict]:
 def finish(paths: SweepPaths, spec: SweepSpec, out=sys.stdout, cards=()) -> None:
     """summary.parquet, the model card of every export in `cards` (FinetuneSources: with their scores), the report,
     and W&B when configured."""
-    from raybiphase.pretrain.export import write_card
+    from raybiphase.pretrain.export import read_table, write_card
     from raybiphase.results import store
     from raybiphase.results import wandb as wandb_log
     from raybiphase.results.report import write_report
 
     if storage.exists(paths.table(storage.FINETUNE_FILE)):
         store.write_summary(paths.root)
+    summary = read_table(paths.table(storage.SUMMARY_FILE))  # once, for every card
     for source in cards:
-        write_card(source.hf_dir, source.hf_dir.rstrip("/").rsplit("/", 1)[0], name=source.run)
+        write_card(source.hf_dir, source.hf_dir.rstrip("/").rsplit("/", 1)[0], name=source.run, summary=summary)
     path, _ = write_report(paths.root)
     wandb_log.log_report(paths.root, spec.sweep.wandb_project, spec.sweep.name)
     print(f"report: {path}", file=out)
