@@ -12,14 +12,15 @@ pairs (`train_task`), as the authors do: one retrieval model, three test sets.
 
 Splits, as in the paper: validation = 5% of the train split, drawn like `datasets`' `train_test_split(test_size=0.05,
 seed=42)` (a `default_rng(42)` permutation of the rows: the first ceil(5%) are validation, the rest train, in that
-shuffled order); test = the official validation split (SQuAD dev for squad, qnli, squad_bio, squad_retrieval).
+shuffled order); test = the official validation split (SQuAD dev for squad, squad_sentence, qnli, squad_bio,
+squad_commas, squad_retrieval).
 Sets without one are split deterministically by content: an example is in *test* when the first 8 hex digits of
 sha256("raybiphase-finetune-test:" + key) modulo 100 are below 20 (tweets, wiki_topics: key = the text, so duplicate
 tweets never straddle; wiki_retrieval: key = the target article's title).
 
 `max_examples` (finetune.max_examples) caps every split for CPU runs: the first N training and validation examples
 (already shuffled) and a seeded (42) random N of the test examples, kept in file order. Examples are sentences for
-squad_bio, questions for squad, queries for IR. A capped retrieval set keeps the positives of its queries plus
+squad_bio and squad_commas, questions for squad and squad_sentence, queries for IR. A capped retrieval set keeps the positives of its queries plus
 seeded random distractors, up to IR_CORPUS_PER_QUERY passages per query in all.
 
 Record shapes by family:
@@ -52,6 +53,8 @@ VALIDATION_SEED = 42
 TEST_PERCENT = 20
 IR_CORPUS_PER_QUERY = 5
 BIO_TAGS = ("O", "B-ANS", "I-ANS")
+COMMA_TAGS = ("O", "B-COMMA")
+_TRAILING_COMMA = re.compile(r",(?=[\"'\u201d\u2019)\]]*$)")  # a word's last comma, before any closing quotes
 SST2_LABELS = ("negative", "positive")
 MNLI_LABELS = ("entailment", "neutral", "contradiction")
 QQP_LABELS = ("not_duplicate", "duplicate")
@@ -222,6 +225,56 @@ def _squad_bio() -> tuple[list, list]:
     return bio_sentences(sources.squad("train")), bio_sentences(sources.squad("dev"))
 
 
+def comma_sentences(contexts: list[str]) -> list[dict]:
+    """Comma restoration, light records: one {"sentence"} per sentence of the paragraphs (`sources.split_sentences`);
+    `tag_commas` makes its words and tags for the examples a run keeps."""
+    return [{"sentence": context[s:e]} for context in contexts for s, e in sources.split_sentences(context)]
+
+
+def tag_commas(record: dict) -> dict:
+    """{words, tags}: the sentence's whitespace-separated words with the comma that ended a word removed (closing
+    quotes after it stay), that word tagged B-COMMA, every other word O. The labels are the authors' own punctuation;
+    a model must place it from the words alone (a token task that rewards knowing the language's syntax)."""
+    words, tags = [], []
+    for word in record["sentence"].split():
+        bare = _TRAILING_COMMA.sub("", word)
+        comma = bare != word and bool(bare.strip("\"'\u201d\u2019)]"))
+        words.append(bare if comma else word)
+        tags.append("B-COMMA" if comma else "O")
+    return {"words": words, "tags": tags}
+
+
+def _squad_commas() -> tuple[list, list]:
+    return comma_sentences(sources.squad_contexts("train")), comma_sentences(sources.squad_contexts("dev"))
+
+
+def answer_sentences(records: list[dict]) -> list[dict]:
+    """SQuAD with each context cut to the sentence that holds the question's first answer (`sources.split_sentences`),
+    keeping the answers that lie inside that sentence, their starts shifted; a question whose first answer crosses a
+    sentence boundary is dropped, as are unanswerable ones. The question still has to be matched to a span, in ~25
+    words instead of ~120: extractive QA that a small model learns within minutes."""
+    out, bounds = [], {}
+    for rec in records:
+        answers = rec["answers"]
+        if not answers["text"]:
+            continue
+        context = rec["context"]
+        if context not in bounds:
+            bounds[context] = sources.split_sentences(context)
+        first = answers["answer_start"][0]
+        start, end = next(((s, e) for s, e in bounds[context] if s <= first < e), (0, 0))
+        kept = [(text, at - start) for text, at in zip(answers["text"], answers["answer_start"])
+                if start <= at and at + len(text) <= end]
+        if kept and kept[0][1] == first - start:
+            out.append({"id": rec["id"], "question": rec["question"], "context": context[start:end],
+                        "answers": {"text": [t for t, _ in kept], "answer_start": [a for _, a in kept]}})
+    return out
+
+
+def _squad_sentence() -> tuple[list, list]:
+    return answer_sentences(sources.squad("train")), answer_sentences(sources.squad("dev"))
+
+
 def _squad() -> tuple[list, list]:
     return sources.squad("train"), sources.squad("dev")
 
@@ -252,7 +305,11 @@ _TASK_LIST = [
     Task("qnli", "SC", "QNLI built from SQuAD v1.1", "accuracy", ("entailment", "not_entailment"), _qnli, None),
     Task("squad_bio", "TC", "SQuAD v1.1 answer spans (BIO)", "entity_f1", BIO_TAGS, _squad_bio, None,
          finish=tag_sentence),
+    Task("squad_commas", "TC", "comma restoration on SQuAD v1.1 paragraphs", "entity_f1", COMMA_TAGS, _squad_commas,
+         None, finish=tag_commas),
     Task("squad", "QA", "SQuAD v1.1", "f1", ("start", "end"), _squad, hub.squad("rajpurkar/squad"), "exact_match"),
+    Task("squad_sentence", "QA", "SQuAD v1.1, context cut to the answer's sentence", "f1", ("start", "end"),
+         _squad_sentence, None, "exact_match"),
     Task("squad_retrieval", "IR", "SQuAD question -> paragraph", "ndcg@10", (), _squad_retrieval, None, "mrr@10"),
     Task("wiki_retrieval", "IR", "Wikidata description -> Wikipedia lead", "ndcg@10", (), _wiki_retrieval, None,
          "mrr@10"),

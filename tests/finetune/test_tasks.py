@@ -23,7 +23,8 @@ def test_unknown_task_is_one_line_naming_it_and_the_known_ones():
 
 def test_registry_covers_the_four_families_offline_and_the_papers_datasets_in_production():
     offline = {name: tasks.get_task(name) for name in tasks.OFFLINE_TASKS}
-    assert set(offline) == {"tweets", "wiki_topics", "qnli", "squad_bio", "squad", "squad_retrieval", "wiki_retrieval"}
+    assert set(offline) == {"tweets", "wiki_topics", "qnli", "squad_bio", "squad_commas", "squad", "squad_sentence",
+                            "squad_retrieval", "wiki_retrieval"}
     assert {t.family for t in offline.values()} == {"SC", "TC", "QA", "IR"}
     assert offline["tweets"].num_labels == 3 and offline["wiki_topics"].num_labels == 11
     assert offline["squad"].num_labels == 2 and offline["squad_bio"].label_names == ("O", "B-ANS", "I-ANS")
@@ -87,6 +88,50 @@ def test_bio_tags_follow_the_answer_spans_sentence_by_sentence():
     # "the capital" (9) starts before "capital of France" (13) and overlaps it: the earlier span is kept
     assert examples[0]["tags"] == ["B-ANS", "O", "B-ANS", "I-ANS", "O", "O"]
     assert examples[1]["tags"] == ["O", "O", "O", "O", "B-ANS", "O"]
+
+
+def test_comma_restoration_removes_each_words_trailing_comma_and_tags_it():
+    context = 'In 1990, the band "Queen," then (a trio, mostly) played. It rained, again , twice.'
+    examples = [tasks.tag_commas(r) for r in tasks.comma_sentences([context])]
+    assert examples[0] == {"words": ["In", "1990", "the", "band", '"Queen"', "then", "(a", "trio", "mostly)", "played."],
+                           "tags": ["O", "B-COMMA", "O", "O", "B-COMMA", "O", "O", "B-COMMA", "O", "O"]}
+    # a comma standing alone is a word of its own, left as it is
+    assert examples[1] == {"words": ["It", "rained", "again", ",", "twice."], "tags": ["O", "B-COMMA", "O", "O", "O"]}
+
+
+def test_squad_commas_splits_are_train_and_dev_paragraphs(offline_cache):
+    from raybiphase.data import sources
+
+    splits = tasks.load_splits(tasks.get_task("squad_commas"), max_examples=200)
+    dev_words = {" ".join(tasks.tag_commas(r)["words"]) for r in tasks.comma_sentences(sources.squad_contexts("dev"))}
+    assert len(splits.test) == 200 and all(" ".join(r["words"]) in dev_words for r in splits.test)
+    tags = [t for r in splits.test for t in r["tags"]]
+    assert 0.03 < tags.count("B-COMMA") / len(tags) < 0.10 and not any("," == w[-1:] for r in splits.test for w in r["words"] if len(w) > 1)
+
+
+def test_answer_sentences_cut_each_context_to_its_answers_sentence():
+    context = "Paris is the capital of France. It lies on the Seine river. Its mayor is elected."
+    records = [{"id": "a", "question": "Which river?", "context": context,
+                "answers": {"text": ["Seine", "the Seine river", "France. It"], "answer_start": [47, 43, 24]}},
+               {"id": "b", "question": "Across?", "context": context, "answers": {"text": ["France. It"], "answer_start": [24]}},
+               {"id": "c", "question": "None?", "context": context, "answers": {"text": [], "answer_start": []}}]
+    out = tasks.answer_sentences(records)
+    assert [r["id"] for r in out] == ["a"]  # b's answer crosses a sentence boundary, c has none
+    assert out[0]["context"] == "It lies on the Seine river."
+    assert out[0]["answers"] == {"text": ["Seine", "the Seine river"], "answer_start": [15, 11]}
+    assert all(out[0]["context"][s:s + len(t)] == t for t, s in zip(out[0]["answers"]["text"], out[0]["answers"]["answer_start"]))
+
+
+def test_squad_sentence_answers_are_spans_of_their_sentences(offline_cache):
+    from raybiphase.data import sources
+
+    splits = tasks.load_splits(tasks.get_task("squad_sentence"), max_examples=300)
+    dev = {r["id"]: r for r in sources.squad("dev")}
+    for rec in splits.test:
+        assert rec["context"] in dev[rec["id"]]["context"]
+        assert all(rec["context"][s:s + len(t)] == t for t, s in zip(rec["answers"]["text"], rec["answers"]["answer_start"]))
+    assert not {r["id"] for r in splits.train + splits.val} & set(dev)
+    assert len(tasks.answer_sentences(sources.squad("dev"))) > 0.99 * len(dev)
 
 
 # ------------------------------------------------------------------------------------------------ scores
