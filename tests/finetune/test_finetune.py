@@ -124,7 +124,7 @@ def test_a_gpu_trial_on_a_node_without_cuda_is_a_one_line_error(tiny_checkpoint)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("task", ["tweets", "squad_bio", "squad", "squad_retrieval"])
+@pytest.mark.parametrize("task", ["tweets", "squad_commas", "squad_sentence", "squad_retrieval"])
 def test_a_gpu_trial_trains_on_cuda_in_bf16_and_scores_like_cpu(tiny_checkpoint, task):
     """Every family runs on the trial's GPU (bf16 autocast); the scores are in range and close to the CPU's."""
     from raybiphase.finetune.trial import run_trial
@@ -148,28 +148,31 @@ def test_trial_resources_follow_the_finetune_settings():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ["squad_bio", "squad", "squad_retrieval", "qnli"])
+@pytest.mark.parametrize("task", ["squad_bio", "squad_commas", "squad", "squad_sentence", "squad_retrieval", "qnli"])
 def test_every_family_trains_and_scores(tiny_checkpoint, task):
+    from raybiphase.finetune.tasks import get_task
     from raybiphase.finetune.trial import run_trial
 
     result = run_trial(tiny_checkpoint, task, lr=1e-3, seed=0, cfg=dataclasses.replace(TINY_RUN, max_len=96))
     assert 0.0 <= result["val_score"] <= 1.0 and 0.0 <= result["test_score"] <= 1.0
     assert len(result["test_per_example"]) == 48
-    if task == "squad":
+    if get_task(task).family == "QA":
         assert result["secondary_metric"] == "exact_match" and 0.0 <= result["test_secondary"] <= result["test_score"]
 
 
-def test_qa_training_targets_point_at_the_answer_text(tiny_checkpoint):
+@pytest.mark.parametrize("task", ["squad", "squad_sentence"])
+def test_qa_training_targets_point_at_the_answer_text(tiny_checkpoint, task):
     from transformers import AutoTokenizer
 
     from raybiphase.finetune import scoring
     from raybiphase.data import sources
     from raybiphase.finetune.heads import head_for
-    from raybiphase.finetune.tasks import get_task
+    from raybiphase.finetune.tasks import answer_sentences, get_task
 
-    head = head_for(get_task("squad"), AutoTokenizer.from_pretrained(str(tiny_checkpoint)), 64)
+    head = head_for(get_task(task), AutoTokenizer.from_pretrained(str(tiny_checkpoint)), 64)
+    records = sources.squad("dev")[:150] if task == "squad" else answer_sentences(sources.squad("dev")[:150])
     matched = total = 0
-    for record in sources.squad("dev")[:150]:
+    for record in records:
         windows = {tuple(w["ids"]): w for w in head.windows(record)}
         for ids, (start, end) in head.train_units([record]):
             window = windows[tuple(ids)]
@@ -177,7 +180,7 @@ def test_qa_training_targets_point_at_the_answer_text(tiny_checkpoint):
             found = scoring.normalize_answer(record["context"][begin:stop])
             matched += found == scoring.normalize_answer(record["answers"]["text"][0])
             total += 1
-    assert total > 150 and matched / total > 0.98  # the rest: answers that end inside a subword ("7" of "1970")
+    assert total >= 0.95 * len(records) and matched / total > 0.98  # the rest: answers that end inside a subword ("7" of "1970")
 
 
 def test_qa_picks_the_best_valid_span_across_windows():
