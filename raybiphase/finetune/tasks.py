@@ -20,8 +20,8 @@ tweets never straddle; wiki_retrieval: key = the target article's title).
 
 `max_examples` (finetune.max_examples) caps every split for CPU runs: the first N training and validation examples
 (already shuffled) and a seeded (42) random N of the test examples, kept in file order. Examples are sentences for
-squad_bio and squad_commas, questions for squad and squad_sentence, queries for IR. A capped retrieval set keeps the positives of its queries plus
-seeded random distractors, up to IR_CORPUS_PER_QUERY passages per query in all.
+squad_bio and squad_commas, questions for squad and squad_sentence, queries for IR. A capped retrieval set keeps the
+positives of its queries plus seeded random distractors, up to IR_CORPUS_PER_QUERY passages per query in all.
 
 Record shapes by family:
     SC  {"text", "text_pair" (or None), "label" (index into task.label_names)}
@@ -54,7 +54,8 @@ TEST_PERCENT = 20
 IR_CORPUS_PER_QUERY = 5
 BIO_TAGS = ("O", "B-ANS", "I-ANS")
 COMMA_TAGS = ("O", "B-COMMA")
-_TRAILING_COMMA = re.compile(r",(?=[\"'\u201d\u2019)\]]*$)")  # a word's last comma, before any closing quotes
+_CLOSERS = "\"'\u201d\u2019)]"  # what may follow a word's comma: closing quotes and brackets
+_TRAILING_COMMA = re.compile(f",(?=[{re.escape(_CLOSERS)}]*$)")
 SST2_LABELS = ("negative", "positive")
 MNLI_LABELS = ("entailment", "neutral", "contradiction")
 QQP_LABELS = ("not_duplicate", "duplicate")
@@ -238,7 +239,7 @@ def tag_commas(record: dict) -> dict:
     words, tags = [], []
     for word in record["sentence"].split():
         bare = _TRAILING_COMMA.sub("", word)
-        comma = bare != word and bool(bare.strip("\"'\u201d\u2019)]"))
+        comma = bare != word and bool(bare.strip(_CLOSERS))
         words.append(bare if comma else word)
         tags.append("B-COMMA" if comma else "O")
     return {"words": words, "tags": tags}
