@@ -47,6 +47,9 @@ class FinetuneConfig:
     """Validation every N steps; ASHA decides at these points."""
     max_examples: int = 0
     """Cap on training examples per task (CPU runs); 0 uses all."""
+    max_eval_examples: int = 0
+    """Cap on validation and test examples per task (CPU runs: for retrieval, queries, each bringing
+    IR_CORPUS_PER_QUERY passages to encode); 0 takes max_examples."""
     asha: bool = True
     """Stop weak LR x seed trials early with ASHA on the validation metric; false runs the full grid."""
     control: bool = True
@@ -74,6 +77,7 @@ class FinetuneConfig:
         check(0.0 <= self.warmup_ratio < 1.0, "finetune.warmup_ratio", f"{self.warmup_ratio} is out of range; allowed: [0, 1)")
         positive(self.eval_every, "finetune.eval_every")
         non_negative(self.max_examples, "finetune.max_examples")
+        non_negative(self.max_eval_examples, "finetune.max_eval_examples")
         check(self.max_len >= 16, "finetune.max_len", f"{self.max_len} is out of range; allowed: 16 or more")
         positive(self.cpus_per_trial, "finetune.cpus_per_trial")
         non_negative(self.gpus_per_trial, "finetune.gpus_per_trial")

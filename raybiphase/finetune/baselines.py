@@ -9,10 +9,10 @@ from raybiphase.finetune import scoring
 from raybiphase.finetune.tasks import get_task, load_splits
 
 
-def bm25_baseline(task_name: str, *, max_examples: int = 0) -> dict:
+def bm25_baseline(task_name: str, *, max_examples: int = 0, max_eval_examples: int = 0) -> dict:
     """The BM25 row of a retrieval task on its test split (capped like fine-tuning): test score and per-query scores."""
     task = get_task(task_name)
-    test = load_splits(task, max_examples=max_examples).test
+    test = load_splits(task, max_examples=max_examples, max_eval_examples=max_eval_examples).test
     rankings = scoring.bm25_rankings([q["text"] for q in test["queries"]], [p["text"] for p in test["passages"]],
                                      [p["pid"] for p in test["passages"]])
     per_query = scoring.retrieval_scores(rankings, [set(q["positives"]) for q in test["queries"]])
@@ -21,11 +21,11 @@ def bm25_baseline(task_name: str, *, max_examples: int = 0) -> dict:
             "secondary_metric": task.secondary_metric, "test_per_example": per_query["ndcg@10"]}
 
 
-def majority_baseline(task_name: str, *, max_examples: int = 0) -> dict:
+def majority_baseline(task_name: str, *, max_examples: int = 0, max_eval_examples: int = 0) -> dict:
     """The majority-class row of a sequence-classification task: the training split's most frequent label (ties
     to the lower index) predicted for every test example, capped like fine-tuning."""
     task = get_task(task_name)
-    splits = load_splits(task, max_examples=max_examples)
+    splits = load_splits(task, max_examples=max_examples, max_eval_examples=max_eval_examples)
     counts = np.bincount([r["label"] for r in splits.train], minlength=task.num_labels)
     majority = int(np.argmax(counts))
     per_example = [float(r["label"] == majority) for r in splits.test]

@@ -66,6 +66,8 @@ def trial_settings(cfg: FinetuneConfig) -> str:
     """A digest of the settings that shape one trial's result (not the grid): a record made under other settings
     is not reused. A GPU trial computes in bf16, so whether trials hold a GPU is one of them."""
     settings = [cfg.batch_size, cfg.max_steps, cfg.warmup_ratio, cfg.eval_every, cfg.max_examples, cfg.max_len]
+    if cfg.max_eval_examples:  # appended only when set: records made before the option keep their digest
+        settings.append(["max_eval_examples", cfg.max_eval_examples])
     if cfg.gpus_per_trial > 0:
         settings.append("bf16")
     return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:8]

@@ -18,8 +18,9 @@ Sets without one are split deterministically by content: an example is in *test*
 sha256("raybiphase-finetune-test:" + key) modulo 100 are below 20 (tweets, wiki_topics: key = the text, so duplicate
 tweets never straddle; wiki_retrieval: key = the target article's title).
 
-`max_examples` (finetune.max_examples) caps every split for CPU runs: the first N training and validation examples
-(already shuffled) and a seeded (42) random N of the test examples, kept in file order. Examples are sentences for
+`max_examples` (finetune.max_examples) caps the splits for CPU runs: the first N training and validation examples
+(already shuffled) and a seeded (42) random N of the test examples, kept in file order; `max_eval_examples`, when
+set, caps validation and test instead (evaluation, not training, is what retrieval's cost grows with). Examples are sentences for
 squad_bio and squad_commas, questions for squad and squad_sentence, queries for IR. A capped retrieval set keeps the
 positives of its queries plus seeded random distractors, up to IR_CORPUS_PER_QUERY passages per query in all.
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,6 +58,8 @@ BIO_TAGS = ("O", "B-ANS", "I-ANS")
 COMMA_TAGS = ("O", "B-COMMA")
 _CLOSERS = "\"'\u201d\u2019)]"  # what may follow a word's comma: closing quotes and brackets
 _TRAILING_COMMA = re.compile(f",(?=[{re.escape(_CLOSERS)}]*$)")
+SHUFFLE_LABELS = ("original", "shuffled")
+SHUFFLE_MIN_WORDS = 8
 SST2_LABELS = ("negative", "positive")
 MNLI_LABELS = ("entailment", "neutral", "contradiction")
 QQP_LABELS = ("not_duplicate", "duplicate")
@@ -132,13 +136,14 @@ def _retrieval_pairs(rset: dict) -> list[dict]:
     return [{"query": q["text"], "passage": text[q["positives"][0]], "pid": q["positives"][0]} for q in rset["queries"]]
 
 
-def load_splits(task: Task, *, max_examples: int = 0, source: str = "auto") -> TaskSplits:
-    """Train / validation / test of a task, capped at max_examples (0 = all); source: auto, offline or production."""
-    return _load_splits(task.name, max_examples, source)
+def load_splits(task: Task, *, max_examples: int = 0, max_eval_examples: int = 0, source: str = "auto") -> TaskSplits:
+    """Train / validation / test of a task, training capped at max_examples (0 = all), validation and test at
+    max_eval_examples (0 = as training); source: auto, offline or production."""
+    return _load_splits(task.name, max_examples, max_eval_examples or max_examples, source)
 
 
 @functools.lru_cache(maxsize=8)
-def _load_splits(name: str, max_examples: int, source: str) -> TaskSplits:
+def _load_splits(name: str, max_examples: int, max_eval: int, source: str) -> TaskSplits:
     task = get_task(name)
     if source == "auto":
         source = "offline" if task.offline else "production"
@@ -148,13 +153,12 @@ def _load_splits(name: str, max_examples: int, source: str) -> TaskSplits:
     train_all, test = loader()
     if task.family == "IR":
         train_queries, val_queries = split_validation(train_all["queries"])
-        val = _cap_retrieval({"queries": val_queries, "passages": train_all["passages"]}, max_examples, sample=False)
+        val = _cap_retrieval({"queries": val_queries, "passages": train_all["passages"]}, max_eval, sample=False)
         train = _retrieval_pairs({"queries": train_queries, "passages": train_all["passages"]})
         return TaskSplits(train=train[: max_examples or None], val=val,
-                          test=_cap_retrieval(test, max_examples, sample=True))
+                          test=_cap_retrieval(test, max_eval, sample=True))
     train, val = split_validation(train_all)
-    cap = max_examples or None
-    train, val, test = train[:cap], val[:cap], _sample(test, max_examples)
+    train, val, test = train[: max_examples or None], val[: max_eval or None], _sample(test, max_eval)
     if task.finish:
         train, val, test = ([task.finish(r) for r in part] for part in (train, val, test))
     return TaskSplits(train=train, val=val, test=test)
@@ -249,6 +253,34 @@ def _squad_commas() -> tuple[list, list]:
     return comma_sentences(sources.squad_contexts("train")), comma_sentences(sources.squad_contexts("dev"))
 
 
+def shuffle_sentences(contexts: list[str]) -> list[dict]:
+    """Word-order detection, light records: one {"sentence"} per sentence of the paragraphs with at least
+    SHUFFLE_MIN_WORDS words; `shuffle_words` makes the example for those a run keeps."""
+    return [{"sentence": context[s:e]} for context in contexts for s, e in sources.split_sentences(context)
+            if len(context[s:e].split()) >= SHUFFLE_MIN_WORDS]
+
+
+def shuffle_words(record: dict) -> dict:
+    """{text, text_pair, label}: half the sentences (by a hash of the sentence) with the words between the first and
+    the last shuffled (seeded by that hash; rotated by one when the shuffle left them in place), label "shuffled";
+    the rest as written, "original". Both have the same bag of words, the same first word (its capital) and the same
+    last (its full stop): only a model that knows the language's word order tells them apart."""
+    words = record["sentence"].split()
+    digest = hashlib.sha256(f"raybiphase-shuffle:{record['sentence']}".encode()).digest()
+    inner = words[1:-1]
+    if digest[0] % 2:
+        random.Random(digest[1:9]).shuffle(inner)
+        if inner == words[1:-1]:
+            inner = inner[1:] + inner[:1]
+    shuffled = inner != words[1:-1]
+    return {"text": " ".join([words[0], *inner, words[-1]]), "text_pair": None,
+            "label": SHUFFLE_LABELS.index("shuffled" if shuffled else "original")}
+
+
+def _squad_shuffle() -> tuple[list, list]:
+    return shuffle_sentences(sources.squad_contexts("train")), shuffle_sentences(sources.squad_contexts("dev"))
+
+
 def answer_sentences(records: list[dict]) -> list[dict]:
     """SQuAD with each context cut to the sentence that holds the question's first answer (`sources.split_sentences`),
     keeping the answers that lie inside that sentence, their starts shifted; a question whose first answer crosses a
@@ -304,6 +336,8 @@ _TASK_LIST = [
     Task("wiki_topics", "SC", "Wikipedia vital-article topics", "accuracy", tuple(sources.WIKI_TOPICS),
          _wiki_topics, None),
     Task("qnli", "SC", "QNLI built from SQuAD v1.1", "accuracy", ("entailment", "not_entailment"), _qnli, None),
+    Task("squad_shuffle", "SC", "word order: SQuAD v1.1 sentences, shuffled or as written", "accuracy", SHUFFLE_LABELS,
+         _squad_shuffle, None, finish=shuffle_words),
     Task("squad_bio", "TC", "SQuAD v1.1 answer spans (BIO)", "entity_f1", BIO_TAGS, _squad_bio, None,
          finish=tag_sentence),
     Task("squad_commas", "TC", "comma restoration on SQuAD v1.1 paragraphs", "entity_f1", COMMA_TAGS, _squad_commas,

@@ -113,18 +113,18 @@ _TOKENIZED: collections.OrderedDict = collections.OrderedDict()  # (tokenizer di
 TOKENIZED_KEPT = 8  # tasks x tokenizers one process keeps tokenized
 
 
-def _tokenized(hf_path: Path, task: str, max_examples: int, max_len: int, source: str) -> tuple:
+def _tokenized(hf_path: Path, task: str, caps: tuple[int, int], max_len: int, source: str) -> tuple:
     """Head, training units, prepared validation and test: shared by the trials one process runs (Tune reuses
     its actors), which differ in checkpoint, LR and seed but share the sweep's tokenizer; each checkpoint is still
     checked against that tokenizer."""
-    key = (tokenizer_digest(hf_path), task, max_examples, max_len, source)
+    key = (tokenizer_digest(hf_path), task, caps, max_len, source)
     if key in _TOKENIZED:
         _TOKENIZED.move_to_end(key)
         check_fits(hf_path, _TOKENIZED[key][0].tokenizer)
         return _TOKENIZED[key]
     spec = get_task(task)
     head = head_for(spec, load_checked_tokenizer(hf_path), max_len)
-    splits = load_splits(spec, max_examples=max_examples, source=source)
+    splits = load_splits(spec, max_examples=caps[0], max_eval_examples=caps[1], source=source)
     units = head.train_units(splits.train)
     if not units:
         raise UserError(f"finetune: task {task!r} has no training examples (finetune.max_examples?)")
@@ -152,7 +152,8 @@ def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: Finet
     began = time.perf_counter()
     spec = get_task(task)
     hf_path = resolve_hf_dir(hf_dir)
-    head, units, val, test = _tokenized(hf_path, task, cfg.max_examples, cfg.max_len, source)
+    head, units, val, test = _tokenized(hf_path, task, (cfg.max_examples, cfg.max_eval_examples), cfg.max_len,
+                                        source)
     device = trial_device(cfg)
     head.device = device
     autocast = (functools.partial(torch.autocast, "cuda", dtype=torch.bfloat16) if device.type == "cuda"

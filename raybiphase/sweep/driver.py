@@ -276,8 +276,12 @@ def run_finetuning(plan: Plan, paths: SweepPaths, spec: SweepSpec, out=sys.stdou
     path = paths.table(storage.FINETUNE_FILE)
     done = {key[:-1] for key in store.done_keys(path, result_rows.FINETUNE_KEY) if key[-1] == result_rows.OURS}
     sources = control_sources(plan, paths, data_dirs or {}) + finetune_sources(plan, paths)
-    total = len(sources) * len(spec.finetune.tasks) * len(spec.finetune.lrs) * len(spec.finetune.seeds)
-    print(f"fine-tuning: {len(done)}/{total} trials already done; running the rest "
+    ft = spec.finetune
+    planned = {result_rows.trial_key({"run": s.run, "pretrain_step": s.pretrain_step, "task": task, "lr": lr,
+                                      "seed": seed})
+               for s in sources for task in ft.tasks for lr in ft.lrs for seed in ft.seeds}
+    already = planned & {result_rows.trial_key(dict(zip(result_rows.TRIAL_KEY, key))) for key in done}
+    print(f"fine-tuning: {len(already)}/{len(planned)} trials already done; running the rest "
           f"({'ASHA' if spec.finetune.asha else 'full grid'})", file=out, flush=True)
     rows = run_fanout(sources, spec, storage=paths.root, name="finetune", done=done, out=out)
     rows += baseline_rows(spec)
@@ -292,14 +296,14 @@ def baseline_rows(spec: SweepSpec) -> list[dict]:
     from raybiphase.finetune.baselines import bm25_baseline, majority_baseline
     from raybiphase.finetune.tasks import get_task
 
-    rows, cap = [], spec.finetune.max_examples
+    rows, caps = [], {"max_examples": spec.finetune.max_examples, "max_eval_examples": spec.finetune.max_eval_examples}
     for name in spec.finetune.tasks:
         family = get_task(name).family
         if family == "IR":
-            rows.append(result_rows.baseline_row(bm25_baseline(name, max_examples=cap), run="bm25", family=family,
+            rows.append(result_rows.baseline_row(bm25_baseline(name, **caps), run="bm25", family=family,
                                                  sweep=spec.sweep.name).record())
         elif family == "SC":
-            rows.append(result_rows.baseline_row(majority_baseline(name, max_examples=cap), run="majority",
+            rows.append(result_rows.baseline_row(majority_baseline(name, **caps), run="majority",
                                                  family=family, sweep=spec.sweep.name).record())
     return rows
 

@@ -124,7 +124,7 @@ def test_a_gpu_trial_on_a_node_without_cuda_is_a_one_line_error(tiny_checkpoint)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("task", ["tweets", "squad_commas", "squad_sentence", "squad_retrieval"])
+@pytest.mark.parametrize("task", ["tweets", "squad_shuffle", "squad_commas", "squad_sentence", "squad_retrieval"])
 def test_a_gpu_trial_trains_on_cuda_in_bf16_and_scores_like_cpu(tiny_checkpoint, task):
     """Every family runs on the trial's GPU (bf16 autocast); the scores are in range and close to the CPU's."""
     from raybiphase.finetune.trial import run_trial
@@ -145,10 +145,13 @@ def test_trial_resources_follow_the_finetune_settings():
     base = trial_settings(FinetuneConfig())
     assert trial_settings(FinetuneConfig(cpus_per_trial=4)) == base
     assert trial_settings(FinetuneConfig(gpus_per_trial=0.5)) != base != trial_settings(FinetuneConfig(max_len=512))
+    assert trial_settings(FinetuneConfig(max_eval_examples=800)) != base
+    assert base == "67a92f68"  # the digest before max_eval_examples existed: records made then are still found
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ["squad_bio", "squad_commas", "squad", "squad_sentence", "squad_retrieval", "qnli"])
+@pytest.mark.parametrize("task", ["squad_shuffle", "squad_bio", "squad_commas", "squad", "squad_sentence",
+                                  "squad_retrieval", "qnli"])
 def test_every_family_trains_and_scores(tiny_checkpoint, task):
     from raybiphase.finetune.tasks import get_task
     from raybiphase.finetune.trial import run_trial
@@ -230,14 +233,14 @@ def test_checkpoints_sharing_a_tokenizer_share_its_tokenized_splits_yet_each_is_
 
     from raybiphase.finetune import trial
 
-    first = trial._tokenized(tiny_checkpoint, "tweets", 16, 64, "auto")
+    first = trial._tokenized(tiny_checkpoint, "tweets", (16, 0), 64, "auto")
     twin = tmp_path / "twin"  # another checkpoint of the same sweep: other weights, the same tokenizer
     shutil.copytree(tiny_checkpoint, twin)
-    assert trial._tokenized(twin, "tweets", 16, 64, "auto") is first  # tokenized once per process
+    assert trial._tokenized(twin, "tweets", (16, 0), 64, "auto") is first  # tokenized once per process
     config = json.loads((twin / "config.json").read_text())
     (twin / "config.json").write_text(json.dumps({**config, "vocab_size": 10}))
     with pytest.raises(UserError, match="do not belong together"):
-        trial._tokenized(twin, "tweets", 16, 64, "auto")
+        trial._tokenized(twin, "tweets", (16, 0), 64, "auto")
 
 
 # ------------------------------------------------------------------------------------------------ the fan-out

@@ -23,8 +23,8 @@ def test_unknown_task_is_one_line_naming_it_and_the_known_ones():
 
 def test_registry_covers_the_four_families_offline_and_the_papers_datasets_in_production():
     offline = {name: tasks.get_task(name) for name in tasks.OFFLINE_TASKS}
-    assert set(offline) == {"tweets", "wiki_topics", "qnli", "squad_bio", "squad_commas", "squad", "squad_sentence",
-                            "squad_retrieval", "wiki_retrieval"}
+    assert set(offline) == {"tweets", "wiki_topics", "qnli", "squad_shuffle", "squad_bio", "squad_commas", "squad",
+                            "squad_sentence", "squad_retrieval", "wiki_retrieval"}
     assert {t.family for t in offline.values()} == {"SC", "TC", "QA", "IR"}
     assert offline["tweets"].num_labels == 3 and offline["wiki_topics"].num_labels == 11
     assert offline["squad"].num_labels == 2 and offline["squad_bio"].label_names == ("O", "B-ANS", "I-ANS")
@@ -79,6 +79,15 @@ def test_capped_retrieval_keeps_every_positive_and_a_bounded_corpus(offline_cach
     assert all(tasks.in_test_split(t) for t in test_titles)
 
 
+def test_eval_cap_bounds_validation_and_test_but_not_training(offline_cache):
+    sc = tasks.load_splits(tasks.get_task("squad_shuffle"), max_examples=120, max_eval_examples=40)
+    assert (len(sc.train), len(sc.val), len(sc.test)) == (120, 40, 40)
+    assert sc.test == tasks.load_splits(tasks.get_task("squad_shuffle"), max_examples=40).test  # the same seeded draw
+    ir = tasks.load_splits(tasks.get_task("squad_retrieval"), max_examples=120, max_eval_examples=40)
+    assert len(ir.train) == 120 and len(ir.val["queries"]) == len(ir.test["queries"]) == 40
+    assert len(ir.test["passages"]) <= tasks.IR_CORPUS_PER_QUERY * 40
+
+
 def test_bio_tags_follow_the_answer_spans_sentence_by_sentence():
     context = "Paris is the capital of France. It lies on the Seine river."
     answers = [("Paris", 0), ("capital of France", 13), ("the capital", 9), ("Seine", 47)]
@@ -107,6 +116,30 @@ def test_squad_commas_splits_are_train_and_dev_paragraphs(offline_cache):
     assert len(splits.test) == 200 and all(" ".join(r["words"]) in dev_words for r in splits.test)
     tags = [t for r in splits.test for t in r["tags"]]
     assert 0.03 < tags.count("B-COMMA") / len(tags) < 0.10 and not any("," == w[-1:] for r in splits.test for w in r["words"] if len(w) > 1)
+
+
+def test_word_order_task_shuffles_the_inner_words_of_half_the_sentences():
+    context = ("Short one here. The river that crosses the old city floods every spring after the snow melts. "
+               "A committee of nine members elects the mayor of the town every four years. It rained.")
+    records = tasks.shuffle_sentences([context])
+    assert [r["sentence"].split()[0] for r in records] == ["The", "A"]  # under SHUFFLE_MIN_WORDS words: left out
+    many = [tasks.shuffle_words({"sentence": f"Word {i} one two three four five six seven end."}) for i in range(400)]
+    shuffled = [r for r in many if r["label"] == tasks.SHUFFLE_LABELS.index("shuffled")]
+    assert 0.4 < len(shuffled) / len(many) < 0.6  # balanced by the hash
+    for example, i in zip(many, range(400)):
+        words, original = example["text"].split(), f"Word {i} one two three four five six seven end.".split()
+        assert sorted(words) == sorted(original) and words[0] == "Word" and words[-1] == "end."  # same bag, ends kept
+        assert (words != original) == (example["label"] == 1) and example["text_pair"] is None
+    assert tasks.shuffle_words({"sentence": context[16:84]}) == tasks.shuffle_words({"sentence": context[16:84]})
+
+
+def test_squad_shuffle_tests_on_dev_sentences(offline_cache):
+    from raybiphase.data import sources
+
+    splits = tasks.load_splits(tasks.get_task("squad_shuffle"), max_examples=300)
+    dev_bags = {tuple(sorted(r["sentence"].split())) for r in tasks.shuffle_sentences(sources.squad_contexts("dev"))}
+    assert len(splits.test) == 300 and all(tuple(sorted(r["text"].split())) in dev_bags for r in splits.test)
+    assert 0.4 < sum(r["label"] for r in splits.train) / len(splits.train) < 0.6
 
 
 def test_answer_sentences_cut_each_context_to_its_answers_sentence():

@@ -82,11 +82,12 @@ def test_baselines_bm25_for_retrieval_and_the_majority_class_for_classification(
     from raybiphase.sweep.driver import baseline_rows
 
     spec = load(SweepSpec, "sweeps/quickstart.yaml",
-                ["finetune.tasks=[tweets, wiki_retrieval, squad]", "finetune.max_examples=200"])
+                ["finetune.tasks=[tweets, wiki_retrieval, squad]", "finetune.max_examples=200",
+                 "finetune.max_eval_examples=100"])
     majority, bm25 = baseline_rows(spec)  # none for QA
     assert bm25["run"] == "bm25" and bm25["source"] == "baseline" and bm25["task"] == "wiki_retrieval"
-    assert 0.3 < bm25["test_score"] <= 1.0 and len(bm25["test_per_example"]) > 0
-    splits = load_splits(get_task("tweets"), max_examples=200)
+    assert 0.3 < bm25["test_score"] <= 1.0 and len(bm25["test_per_example"]) == 100  # on the trials' test split
+    splits = load_splits(get_task("tweets"), max_examples=200, max_eval_examples=100)
     labels = [r["label"] for r in splits.train]
     top = max(set(labels), key=lambda label: (labels.count(label), -label))
     assert majority["run"] == "majority" and majority["task"] == "tweets"
