@@ -27,6 +27,7 @@ SHRUNK = [  # the quickstart's CLM->MLM and CLM runs (a shared prefix continued 
     "data.max_documents=600", "phases.steps=8", "optim.warmup_steps=2", "optim.decay_steps=2",
     "train.eval_every=4", "train.checkpoint_every=4", "finetune.tasks=[tweets]", "finetune.lrs=[0.001]",
     "finetune.seeds=[0]", "finetune.max_steps=4", "finetune.eval_every=2", "finetune.max_examples=64",
+    "finetune.max_eval_examples=64",
 ]
 
 
