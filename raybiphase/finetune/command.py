@@ -25,7 +25,7 @@ from raybiphase.results import rows as result_rows
 
 def finetune_model(model: str, out: str, spec: SweepSpec, name: str | None = None) -> list[dict]:
     """Fine-tune one HF checkpoint over spec.finetune's tasks x LRs x seeds into OUT; the new rows."""
-    from raybiphase.finetune.fanout import run_fanout
+    from raybiphase.finetune.fanout import check_settings, run_fanout
     from raybiphase.results import store
     from raybiphase.results.report import write_report
 
@@ -35,6 +35,7 @@ def finetune_model(model: str, out: str, spec: SweepSpec, name: str | None = Non
     name = name or Path(str(model).rstrip("/")).name
     source = result_rows.FinetuneSource(name, 0, str(model), {"model.init_from": str(model)})
     path = storage.join(out, storage.FINETUNE_FILE)
+    check_settings(path, spec.finetune)
     done = {key[:-1] for key in store.done_keys(path, result_rows.FINETUNE_KEY) if key[-1] == result_rows.OURS}
     rows = run_fanout([source], spec, storage=out, name="finetune", done=done)
     if rows:

@@ -44,6 +44,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from raybiphase.results.aggregate import best_lr
 
 from raybiphase import storage
+from raybiphase.cli import UserError
 from raybiphase.config import FinetuneConfig, SweepSpec
 from raybiphase.finetune.tasks import get_task
 from raybiphase.finetune.trial import (
@@ -58,6 +59,8 @@ from raybiphase.results.wandb import log_finetune_group, sweep_settings
 from raybiphase.storage import absolute, is_uri, join  # by name: run_fanout has a `storage` argument
 
 RECORDS = "records"
+SETTINGS_COLUMN = "finetune_settings"
+"""Every row of ours carries `trial_settings`: a table is kept to one set of fine-tuning settings."""
 REDUCTION_FACTOR = 3
 TrialKey = tuple  # rows.TRIAL_KEY: (run, pretrain_step, task, lr, seed)
 
@@ -71,6 +74,23 @@ def trial_settings(cfg: FinetuneConfig) -> str:
     if cfg.gpus_per_trial > 0:
         settings.append("bf16")
     return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:8]
+
+
+def check_settings(table: str, cfg: FinetuneConfig) -> None:
+    """UserError when the finetune.parquet at `table` holds trials of ours made under other fine-tuning settings:
+    their keys (run, step, task, LR, seed) do not name the settings, so they would count as done and the report
+    would mix them. Rows from before the column existed are not checked."""
+    from raybiphase.results import store
+
+    rows = store.read_rows(table)
+    if SETTINGS_COLUMN not in rows:
+        return
+    made = set(rows[(rows["source"] == result_rows.OURS) & rows[SETTINGS_COLUMN].notna()][SETTINGS_COLUMN])
+    if made - {trial_settings(cfg)}:
+        raise UserError(f"finetune: {table} holds trials fine-tuned under other settings (finetune.batch_size, "
+                        "max_steps, warmup_ratio, eval_every, max_examples, max_eval_examples or max_len); they "
+                        "would count as done and the report would mix them: set another sweep.name (or output "
+                        "folder), or move that file away")
 
 
 def record_path(experiment: str, key: TrialKey, settings: str) -> str:
@@ -222,7 +242,7 @@ def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, n
             records[row.key] = row
     if complete_best:
         missing += _complete_best(records, plan, cfg, experiment, options)
-    rows = [records[t.key].record() for t in plan if records[t.key] is not None]
+    rows = [{**records[t.key].record(), SETTINGS_COLUMN: settings} for t in plan if records[t.key] is not None]
     _log_groups(rows, {t.key for t in missing}, sweep_settings(cfg))
     return rows
 

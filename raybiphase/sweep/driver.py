@@ -185,6 +185,10 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout, spec_pa
     clock = Clock()
     paths = SweepPaths.of(spec.sweep.storage, spec.sweep.name)
     storage.check_writable(paths.root, "sweep.storage")  # an unreachable bucket fails here, before any work
+    if spec.finetune.tasks:  # trials recorded under other fine-tuning settings: here too
+        from raybiphase.finetune.fanout import check_settings
+
+        check_settings(paths.table(storage.FINETUNE_FILE), spec.finetune)
     assets.use_mirror(spec.sweep.storage)  # nodes without the offline assets copy them from the bucket
     with clock.span("Ray start"):
         ensure_ray()

@@ -13,7 +13,7 @@ import pytest
 
 from raybiphase.cli import UserError
 from raybiphase.config import FinetuneConfig, SweepSpec, from_dict
-from raybiphase.results.rows import FinetuneRow, FinetuneSource, trial_key
+from raybiphase.results.rows import FINETUNE_KEY, FinetuneRow, FinetuneSource, trial_key
 TINY_RUN = FinetuneConfig(batch_size=8, max_steps=6, eval_every=3, max_examples=48)
 
 
@@ -276,6 +276,7 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
             assert 0.0 <= row["test_score"] <= 1.0 and len(row["test_per_example"]) == 64 and row["steps"] == 8
     best = fanout.best_lr(rows)
     assert all(not r["stopped_early"] for r in rows if r["lr"] == best)  # the completion pass ran them all
+    assert {r[fanout.SETTINGS_COLUMN] for r in rows} == {fanout.trial_settings(cfg.finetune)}
 
     def no_launch(*args, **kwargs):
         raise AssertionError("a resumed fan-out launched trials")
@@ -295,6 +296,45 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
     fanout.run_fanout(checkpoints, fanout_config(max_examples=32), storage=str(tmp_path), name="ft",
                       complete_best=False)
     assert len(launched) == 4
+
+
+def test_a_table_of_trials_made_under_other_settings_is_refused_in_one_line(tmp_path):
+    from raybiphase.finetune import fanout
+    from raybiphase.results import store
+
+    table = str(tmp_path / "finetune.parquet")
+    cfg = fanout_config().finetune
+    fanout.check_settings(table, cfg)  # no table yet
+    row = {**FinetuneRow(run="r", pretrain_step=8, task="tweets", lr=1e-3, seed=0, test_score=0.5).record()}
+    store.append_rows(table, [row], key=FINETUNE_KEY)  # a row from before the column: not checked
+    fanout.check_settings(table, cfg)
+    store.append_rows(table, [{**row, "seed": 1, fanout.SETTINGS_COLUMN: fanout.trial_settings(cfg)}], key=FINETUNE_KEY)
+    fanout.check_settings(table, cfg)  # the same settings: resumed
+    fanout.check_settings(table, dataclasses.replace(cfg, cpus_per_trial=2.0))  # resources are not results
+    with pytest.raises(UserError) as err:
+        fanout.check_settings(table, dataclasses.replace(cfg, max_steps=300))
+    assert str(err.value).startswith(f"finetune: {table} holds trials fine-tuned under other settings")
+    assert "sweep.name" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_sweep_over_trials_made_under_other_settings_stops_before_any_work(tmp_path):
+    import subprocess
+    import sys
+
+    from raybiphase.finetune import fanout
+    from raybiphase.results import store
+
+    table = tmp_path / "quickstart" / "finetune.parquet"
+    table.parent.mkdir()
+    row = FinetuneRow(run="r", pretrain_step=8, task="squad_shuffle", lr=2e-3, seed=0, test_score=0.5).record()
+    store.append_rows(table, [{**row, fanout.SETTINGS_COLUMN: "0ther5et"}], key=FINETUNE_KEY)
+    proc = subprocess.run([sys.executable, "-m", "raybiphase.sweep", "sweeps/quickstart.yaml", "--set",
+                           f"sweep.storage={tmp_path}"], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: finetune: {table} holds trials fine-tuned under other settings")
+    assert "pretraining:" not in proc.stdout  # nothing ran, nothing was written beside the table (and its lock)
+    assert {p.name for p in table.parent.iterdir()} == {"finetune.parquet", ".finetune.parquet.lock"}
 
 
 @pytest.mark.parametrize("complete_lrs", [False, True])
