@@ -82,7 +82,7 @@ def check_settings(table: str, cfg: FinetuneConfig) -> None:
     would mix them. Rows from before the column existed are not checked."""
     from raybiphase.results import store
 
-    rows = store.read_rows(table)
+    rows = store.read_rows(table, ["source", SETTINGS_COLUMN])
     if SETTINGS_COLUMN not in rows:
         return
     made = set(rows[(rows["source"] == result_rows.OURS) & rows[SETTINGS_COLUMN].notna()][SETTINGS_COLUMN])

@@ -230,9 +230,9 @@ def _squad_bio() -> tuple[list, list]:
     return bio_sentences(sources.squad("train")), bio_sentences(sources.squad("dev"))
 
 
-def comma_sentences(contexts: list[str]) -> list[dict]:
-    """Comma restoration, light records: one {"sentence"} per sentence of the paragraphs (`sources.split_sentences`);
-    `tag_commas` makes its words and tags for the examples a run keeps."""
+def sentence_records(contexts: list[str]) -> list[dict]:
+    """Light records, one {"sentence"} per sentence of the paragraphs (`sources.split_sentences`): comma restoration
+    and word order start from these, and `tag_commas` or `shuffle_words` finishes the examples a run keeps."""
     return [{"sentence": context[s:e]} for context in contexts for s, e in sources.split_sentences(context)]
 
 
@@ -250,14 +250,12 @@ def tag_commas(record: dict) -> dict:
 
 
 def _squad_commas() -> tuple[list, list]:
-    return comma_sentences(sources.squad_contexts("train")), comma_sentences(sources.squad_contexts("dev"))
+    return sentence_records(sources.squad_contexts("train")), sentence_records(sources.squad_contexts("dev"))
 
 
 def shuffle_sentences(contexts: list[str]) -> list[dict]:
-    """Word-order detection, light records: one {"sentence"} per sentence of the paragraphs with at least
-    SHUFFLE_MIN_WORDS words; `shuffle_words` makes the example for those a run keeps."""
-    return [{"sentence": context[s:e]} for context in contexts for s, e in sources.split_sentences(context)
-            if len(context[s:e].split()) >= SHUFFLE_MIN_WORDS]
+    """Word-order detection: the `sentence_records` with at least SHUFFLE_MIN_WORDS words."""
+    return [r for r in sentence_records(contexts) if len(r["sentence"].split()) >= SHUFFLE_MIN_WORDS]
 
 
 def shuffle_words(record: dict) -> dict:

@@ -274,16 +274,13 @@ def run_finetuning(plan: Plan, paths: SweepPaths, spec: SweepSpec, out=sys.stdou
                    data_dirs: dict | None = None) -> list[dict]:
     """The fan-out over every checkpoint (the untrained controls too) x task x LR x seed; rows appended once to
     finetune.parquet (and returned)."""
-    from raybiphase.finetune.fanout import run_fanout
+    from raybiphase.finetune.fanout import plan_trials, run_fanout
     from raybiphase.results import store
 
     path = paths.table(storage.FINETUNE_FILE)
     done = {key[:-1] for key in store.done_keys(path, result_rows.FINETUNE_KEY) if key[-1] == result_rows.OURS}
     sources = control_sources(plan, paths, data_dirs or {}) + finetune_sources(plan, paths)
-    ft = spec.finetune
-    planned = {result_rows.trial_key({"run": s.run, "pretrain_step": s.pretrain_step, "task": task, "lr": lr,
-                                      "seed": seed})
-               for s in sources for task in ft.tasks for lr in ft.lrs for seed in ft.seeds}
+    planned = {t.key for t in plan_trials(sources, spec.finetune)}
     already = planned & {result_rows.trial_key(dict(zip(result_rows.TRIAL_KEY, key))) for key in done}
     print(f"fine-tuning: {len(already)}/{len(planned)} trials already done; running the rest "
           f"({'ASHA' if spec.finetune.asha else 'full grid'})", file=out, flush=True)

@@ -101,7 +101,7 @@ def test_bio_tags_follow_the_answer_spans_sentence_by_sentence():
 
 def test_comma_restoration_removes_each_words_trailing_comma_and_tags_it():
     context = 'In 1990, the band "Queen," then (a trio, mostly) played. It rained, again , twice.'
-    examples = [tasks.tag_commas(r) for r in tasks.comma_sentences([context])]
+    examples = [tasks.tag_commas(r) for r in tasks.sentence_records([context])]
     assert examples[0] == {"words": ["In", "1990", "the", "band", '"Queen"', "then", "(a", "trio", "mostly)", "played."],
                            "tags": ["O", "B-COMMA", "O", "O", "B-COMMA", "O", "O", "B-COMMA", "O", "O"]}
     # a comma standing alone is a word of its own, left as it is
@@ -112,7 +112,7 @@ def test_squad_commas_splits_are_train_and_dev_paragraphs(offline_cache):
     from raybiphase.data import sources
 
     splits = tasks.load_splits(tasks.get_task("squad_commas"), max_examples=200)
-    dev_words = {" ".join(tasks.tag_commas(r)["words"]) for r in tasks.comma_sentences(sources.squad_contexts("dev"))}
+    dev_words = {" ".join(tasks.tag_commas(r)["words"]) for r in tasks.sentence_records(sources.squad_contexts("dev"))}
     assert len(splits.test) == 200 and all(" ".join(r["words"]) in dev_words for r in splits.test)
     tags = [t for r in splits.test for t in r["tags"]]
     assert 0.03 < tags.count("B-COMMA") / len(tags) < 0.10 and not any("," == w[-1:] for r in splits.test for w in r["words"] if len(w) > 1)
