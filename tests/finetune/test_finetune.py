@@ -317,10 +317,10 @@ def test_a_table_of_trials_made_under_other_settings_is_refused_in_one_line(tmp_
     assert "sweep.name" in str(err.value) and "\n" not in str(err.value)
 
 
-def test_a_sweep_over_trials_made_under_other_settings_stops_before_any_work(tmp_path, capsys, monkeypatch):
+def test_a_sweep_over_trials_made_under_other_settings_stops_before_any_work(tmp_path):
+    import subprocess
     import sys
 
-    from raybiphase.__main__ import main
     from raybiphase.finetune import fanout
     from raybiphase.results import store
 
@@ -328,13 +328,12 @@ def test_a_sweep_over_trials_made_under_other_settings_stops_before_any_work(tmp
     table.parent.mkdir()
     row = FinetuneRow(run="r", pretrain_step=8, task="squad_shuffle", lr=2e-3, seed=0, test_score=0.5).record()
     store.append_rows(table, [{**row, fanout.SETTINGS_COLUMN: "0ther5et"}], key=FINETUNE_KEY)
-    monkeypatch.setattr(sys, "argv", list(sys.argv))  # main() sets sys.argv for the command
-    with pytest.raises(SystemExit) as exit_info:  # in-process: the console command's one line and exit code
-        main(["sweep", "sweeps/quickstart.yaml", "--set", f"sweep.storage={tmp_path}"])
-    captured = capsys.readouterr()
-    assert exit_info.value.code == 2 and len(captured.err.strip().splitlines()) == 1, captured.err
-    assert captured.err.startswith(f"error: finetune: {table} holds trials fine-tuned under other settings")
-    assert "pretraining:" not in captured.out  # nothing ran, nothing was written beside the table (and its lock)
+    proc = subprocess.run([sys.executable, "-m", "raybiphase.sweep", "sweeps/quickstart.yaml", "--set",
+                           f"sweep.storage={tmp_path}"], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: finetune: {table} holds trials fine-tuned under other settings")
+    assert "pretraining:" not in proc.stdout  # nothing ran, nothing was written beside the table (and its lock)
     assert {p.name for p in table.parent.iterdir()} == {"finetune.parquet", ".finetune.parquet.lock"}
 
 
