@@ -12,11 +12,12 @@ At most `resources.max_concurrent` trials run at once.
 
 Stopped trials: their row keeps the last validation score and step, `stopped_early=True`, `test_score=NaN` (a
 stopped trial is ended at its report, so its test split is never scored). The paper reports the test mean over
-all seeds of the best LR, so a *completion pass* follows: per (run, task), the best LR by the report's own rule
-(raybiphase.results.aggregate.best_lr: the best mean validation over finished trials); its stopped seeds are run
-again from the start without ASHA (their row then has `completed_after_stop=True`; `steps_run` and `seconds` count both attempts). Repeated until the best LR has no
-stopped seed. `finetune.complete_lrs` completes every stopped trial instead, so the LR sensitivity rests on complete
-LR x seed cells (ASHA then only orders the work).
+all seeds of the best LR, so a *completion pass* follows: per (run, task), the LR that leads on its finished seeds
+(raybiphase.results.aggregate.best_lr with complete_only=False); its stopped seeds are run again from the start
+without ASHA (their row then has `completed_after_stop=True`; `steps_run` and `seconds` count both attempts).
+Repeated until the leader has no stopped seed: it is then the best complete LR, the report's choice.
+`finetune.complete_lrs` completes every stopped trial instead, so the LR sensitivity rests on complete LR x seed
+cells (ASHA then only orders the work).
 
 Resuming: every trial leaves a record `<storage>/<name>/records/<key>.json` (finished trials write theirs before
 their last report; the driver writes the stopped ones), named by its key and a digest of the settings that shape
@@ -62,17 +63,24 @@ RECORDS = "records"
 SETTINGS_COLUMN = "finetune_settings"
 """Every row of ours carries `trial_settings`: a table is kept to one set of fine-tuning settings."""
 REDUCTION_FACTOR = 3
+PROTOCOL = 2
+"""Bumped when the trial protocol changes what a record holds, so older records are not reused: 2 = issue 27
+(diverged trials score the floor; offline validation paragraphs held out of the pretraining corpus; every
+sub-token of a word labelled)."""
 TrialKey = tuple  # rows.TRIAL_KEY: (run, pretrain_step, task, lr, seed)
 
 
 def trial_settings(cfg: FinetuneConfig) -> str:
     """A digest of the settings that shape one trial's result (not the grid): a record made under other settings
     is not reused. A GPU trial computes in bf16, so whether trials hold a GPU is one of them."""
-    settings = [cfg.batch_size, cfg.max_steps, cfg.warmup_ratio, cfg.eval_every, cfg.max_examples, cfg.max_len]
-    if cfg.max_eval_examples:  # appended only when set: records made before the option keep their digest
+    settings = [cfg.batch_size, cfg.max_steps, cfg.warmup_ratio, cfg.eval_every, cfg.max_examples, cfg.max_len,
+                ["protocol", PROTOCOL]]
+    if cfg.max_eval_examples:
         settings.append(["max_eval_examples", cfg.max_eval_examples])
     if cfg.gpus_per_trial > 0:
         settings.append("bf16")
+    # always: TC's default labelling changed with it (issue 27), so records of the first-sub-token default go
+    settings.append(["tc_labels", cfg.tc_labels])
     return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:8]
 
 
@@ -88,8 +96,8 @@ def check_settings(table: str, cfg: FinetuneConfig) -> None:
     made = set(rows[(rows["source"] == result_rows.OURS) & rows[SETTINGS_COLUMN].notna()][SETTINGS_COLUMN])
     if made - {trial_settings(cfg)}:
         raise UserError(f"finetune: {table} holds trials fine-tuned under other settings (finetune.batch_size, "
-                        "max_steps, warmup_ratio, eval_every, max_examples, max_eval_examples or max_len); they "
-                        "would count as done and the report would mix them: set another sweep.name (or output "
+                        "max_steps, warmup_ratio, eval_every, max_examples, max_eval_examples, max_len or tc_labels); "
+                        "they would count as done and the report would mix them: set another sweep.name (or output "
                         "folder), or move that file away")
 
 
@@ -139,7 +147,7 @@ def _trainable(config: dict, finetune: FinetuneConfig) -> None:
         if "final" in metrics:  # the trial's result is on disk before the report a scheduler may stop it at
             _write(trial["record"], result_rows.finished_row(row, metrics["final"]))
         score = metrics["val_score"]
-        # a diverged trial (NaN) ranks below every score for ASHA; its row says diverged, with no score
+        # a diverged trial reports its floor score (NaN only from rows of old), which ranks it low for ASHA
         tune.report({"step": metrics["step"], "val_score": -1.0 if math.isnan(score) else score,
                      "finished": int("final" in metrics)})  # else a trial that ended was stopped (progress lines)
 
@@ -269,7 +277,7 @@ def _complete_best(records: dict, plan: list[FinetuneRow], cfg: SweepSpec, exper
                 groups[group_of(row)].append(row)
         rerun = []
         for rows in groups.values():
-            lr = None if cfg.finetune.complete_lrs else best_lr([r.record() for r in rows])
+            lr = None if cfg.finetune.complete_lrs else best_lr([r.record() for r in rows], complete_only=False)
             rerun += [r for r in rows if r.stopped_early and (cfg.finetune.complete_lrs or r.lr == lr)]
         if not rerun:
             return done

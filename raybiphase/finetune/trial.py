@@ -35,6 +35,7 @@ from raybiphase import storage
 from raybiphase.cli import UserError
 from raybiphase.data.assets import cache_dir
 from raybiphase.config import FinetuneConfig
+from raybiphase.finetune.baselines import floor_scores
 from raybiphase.finetune.heads import head_for
 from raybiphase.finetune.tasks import get_task, load_splits
 from raybiphase.optim import adamw, set_lr, wsd_lr
@@ -113,17 +114,18 @@ _TOKENIZED: collections.OrderedDict = collections.OrderedDict()  # (tokenizer di
 TOKENIZED_KEPT = 8  # tasks x tokenizers one process keeps tokenized
 
 
-def _tokenized(hf_path: Path, task: str, caps: tuple[int, int], max_len: int, source: str) -> tuple:
+def _tokenized(hf_path: Path, task: str, caps: tuple[int, int], max_len: int, source: str,
+               tc_labels: str = "all_subtokens") -> tuple:
     """Head, training units, prepared validation and test: shared by the trials one process runs (Tune reuses
     its actors), which differ in checkpoint, LR and seed but share the sweep's tokenizer; each checkpoint is still
     checked against that tokenizer."""
-    key = (tokenizer_digest(hf_path), task, caps, max_len, source)
+    key = (tokenizer_digest(hf_path), task, caps, max_len, source, tc_labels)
     if key in _TOKENIZED:
         _TOKENIZED.move_to_end(key)
         check_fits(hf_path, _TOKENIZED[key][0].tokenizer)
         return _TOKENIZED[key]
     spec = get_task(task)
-    head = head_for(spec, load_checked_tokenizer(hf_path), max_len)
+    head = head_for(spec, load_checked_tokenizer(hf_path), max_len, tc_labels=tc_labels)
     splits = load_splits(spec, max_examples=caps[0], max_eval_examples=caps[1], source=source)
     units = head.train_units(splits.train)
     if not units:
@@ -148,12 +150,12 @@ def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: Finet
               report: Callable[[dict], None] | None = None, source: str = "auto") -> dict:
     """Fine-tune `hf_dir` on `task`; returns val_score, test_score, metric, steps, seconds, test_per_example,
     secondary_metric, test_secondary and diverged (the loss turned NaN or inf: the trial stops at its next
-    evaluation, with no score)."""
+    evaluation and scores the metric's floor, `baselines.floor_scores`)."""
     began = time.perf_counter()
     spec = get_task(task)
     hf_path = resolve_hf_dir(hf_dir)
     head, units, val, test = _tokenized(hf_path, task, (cfg.max_examples, cfg.max_eval_examples), cfg.max_len,
-                                        source)
+                                        source, cfg.tc_labels)
     device = trial_device(cfg)
     head.device = device
     autocast = (functools.partial(torch.autocast, "cuda", dtype=torch.bfloat16) if device.type == "cuda"
@@ -183,12 +185,13 @@ def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: Finet
         # --- eval and report
         done = step + 1
         if done % cfg.eval_every == 0 or done == total:
-            if not bool(finite):  # diverged: recorded as such, never scored
-                result = {"val_score": float("nan"), "test_score": float("nan"), "metric": spec.metric, "steps": done,
-                          "seconds": time.perf_counter() - began, "test_per_example": [],
+            if not bool(finite):  # diverged: scored at the metric's floor, so the seed still counts against its LR
+                floor = floor_scores(task, max_examples=cfg.max_examples, max_eval_examples=cfg.max_eval_examples,
+                                     source=source)
+                result = {**floor, "metric": spec.metric, "steps": done, "seconds": time.perf_counter() - began,
                           "secondary_metric": spec.secondary_metric, "test_secondary": float("nan"), "diverged": True}
                 if report:
-                    report({"step": done, "val_score": float("nan"), "final": result})
+                    report({"step": done, "val_score": floor["val_score"], "final": result})
                 return result
             model.eval()
             with autocast():

@@ -3,20 +3,27 @@
 Pure pandas/numpy (no Ray, no scipy). The protocol (../shared/paper.md, "Fine-tuning and evaluation protocol"):
 for each (source, run, pretrain_step, task)
 
-1. per learning rate, the mean validation score over the seeds that finished;
-2. the best LR is the one with the highest such mean (ties: more seeds, then the smaller LR): `choose_best_lr`,
-   the one rule the fan-out's completion pass (raybiphase.finetune.fanout) also uses;
-3. the reported score is the mean test score over the seeds at that LR, with a 95% confidence interval from the
+1. per learning rate, the mean validation score over its seeds;
+2. the best LR is the one with the highest such mean among the *complete* LRs, those whose every seed has a score
+   (ties: the smaller LR): `choose_best_lr`. A diverged seed scores the metric's floor (the trial records it:
+   `raybiphase.finetune.baselines.floor_scores`, the majority class for accuracy, 0 for F1 and NDCG) and counts
+   against its LR like any other seed, as in the authors' harness, where a collapsed run still scores; an LR is
+   never chosen on the seeds that happened to survive (issue 27);
+3. the reported score is the mean test score over all the seeds at that LR, with a 95% confidence interval from the
    t distribution with n-1 degrees of freedom: mean ± t(0.975, n-1) * std(ddof=1) / sqrt(n);
-4. the LR sensitivity (the paper's finding 2) is the spread of the mean test score across the LRs whose cells are
-   complete (every seed of the group finished with a score): max - min and the standard deviation (ddof=0: the LR
-   grid is the whole population, not a sample). An LR that ASHA cut short has only its best seeds left, which
-   would understate the spread, so it is left out (`n_lrs_complete` says how many LRs it rests on; with fewer than
-   two it is NaN). `finetune.complete_lrs` makes the fan-out finish every stopped trial, so every cell is complete.
+4. the LR sensitivity (the paper's finding 2) is the spread of the mean test score across the complete LRs
+   (diverged seeds included, at their floor): max - min and the standard deviation (ddof=0: the LR grid is the
+   whole population, not a sample). An LR that ASHA cut short has only its best seeds left, which would
+   understate the spread, so it is left out (`n_lrs_complete` says how many LRs it rests on; with fewer than two
+   it is NaN). `finetune.complete_lrs` makes the fan-out finish every stopped trial, so every cell is complete.
 
-Trials stopped by ASHA carry NaN test scores; their early validation scores never compete with finished trials'
-(an LR is eligible when at least one seed finished); `n_seeds` counts the seeds that finished at the best LR. Scores stay in the metric's own units (fractions in [0, 1] for accuracy, F1 and NDCG@10).
-`bootstrap_ci` gives a percentile interval from per-example test scores (paired across seeds), seeded.
+Trials stopped by ASHA carry NaN test scores and make their LR incomplete; their early validation scores never
+enter a mean. The fan-out's completion pass asks `choose_best_lr(..., complete_only=False)` which LR leads on the
+seeds that finished, and finishes that LR's stopped seeds until the leader is complete: then the leader is the
+best complete LR. `n_seeds` counts the seeds at the best LR, `n_diverged` the diverged trials of the group (and
+`n_diverged_best` those at the best LR). Scores stay in the metric's own units (fractions in [0, 1] for accuracy,
+F1 and NDCG@10). Rows made before diverged trials scored their floor (NaN scores, `diverged` true) leave their LR
+incomplete. `bootstrap_ci` gives a percentile interval from per-example test scores (paired across seeds), seeded.
 """
 
 from __future__ import annotations
@@ -100,43 +107,53 @@ def _prepare(trials: pd.DataFrame) -> pd.DataFrame:
     return trials
 
 
+def _flag(group: pd.DataFrame, column: str) -> pd.Series:
+    return group[column].fillna(False).astype(bool) if column in group else pd.Series(False, index=group.index)
+
+
 def lr_table(trials: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
-    """One row per (source, run, pretrain_step, task, lr): mean validation, mean test ± CI over finished seeds, and
-    how many of its trials diverged (no score: they count in n_trials, never in a mean)."""
+    """One row per (source, run, pretrain_step, task, lr): mean validation and mean test ± CI over the seeds with a
+    score (diverged ones at their floor), how many of the group's seeds it holds, whether it is `complete` (every
+    seed of the group scored), and how many of its trials diverged."""
     trials = _prepare(trials)
+    group_seeds = {key: (g["seed"].nunique() if "seed" in g else len(g))
+                   for key, g in trials.groupby(list(GROUP), dropna=False, sort=False)}
     rows = []
     for key, group in trials.groupby([*GROUP, "lr"], dropna=False, sort=True):
         test = mean_ci(group["test_score"], confidence)
-        val = group["val_score"].astype(float)
-        if "stopped_early" in group:  # a stopped trial's early validation never competes with finished ones
-            val = val.where(~group["stopped_early"].fillna(False).astype(bool))
+        val = group["val_score"].astype(float).where(~_flag(group, "stopped_early"))  # early scores never compete
+        scored = group["test_score"].astype(float).notna() & val.notna()
+        n_group = group_seeds[key[:len(GROUP)]]
         rows.append({
             **dict(zip((*GROUP, "lr"), key)),
             "val_mean": float(val.mean()) if val.notna().any() else math.nan,
             "n_val": int(val.notna().sum()),
             "test_mean": test.mean, "test_ci95": test.half_width, "test_std": test.std, "n_seeds": test.n,
             "n_trials": len(group),
-            "n_diverged": int(group["diverged"].fillna(False).astype(bool).sum()) if "diverged" in group else 0,
+            "n_diverged": int(_flag(group, "diverged").sum()),
+            "complete": bool(int(scored.sum()) >= n_group),
         })
     return pd.DataFrame(rows, columns=[*GROUP, "lr", "val_mean", "n_val", "test_mean", "test_ci95", "test_std",
-                                       "n_seeds", "n_trials", "n_diverged"])
+                                       "n_seeds", "n_trials", "n_diverged", "complete"])
 
 
-def choose_best_lr(lrs: pd.DataFrame) -> pd.Series | None:
-    """The row of `lr_table` (one group) with the best LR: the highest mean validation over finished seeds, ties
-    to more seeds, then to the smaller LR; None when no LR has a finished seed with a test score."""
-    eligible = lrs[lrs["val_mean"].notna() & lrs["test_mean"].notna()]
-    if not len(eligible) and lrs["val_mean"].isna().all():  # a baseline (BM25, majority class): no validation
+def choose_best_lr(lrs: pd.DataFrame, complete_only: bool = True) -> pd.Series | None:
+    """The row of `lr_table` (one group) with the best LR: the highest mean validation among the complete LRs (every
+    seed scored), ties to the smaller LR; None when no LR is complete. `complete_only=False` ranks the LRs on the
+    seeds they have (ties to more seeds): the leader the fan-out's completion pass finishes first."""
+    if lrs["val_mean"].isna().all():  # a baseline (BM25, majority class): a test score, no validation
         eligible = lrs[lrs["test_mean"].notna()]
+        return eligible.iloc[0] if len(eligible) else None
+    eligible = lrs[lrs["val_mean"].notna() & (lrs["complete"] if complete_only else lrs["val_mean"].notna())]
     if not len(eligible):
         return None
     return eligible.sort_values(["val_mean", "n_val", "lr"], ascending=[False, False, True]).iloc[0]
 
 
-def best_lr(trials: pd.DataFrame | Sequence[dict]) -> float | None:
+def best_lr(trials: pd.DataFrame | Sequence[dict], complete_only: bool = True) -> float | None:
     """The best LR of one group's trials (rows as a frame or as records): `choose_best_lr` over their lr_table."""
     trials = pd.DataFrame(list(trials)) if not isinstance(trials, pd.DataFrame) else trials
-    best = choose_best_lr(lr_table(trials)) if len(trials) else None
+    best = choose_best_lr(lr_table(trials), complete_only) if len(trials) else None
     return None if best is None else float(best["lr"])
 
 
@@ -186,9 +203,9 @@ def summarize(trials: pd.DataFrame, confidence: float = 0.95, bootstrap: bool = 
     """One row per (source, run, pretrain_step, task): the best LR and its mean test score ± CI, LR spread.
 
     Columns: the group, `best_lr`, `best_val_mean`, `test_mean`, `test_ci95` (half-width), `test_std`, `n_seeds`,
-    `n_lrs`, `n_lrs_complete`, `lr_spread` (max - min of the mean test score across the LRs whose every seed
-    finished), `lr_std`, `n_trials`, `n_stopped`,
-    `n_diverged` (trials whose loss turned NaN or inf; per LR in `lr_table`), then
+    `n_lrs`, `n_lrs_complete`, `lr_spread` (max - min of the mean test score across the complete LRs), `lr_std`,
+    `n_trials`, `n_stopped`, `n_diverged` (trials whose loss turned NaN or inf, scored at the metric's floor; per LR
+    in `lr_table`) and `n_diverged_best` (those at the best LR), then
     every column constant within the group (config, family, dataset, metric, phases.clm_share). With `bootstrap=True`
     and per-example scores present, `test_boot_low` / `test_boot_high` too.
     """
@@ -200,23 +217,21 @@ def summarize(trials: pd.DataFrame, confidence: float = 0.95, bootstrap: bool = 
     rows = []
     for key, group in trials.groupby(list(GROUP), dropna=False, sort=True):
         lrs = per_lr[key]
-        n_seeds = group["seed"].nunique() if "seed" in group else int(lrs["n_seeds"].max())
-        complete = lrs.loc[lrs["n_seeds"] == n_seeds, "test_mean"].dropna()  # every seed finished with a score
+        complete = lrs.loc[lrs["complete"], "test_mean"].dropna()  # every seed scored, diverged ones at the floor
         spread = len(complete) >= 2
         row = {**dict(zip(GROUP, key)), "best_lr": math.nan, "best_val_mean": math.nan, "test_mean": math.nan,
                "test_ci95": math.nan, "test_std": math.nan, "n_seeds": 0, "n_lrs": int(lrs["lr"].nunique()),
                "n_lrs_complete": len(complete),
                "lr_spread": float(complete.max() - complete.min()) if spread else math.nan,
                "lr_std": float(complete.std(ddof=0)) if spread else math.nan,
-               "n_trials": len(group),
-               "n_stopped": int(group["stopped_early"].fillna(False).astype(bool).sum())
-               if "stopped_early" in group else 0,
-               "n_diverged": int(lrs["n_diverged"].sum())}
+               "n_trials": len(group), "n_stopped": int(_flag(group, "stopped_early").sum()),
+               "n_diverged": int(lrs["n_diverged"].sum()), "n_diverged_best": 0}
         best = choose_best_lr(lrs)
         if best is not None:
             row.update(best_lr=float(best["lr"]), best_val_mean=float(best["val_mean"]),
                        test_mean=float(best["test_mean"]), test_ci95=float(best["test_ci95"]),
-                       test_std=float(best["test_std"]), n_seeds=int(best["n_seeds"]))
+                       test_std=float(best["test_std"]), n_seeds=int(best["n_seeds"]),
+                       n_diverged_best=int(best["n_diverged"]))
             if bootstrap and "test_per_example" in group:
                 at_best = group[(group["lr"] == best["lr"]) & group["test_score"].notna()]
                 lists = [s for s in at_best["test_per_example"] if s is not None and len(s)]

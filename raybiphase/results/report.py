@@ -211,7 +211,9 @@ def lr_section(s: pd.DataFrame, trials: pd.DataFrame) -> Section:
     if trials.empty or trials["lr"].nunique() < 2:
         return Section("lr_sensitivity", title, None, "Not drawn: a single fine-tuning learning rate.")
     final = s[s["final"]][["source", "run", "pretrain_step", "task", "objective", "family", "metric"]]
-    pts = lr_table(trials).merge(final, on=["source", "run", "pretrain_step", "task"])
+    per_lr = lr_table(trials)
+    n_incomplete = int((~per_lr["complete"]).sum())
+    pts = per_lr[per_lr["complete"]].merge(final, on=["source", "run", "pretrain_step", "task"])
     pts = pts.assign(score=pts["test_mean"] * 100, ci=_interval(pts["test_ci95"], pts["n_seeds"]),
                      line=[f"{_prefix(a)}{r}" for a, r in zip(pts["source"], pts["run"])])
     fig = _task_grid(pts, "lr", "line", title + " (colour: objective)", "fine-tuning learning rate (log scale)",
@@ -222,9 +224,11 @@ def lr_section(s: pd.DataFrame, trials: pd.DataFrame) -> Section:
                                     "mean LR std (pts)": ("lr_std", lambda v: 100 * v.mean()),
                                     "complete LRs": ("n_lrs_complete", "sum"), "LRs": ("n_lrs", "sum")})
     note = ("Mean test score over seeds at each LR, one line per model (final checkpoints). A flatter line is a less "
-            "LR-sensitive model; the table averages the spread across tasks. The spread uses only complete LR x "
-            "seed cells (every seed finished with a score): an LR that ASHA cut short keeps only its best seeds, "
-            "which would understate it. `finetune.complete_lrs: true` finishes every cell.")
+            "LR-sensitive model; the table averages the spread across tasks. The figure and the spread use only "
+            "complete LR x seed cells (every seed has a score; a diverged seed counts at the metric's floor): an LR "
+            "that ASHA cut short keeps only its best seeds, which would understate it. "
+            + (f"{n_incomplete} incomplete cell(s) left out; `finetune.complete_lrs: true` finishes every cell."
+               if n_incomplete else "Every cell is complete."))
     return Section("lr_sensitivity", title, fig, note, _markdown(spread.round(2)))
 
 
@@ -284,10 +288,16 @@ def summary_section(s: pd.DataFrame) -> Section:
         "CLM share (%)": (final["clm_share"] * 100).round(1), "task": final["task"],
         "best LR": final["best_lr"].map(lambda v: f"{v:.0e}"),
         "test (%)": [_mean_ci(m, c, n) for m, c, n in zip(final["score"], final["ci"], final["n_seeds"])],
-        "seeds": final["n_seeds"], "LR spread (pts)": (final["lr_spread"] * 100).round(2)})
+        "seeds": final["n_seeds"], "diverged (best LR / all)": [
+            f"{int(b)} / {int(a)}" for b, a in zip(_col(final, "n_diverged_best").fillna(0),
+                                                   _col(final, "n_diverged").fillna(0))],
+        "LR spread (pts)": (final["lr_spread"] * 100).round(2)})
+    diverged = int(_col(final, "n_diverged").fillna(0).sum())
     return Section("summary", "All results at the final checkpoint", None,
-                   "Best LR by mean validation score; test mean ± 95% CI over seeds; LR spread = max - min of the "
-                   "mean test score across the LRs whose every seed finished.", _markdown(table))
+                   "Best LR by mean validation score over all its seeds (only LRs whose every seed has a score); "
+                   "test mean ± 95% CI over those seeds; a diverged seed scores the metric's floor (the majority "
+                   f"class for accuracy, 0 for F1 and NDCG) and counts: {diverged} trial(s) diverged here. LR spread "
+                   "= max - min of the mean test score across the complete LRs.", _markdown(table))
 
 
 def _palette(n: int):

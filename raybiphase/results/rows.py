@@ -113,7 +113,8 @@ class FinetuneRow:
     stopped_early: bool = False
     completed_after_stop: bool = False
     diverged: bool = False
-    """The fine-tuning loss turned NaN or inf: the trial stopped with no score."""
+    """The fine-tuning loss turned NaN or inf: the trial stopped and scored the metric's floor (majority class for
+    accuracy, 0 otherwise), so it still counts against its LR."""
     settings: dict[str, Any] = field(default_factory=dict)
     """The pretrained run's dotted settings."""
 

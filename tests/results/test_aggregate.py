@@ -57,15 +57,18 @@ def test_hand_computed_example() -> None:
     assert row["family"] == "SC"
 
 
-def test_asha_stopped_trials_are_left_out_of_the_means() -> None:
-    # LR 1e-3 lost a seed to ASHA (NaN scores): its mean is over the 2 seeds that finished.
+def test_asha_stopped_trials_are_left_out_of_the_means_and_their_lr_waits_for_completion() -> None:
+    # LR 1e-3 lost a seed to ASHA (NaN scores): its means are over the 2 seeds that finished, and it is not chosen
+    # on them (issue 27): the completion pass finishes its stopped seed first, as it leads on what it has.
     trials = pd.DataFrame(_rows("A", 1e-4, [0.80, 0.80, 0.80], [0.70, 0.70, 0.70])
                           + _rows("A", 1e-3, [0.90, 0.92, math.nan], [0.91, 0.93, math.nan]))
     row = summarize(trials).iloc[0]
-    assert row["best_lr"] == 1e-3 and row["n_seeds"] == 2 and row["n_stopped"] == 1
-    assert row["test_mean"] == pytest.approx(0.92)
+    assert row["best_lr"] == 1e-4 and row["n_seeds"] == 3 and row["n_stopped"] == 1
+    assert row["test_mean"] == pytest.approx(0.70)
+    assert best_lr(trials, complete_only=False) == 1e-3
     per_lr = lr_table(trials).set_index("lr")
     assert per_lr.loc[1e-3, "n_trials"] == 3 and per_lr.loc[1e-3, "n_seeds"] == 2
+    assert per_lr.loc[1e-3, "test_mean"] == pytest.approx(0.92) and not per_lr.loc[1e-3, "complete"]
 
 
 def test_a_stopped_trials_early_validation_never_picks_the_lr_and_the_fanout_agrees() -> None:
@@ -142,20 +145,6 @@ def test_summary_bootstrap_columns_from_per_example_scores() -> None:
     rows[0]["test_per_example"], rows[1]["test_per_example"] = [1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 1.0, 0.0]
     row = summarize(pd.DataFrame(rows), bootstrap=True).iloc[0]
     assert row["test_boot_low"] <= row["test_mean"] <= row["test_boot_high"]
-
-
-def test_diverged_trials_are_counted_per_lr_and_never_scored():
-    from raybiphase.results.aggregate import lr_table, summarize
-
-    rows = [{"run": "r", "pretrain_step": 8, "task": "tweets", "lr": lr, "seed": seed, "val_score": v, "test_score": t,
-             "diverged": d}
-            for lr, seed, v, t, d in [(1e-4, 0, 0.6, 0.55, False), (1e-4, 1, 0.62, 0.57, False),
-                                      (1e-3, 0, float("nan"), float("nan"), True), (1e-3, 1, 0.7, 0.4, False)]]
-    per_lr = lr_table(pd.DataFrame(rows)).set_index("lr")
-    assert per_lr.loc[1e-3, "n_diverged"] == 1 and per_lr.loc[1e-3, "n_seeds"] == 1
-    assert per_lr.loc[1e-3, "test_mean"] == 0.4 and per_lr.loc[1e-4, "n_diverged"] == 0
-    (summary,) = summarize(pd.DataFrame(rows)).to_dict("records")
-    assert summary["n_diverged"] == 1 and summary["n_trials"] == 4
 
 
 def test_token_classification_bootstraps_sentences_and_recomputes_corpus_f1() -> None:
