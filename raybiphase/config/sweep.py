@@ -12,7 +12,7 @@ RunConfigs, and only those travel to Ray Train workers.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from raybiphase.config.load import (
     NOT_WEIGHTS,
@@ -27,6 +27,8 @@ from raybiphase.config.load import (
 )
 from raybiphase.config.run import RUN_SECTIONS, RunConfig
 from raybiphase.pretrain.sizes import PEAK_BF16_TFLOPS
+
+TcLabels = Literal["all_subtokens", "first_subtoken"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +63,9 @@ class FinetuneConfig:
     max_len: int = 128
     """Tokens per input (longer inputs are trimmed; QA slides windows over the context). 128 suits CPU runs; the
     paper fine-tunes at nearly the encoders' full context (sweeps/split_grid.yaml: 2,048)."""
+    tc_labels: TcLabels = "all_subtokens"
+    """Token classification: train every sub-token of a word on its tag and vote per word (the authors' evaluation
+    code), or train and predict at a word's first sub-token only (raybiphase.finetune.heads.tc)."""
     cpus_per_trial: float = field(default=1.0, metadata=NOT_WEIGHTS)
     """CPUs a fine-tuning trial holds (its torch threads on CPU, its data loading on GPU)."""
     gpus_per_trial: float = field(default=0.0, metadata=NOT_WEIGHTS)
@@ -79,6 +84,8 @@ class FinetuneConfig:
         non_negative(self.max_examples, "finetune.max_examples")
         non_negative(self.max_eval_examples, "finetune.max_eval_examples")
         check(self.max_len >= 16, "finetune.max_len", f"{self.max_len} is out of range; allowed: 16 or more")
+        check(self.tc_labels in get_args(TcLabels), "finetune.tc_labels",
+              f"{self.tc_labels!r} is not allowed; allowed: {', '.join(get_args(TcLabels))}")
         positive(self.cpus_per_trial, "finetune.cpus_per_trial")
         non_negative(self.gpus_per_trial, "finetune.gpus_per_trial")
         check(self.gpus_per_trial <= 1 or float(self.gpus_per_trial).is_integer(), "finetune.gpus_per_trial",

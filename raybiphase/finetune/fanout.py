@@ -66,7 +66,7 @@ REDUCTION_FACTOR = 3
 PROTOCOL = 2
 """Bumped when the trial protocol changes what a record holds, so older records are not reused: 2 = issue 27
 (diverged trials score the floor; offline validation paragraphs held out of the pretraining corpus; every
-sub-token of a word labelled)."""
+sub-token of a word labelled; QA windows without the answer trained at position 0)."""
 TrialKey = tuple  # rows.TRIAL_KEY: (run, pretrain_step, task, lr, seed)
 
 
@@ -79,8 +79,8 @@ def trial_settings(cfg: FinetuneConfig) -> str:
         settings.append(["max_eval_examples", cfg.max_eval_examples])
     if cfg.gpus_per_trial > 0:
         settings.append("bf16")
-    # always: TC's default labelling changed with it (issue 27), so records of the first-sub-token default go
-    settings.append(["tc_labels", cfg.tc_labels])
+    if cfg.tc_labels != "all_subtokens":  # the default's own change (issue 27) is PROTOCOL 2's
+        settings.append(["tc_labels", cfg.tc_labels])
     return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:8]
 
 

@@ -150,6 +150,7 @@ def test_trial_resources_follow_the_finetune_settings():
     assert trial_settings(FinetuneConfig(cpus_per_trial=4)) == base
     assert trial_settings(FinetuneConfig(gpus_per_trial=0.5)) != base != trial_settings(FinetuneConfig(max_len=512))
     assert trial_settings(FinetuneConfig(max_eval_examples=800)) != base
+    assert trial_settings(FinetuneConfig(tc_labels="first_subtoken")) != base
     # pinned: a digest changes only on purpose (fanout.PROTOCOL 2, issue 27: records of the old protocol are redone)
     assert base == "34460b9a"
 
@@ -183,6 +184,8 @@ def test_qa_training_targets_point_at_the_answer_text(tiny_checkpoint, task):
     for record in records:
         windows = {tuple(w["ids"]): w for w in head.windows(record)}
         for ids, (start, end) in head.train_units([record]):
+            if (start, end) == (0, 0):
+                continue  # a window without the answer (test_qa_keeps_windows_without_the_answer_pointing_at_0)
             window = windows[tuple(ids)]
             begin, stop = window["offsets"][start - window["first"]][0], window["offsets"][end - window["first"]][1]
             found = scoring.normalize_answer(record["context"][begin:stop])
@@ -203,6 +206,134 @@ def test_qa_picks_the_best_valid_span_across_windows():
     first[4, 0], first[3, 1] = 5.0, 5.0  # end before start: invalid
     second[2, 0], second[3, 1] = 3.0, 4.0  # "gamma delta"
     assert head._best_span(record, windows, [first, second]) == "gamma delta"
+
+
+def test_qa_keeps_windows_without_the_answer_pointing_at_0(tiny_checkpoint):
+    """As transformers' run_qa: every window of the context trains; one without the answer points at position 0."""
+    from transformers import AutoTokenizer
+
+    from raybiphase.data import sources
+    from raybiphase.finetune.heads import head_for
+    from raybiphase.finetune.tasks import get_task
+
+    head = head_for(get_task("squad"), AutoTokenizer.from_pretrained(str(tiny_checkpoint)), 48)
+    record = next(r for r in sources.squad("dev") if len(head.windows(r)) >= 4)
+    windows, units = head.windows(record), head.train_units([record])
+    assert [ids for ids, _ in units] == [w["ids"] for w in windows]  # one unit per window, none dropped
+    empty = [target for _, target in units if target == (0, 0)]
+    assert 0 < len(empty) < len(units)  # some windows hold the answer, the others point at position 0
+
+
+def test_qa_never_predicts_position_0_for_squad_v1():
+    """Position 0 is trained as "no answer here", but a SQuAD v1.1 prediction is always a context span; only
+    SQuAD v2 lets the empty answer win."""
+    from raybiphase.finetune.heads.qa import QuestionAnsweringHead
+    from raybiphase.finetune.tasks import get_task
+
+    head = QuestionAnsweringHead.__new__(QuestionAnsweringHead)
+    record = {"context": "alpha beta gamma"}
+    windows = [{"first": 2, "offsets": [(0, 5), (5, 10), (10, 16)]}]
+    scores = np.zeros((6, 2))
+    scores[0] = 50.0  # position 0 scores far above every span
+    scores[3, 0], scores[3, 1] = 1.0, 1.0  # "beta"
+    head.task = get_task("squad")
+    assert head._best_span(record, windows, [scores]) == "beta"
+    head.task = get_task("squad_v2")
+    assert head._best_span(record, windows, [scores]) == ""
+
+
+def test_tc_trains_every_sub_token_of_a_word_on_its_tag_or_only_the_first(tiny_checkpoint):
+    from transformers import AutoTokenizer
+
+    from raybiphase.data.masking import IGNORE_INDEX
+    from raybiphase.finetune.heads import head_for
+    from raybiphase.finetune.tasks import get_task
+
+    tokenizer, task = AutoTokenizer.from_pretrained(str(tiny_checkpoint)), get_task("squad_bio")
+    record = {"words": ["Parisianisms", "are", "worldly"], "tags": ["B-ANS", "I-ANS", "O"]}
+    pieces = [len(tokenizer((" " if i else "") + word, add_special_tokens=False)["input_ids"])
+              for i, word in enumerate(record["words"])]
+    assert pieces[0] > 2  # the first word is split into sub-tokens
+    tags = [task.label_names.index(tag) for tag in record["tags"]]
+
+    every = head_for(task, tokenizer, 64)  # the default: the authors' labelling
+    [(ids, labels)] = every.train_units([record])
+    assert labels == [IGNORE_INDEX] + [tag for tag, n in zip(tags, pieces) for _ in range(n)] + [IGNORE_INDEX]
+    assert len(ids) == sum(pieces) + 2
+
+    first = head_for(task, tokenizer, 64, tc_labels="first_subtoken")
+    [(first_ids, first_labels)] = first.train_units([record])
+    starts = [x for tag, n in zip(tags, pieces) for x in [tag] + [IGNORE_INDEX] * (n - 1)]
+    assert first_ids == ids and first_labels == [IGNORE_INDEX] + starts + [IGNORE_INDEX]
+
+
+def test_tc_votes_per_word_over_its_sub_tokens_ties_to_the_higher_summed_probability():
+    from raybiphase.finetune.heads.tc import word_predictions
+
+    probabilities = np.array([
+        [0.1, 0.8, 0.1],  # <bos>: no word
+        [0.6, 0.3, 0.1],  # word 0: votes 0
+        [0.2, 0.7, 0.1],  # word 0: votes 1
+        [0.1, 0.5, 0.4],  # word 0: votes 1 -> 1 wins, two votes to one
+        [0.5, 0.1, 0.4],  # word 1: votes 0 (tied tags summed: 0 -> 0.8, 2 -> 1.0)
+        [0.3, 0.1, 0.6],  # word 1: votes 2 -> the tie goes to 2
+        [0.9, 0.05, 0.05],  # <eos>
+    ])
+    words = [-1, 0, 0, 0, 1, 1, -1]
+    assert word_predictions(probabilities, words, 3) == [1, 2, None]  # word 2 was cut off: no tokens, no vote
+
+
+def test_tc_evaluation_predicts_a_word_by_its_sub_tokens_vote(tiny_checkpoint):
+    """A word whose first sub-token alone says "O" but whose other sub-tokens say "B-ANS" is predicted B-ANS;
+    under first_subtoken it is predicted at its first sub-token."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from raybiphase.finetune.heads import head_for
+    from raybiphase.finetune.tasks import get_task
+
+    task = get_task("squad_bio")
+    record = {"words": ["Parisianisms", "rock"], "tags": ["B-ANS", "O"]}
+
+    def score(tc_labels: str) -> float:
+        head = head_for(task, AutoTokenizer.from_pretrained(str(tiny_checkpoint)), 64, tc_labels=tc_labels)
+        [(_, ids, _)] = prepared = head.prepare_eval([record])
+        [(_, labels)] = head_for(task, head.tokenizer, 64).train_units([record])  # every sub-token's word tag
+        logits = torch.full((1, len(ids), 3), -5.0)
+        logits[0, :, 0] = 5.0  # "O" everywhere ...
+        later = [p for p, tag in enumerate(labels) if tag == 1][1:]
+        assert len(later) >= 2
+        logits[0, later] = torch.tensor([-5.0, 5.0, -5.0])  # ... but at the first word's later sub-tokens
+        return head.evaluate(lambda input_ids, attention_mask: SimpleNamespace(logits=logits), prepared).score
+
+    assert score("all_subtokens") == 1.0 and score("first_subtoken") == 0.0
+
+
+def test_tc_labels_is_a_checked_setting():
+    from raybiphase.config import ConfigError
+
+    assert FinetuneConfig().tc_labels == "all_subtokens"
+    with pytest.raises(ConfigError, match="finetune.tc_labels") as err:
+        from_dict(SweepSpec, {"finetune": {"tc_labels": "every_token"}})
+    assert "\n" not in str(err.value)
+
+
+def test_a_max_len_beyond_the_checkpoints_positions_is_a_one_line_user_error(tiny_checkpoint, tmp_path):
+    import json
+
+    from raybiphase.finetune.trial import run_trial
+
+    short = tmp_path / "short"  # as `raybiphase export` writes a run pretrained on 64-token blocks
+    shutil.copytree(tiny_checkpoint, short)
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
+    with pytest.raises(UserError, match="finetune.max_len: 128 exceeds the 64 positions") as err:
+        run_trial(short, "tweets", lr=1e-4, seed=0, cfg=dataclasses.replace(TINY_RUN, max_len=128))
+    assert "\n" not in str(err.value)
+    result = run_trial(short, "tweets", lr=1e-4, seed=0, cfg=dataclasses.replace(TINY_RUN, max_len=64, max_steps=2))
+    assert 0.0 <= result["test_score"] <= 1.0  # at the length it was trained on, it fine-tunes
 
 
 def test_bad_checkpoints_and_tasks_are_one_line_user_errors(tiny_checkpoint, tmp_path):

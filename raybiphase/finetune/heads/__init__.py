@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from raybiphase.config.sweep import TcLabels
 from raybiphase.finetune.heads.base import Head
 from raybiphase.finetune.heads.ir import RetrievalHead
 from raybiphase.finetune.heads.qa import QuestionAnsweringHead
@@ -20,6 +21,9 @@ HEADS: dict[str, type[Head]] = {"SC": SequenceClassificationHead, "TC": TokenCla
                                 "QA": QuestionAnsweringHead, "IR": RetrievalHead}
 
 
-def head_for(task: Task, tokenizer, max_len: int) -> Head:
-    """The head of the task's family, reading inputs of at most `max_len` tokens."""
+def head_for(task: Task, tokenizer, max_len: int, *, tc_labels: TcLabels = "all_subtokens") -> Head:
+    """The head of the task's family, reading inputs of at most `max_len` tokens; a TC head labels words by
+    `tc_labels` (finetune.tc_labels)."""
+    if task.family == "TC":
+        return TokenClassificationHead(task, tokenizer, max_len, labels=tc_labels)
     return HEADS[task.family](task, tokenizer, max_len)

@@ -1,7 +1,8 @@
 """The interface every task head implements, and what heads share: inputs from token ids, padding, loading.
 
 Inputs are built from token ids, so any tokenizer works the same way: `<bos> A <eos>` or `<bos> A <eos> B <eos>`
-(bos/eos used when the tokenizer has them), at most `max_len` tokens.
+(bos/eos used when the tokenizer has them), at most `max_len` tokens: no more than the checkpoint's
+`max_position_embeddings` (a raybiphase export says the length it was pretrained on), else `UserError`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from raybiphase.cli import UserError
 from raybiphase.finetune.tasks import Task
 
 EVAL_BATCH = 64
@@ -81,7 +83,13 @@ class Head:
 
     def _model(self, cls, hf_dir: str, **kwargs):
         with _quiet_transformers():
-            return cls.from_pretrained(hf_dir, dtype=torch.float32, **kwargs)
+            model = cls.from_pretrained(hf_dir, dtype=torch.float32, **kwargs)
+        positions = model.config.max_position_embeddings
+        if self.max_len > positions:
+            raise UserError(f"finetune.max_len: {self.max_len} exceeds the {positions} positions of {hf_dir} "
+                            f"(max_position_embeddings, the length it was trained on); set finetune.max_len <= "
+                            f"{positions}")
+        return model
 
     def prepare_eval(self, split):
         return split

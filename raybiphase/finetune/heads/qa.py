@@ -1,9 +1,10 @@
 """QA (the paper: token classification with 2 labels): `<bos> question <eos> window <eos>` over overlapping windows
-of the context; logits[..., 0] score starts, logits[..., 1] ends. Training uses the windows that hold the first
-gold answer whole; windows without it are dropped, except for tasks with unanswerable questions (SQuAD v2),
-where they learn to point at position 0. Prediction: the N_BEST best starts and ends of each window, the best
-valid span (start <= end, at most MAX_ANSWER_TOKENS) over all windows, mapped back to the context's characters;
-for SQuAD v2 the empty answer wins when position 0 scores higher (its lowest score over the windows, as in the
+of the context; logits[..., 0] score starts, logits[..., 1] ends. Training uses every window: one that holds the
+first gold answer whole points at it, any other (and every window of an unanswerable SQuAD v2 question) points
+start and end at position 0, the `<bos>` token, as transformers' run_qa example trains them. Prediction: the
+N_BEST best starts and ends of each window's context tokens (position 0 is never a span), the best valid span
+(start <= end, at most MAX_ANSWER_TOKENS) over all windows, mapped back to the context's characters; only for
+SQuAD v2 does the empty answer win, when position 0 scores higher (its lowest score over the windows, as in the
 transformers example). Scored with the official SQuAD EM/F1 (`raybiphase.finetune.scoring`).
 """
 
@@ -50,16 +51,12 @@ class QuestionAnsweringHead(Head):
         for record in records:
             answers = record["answers"]
             for window in self.windows(record):
-                target = (0, 0)
+                target = (0, 0)  # no answer in this window (issue 27: kept, as transformers' run_qa keeps them)
                 if answers["text"]:
                     start_char = answers["answer_start"][0]
                     end_char = start_char + len(answers["text"][0])
                     offsets = window["offsets"]
-                    inside = bool(offsets) and offsets[0][0] <= start_char and offsets[-1][1] >= end_char
-                    if not inside:
-                        if not self.task.unanswerable:
-                            continue  # SQuAD v1.1: every question has an answer; a window without it teaches nothing
-                    else:
+                    if offsets and offsets[0][0] <= start_char and offsets[-1][1] >= end_char:
                         start = next(i for i, (_, e) in enumerate(offsets) if e > start_char)
                         end = max(i for i, (s, _) in enumerate(offsets) if s < end_char)
                         target = (window["first"] + start, window["first"] + max(start, end))

@@ -1,45 +1,97 @@
-"""TC: `EuroBertForTokenClassification`; a word's tag is predicted at its first token; words cut off by `max_len`
-are predicted "O" (they still count in the gold entities); entity F1."""
+"""TC: `EuroBertForTokenClassification`; entity F1 over words.
+
+Two labellings (`finetune.tc_labels`):
+
+* "all_subtokens" (the default, as the authors' evaluation code does): every token of a word is trained on the
+  word's tag, and a word's prediction is a majority vote over its tokens' predicted tags; a tie goes to the tied
+  tag with the highest summed probability over the word's tokens (then the lowest tag index).
+* "first_subtoken": only a word's first token is trained, and the word's tag is predicted there.
+
+Words cut off by `max_len` are predicted "O" (they still count in the gold entities).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import get_args
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from raybiphase.config.sweep import TcLabels
 from raybiphase.data.masking import IGNORE_INDEX
 from raybiphase.finetune import scoring
 from raybiphase.finetune.heads.base import EVAL_BATCH, Evaluation, Head, pad
+from raybiphase.finetune.tasks import Task
+
+
+def first_tokens(token_words: Sequence[int]) -> list[int]:
+    """`token_words` with every token but a word's first set to -1."""
+    seen: set[int] = set()
+    out = []
+    for word in token_words:
+        out.append(word if word >= 0 and word not in seen else -1)
+        seen.add(word)
+    return out
+
+
+def word_predictions(probabilities: np.ndarray, token_words: Sequence[int], n_words: int) -> list[int | None]:
+    """Per word, the tag its tokens vote for: the most frequent argmax over the word's tokens, a tie going to the
+    tied tag with the highest summed probability over those tokens (then the lowest index); None for a word with
+    no token. `probabilities`: (tokens, tags); `token_words`: per token, its word's index or -1."""
+    positions: list[list[int]] = [[] for _ in range(n_words)]
+    for position, word in enumerate(token_words):
+        if word >= 0:
+            positions[word].append(position)
+    best = probabilities.argmax(-1)
+    out: list[int | None] = []
+    for rows in positions:
+        if not rows:
+            out.append(None)
+            continue
+        votes = np.bincount(best[rows], minlength=probabilities.shape[-1])
+        tied = np.flatnonzero(votes == votes.max())
+        out.append(int(tied[np.argmax(probabilities[rows][:, tied].sum(0))]))
+    return out
 
 
 class TokenClassificationHead(Head):
+    def __init__(self, task: Task, tokenizer, max_len: int, *, labels: TcLabels = "all_subtokens"):
+        super().__init__(task, tokenizer, max_len)
+        if labels not in get_args(TcLabels):
+            raise ValueError(f"finetune.tc_labels: {labels!r} is not allowed; allowed: {', '.join(get_args(TcLabels))}")
+        self.labels = labels
+
     def load_model(self, hf_dir: str):
         from transformers import EuroBertForTokenClassification
 
         return self._model(EuroBertForTokenClassification, hf_dir, num_labels=self.task.num_labels)
 
     def _encode(self, record: dict) -> tuple[list[int], list[int]]:
-        """Ids and, per token, the index of the word it starts (-1 for other tokens)."""
+        """Ids and, per token, the index of the word it belongs to (-1 for special tokens and bare spaces); with
+        "first_subtoken", only a word's first token keeps its index."""
         text, char_word = "", []
         for w, word in enumerate(record["words"]):
             if w:
                 text, char_word = text + " ", char_word + [-1]
             text, char_word = text + word, char_word + [w] * len(word)
         encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        ids, starts, seen = encoded["input_ids"], [], set()
-        for begin, end in encoded["offset_mapping"]:
-            word = char_word[end - 1] if end > begin else -1  # a token's last character lies inside its word
-            starts.append(word if word >= 0 and word not in seen else -1)
-            seen.add(word)
+        ids = encoded["input_ids"]
+        # a token's last character lies inside its word (a byte-level BPE token carries the space before it)
+        words = [char_word[end - 1] if end > begin else -1 for begin, end in encoded["offset_mapping"]]
+        if self.labels == "first_subtoken":
+            words = first_tokens(words)
         keep = self.max_len - len(self.open) - len(self.close)
-        pad_word = [-1] * len(self.open)
-        return self.open + ids[:keep] + self.close, pad_word + starts[:keep] + [-1] * len(self.close)
+        return (self.open + ids[:keep] + self.close,
+                [-1] * len(self.open) + words[:keep] + [-1] * len(self.close))
 
     def train_units(self, records: list[dict]) -> list:
         index = {tag: i for i, tag in enumerate(self.task.label_names)}
         units = []
         for record in records:
-            ids, starts = self._encode(record)
-            units.append((ids, [index[record["tags"][w]] if w >= 0 else IGNORE_INDEX for w in starts]))
+            ids, words = self._encode(record)
+            units.append((ids, [index[record["tags"][w]] if w >= 0 else IGNORE_INDEX for w in words]))
         return units
 
     def loss(self, model, units: list) -> torch.Tensor:
@@ -55,11 +107,10 @@ class TokenClassificationHead(Head):
         counts = []
         for i in range(0, len(prepared), EVAL_BATCH):
             chunk = prepared[i:i + EVAL_BATCH]
-            best = self.forward_logits(model, [c[1] for c in chunk]).argmax(-1).tolist()
-            for (record, _, starts), row in zip(chunk, best):
-                predicted = ["O"] * len(record["words"])
-                for position, word in enumerate(starts):
-                    if word >= 0:
-                        predicted[word] = self.task.label_names[row[position]]
+            probabilities = self.forward_logits(model, [c[1] for c in chunk]).float().softmax(-1).cpu().numpy()
+            for (record, ids, words), row in zip(chunk, probabilities):
+                # one token per word under "first_subtoken": the vote is that token's prediction
+                tags = word_predictions(row[:len(ids)], words, len(record["words"]))
+                predicted = ["O" if t is None else self.task.label_names[t] for t in tags]
                 counts.append(scoring.entity_counts(predicted, record["tags"]))
         return Evaluation(scoring.entity_f1(counts), counts)
