@@ -5,7 +5,9 @@
     python -c "from transformers import AutoModelForMaskedLM; AutoModelForMaskedLM.from_pretrained('exports/clm-200')"
 
 A checkpoint the run exported (train.export_steps, the end) is copied; any other step is rebuilt from its sharded
-weights (torch.distributed.checkpoint, read in this process) with the tokenizer of its data. The card
+weights (torch.distributed.checkpoint, read in this process) with the tokenizer of its data. Either way its
+config's `max_position_embeddings` is the run's data.seq_len, the length it was trained on (an evaluation harness
+sizes its inputs from that field), not EuroBERT's 8,192. The card
 (raybiphase.results.card) names the run as the sweep did (pretrain.parquet), else in the paper's scheme from the
 checkpoint's config, and lists the downstream scores summary.parquet holds for that run and step. OUT must not
 exist or be empty; nothing is written there when the checkpoint is bad. `--push-to-hub` uploads the folder to a
@@ -15,6 +17,7 @@ Hugging Face Hub model repository (created if missing; needs `huggingface-cli lo
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import tempfile
 import warnings
@@ -93,6 +96,23 @@ def _rebuild(checkpoint: str, meta, dest: Path) -> None:
     ckpt.export_hf(dest, model, manifest.local_tokenizer())
 
 
+LENGTH_FREE_ROPE = ("default", "linear", "llama3")
+"""RoPE types whose frequencies do not read max_position_embeddings (transformers.modeling_rope_utils)."""
+
+
+def record_trained_length(hf_folder: Path, seq_len: int) -> None:
+    """Set the HF config's max_position_embeddings to `seq_len`, the length the run trained on (issue 27). Our
+    encoders' default RoPE does not read it, so the model's outputs stay the same; a decoder-initialised model
+    whose RoPE scaling reads it (dynamic, yarn, longrope) keeps its value, as changing it would move its
+    frequencies."""
+    path = hf_folder / "config.json"
+    config = json.loads(path.read_text())
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) in LENGTH_FREE_ROPE:
+        config["max_position_embeddings"] = seq_len
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def push_to_hub(folder: Path, repo: str, *, private: bool = False) -> str:
     """Upload `folder` to the Hub model repository `repo`; UserError with the Hub's reason on failure."""
     from huggingface_hub import HfApi
@@ -129,6 +149,7 @@ def export_checkpoint(checkpoint: str, out: str, *, name: str | None = None, pus
             shutil.copytree(storage.local_copy(exported, cache_dir()), local)
         else:
             _rebuild(checkpoint, meta, local)
+        record_trained_length(local, meta.config.data.seq_len)
         (local / CARD).unlink(missing_ok=True)
         name = write_card(str(local), checkpoint, name=name, location=push or out)
         storage.upload(local, out)

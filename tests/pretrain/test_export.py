@@ -79,3 +79,43 @@ def test_bad_input_stops_before_anything_is_written(saved, tmp_path, monkeypatch
     with pytest.raises(UserError, match="pushing to the Hub repository 'me/tiny' failed") as err:
         export_checkpoint(str(path), str(tmp_path / "b"), push="me/tiny")
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("exported_by_the_run", [False, True])
+def test_an_export_says_the_length_it_was_trained_on_and_computes_the_same(saved, small_shards, tmp_path,
+                                                                          exported_by_the_run):
+    """Issue 27: max_position_embeddings is the run's data.seq_len (an evaluation harness sizes its inputs from
+    it), not EuroBERT's 8,192, whether the step is rebuilt or the run's own export is copied; RoPE does not read
+    it, so the logits are the same as the trained model's."""
+    import json
+
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    from raybiphase.pretrain.export import export_checkpoint
+
+    path, model, run = saved
+    assert model.config.max_position_embeddings == 8192 and run.data.seq_len == 64
+    if exported_by_the_run:  # as the trainer writes <checkpoint>/hf at train.export_steps
+        model.save_pretrained(path / "hf")
+        AutoTokenizer.from_pretrained(small_shards[1].local_tokenizer()).save_pretrained(path / "hf")
+    out = tmp_path / "exported"
+    export_checkpoint(str(path), str(out))
+    assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == run.data.seq_len
+    loaded = AutoModelForMaskedLM.from_pretrained(out).eval()
+    ids = torch.randint(4, model.config.vocab_size, (2, 48), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, model.eval()(input_ids=ids).logits)
+
+
+def test_a_rope_that_reads_the_length_keeps_it(tmp_path):
+    """A decoder-initialised model whose RoPE scaling reads max_position_embeddings (dynamic, yarn) keeps it:
+    changing it would move the frequencies."""
+    import json
+
+    from raybiphase.pretrain.export import record_trained_length
+
+    for rope_type, expected in (("default", 64), ("llama3", 64), ("dynamic", 8192), ("yarn", 8192)):
+        config = {"max_position_embeddings": 8192, "rope_parameters": {"rope_type": rope_type, "factor": 2.0}}
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        record_trained_length(tmp_path, 64)
+        assert json.loads((tmp_path / "config.json").read_text())["max_position_embeddings"] == expected
