@@ -33,7 +33,7 @@ def test_readme_run_command_plans_the_quickstart():
     assert "steps: naive" in proc.stdout and "planned" in proc.stdout
     assert "resources: each pretraining segment holds 1 Train worker(s) x 0.45 CPU, 0 GPU (up to 2 segment(s)" in proc.stdout
     assert "each fine-tuning trial holds 1 CPU, 0 GPU" in proc.stdout
-    assert "control: tiny-init-" in proc.stdout and "fine-tuning: 48 trials (full grid), at most" in proc.stdout
+    assert "control: tiny-init-" in proc.stdout and "48 trials (full grid; 48 without de-duplication), at most" in proc.stdout
 
 
 def test_bad_sweep_key_exits_2_with_one_line_and_writes_nothing(tmp_path):

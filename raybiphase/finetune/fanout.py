@@ -3,7 +3,8 @@
     rows = run_fanout([FinetuneSource("tiny-clm-10-mlm40-40-a1b2c3", 40, ".../hf", {"phases.clm_share": 0.25})],
                       spec, storage="/abs/results/quickstart", name="finetune", done=keys_already_in_parquet)
 
-One Tune trial per (run, pretrain_step, task, lr, seed): a function trainable that fine-tunes in its own process
+One Tune trial per (run, pretrain_step, task, lr, seed) of each distinct checkpoint (runs sharing a checkpoint get
+copies of its rows: `FinetuneSource.shared_by`): a function trainable that fine-tunes in its own process
 (`raybiphase.finetune.trial.run_trial`, holding `finetune.cpus_per_trial` CPUs and `finetune.gpus_per_trial` GPUs),
 reporting `step` and `val_score` at every evaluation. With `finetune.asha`, ASHA (time_attr="step", metric="val_score", mode="max") stops weak trials at
 its rungs (grace_period = the first evaluation, reduction_factor 3, max_t = finetune.max_steps); each
@@ -223,8 +224,9 @@ def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, n
                grace_period: int | None = None, reduction_factor: float = REDUCTION_FACTOR,
                complete_best: bool = True, verbose: int = 0, out=None) -> list[dict]:
     """Fine-tune every source checkpoint on cfg.finetune.tasks over lrs x seeds; one row per trial not in `done`
-    (keys rows.TRIAL_KEY), as records (FinetuneRow.record). Bad task names or checkpoints raise UserError before
-    anything runs."""
+    (keys rows.TRIAL_KEY), as records (FinetuneRow.record), and a copy of it for every run in the source's
+    `shared_by` (the same weights: fine-tuned once). Bad task names or checkpoints raise UserError before anything
+    runs."""
     experiment = join(absolute(storage), name)  # a local folder or a bucket, like every sweep location
     for task_name in cfg.finetune.tasks:  # one clear line for bad input, before Ray starts
         get_task(task_name)
@@ -236,7 +238,14 @@ def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, n
         else:
             load_checked_tokenizer(resolve_hf_dir(source.hf_dir))
     done = {trial_key(dict(zip(result_rows.TRIAL_KEY, k))) for k in done}
-    plan = [t for t in plan_trials(sources, cfg.finetune, cfg.sweep.name) if t.key not in done]
+    copies = {(s.run, s.pretrain_step): s.shared_by for s in sources}
+
+    def copy_keys(trial: FinetuneRow) -> list[TrialKey]:
+        return [(other.run, *trial.key[1:]) for other in copies[(trial.run, trial.pretrain_step)]]
+
+    # a trial runs when its row, or the row of a run sharing its checkpoint, is missing
+    plan = [t for t in plan_trials(sources, cfg.finetune, cfg.sweep.name)
+            if t.key not in done or any(k not in done for k in copy_keys(t))]
     settings = trial_settings(cfg.finetune)
     records = {t.key: _read(record_path(experiment, t.key, settings)) for t in plan}
     for key, record in records.items():
@@ -250,7 +259,13 @@ def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, n
             records[row.key] = row
     if complete_best:
         missing += _complete_best(records, plan, cfg, experiment, options)
-    rows = [{**records[t.key].record(), SETTINGS_COLUMN: settings} for t in plan if records[t.key] is not None]
+    rows = []
+    for trial in plan:
+        record = records[trial.key]
+        if record is None:
+            continue
+        shared = [result_rows.shared_row(record, other) for other in copies[(trial.run, trial.pretrain_step)]]
+        rows += [{**row.record(), SETTINGS_COLUMN: settings} for row in [record, *shared] if row.key not in done]
     _log_groups(rows, {t.key for t in missing}, sweep_settings(cfg))
     return rows
 

@@ -51,6 +51,9 @@ class CheckpointMeta:
     """The metrics reported at this step."""
     code_version: str = ""
     """raybiphase version and git commit that wrote it."""
+    serves: list[str] = dataclasses.field(default_factory=list)
+    """The sweep runs whose weights these are at `step` (a shared segment serves several; `run` is the first's
+    config); empty outside a sweep."""
 
     @functools.cached_property
     def config(self) -> RunConfig:

@@ -35,7 +35,7 @@ from raybiphase.pretrain.model import build_model, from_decoder, loss_terms
 from raybiphase.pretrain.parallel import apply_fsdp, use_bf16, wrap_blocks
 from raybiphase.pretrain.schedule import Schedule
 from raybiphase.pretrain.sizes import PEAK_BF16_TFLOPS, flops_per_token
-from raybiphase.data.stream import open_dataset, phase_stream, validation_batches
+from raybiphase.data.stream import epochs_read, open_dataset, phase_stream, validation_batches
 from raybiphase.sweep.progress import Beacon
 
 def model_flops_per_token(model, seq_len: int) -> float:
@@ -133,7 +133,9 @@ def train_loop(loop_config: dict) -> None:
 
     loop_config: {"run": the RunConfig as a dict, "name": run or segment name, "data_dir": prepared shards,
     "resume_from": a checkpoint to continue (same schedule) or None, "stop_at": the last step of a sweep segment
-    (default: the end of the run), "wandb": {"project", "group"} or None, "progress": where rank 0 writes its
+    (default: the end of the run), "exports": the steps exported as HF folders (default: train.export_steps and
+    the run's end; a sweep segment passes the union its runs fine-tune), "serves": the runs a segment's checkpoints
+    belong to (recorded in their meta), "wandb": {"project", "group"} or None, "progress": where rank 0 writes its
     progress beat (raybiphase.sweep.progress) every "progress_every" seconds, or None}.
     """
     import ray.train
@@ -170,7 +172,8 @@ def train_loop(loop_config: dict) -> None:
     fpt, peak = model_flops_per_token(model, run.data.seq_len), peak_flops()
     tokens_per_step = rows_per_step * run.data.seq_len
     stop_at = min(loop_config.get("stop_at") or schedule.total_steps, schedule.total_steps)  # a sweep segment's end
-    exports = {*run.train.export_steps, schedule.total_steps}
+    exports = set(loop_config["exports"]) if loop_config.get("exports") is not None else {
+        *run.train.export_steps, schedule.total_steps}
     milestones = {*schedule.boundaries[1:], schedule.decay_start, stop_at, *exports}  # always evaluated and saved
     beacon = Beacon(loop_config.get("progress") if rank == 0 else None, stop_at=stop_at,
                     tokens_per_step=tokens_per_step, every_s=loop_config.get("progress_every", 0))
@@ -230,7 +233,8 @@ def train_loop(loop_config: dict) -> None:
             seconds = time.perf_counter() - window_start
             metrics = {"step": step, "tokens_seen": step * tokens_per_step, "phase": phase_idx,
                        "objective": phase.objective, f"train/{phase.objective}_loss": float(total), "lr": lr,
-                       "tokens_per_s": window_tokens / max(seconds, 1e-9)}
+                       "tokens_per_s": window_tokens / max(seconds, 1e-9),
+                       "data_epochs": epochs_read(data_start + step * rows_per_step, manifest.train_rows)}
             if peak:
                 metrics["mfu"] = fpt * metrics["tokens_per_s"] / (peak * world)
             if device.type == "cuda":
@@ -242,7 +246,8 @@ def train_loop(loop_config: dict) -> None:
 
             # --- checkpoint (and HF export) with the report, or the report alone
             if do_save:
-                meta = CheckpointMeta(run=loop_config["run"], step=step, data_start=data_start, metrics=metrics)
+                meta = CheckpointMeta(run=loop_config["run"], step=step, data_start=data_start, metrics=metrics,
+                                      serves=list(loop_config.get("serves") or []))
                 with tempfile.TemporaryDirectory() as tmp:
                     checkpoint.save(Path(tmp), model, optimizer, meta)
                     if step in exports:

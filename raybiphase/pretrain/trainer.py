@@ -44,7 +44,8 @@ class HistoryCallback:
 
 def make_trainer(run: RunConfig, *, name: str, paths: storage.SweepPaths, data_dir: str,
                  resume_from: str | None = None, stop_at: int | None = None, wandb: dict | None = None,
-                 max_failures: int = 0, callbacks=(), train_fn=None):
+                 max_failures: int = 0, callbacks=(), train_fn=None, exports: list[int] | None = None,
+                 serves: list[str] = ()):
     """A TorchTrainer for one run (or one segment of a sweep): `train_fn` (default: the production loop) on
     `resources.num_workers` workers, checkpoints under `paths.run_dir(name)`."""
     import ray.train
@@ -58,7 +59,7 @@ def make_trainer(run: RunConfig, *, name: str, paths: storage.SweepPaths, data_d
     use_gpu = res.gpus_per_worker > 0
     per_worker = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if use_gpu else {})}
     loop_config = {"run": to_dict(run), "name": name, "data_dir": data_dir, "resume_from": resume_from,
-                   "stop_at": stop_at, "wandb": wandb, "progress": storage.join(paths.run_dir(name), PROGRESS_FILE),
+                   "stop_at": stop_at, "exports": exports, "serves": list(serves), "wandb": wandb, "progress": storage.join(paths.run_dir(name), PROGRESS_FILE),
                    "progress_every": interval()}
     return TorchTrainer(
         train_fn or train_loop,

@@ -6,10 +6,11 @@ with the phases resolved: `phases.clm_share` and `phases.clm_steps` hold the run
 whichever way its phases were written. (run, pretrain_step) stay two fields from the planner to the Parquet file.
 
     pretrain   run, sweep, segment, step, tokens_seen, phase, objective, train/{clm,mlm}_loss, val/{clm,mlm}_loss,
-               lr, tokens_per_s, mfu (GPU), checkpoint ("" when none), the dotted settings      key PRETRAIN_KEY
+               lr, tokens_per_s, mfu (GPU), data_epochs, checkpoint ("" when none), the dotted settings
+                                                                                                key PRETRAIN_KEY
     finetune   run, pretrain_step, sweep, source, checkpoint, task, family, dataset, metric, lr, seed, val_score,
                test_score, steps, stopped_early, seconds, test_per_example, secondary_metric, test_secondary,
-               steps_run, completed_after_stop, the dotted settings                            key FINETUNE_KEY
+               steps_run, completed_after_stop, trials_of, diverged, the dotted settings       key FINETUNE_KEY
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ class PretrainRow:
     segment: str
     step: int
     metrics: dict[str, Any]
-    """The report: tokens_seen, phase, objective, train/ and val/ losses, lr, tokens_per_s, mfu on GPU."""
+    """The report: tokens_seen, phase, objective, train/ and val/ losses, lr, tokens_per_s, mfu on GPU, data_epochs
+    (passes over the training blocks at this step, a continued run's source's included: above 1, repeated data)."""
     checkpoint: str = ""
     """The checkpoint written with this report; "" when none."""
     settings: dict[str, Any] = field(default_factory=dict)
@@ -81,6 +83,9 @@ class FinetuneSource:
     pretrain_step: int
     hf_dir: str
     columns: dict[str, Any] = field(default_factory=dict)
+    shared_by: tuple[FinetuneSource, ...] = ()
+    """Other runs whose weights these are at this step (an export inside a shared prefix): fine-tuned once, under
+    `run`; their rows are copies (`shared_row`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +117,9 @@ class FinetuneRow:
     seconds: float = 0.0
     stopped_early: bool = False
     completed_after_stop: bool = False
+    trials_of: str = ""
+    """The run these trials were run under when this run shares the checkpoint (same weights at this step): the
+    row is a copy of that run's, never fine-tuned again; "" for a run's own trials."""
     diverged: bool = False
     """The fine-tuning loss turned NaN or inf: the trial stopped and scored the metric's floor (majority class for
     accuracy, 0 otherwise), so it still counts against its LR."""
@@ -175,6 +183,12 @@ def completed_row(stopped: FinetuneRow, rerun: FinetuneRow) -> FinetuneRow:
     """A stopped trial run again to its end: the second run's scores, the work of both attempts."""
     return dataclasses.replace(rerun, steps_run=stopped.steps_run + rerun.steps,
                                seconds=stopped.seconds + rerun.seconds, completed_after_stop=True)
+
+
+def shared_row(row: FinetuneRow, source: FinetuneSource) -> FinetuneRow:
+    """The row of `source`'s run for a trial run on a checkpoint it shares with `row`'s run: the same scores, its own
+    name and settings, `trials_of` naming the run the trial ran under (the report counts the checkpoint once)."""
+    return dataclasses.replace(row, run=source.run, settings=dict(source.columns), trials_of=row.run)
 
 
 def baseline_row(scores: dict[str, Any], *, run: str, family: str, sweep: str) -> FinetuneRow:

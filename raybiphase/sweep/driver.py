@@ -14,6 +14,7 @@ RAYBIPHASE_STORAGE, when set, overrides sweep.storage (the KubeRay job uses it).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import threading
@@ -54,6 +55,8 @@ def segment_job(plan: Plan, segment: Segment, paths: SweepPaths, data_dirs: dict
         "data_dir": data_dirs[fingerprint(segment.config.data)],
         "resume_from": paths.checkpoint(parent.id, parent.end) if parent else None,
         "stop_at": segment.end,
+        "exports": segment.exports,  # what every run through it fine-tunes, whichever run `config` is
+        "serves": segment.runs,
         "root": paths.root,
         "wandb": None,  # W&B gets one run per pretraining run from the driver (log_runs), not one per segment
     }
@@ -66,7 +69,7 @@ def fit_segment(job: dict) -> None:
 
     make_trainer(from_dict(RunConfig, job["run"]), name=job["segment"], paths=SweepPaths(job["root"]),
                  data_dir=job["data_dir"], resume_from=job["resume_from"], stop_at=job["stop_at"],
-                 wandb=job["wandb"], max_failures=2).fit()
+                 exports=job["exports"], serves=job["serves"], wandb=job["wandb"], max_failures=2).fit()
 
 
 def run_wave(plan: Plan, wave: list[Segment], paths: SweepPaths, data_dirs: dict[str, str], spec: SweepSpec) -> None:
@@ -241,13 +244,15 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout, spec_pa
 
 
 def finetune_sources(plan: Plan, paths: SweepPaths) -> list[result_rows.FinetuneSource]:
-    """Every run's final checkpoint and its requested intermediate ones (train.export_steps)."""
+    """One source per distinct checkpoint (plan.checkpoints: every run's final and train.export_steps ones), under
+    the first run whose weights it holds; the other runs sharing it ride along in `shared_by` (their rows are
+    copies: shared weights are fine-tuned once)."""
     out = []
-    for run in plan.runs.values():
-        for step in run.finetune_steps:
-            seg = next(plan.segments[s] for s in run.segments if plan.segments[s].start < step <= plan.segments[s].end)
-            out.append(result_rows.FinetuneSource(run.name, step, storage.hf_dir(paths.checkpoint(seg.id, step)),
-                                                  result_rows.config_columns(run.config)))
+    for (segment, step), names in plan.checkpoints().items():
+        hf = storage.hf_dir(paths.checkpoint(segment, step))
+        first, *others = (result_rows.FinetuneSource(name, step, hf, result_rows.config_columns(plan.runs[name].config))
+                          for name in names)
+        out.append(dataclasses.replace(first, shared_by=tuple(others)))
     return out
 
 
@@ -280,7 +285,7 @@ def run_finetuning(plan: Plan, paths: SweepPaths, spec: SweepSpec, out=sys.stdou
     path = paths.table(storage.FINETUNE_FILE)
     done = {key[:-1] for key in store.done_keys(path, result_rows.FINETUNE_KEY) if key[-1] == result_rows.OURS}
     sources = control_sources(plan, paths, data_dirs or {}) + finetune_sources(plan, paths)
-    planned = {t.key for t in plan_trials(sources, spec.finetune)}
+    planned = {t.key for t in plan_trials(sources, spec.finetune)}  # one set per distinct checkpoint
     already = planned & {result_rows.trial_key(dict(zip(result_rows.TRIAL_KEY, key))) for key in done}
     print(f"fine-tuning: {len(already)}/{len(planned)} trials already done; running the rest "
           f"({'ASHA' if spec.finetune.asha else 'full grid'})", file=out, flush=True)

@@ -61,8 +61,11 @@ class Segment:
     parent: str | None  # segment whose checkpoint at `start` this one resumes from
     after_run: str | None  # for the first segment of a continued run: the source run (weights only)
     runs: list[str]  # runs passing through this segment
-    config: RunConfig  # any run's config: identical on [start, end)
+    config: RunConfig  # the first run's config: what trains on [start, end) is identical for every run
     ends_runs: list[str] = field(default_factory=list)  # runs whose last step is `end`
+    exports: list[int] = field(default_factory=list)
+    """Steps in (start, end] exported as HF folders: the union of what its runs fine-tune (Run.finetune_steps), not
+    only what `config`'s run asks for (issue 27: a shared segment once exported one member run's steps)."""
 
     @property
     def steps(self) -> int:
@@ -105,24 +108,34 @@ class Plan:
             total += flops / (spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.mfu) / 3600
         return total
 
-    def finetune_trials(self, spec: SweepSpec, run: Run | None = None) -> int:
-        """Fine-tuning trials of the full grid (of one run, or of all): checkpoints x tasks x LRs x seeds."""
+    def checkpoints(self) -> dict[tuple[str, int], list[str]]:
+        """Every fine-tuned checkpoint, (segment id, step), with the runs whose weights it holds at that step, in
+        plan order: one set of trials each (issue 27: an export inside a shared prefix is one checkpoint, however
+        many runs pass through it)."""
+        out: dict[tuple[str, int], list[str]] = {}
+        for run in self.runs.values():
+            for step in run.finetune_steps:
+                segment = next(s for s in run.segments if self.segments[s].start < step <= self.segments[s].end)
+                out.setdefault((segment, step), []).append(run.name)
+        return out
+
+    def finetune_trials(self, spec: SweepSpec, *, distinct: bool = True) -> int:
+        """Fine-tuning trials of the full grid: checkpoints (the controls' too) x tasks x LRs x seeds; with
+        `distinct=False`, as if every run's checkpoint were fine-tuned apart (what sharing saves)."""
         ft = spec.finetune
-        checkpoints = sum(len(r.finetune_steps) for r in ([run] if run else self.runs.values()))
-        checkpoints += 0 if run else len(self.controls)
-        return checkpoints * len(ft.tasks) * len(ft.lrs) * len(ft.seeds)
+        checkpoints = (len(self.checkpoints()) if distinct else sum(len(r.finetune_steps) for r in self.runs.values()))
+        return (checkpoints + len(self.controls)) * len(ft.tasks) * len(ft.lrs) * len(ft.seeds)
 
     def finetune_gpu_hours(self, spec: SweepSpec) -> float:
-        """An upper bound on the fan-out's GPU-hours: every trial of the full grid (no ASHA stop) running
-        finetune.max_steps steps of finetune.batch_size inputs of finetune.max_len tokens (no LM head), at the
-        same MFU as pretraining."""
-        ft, flops = spec.finetune, 0.0
-        per_trial = {size: SIZES[size].flops_per_token(0, ft.max_len) * ft.max_steps * ft.batch_size * ft.max_len
-                     for size in {r.config.model.size for r in self.runs.values()}}
-        for run in self.runs.values():
-            flops += per_trial[run.config.model.size] * self.finetune_trials(spec, run)
+        """An upper bound on the fan-out's GPU-hours: every trial of the full grid (no ASHA stop), one set per
+        distinct checkpoint, running finetune.max_steps steps of finetune.batch_size inputs of finetune.max_len
+        tokens (no LM head), at the same MFU as pretraining."""
+        ft = spec.finetune
         grid = len(ft.tasks) * len(ft.lrs) * len(ft.seeds)
-        flops += sum(per_trial[c.config.model.size] * grid for c in self.controls.values())
+        sizes = [self.runs[runs[0]].config.model.size for runs in self.checkpoints().values()]
+        sizes += [c.config.model.size for c in self.controls.values()]
+        flops = sum(SIZES[size].flops_per_token(0, ft.max_len) * ft.max_steps * ft.batch_size * ft.max_len * grid
+                    for size in sizes)
         return flops / (spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.mfu) / 3600
 
 
@@ -247,6 +260,7 @@ def make_plan(spec: SweepSpec) -> Plan:
         for r in group:
             r.segments.append(seg.id)
         seg.ends_runs = [r.name for r in group if r.steps == end]
+        seg.exports = sorted({s for r in group for s in r.finetune_steps if start < s <= end})
         rest = [r for r in group if r.steps > end]
         if rest:
             build(rest, end, seg.id, None)
@@ -308,6 +322,10 @@ def describe(plan: Plan, spec: SweepSpec) -> str:
     if ft.tasks:
         for control in plan.controls.values():
             lines.append(f"control: {control.name}  step 0 (untrained), the start of {len(control.runs)} run(s)")
-        lines.append(f"fine-tuning: {plan.finetune_trials(spec):,} trials (full grid), at most "
+        checkpoints = plan.checkpoints()
+        pairs = sum(len(runs) for runs in checkpoints.values())
+        lines.append(f"fine-tuning: {len(checkpoints):,} distinct checkpoints for {pairs:,} run checkpoints (shared "
+                     f"ones fine-tuned once), {len(plan.controls)} control(s): {plan.finetune_trials(spec):,} trials "
+                     f"(full grid; {plan.finetune_trials(spec, distinct=False):,} without de-duplication), at most "
                      f"{plan.finetune_gpu_hours(spec):,.1f} GPU-hours beside pretraining's {plan.gpu_hours(spec):,.0f}")
     return "\n".join(lines)

@@ -83,6 +83,10 @@ def test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once(finis
     last = finished_sweep["output"].strip().splitlines()[-1]  # where the time went, stage by stage
     assert last.startswith("time: ") and "5 segment(s) in 3 wave(s)" in last and "in optimizer steps" in last
     assert finished_sweep["first"].stat().st_mtime_ns == finished_sweep["stamp"]  # not recomputed
+    from raybiphase.pretrain.checkpoint import read_meta
+
+    shared = read_meta(finished_sweep["first"].parent)  # the CLM prefix says whose weights it holds: both grid runs
+    assert len(shared.serves) == 2 and all(name.startswith("tiny-clm-") for name in shared.serves)
     rows = read_rows(finished_sweep["root"] / "pretrain.parquet")
     assert not rows.duplicated(["run", "step"]).any()
     # every run's final export carries its model card, under the run's own name

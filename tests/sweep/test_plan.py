@@ -180,3 +180,18 @@ def test_keep_checkpoints_prunes_only_what_no_resume_branch_or_export_needs(tmp_
     default = make_plan(keep_all)
     assert segment.id in default.segments  # how many checkpoints are kept does not change what a segment is
     assert prune_checkpoints(default, default.segments[segment.id], paths) == []  # the default keeps them all
+
+
+@pytest.mark.parametrize("lengths", [[200, 100], [100, 200]])
+def test_a_shared_segment_exports_what_every_run_through_it_fine_tunes(lengths):
+    """Issue 27, point 4: with no decay the 100-step run is the 200-step run's prefix; their shared segment must
+    export step 100 (the short run's end) whichever run the grid lists first, and step 50 for both."""
+    spec = load(SweepSpec, "sweeps/quickstart.yaml",
+                [f"sweep.grid={{phases.steps: {lengths}}}", "optim.decay_steps=0", "train.export_steps=[50]",
+                 "phases.clm_share=0.0"])
+    plan = make_plan(spec)
+    shared = [s for s in plan.segments.values() if len(s.runs) == 2]
+    assert len(shared) == 1 and (shared[0].start, shared[0].end) == (0, 100)
+    assert shared[0].exports == [50, 100]
+    (tail,) = [s for s in plan.segments.values() if len(s.runs) == 1]
+    assert tail.exports == [200]

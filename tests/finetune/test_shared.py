@@ -1,0 +1,78 @@
+"""Issue 27, point 3: shared weights are fine-tuned once. A checkpoint several runs pass through (an export inside a
+shared prefix) gets one set of trials; every run that shares it gets a copy of the rows, naming the run they ran
+under. The fan-out's Tune launch is replaced by a recorder here (no Ray): what is asserted is what gets launched."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from raybiphase.config import SweepSpec, from_dict, load
+from raybiphase.results.rows import FinetuneSource
+from raybiphase.sweep.plan import make_plan
+from tests.finetune.test_finetune import make_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def checkpoint(offline_cache, tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("shared") / "hf")
+
+
+def _recording_launch(fanout, launched: list):
+    def launch(trials, cfg, *, experiment, **kwargs):
+        launched.extend(t.key for t in trials)
+        rows = [dataclasses.replace(t, val_score=0.6 + t.lr, test_score=0.5 + t.seed / 10, steps=9, steps_run=9)
+                for t in trials]
+        for row in rows:
+            fanout._write(fanout.record_path(experiment, row.key, fanout.trial_settings(cfg.finetune)), row)
+        return rows
+    return launch
+
+
+def test_a_shared_checkpoint_is_fine_tuned_once_and_every_run_sharing_it_gets_its_rows(checkpoint, tmp_path,
+                                                                                       monkeypatch):
+    from raybiphase.finetune import fanout
+
+    cfg = from_dict(SweepSpec, {"finetune": {"tasks": ["tweets"], "lrs": [1e-4, 2e-3], "seeds": [0, 1],
+                                             "batch_size": 8, "max_steps": 9, "eval_every": 3, "max_examples": 64}})
+    source = FinetuneSource("a", 8, str(checkpoint), {"phases.steps": 8},
+                            shared_by=(FinetuneSource("b", 8, str(checkpoint), {"phases.steps": 16}),))
+    launched = []
+    monkeypatch.setattr(fanout, "_launch", _recording_launch(fanout, launched))
+    rows = fanout.run_fanout([source], cfg, storage=str(tmp_path), name="ft")
+    assert len(launched) == 4 and {key[0] for key in launched} == {"a"}  # 2 LRs x 2 seeds, once
+    by_run = {run: sorted((r["lr"], r["seed"], r["test_score"]) for r in rows if r["run"] == run) for run in "ab"}
+    assert by_run["a"] == by_run["b"] and len(by_run["a"]) == 4
+    assert {r["trials_of"] for r in rows if r["run"] == "b"} == {"a"}
+    assert {r["trials_of"] for r in rows if r["run"] == "a"} == {""}
+    assert {r["phases.steps"] for r in rows if r["run"] == "b"} == {16}  # the sharer's own settings
+    # a rerun where only the sharer's rows are missing (say, a run added to the spec) copies them, runs nothing
+    launched.clear()
+    done = {(r["run"], r["pretrain_step"], r["task"], r["lr"], r["seed"]) for r in rows if r["run"] == "a"}
+    again = fanout.run_fanout([source], cfg, storage=str(tmp_path), name="ft", done=done)
+    assert launched == [] and sorted(r["run"] for r in again) == ["b"] * 4
+
+
+def test_the_papers_exports_inside_shared_prefixes_are_94_checkpoints_not_144():
+    spec = load(SweepSpec, "sweeps/paper.yaml")
+    plan = make_plan(spec)
+    checkpoints = plan.checkpoints()
+    assert len(checkpoints) == 94 and sum(len(runs) for runs in checkpoints.values()) == 144
+    # the CLM prefix's step-1000 export is one checkpoint for every run that starts with CLM at 610m
+    assert max(len(runs) for runs in checkpoints.values()) >= 10
+    grid = len(spec.finetune.tasks) * len(spec.finetune.lrs) * len(spec.finetune.seeds)
+    assert plan.finetune_trials(spec) == (94 + len(plan.controls)) * grid
+    assert plan.finetune_trials(spec, distinct=False) == (144 + len(plan.controls)) * grid
+
+
+def test_the_driver_gives_one_source_per_checkpoint_with_its_sharers(tmp_path):
+    from raybiphase.storage import SweepPaths
+    from raybiphase.sweep.driver import finetune_sources
+
+    plan = make_plan(load(SweepSpec, "sweeps/paper.yaml"))
+    sources = finetune_sources(plan, SweepPaths.of(str(tmp_path), "paper"))
+    assert len(sources) == 94 and len({s.hf_dir for s in sources}) == 94
+    assert sum(1 + len(s.shared_by) for s in sources) == 144
+    for source in sources:
+        assert all(other.hf_dir == source.hf_dir and other.run != source.run for other in source.shared_by)
