@@ -73,9 +73,11 @@ class DataConfig:
     dir: str = field(default="", metadata=NOT_WEIGHTS)
     """Where tokenized shards go: a folder or a bucket URI (s3://, gs://); empty means <cache>/shards/<fingerprint>,
     or <sweep.storage>/shards/<fingerprint> when the sweep stores to a bucket."""
+    max_epochs: float = field(default=1.0, metadata=NOT_WEIGHTS)
+    """Passes over the training blocks a run may make (a continued run counts its source's); above 1 repeats data."""
 
     def __post_init__(self) -> None:
-        for key in ("vocab_size", "seq_len", "shard_rows", "piece_documents", "tokenizer_documents"):
+        for key in ("vocab_size", "seq_len", "shard_rows", "piece_documents", "tokenizer_documents", "max_epochs"):
             positive(getattr(self, key), f"data.{key}")
         non_negative(self.max_documents, "data.max_documents")
         non_negative(self.val_blocks, "data.val_blocks")

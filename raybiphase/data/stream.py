@@ -123,8 +123,16 @@ def _load_blocks(location: str, seq_len: int) -> np.ndarray:
     return column.values.to_numpy().reshape(-1, seq_len)
 
 
+def epochs_read(data_end: int, train_rows: int) -> float:
+    """Passes over the training blocks once samples [0, data_end) are read. Past 1.0 `locate` has wrapped: the run (or
+    the run it continues) trains on blocks already seen, which data.max_epochs must allow (issue 27)."""
+    return data_end / train_rows
+
+
 def locate(sample_ids: np.ndarray, shard_rows: tuple[int, ...], seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Global sample ids -> (shard index, row) under the seeded per-epoch shard permutation."""
+    """Global sample ids -> (shard index, row) under the seeded per-epoch shard permutation; sample g is in epoch
+    g // sum(shard_rows), so ids past the end wrap into a new epoch (the sweep's data budget, raybiphase.sweep.budget,
+    stops runs that would get there unless data.max_epochs allows it)."""
     rows = np.asarray(shard_rows)
     total = int(rows.sum())
     epochs, within = np.divmod(np.asarray(sample_ids, dtype=np.int64), total)

@@ -14,6 +14,7 @@ from raybiphase.config import DataConfig
 from raybiphase.data.masking import MaskingSpec
 from raybiphase.data.prepare import pack, prepare, shard_name
 from raybiphase.data.stream import (
+    epochs_read,
     locate,
     open_dataset,
     phase_stream,
@@ -51,6 +52,16 @@ def test_epochs_visit_every_row_once_in_a_new_shard_order():
     again, _ = locate(np.arange(96), rows, seed=7)
     other, _ = locate(np.arange(96), rows, seed=8)
     assert np.array_equal(again, shard) and not np.array_equal(other, shard)  # a pure function of the seed
+
+
+@pytest.mark.parametrize("data_end", [20, 32, 40, 64, 70])
+def test_epochs_read_counts_the_passes_locate_makes_over_the_blocks(data_end):
+    rows = (5, 3, 4, 6, 2, 4, 3, 5)  # 32 blocks
+    shard, row = locate(np.arange(data_end), rows, seed=7)
+    reads = np.zeros((len(rows), max(rows)), dtype=int)
+    np.add.at(reads, (shard, row), 1)
+    assert reads.max() == np.ceil(epochs_read(data_end, sum(rows)))  # past 1.0 a block is read again
+    assert (reads.max() > 1) == (epochs_read(data_end, sum(rows)) > 1)
 
 
 def _collect(manifest, world, first_step, steps, objective="mlm"):
