@@ -51,6 +51,7 @@ def fingerprint(data: DataConfig) -> str:
     """Short hash of everything that determines the shards."""
     keys = asdict(data)
     keys.pop("dir")
+    keys.pop("max_epochs")  # how many passes a run may make does not change the shards
     keys["format"] = FORMAT_VERSION
     return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:12]
 

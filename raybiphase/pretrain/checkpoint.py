@@ -157,8 +157,9 @@ def load(path: str | Path, model, optimizer=None) -> CheckpointMeta:
     return meta
 
 
-def export_hf(path: Path, model, tokenizer_dir: Path) -> None:
-    """Gather full weights and write an HF folder loadable by stock AutoModelForMaskedLM (rank 0 writes)."""
+def export_hf(path: Path, model, tokenizer_dir: Path, *, seq_len: int | None = None) -> None:
+    """Gather full weights and write an HF folder loadable by stock AutoModelForMaskedLM (rank 0 writes); with
+    `seq_len`, its config says that length as max_position_embeddings (`record_trained_length`)."""
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if _rank() != 0:
         return
@@ -169,3 +170,23 @@ def export_hf(path: Path, model, tokenizer_dir: Path) -> None:
     plain.load_state_dict(full, assign=True, strict=True)
     plain.save_pretrained(str(path), safe_serialization=True)
     AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(path))
+    if seq_len is not None:
+        record_trained_length(Path(path), seq_len)
+
+
+LENGTH_FREE_ROPE = ("default", "linear", "llama3")
+"""RoPE types whose frequencies do not read max_position_embeddings (transformers.modeling_rope_utils)."""
+
+
+def record_trained_length(hf_folder: Path, seq_len: int) -> None:
+    """Set the HF config's max_position_embeddings to `seq_len`, the length the run trained on (issue 27). Our
+    encoders' default RoPE does not read it, so the model's outputs stay the same; a decoder-initialised model
+    whose RoPE scaling reads it (dynamic, yarn, longrope) keeps its value, as changing it would move its
+    frequencies."""
+    path = hf_folder / "config.json"
+    config = json.loads(path.read_text())
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) in LENGTH_FREE_ROPE:
+        config["max_position_embeddings"] = seq_len
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from raybiphase import storage
 from raybiphase.cli import UserError, run_main
+from raybiphase.pretrain.checkpoint import record_trained_length
 from raybiphase.results.card import CARD, model_card, scores_for
 
 
@@ -93,24 +94,7 @@ def _rebuild(checkpoint: str, meta, dest: Path) -> None:
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         ckpt.load(storage.local_copy(checkpoint, cache_dir()), model)
     hf_logging.disable_progress_bar()
-    ckpt.export_hf(dest, model, manifest.local_tokenizer())
-
-
-LENGTH_FREE_ROPE = ("default", "linear", "llama3")
-"""RoPE types whose frequencies do not read max_position_embeddings (transformers.modeling_rope_utils)."""
-
-
-def record_trained_length(hf_folder: Path, seq_len: int) -> None:
-    """Set the HF config's max_position_embeddings to `seq_len`, the length the run trained on (issue 27). Our
-    encoders' default RoPE does not read it, so the model's outputs stay the same; a decoder-initialised model
-    whose RoPE scaling reads it (dynamic, yarn, longrope) keeps its value, as changing it would move its
-    frequencies."""
-    path = hf_folder / "config.json"
-    config = json.loads(path.read_text())
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) in LENGTH_FREE_ROPE:
-        config["max_position_embeddings"] = seq_len
-        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    ckpt.export_hf(dest, model, manifest.local_tokenizer(), seq_len=meta.config.data.seq_len)
 
 
 def push_to_hub(folder: Path, repo: str, *, private: bool = False) -> str:
@@ -149,7 +133,7 @@ def export_checkpoint(checkpoint: str, out: str, *, name: str | None = None, pus
             shutil.copytree(storage.local_copy(exported, cache_dir()), local)
         else:
             _rebuild(checkpoint, meta, local)
-        record_trained_length(local, meta.config.data.seq_len)
+        record_trained_length(local, meta.config.data.seq_len)  # exports written before it said so
         (local / CARD).unlink(missing_ok=True)
         name = write_card(str(local), checkpoint, name=name, location=push or out)
         storage.upload(local, out)

@@ -80,7 +80,7 @@ def export_initial(run: RunConfig, data_dir: str, dest: str) -> None:
     model = initial_model(run, manifest)
     hf_logging.disable_progress_bar()  # one small folder: no "Writing model shards" bar in the sweep's output
     with tempfile.TemporaryDirectory() as tmp:
-        checkpoint.export_hf(Path(tmp) / "hf", model, manifest.local_tokenizer())
+        checkpoint.export_hf(Path(tmp) / "hf", model, manifest.local_tokenizer(), seq_len=run.data.seq_len)
         storage.upload(Path(tmp) / "hf", dest)
 
 
@@ -251,7 +251,8 @@ def train_loop(loop_config: dict) -> None:
                 with tempfile.TemporaryDirectory() as tmp:
                     checkpoint.save(Path(tmp), model, optimizer, meta)
                     if step in exports:
-                        checkpoint.export_hf(Path(storage.hf_dir(tmp)), model, manifest.local_tokenizer())
+                        checkpoint.export_hf(Path(storage.hf_dir(tmp)), model, manifest.local_tokenizer(),
+                                             seq_len=run.data.seq_len)
                     ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
                                      checkpoint_dir_name=storage.checkpoint_name(step))
             else:

@@ -25,6 +25,7 @@ from raybiphase.cli import UserError, config_parser, run_main
 from raybiphase.config import SweepSpec, load, replace, to_dict
 from raybiphase.results import rows as result_rows
 from raybiphase.storage import SweepPaths, join
+from raybiphase.sweep.budget import check_budget, data_budget
 from raybiphase.sweep.clock import step_seconds
 from raybiphase.sweep.plan import Plan, Segment, dependencies, describe, make_plan
 from raybiphase.sweep.progress import PROGRESS_FILE, Watch
@@ -175,6 +176,7 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout, spec_pa
     text = describe(plan, spec)
     lines = text.splitlines()
     print(text if dry_run else "\n".join([lines[0], *(x for x in lines if x.startswith("steps:"))]), file=out)
+    check_budget(data_budget(plan, spec))  # a run that would repeat data stops here, dry run included
     if dry_run:
         return plan
     from raybiphase.data.prepare import fingerprint, prepare
@@ -204,6 +206,7 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout, spec_pa
             key = fingerprint(run.config.data)
             if key not in data_dirs:
                 data_dirs[key] = prepare(run.config.data, storage_root=spec.sweep.storage)
+    check_budget(data_budget(plan, spec))  # again on the prepared manifests: a stated size is an estimate
     done = {s.id for s in plan.segments.values() if segment_done(paths, s)}
     todo = [s for s in plan.segments.values() if s.id not in done]
     total_steps, done_steps = plan.planned_steps, sum(plan.segments[s].steps for s in done)

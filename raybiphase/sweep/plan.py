@@ -26,6 +26,7 @@ import numpy as np
 
 from raybiphase.config import ConfigError, RunConfig, SweepSpec, from_dict, to_dict, weights_settings
 from raybiphase.config.run import digest
+from raybiphase.sweep.budget import budget_lines, data_budget
 from raybiphase.sweep.naming import run_name, steps_label
 from raybiphase.pretrain.schedule import Schedule
 from raybiphase.pretrain.sizes import SIZES
@@ -311,6 +312,7 @@ def describe(plan: Plan, spec: SweepSpec) -> str:
             walk(seg.id, depth + 1)
 
     walk(None, 1)
+    lines += budget_lines(data_budget(plan, spec))  # per run, the tokens it reads against what its source holds
     saved = 1 - plan.planned_steps / plan.naive_steps
     lines.append(f"steps: naive {plan.naive_steps:,}, planned {plan.planned_steps:,} ({saved:.0%} saved)")
     lines.append(f"estimate: {plan.gpu_hours(spec):,.0f} GPU-hours planned vs {plan.gpu_hours(spec, planned=False):,.0f} "

@@ -112,7 +112,7 @@ def test_a_rope_that_reads_the_length_keeps_it(tmp_path):
     changing it would move the frequencies."""
     import json
 
-    from raybiphase.pretrain.export import record_trained_length
+    from raybiphase.pretrain.checkpoint import record_trained_length
 
     for rope_type, expected in (("default", 64), ("llama3", 64), ("dynamic", 8192), ("yarn", 8192)):
         config = {"max_position_embeddings": 8192, "rope_parameters": {"rope_type": rope_type, "factor": 2.0}}
