@@ -30,7 +30,7 @@ def shortened(tmp_path, small_data) -> dict:
     spec["optim"].update(warmup_steps=2, decay_steps=4)
     spec["train"].update(eval_every=100, eval_batches=1, checkpoint_every=100, export_steps=[4])  # milestones only
     spec["finetune"].update(tasks=["tweets"], lrs=[1e-3], max_examples=48, max_eval_examples=48,
-                           max_steps=3, eval_every=3)
+                           max_steps=3, eval_every=3, max_len=64)  # the small data's blocks: what it trained on
     return spec
 
 
