@@ -6,8 +6,14 @@ and returns plain dicts. Derived tasks are built as documented on each function:
 * Wikipedia split: an article is in the *eval* part when the first 8 hex digits of
   ``sha256("raybiphase-wiki-split:" + title)`` modulo 100 are below 30 (about 30%), else in the
   *pretrain* part. Evaluation tasks over Wikipedia (topics, retrieval) use only the eval part.
-* ``pretraining_texts`` yields SQuAD *train* paragraphs and wiki *pretrain* leads: never SQuAD dev,
-  never a wiki eval lead.
+* SQuAD splits: "dev" is the official dev file (the tasks' test split); SQuAD's train file is cut by paragraph
+  into "validation" (the tasks' validation split), a paragraph whose first 8 hex digits of
+  ``sha256("raybiphase-squad-validation:" + text)`` modulo 100 are below 5 (about 5%), and "train", the rest.
+  Every question, sentence and passage of a paragraph lands in its paragraph's split.
+* ``pretraining_texts`` yields the SQuAD *train* paragraphs and the wiki *pretrain* leads, leaving out any that
+  shares a sentence (``split_sentences``, whitespace collapsed) with an evaluation text -- a SQuAD validation or
+  dev paragraph, or a wiki eval lead -- as a few do where Wikipedia repeats a sentence across articles: no model
+  pretrains on a paragraph, a sentence or a passage it is validated or tested on (issue 27).
 * QNLI is built from SQuAD as GLUE built it: each question is paired with every sentence of its
   paragraph; the label is "entailment" when the sentence's character span contains the span of
   the question's first answer. Sentences come from ``split_sentences`` (rule below).
@@ -18,6 +24,7 @@ from __future__ import annotations
 import csv
 import functools
 import hashlib
+import itertools
 import json
 import re
 from collections.abc import Iterator
@@ -33,7 +40,11 @@ class SourceError(UserError):
     """A text source could not be read, described in one line."""
 
 
-SQUAD_SPLITS = ("train", "dev")
+SQUAD_SPLITS = ("train", "validation", "dev")
+SQUAD_VALIDATION_PERCENT = 5
+OFFLINE_CORPUS_VERSION = 2
+"""The version of what `pretraining_texts` yields, bumped whenever that changes (2: SQuAD validation paragraphs and
+documents sharing a sentence with an evaluation text left out); the offline shards' cache key is to include it."""
 WIKI_EVAL_PERCENT = 30
 WIKI_UNCATEGORIZED = "Uncategorized"
 WIKI_TOPICS = sorted([
@@ -45,27 +56,42 @@ TWEET_LABELS = ("negative", "neutral", "positive")
 
 # ---------------------------------------------------------------- SQuAD v1.1
 @functools.lru_cache(maxsize=2)
-def _squad_articles(split: str) -> tuple:
+def _squad_articles(file: str) -> tuple:
+    with open(asset_path("squad", f"{file}-v1.1.json"), encoding="utf-8") as f:
+        return tuple(json.load(f)["data"])
+
+
+def squad_part(context: str) -> str:
+    """'validation' or 'train' for a paragraph of SQuAD's train file, by a stable sha256 hash of its text (see the
+    module docstring): a paragraph repeated verbatim lands in one part."""
+    bucket = int(hashlib.sha256(f"raybiphase-squad-validation:{context}".encode()).hexdigest()[:8], 16) % 100
+    return "validation" if bucket < SQUAD_VALIDATION_PERCENT else "train"
+
+
+def _squad_paragraphs(split: str) -> Iterator[tuple[str, dict]]:
+    """(article title, paragraph) of a split, in file order."""
     if split not in SQUAD_SPLITS:
         raise ValueError(f"SQuAD split must be one of {SQUAD_SPLITS}, got {split!r}")
-    with open(asset_path("squad", f"{split}-v1.1.json"), encoding="utf-8") as f:
-        return tuple(json.load(f)["data"])
+    file = "dev" if split == "dev" else "train"
+    for article in _squad_articles(file):
+        for para in article["paragraphs"]:
+            if file == "dev" or squad_part(para["context"]) == split:
+                yield article["title"], para
 
 
 def squad(split: str) -> list[dict]:
     """One record per question: id, title, question, context, answers {text, answer_start}."""
     return [
-        {"id": qa["id"], "title": article["title"], "question": qa["question"], "context": para["context"],
+        {"id": qa["id"], "title": title, "question": qa["question"], "context": para["context"],
          "answers": {"text": [a["text"] for a in qa["answers"]],
                      "answer_start": [a["answer_start"] for a in qa["answers"]]}}
-        for article in _squad_articles(split) for para in article["paragraphs"] for qa in para["qas"]
+        for title, para in _squad_paragraphs(split) for qa in para["qas"]
     ]
 
 
 def squad_contexts(split: str) -> list[str]:
     """Unique paragraphs of a split, in file order."""
-    seen = dict.fromkeys(p["context"] for a in _squad_articles(split) for p in a["paragraphs"])
-    return list(seen)
+    return list(dict.fromkeys(para["context"] for _, para in _squad_paragraphs(split)))
 
 
 # The splitter: a sentence ends at '.', '!' or '?' (plus any closing quotes/brackets) followed by
@@ -167,11 +193,22 @@ def tweets() -> list[dict]:
 
 
 # ---------------------------------------------------------------- pretraining corpora
+def evaluation_texts() -> list[str]:
+    """The paragraphs the offline tasks validate and test on: SQuAD validation and dev paragraphs, wiki eval leads."""
+    return squad_contexts("validation") + squad_contexts("dev") + [a["text"] for a in wiki_split("eval")]
+
+
+def _sentences(text: str) -> set[str]:
+    return {" ".join(text[s:e].split()) for s, e in split_sentences(text)}
+
+
 def pretraining_texts() -> Iterator[str]:
-    """Documents for pretraining: SQuAD train paragraphs, then the wiki pretrain-part leads."""
-    yield from squad_contexts("train")
-    for article in wiki_split("pretrain"):
-        yield article["text"]
+    """Documents for pretraining: SQuAD train-part paragraphs, then the wiki pretrain-part leads, each left out
+    when it shares a sentence with an evaluation text (module docstring; 9 documents in all)."""
+    held_out = set().union(*map(_sentences, evaluation_texts()))
+    for text in itertools.chain(squad_contexts("train"), (a["text"] for a in wiki_split("pretrain"))):
+        if held_out.isdisjoint(_sentences(text)):
+            yield text
 
 
 def hf_texts(dataset_id: str, split: str, text_field: str, config_name: str | None = None,

@@ -13,7 +13,11 @@ pairs (`train_task`), as the authors do: one retrieval model, three test sets.
 Splits, as in the paper: validation = 5% of the train split, drawn like `datasets`' `train_test_split(test_size=0.05,
 seed=42)` (a `default_rng(42)` permutation of the rows: the first ceil(5%) are validation, the rest train, in that
 shuffled order); test = the official validation split (SQuAD dev for squad, squad_sentence, qnli, squad_bio,
-squad_commas, squad_retrieval).
+squad_commas, squad_shuffle, squad_retrieval). The SQuAD-derived offline tasks are the exception, as their train
+file's paragraphs are pretraining text (issue 27): their loaders return (train, validation, test) built from
+`sources.SQUAD_SPLITS`, validation being the train file's paragraphs that `sources.squad_part` holds out (about 5%,
+by paragraph, never pretrained on); train and validation are then each put in a seeded (42) shuffled order. Hub
+loaders keep the paper's draw: the paper's corpora hold no SQuAD, and a sweep (source "auto") reads SQuAD offline.
 Sets without one are split deterministically by content: an example is in *test* when the first 8 hex digits of
 sha256("raybiphase-finetune-test:" + key) modulo 100 are below 20 (tweets, wiki_topics: key = the text, so duplicate
 tweets never straddle; wiki_retrieval: key = the target article's title).
@@ -63,7 +67,7 @@ SHUFFLE_MIN_WORDS = 8
 SST2_LABELS = ("negative", "positive")
 MNLI_LABELS = ("entailment", "neutral", "contradiction")
 QQP_LABELS = ("not_duplicate", "duplicate")
-Loader = Callable[[], tuple[Any, Any]]  # () -> (full train split, test split)
+Loader = Callable[[], tuple]  # () -> (full train split, test split), or (train, validation, test) held out by source
 
 
 @dataclass(frozen=True)
@@ -102,9 +106,13 @@ class TaskSplits:
 
 def split_validation(records: list, share: float = VALIDATION_SHARE, seed: int = VALIDATION_SEED) -> tuple[list, list]:
     """(train, validation): a seeded permutation, the first ceil(share * n) rows validation."""
-    order = np.random.default_rng(seed).permutation(len(records))
+    shuffled = _shuffled(records, seed)
     n_val = math.ceil(share * len(records))
-    return [records[i] for i in order[n_val:]], [records[i] for i in order[:n_val]]
+    return shuffled[n_val:], shuffled[:n_val]
+
+
+def _shuffled(records: list, seed: int = VALIDATION_SEED) -> list:
+    return [records[i] for i in np.random.default_rng(seed).permutation(len(records))]
 
 
 def in_test_split(key: str) -> bool:
@@ -150,14 +158,25 @@ def _load_splits(name: str, max_examples: int, max_eval: int, source: str) -> Ta
     loader = task.offline if source == "offline" else task.production if source == "production" else None
     if loader is None:
         raise UserError(f"finetune: task {name!r} has no {source} loader")
-    train_all, test = loader()
+    return make_splits(task, loader(), max_examples=max_examples, max_eval=max_eval)
+
+
+def make_splits(task: Task, parts: tuple, *, max_examples: int = 0, max_eval: int = 0) -> TaskSplits:
+    """Train / validation / test from a loader's parts: (train, test), validation drawn from train, or (train,
+    validation, test), validation held out by the source (see the module docstring); capped as `load_splits` says."""
+    held_out = len(parts) == 3
+    train_all, test = parts[0], parts[-1]
     if task.family == "IR":
-        train_queries, val_queries = split_validation(train_all["queries"])
-        val = _cap_retrieval({"queries": val_queries, "passages": train_all["passages"]}, max_eval, sample=False)
+        if held_out:
+            val_set = {"queries": _shuffled(parts[1]["queries"]), "passages": parts[1]["passages"]}
+            train_queries = _shuffled(train_all["queries"])
+        else:
+            train_queries, val_queries = split_validation(train_all["queries"])
+            val_set = {"queries": val_queries, "passages": train_all["passages"]}
         train = _retrieval_pairs({"queries": train_queries, "passages": train_all["passages"]})
-        return TaskSplits(train=train[: max_examples or None], val=val,
+        return TaskSplits(train=train[: max_examples or None], val=_cap_retrieval(val_set, max_eval, sample=False),
                           test=_cap_retrieval(test, max_eval, sample=True))
-    train, val = split_validation(train_all)
+    train, val = (_shuffled(train_all), _shuffled(parts[1])) if held_out else split_validation(train_all)
     train, val, test = train[: max_examples or None], val[: max_eval or None], _sample(test, max_eval)
     if task.finish:
         train, val, test = ([task.finish(r) for r in part] for part in (train, val, test))
@@ -184,9 +203,14 @@ def _wiki_topics() -> tuple[list, list]:
     return _by_content(_labelled(sources.wiki_topics(), tuple(sources.WIKI_TOPICS)), "text")
 
 
-def _qnli() -> tuple[list, list]:
+def _by_squad_split(build: Callable[[str], Any]) -> tuple:
+    """(train, validation, test) of a SQuAD-derived task: `build` over `sources.SQUAD_SPLITS`."""
+    return tuple(build(split) for split in sources.SQUAD_SPLITS)
+
+
+def _qnli() -> tuple[list, list, list]:
     labels = ("entailment", "not_entailment")
-    return tuple(_labelled(sources.qnli(split), labels, "question", "sentence") for split in ("train", "dev"))
+    return _by_squad_split(lambda split: _labelled(sources.qnli(split), labels, "question", "sentence"))
 
 
 def bio_sentences(records: list[dict]) -> list[dict]:
@@ -226,8 +250,8 @@ def tag_sentence(sentence: dict) -> dict:
     return {"words": words, "tags": tags}
 
 
-def _squad_bio() -> tuple[list, list]:
-    return bio_sentences(sources.squad("train")), bio_sentences(sources.squad("dev"))
+def _squad_bio() -> tuple[list, list, list]:
+    return _by_squad_split(lambda split: bio_sentences(sources.squad(split)))
 
 
 def sentence_records(contexts: list[str]) -> list[dict]:
@@ -249,8 +273,8 @@ def tag_commas(record: dict) -> dict:
     return {"words": words, "tags": tags}
 
 
-def _squad_commas() -> tuple[list, list]:
-    return sentence_records(sources.squad_contexts("train")), sentence_records(sources.squad_contexts("dev"))
+def _squad_commas() -> tuple[list, list, list]:
+    return _by_squad_split(lambda split: sentence_records(sources.squad_contexts(split)))
 
 
 def shuffle_sentences(contexts: list[str]) -> list[dict]:
@@ -275,8 +299,8 @@ def shuffle_words(record: dict) -> dict:
             "label": SHUFFLE_LABELS.index("shuffled" if shuffled else "original")}
 
 
-def _squad_shuffle() -> tuple[list, list]:
-    return shuffle_sentences(sources.squad_contexts("train")), shuffle_sentences(sources.squad_contexts("dev"))
+def _squad_shuffle() -> tuple[list, list, list]:
+    return _by_squad_split(lambda split: shuffle_sentences(sources.squad_contexts(split)))
 
 
 def answer_sentences(records: list[dict]) -> list[dict]:
@@ -302,12 +326,12 @@ def answer_sentences(records: list[dict]) -> list[dict]:
     return out
 
 
-def _squad_sentence() -> tuple[list, list]:
-    return answer_sentences(sources.squad("train")), answer_sentences(sources.squad("dev"))
+def _squad_sentence() -> tuple[list, list, list]:
+    return _by_squad_split(lambda split: answer_sentences(sources.squad(split)))
 
 
-def _squad() -> tuple[list, list]:
-    return sources.squad("train"), sources.squad("dev")
+def _squad() -> tuple[list, list, list]:
+    return _by_squad_split(sources.squad)
 
 
 def _as_retrieval(raw: dict) -> dict:
@@ -315,8 +339,8 @@ def _as_retrieval(raw: dict) -> dict:
             "passages": raw["passages"]}
 
 
-def _squad_retrieval() -> tuple[dict, dict]:
-    return _as_retrieval(sources.squad_retrieval("train")), _as_retrieval(sources.squad_retrieval("dev"))
+def _squad_retrieval() -> tuple[dict, dict, dict]:
+    return _by_squad_split(lambda split: _as_retrieval(sources.squad_retrieval(split)))
 
 
 def _wiki_retrieval() -> tuple[dict, dict]:

@@ -17,13 +17,13 @@ def cache():
 
 
 def test_squad_counts_and_spans():
-    dev, train = sources.squad("dev"), sources.squad("train")
-    assert (len(dev), len(train)) == (10_570, 87_599)
+    dev, train, validation = sources.squad("dev"), sources.squad("train"), sources.squad("validation")
+    assert (len(dev), len(train) + len(validation)) == (10_570, 87_599)  # the official dev and train files
     assert len(sources.squad_contexts("dev")) == 2_067
-    # 18,896 paragraphs in train, 5 of which repeat an earlier paragraph's text verbatim
-    assert len(sources.squad_contexts("train")) == 18_891
+    # 18,896 paragraphs in the train file, 5 of which repeat an earlier paragraph's text verbatim
+    assert len(sources.squad_contexts("train")) + len(sources.squad_contexts("validation")) == 18_891
     assert len({r["id"] for r in dev}) == len(dev)
-    for rec in dev + train:
+    for rec in dev + train + validation:
         answers = rec["answers"]
         assert answers["text"] and len(answers["text"]) == len(answers["answer_start"])
         for text, start in zip(answers["text"], answers["answer_start"]):
@@ -31,6 +31,16 @@ def test_squad_counts_and_spans():
     assert set(dev[0]) == {"id", "title", "question", "context", "answers"}
     with pytest.raises(ValueError):
         sources.squad("test")
+
+
+def test_squad_validation_is_about_5_percent_of_the_train_files_paragraphs():
+    train, validation = sources.squad_contexts("train"), sources.squad_contexts("validation")
+    assert len(validation) == 936 and 0.04 < len(validation) / (len(train) + len(validation)) < 0.06
+    assert not set(train) & set(validation)  # a repeated paragraph lands in one part
+    assert all(sources.squad_part(c) == "validation" for c in validation)
+    assert all(sources.squad_part(c) == "train" for c in train)
+    questions = {r["id"] for r in sources.squad("validation")}
+    assert 0.04 < len(questions) / 87_599 < 0.06 and not questions & {r["id"] for r in sources.squad("train")}
 
 
 def test_squad_is_deterministic_and_unshared():
@@ -72,10 +82,16 @@ def test_tweets():
 
 def test_pretraining_texts_exclude_evaluation_text():
     texts = list(sources.pretraining_texts())
-    assert len(texts) == 18_891 + len(sources.wiki_split("pretrain"))
-    held_out = set(sources.squad_contexts("dev")) | {a["text"] for a in sources.wiki_split("eval")}
+    candidates = sources.squad_contexts("train") + [a["text"] for a in sources.wiki_split("pretrain")]
+    # 17,955 SQuAD train-part paragraphs and 7,015 wiki pretrain leads, less the 9 that share a sentence with an
+    # evaluation text: 5 SQuAD paragraphs with a dev or validation paragraph, 3 more and 1 lead with a wiki eval lead
+    assert len(texts) == len(candidates) - 9 == 24_961 and set(texts) <= set(candidates)
+    held_out = set(sources.evaluation_texts())
+    assert set(sources.squad_contexts("validation")) | set(sources.squad_contexts("dev")) <= held_out
     assert not held_out & set(texts)
-    assert set(sources.squad_contexts("train")) <= set(texts)
+    held_out_sentences = {" ".join(t[s:e].split()) for t in held_out for s, e in sources.split_sentences(t)}
+    assert not any({" ".join(t[s:e].split()) for s, e in sources.split_sentences(t)} & held_out_sentences
+                   for t in texts)
 
 
 def test_split_sentences():
