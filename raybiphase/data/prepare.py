@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 from raybiphase import storage
 from raybiphase.cli import UserError, config_parser, run_main
 from raybiphase.config import DataConfig, SweepSpec, load
+from raybiphase.data import sources
 from raybiphase.data.pieces import Piece, piece_texts, plan_pieces, windows
 from raybiphase.data.stream import FORMAT_VERSION, MANIFEST
 
@@ -52,6 +53,8 @@ def fingerprint(data: DataConfig) -> str:
     keys = asdict(data)
     keys.pop("dir")
     keys.pop("max_epochs")  # how many passes a run may make does not change the shards
+    if data.source == "offline":  # what the offline corpus holds changes with the code (held-out evaluation text)
+        keys["offline_corpus"] = sources.OFFLINE_CORPUS_VERSION
     keys["format"] = FORMAT_VERSION
     return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:12]
 

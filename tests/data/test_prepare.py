@@ -169,3 +169,17 @@ def test_a_llama3_tokenizer_keeps_its_vocabulary_and_masks_with_its_reserved_tok
     assert len(tok) == size  # nothing added
     assert tok.mask_token == "<|reserved_special_token_0|>" and tok.mask_token_id == tok.eos_token_id + 1
     assert tok.pad_token_id == tok.eos_token_id  # Llama-3's convention
+
+
+def test_shards_of_an_earlier_offline_corpus_are_not_reused(monkeypatch):
+    """Issue 27: the offline corpus changed what it holds (held-out evaluation text); its version is in the shards'
+    fingerprint, so a cache prepared from the earlier corpus is never found again. Other sources ignore it."""
+    from raybiphase.config import DataConfig
+    from raybiphase.data import sources
+    from raybiphase.data.prepare import fingerprint
+
+    offline, hub = DataConfig(), DataConfig(source="HuggingFaceFW/fineweb-edu", hf_config="sample-350BT")
+    before = fingerprint(offline), fingerprint(hub)
+    monkeypatch.setattr(sources, "OFFLINE_CORPUS_VERSION", sources.OFFLINE_CORPUS_VERSION + 1)
+    assert fingerprint(offline) != before[0] and fingerprint(hub) == before[1]
+    assert fingerprint(DataConfig(max_epochs=3)) == fingerprint(offline)  # passes allowed do not change the shards
