@@ -58,12 +58,22 @@ def hardware() -> str:
     return text
 
 
-def run_info(spec_path: str = "") -> dict:
-    """The header of a sweep's report, recorded at its start."""
+def protocol(finetune) -> str:
+    """The fine-tuning protocol's choices that move scores (a FinetuneConfig), said in the report's header."""
+    labels = ("every sub-token of a word labelled, words predicted by their sub-tokens' majority vote"
+              if finetune.tc_labels == "all_subtokens" else "first sub-token of each word only")
+    return (f"token classification: {labels} (finetune.tc_labels={finetune.tc_labels}); best LR over the LRs whose "
+            f"every seed scored, a diverged seed at the metric's floor; QA windows without the answer point at 0; "
+            f"inputs up to {finetune.max_len} tokens")
+
+
+def run_info(spec_path: str = "", finetune=None) -> dict:
+    """The header of a sweep's report, recorded at its start (with the fine-tuning protocol when given)."""
     from raybiphase.pretrain.checkpoint import code_version
 
     return {"spec": spec_path, "code": code_version(), "hardware": hardware(),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            **({"protocol": protocol(finetune)} if finetune is not None and finetune.tasks else {})}
 
 
 def header_of(results_dir: str) -> dict:
@@ -75,7 +85,7 @@ def header_of(results_dir: str) -> dict:
     return {"spec": recorded.get("spec") or "(none recorded: rows imported or written elsewhere)",
             "code": recorded.get("code") or code_version(),
             "run started": recorded.get("date", ""), "report drawn": drawn,
-            "hardware": recorded.get("hardware") or hardware()}
+            "hardware": recorded.get("hardware") or hardware(), "protocol": recorded.get("protocol", "")}
 
 
 def _markdown(text: str) -> str:

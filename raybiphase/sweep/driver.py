@@ -199,7 +199,8 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout, spec_pa
         ensure_ray()
     from raybiphase.results.html import RUN_INFO, run_info
 
-    storage.write_json(join(paths.root, RUN_INFO), run_info(spec_path))  # the report's header: spec, code, hardware
+    # the report's header: spec, code, hardware, the fine-tuning protocol's choices
+    storage.write_json(join(paths.root, RUN_INFO), run_info(spec_path, spec.finetune))
     data_dirs = {}
     with clock.span("data"):
         for run in plan.runs.values():

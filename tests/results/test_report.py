@@ -162,6 +162,20 @@ def test_the_header_names_the_sweep_that_made_the_rows(tmp_path) -> None:
     assert f"spec: sweeps/quickstart.yaml --set phases.steps=400 · code: {info['code']}" in Path(markdown).read_text()
 
 
+@pytest.mark.parametrize("tc_labels, said", [("all_subtokens", "majority vote"), ("first_subtoken", "first sub-token")])
+def test_the_header_says_how_token_classification_was_labelled(tmp_path, tc_labels, said) -> None:
+    """Issue 27: the report says which token-classification protocol its scores come from."""
+    from raybiphase.config import FinetuneConfig
+    from raybiphase.results.html import RUN_INFO, run_info
+
+    folder = _small_sweep(tmp_path / "quickstart")
+    info = run_info("sweeps/quickstart.yaml", FinetuneConfig(tasks=["squad_commas"], tc_labels=tc_labels))
+    (folder / RUN_INFO).write_text(json.dumps(info))
+    markdown, _ = report.write_report(folder)
+    header = Path(markdown).read_text().splitlines()[2]
+    assert "protocol: token classification: " in header and said in header and f"tc_labels={tc_labels}" in header
+
+
 def _small_sweep(folder: Path) -> Path:
     """One run, one LR: most figures have nothing to vary along."""
     rows = [r for r in _finetune_rows(_run(0.5, 200), np.random.default_rng(1)) if r["lr"] == 1e-4]
