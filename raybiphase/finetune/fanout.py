@@ -11,6 +11,13 @@ its rungs (grace_period = the first evaluation, reduction_factor 3, max_t = fine
 checkpoint and task gets its own ASHA, so scores of different tasks never compete. Without it the full grid runs.
 At most `resources.max_concurrent` trials run at once.
 
+Training groups (`tasks.training_groups`): tasks that train on another's pairs are not trained again. nq and mldr
+train on MS MARCO's pairs and validate on the same MS MARCO queries as msmarco, so per checkpoint, LR and seed one
+trial trains (msmarco when listed, else the first of them listed) and, at its end, scores the model on each task's
+test split; every task gets its row, with the shared validation score. The best LR is therefore chosen on MS MARCO
+validation for all three, as the authors' evaluation code does. The trial writes its riders' records before its
+own; ASHA and the completion pass see the trained trial only, and a stopped one gives every task a stopped row.
+
 Stopped trials: their row keeps the last validation score and step, `stopped_early=True`, `test_score=NaN` (a
 stopped trial is ended at its report, so its test split is never scored). The paper reports the test mean over
 all seeds of the best LR, so a *completion pass* follows: per (run, task), the LR that leads on its finished seeds
@@ -48,7 +55,7 @@ from raybiphase.results.aggregate import best_lr
 from raybiphase import storage
 from raybiphase.cli import UserError
 from raybiphase.config import FinetuneConfig, SweepSpec
-from raybiphase.finetune.tasks import get_task
+from raybiphase.finetune.tasks import get_task, training_groups
 from raybiphase.finetune.trial import (
     find_hf_dir,
     load_checked_tokenizer,
@@ -121,11 +128,34 @@ def _read(location: str) -> FinetuneRow | None:
 # ------------------------------------------------------------------------------------------------ planning
 
 
-def plan_trials(sources: list[FinetuneSource], cfg: FinetuneConfig, sweep: str = "") -> list[FinetuneRow]:
-    """Every trial's planned row, group by group (checkpoint x task), seed-major so each ASHA rung sees every LR
-    early."""
+def plan_rows(sources: list[FinetuneSource], cfg: FinetuneConfig, sweep: str = "") -> list[FinetuneRow]:
+    """Every planned row, one per (checkpoint, task, LR, seed), group by group (checkpoint x task), seed-major so
+    each ASHA rung sees every LR early."""
     return [result_rows.trial_row(source, task=get_task(name), lr=lr, seed=seed, sweep=sweep)
             for source in sources for name in cfg.tasks for seed in cfg.seeds for lr in cfg.lrs]
+
+
+def plan_trials(sources: list[FinetuneSource], cfg: FinetuneConfig, sweep: str = "") -> list[FinetuneRow]:
+    """The trials that train, in `plan_rows`' order: one per training group (checkpoint x trained task x LR x
+    seed); the other tasks of a group ride along (`riders`)."""
+    trained = training_groups(cfg.tasks)
+    return [row for row in plan_rows(sources, cfg, sweep) if row.task in trained]
+
+
+def riders(trial: FinetuneRow, tasks) -> list[FinetuneRow]:
+    """The planned rows of the tasks tested on the model `trial` trains (the rest of its training group)."""
+    return [result_rows.task_row(trial, get_task(name)) for name in training_groups(tasks)[trial.task][1:]]
+
+
+def trained_in(row: FinetuneRow, tasks) -> FinetuneRow:
+    """The planned trial that trains the model a planned row is tested on: the row itself unless it rides along."""
+    trained = next(name for name, members in training_groups(tasks).items() if row.task in members)
+    return row if trained == row.task else result_rows.task_row(row, get_task(trained))
+
+
+def _trials_for(rows: list[FinetuneRow], tasks) -> list[FinetuneRow]:
+    """The trials to launch for these planned rows, each once, in the rows' order."""
+    return list({trial.key: trial for trial in (trained_in(row, tasks) for row in rows)}.values())
 
 
 def group_of(row: FinetuneRow) -> tuple:
@@ -134,6 +164,43 @@ def group_of(row: FinetuneRow) -> tuple:
 
 
 # ------------------------------------------------------------------------------------------------ the trial
+
+
+def trial_config(trial: FinetuneRow, tasks, experiment: str, settings: str) -> dict:
+    """What Tune's config carries of a trial: its planned row, record path and ASHA group, and its riders' rows
+    and record paths."""
+    return {"row": _planned(trial), "record": record_path(experiment, trial.key, settings),
+            "group": list(group_of(trial)),
+            "riders": [{"row": _planned(r), "record": record_path(experiment, r.key, settings)}
+                       for r in riders(trial, tasks)]}
+
+
+def record_final(trial: dict, final: dict) -> None:
+    """A finished trial's records (run_trial's result `final`): its riders' first, its own last (a trial whose
+    own record is on disk has every row on disk)."""
+    for rider in trial["riders"]:
+        planned = FinetuneRow.from_record(rider["row"])
+        _write(rider["record"], result_rows.finished_row(planned, final["also_tested"][planned.task]))
+    _write(trial["record"], result_rows.finished_row(FinetuneRow.from_record(trial["row"]), final))
+
+
+def trial_rows(trial: dict, metrics: dict, *, failed: bool) -> list[FinetuneRow] | None:
+    """The rows of a trial Tune ended (its own, then its riders'), from their records; a row with none was stopped
+    by ASHA at the trial's last report (`metrics`): its stopped row is recorded here. None when the trial `failed`
+    before recording a row."""
+    rows = []
+    for member in [trial, *trial["riders"]]:
+        record = _read(member["record"])
+        if record is None:
+            if failed:
+                return None
+            record = result_rows.stopped_row(FinetuneRow.from_record(member["row"]),
+                                             val_score=metrics.get("val_score", float("nan")),
+                                             step=int(metrics.get("step", 0)),
+                                             seconds=float(metrics.get("time_total_s", 0.0)))
+            _write(member["record"], record)
+        rows.append(record)
+    return rows
 
 
 def _trainable(config: dict, finetune: FinetuneConfig) -> None:
@@ -145,14 +212,15 @@ def _trainable(config: dict, finetune: FinetuneConfig) -> None:
     row = FinetuneRow.from_record(trial["row"])
 
     def report(metrics: dict) -> None:
-        if "final" in metrics:  # the trial's result is on disk before the report a scheduler may stop it at
-            _write(trial["record"], result_rows.finished_row(row, metrics["final"]))
+        if "final" in metrics:  # the trial's results are on disk before the report a scheduler may stop it at
+            record_final(trial, metrics["final"])
         score = metrics["val_score"]
         # a diverged trial reports its floor score (NaN only from rows of old), which ranks it low for ASHA
         tune.report({"step": metrics["step"], "val_score": -1.0 if math.isnan(score) else score,
                      "finished": int("final" in metrics)})  # else a trial that ended was stopped (progress lines)
 
-    run_trial(row.checkpoint, row.task, lr=row.lr, seed=row.seed, cfg=finetune, report=report)
+    run_trial(row.checkpoint, row.task, lr=row.lr, seed=row.seed, cfg=finetune, report=report,
+              also_test=tuple(rider["row"]["task"] for rider in trial["riders"]))
 
 
 def trial_resources(cfg: FinetuneConfig) -> dict[str, float]:
@@ -167,7 +235,8 @@ def _planned(row: FinetuneRow) -> dict:
 
 def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name: str, asha: bool,
             grace_period: int | None, reduction_factor: float, verbose: int, out) -> list[FinetuneRow]:
-    """Run `trials` (base rows) as one Tuner; returns their rows, stopped ones recorded by the driver."""
+    """Run `trials` (base rows) as one Tuner; returns their rows and their riders', stopped ones recorded by the
+    driver."""
     from ray import tune
 
     from raybiphase.raycluster import ensure_ray
@@ -176,8 +245,7 @@ def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name:
     ensure_ray()
     ft = cfg.finetune
     settings = trial_settings(ft)
-    space = [{"row": _planned(t), "record": record_path(experiment, t.key, settings), "group": list(group_of(t))}
-             for t in trials]
+    space = [trial_config(t, ft.tasks, experiment, settings) for t in trials]
     scheduler = None
     if asha:
         scheduler = GroupedASHA(functools.partial(
@@ -199,19 +267,12 @@ def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name:
     rows, failures = [], []
     for result in results:
         trial = result.config["trial"]
-        record = _read(trial["record"])
-        if result.error is not None and record is None:
+        ended = trial_rows(trial, result.metrics or {}, failed=result.error is not None)
+        if ended is None:
             first_line = (str(result.error).strip().splitlines() or [""])[0]
             failures.append(f"{trial_key(trial['row'])}: {type(result.error).__name__}: {first_line}")
             continue
-        if record is None:  # stopped by ASHA at its last report
-            metrics = result.metrics or {}
-            record = result_rows.stopped_row(FinetuneRow.from_record(trial["row"]),
-                                             val_score=metrics.get("val_score", float("nan")),
-                                             step=int(metrics.get("step", 0)),
-                                             seconds=float(metrics.get("time_total_s", 0.0)))
-            _write(trial["record"], record)
-        rows.append(record)
+        rows += ended
     if failures:
         raise RuntimeError(f"{len(failures)} of {len(trials)} fine-tuning trials failed; first: {failures[0]}")
     return rows
@@ -223,10 +284,10 @@ def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name:
 def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, name: str, done=frozenset(),
                grace_period: int | None = None, reduction_factor: float = REDUCTION_FACTOR,
                complete_best: bool = True, verbose: int = 0, out=None) -> list[dict]:
-    """Fine-tune every source checkpoint on cfg.finetune.tasks over lrs x seeds; one row per trial not in `done`
-    (keys rows.TRIAL_KEY), as records (FinetuneRow.record), and a copy of it for every run in the source's
-    `shared_by` (the same weights: fine-tuned once). Bad task names or checkpoints raise UserError before anything
-    runs."""
+    """Fine-tune every source checkpoint on cfg.finetune.tasks over lrs x seeds; one row per task, LR and seed not
+    in `done` (keys rows.TRIAL_KEY), as records (FinetuneRow.record), and a copy of it for every run in the source's
+    `shared_by` (the same weights: fine-tuned once). A training group's tasks share one trial (module docstring).
+    Bad task names or checkpoints raise UserError before anything runs."""
     experiment = join(absolute(storage), name)  # a local folder or a bucket, like every sweep location
     for task_name in cfg.finetune.tasks:  # one clear line for bad input, before Ray starts
         get_task(task_name)
@@ -243,22 +304,26 @@ def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, n
     def copy_keys(trial: FinetuneRow) -> list[TrialKey]:
         return [(other.run, *trial.key[1:]) for other in copies[(trial.run, trial.pretrain_step)]]
 
-    # a trial runs when its row, or the row of a run sharing its checkpoint, is missing
-    plan = [t for t in plan_trials(sources, cfg.finetune, cfg.sweep.name)
+    # a row is planned when it, or the row of a run sharing its checkpoint, is missing; its trial runs when it has
+    # no record (the trial that trains its group's model: the whole group's rows are recorded again)
+    plan = [t for t in plan_rows(sources, cfg.finetune, cfg.sweep.name)
             if t.key not in done or any(k not in done for k in copy_keys(t))]
     settings = trial_settings(cfg.finetune)
     records = {t.key: _read(record_path(experiment, t.key, settings)) for t in plan}
     for key, record in records.items():
         if record is not None and record.stopped_early and not cfg.finetune.asha:
             records[key] = None  # the full grid was asked for: a trial ASHA stopped runs again
-    missing = [t for t in plan if records[t.key] is None]
+    missing = _trials_for([t for t in plan if records[t.key] is None], cfg.finetune.tasks)
     options = dict(experiment=experiment, grace_period=grace_period, reduction_factor=reduction_factor,
                    verbose=verbose, out=out or sys.stdout)
+    new = set()
     if missing:
         for row in _launch(missing, cfg, name=name, asha=cfg.finetune.asha, **options):
-            records[row.key] = row
+            new.add(row.key)
+            if row.key in records:  # a trained task's row already in `done` is not planned
+                records[row.key] = row
     if complete_best:
-        missing += _complete_best(records, plan, cfg, experiment, options)
+        new |= {row.key for row in _complete_best(records, plan, cfg, experiment, options)}
     rows = []
     for trial in plan:
         record = records[trial.key]
@@ -266,7 +331,7 @@ def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, n
             continue
         shared = [result_rows.shared_row(record, other) for other in copies[(trial.run, trial.pretrain_step)]]
         rows += [{**row.record(), SETTINGS_COLUMN: settings} for row in [record, *shared] if row.key not in done]
-    _log_groups(rows, {t.key for t in missing}, sweep_settings(cfg))
+    _log_groups(rows, new, sweep_settings(cfg))
     return rows
 
 
@@ -283,7 +348,8 @@ def _log_groups(rows: list[dict], new: set, settings: dict | None) -> None:
 def _complete_best(records: dict, plan: list[FinetuneRow], cfg: SweepSpec, experiment: str,
                    options: dict) -> list[FinetuneRow]:
     """Rerun, without ASHA, the stopped seeds of each group's best LR (aggregate.best_lr: the report's rule), until
-    the best LR has none; with `finetune.complete_lrs`, every stopped trial at once. Returns the rerun trials."""
+    the best LR has none; with `finetune.complete_lrs`, every stopped trial at once. A rider's stopped row reruns
+    the trial that trains its model (its group's rows all stopped with it). Returns the rerun rows."""
     done = []
     for attempt in range(len(cfg.finetune.lrs)):
         groups = defaultdict(list)
@@ -298,7 +364,10 @@ def _complete_best(records: dict, plan: list[FinetuneRow], cfg: SweepSpec, exper
             return done
         planned = {t.key: t for t in plan}
         name = f"{experiment.rsplit('/', 1)[-1]}-completion{attempt}"
-        for row in _launch([planned[r.key] for r in rerun], cfg, name=name, asha=False, **options):
+        trials = _trials_for([planned[r.key] for r in rerun], cfg.finetune.tasks)
+        for row in _launch(trials, cfg, name=name, asha=False, **options):
+            if row.key not in records:  # a trained task's row already in `done`
+                continue
             row = result_rows.completed_row(records[row.key], row)
             _write(record_path(experiment, row.key, trial_settings(cfg.finetune)), row)
             records[row.key] = row

@@ -8,7 +8,8 @@ QA extractive QA as token classification with 2 labels (start, end), IR a mean-p
 the real files of `raybiphase.data.sources`; production tasks load the paper's twelve datasets with `datasets` from
 the hub, or from local snapshots under RAYBIPHASE_DATASETS_DIR (`raybiphase.finetune.hub`). `squad` has both: the
 same SQuAD v1.1, offline from the packaged official files, production from the hub. nq and mldr train on MS MARCO's
-pairs (`train_task`), as the authors do: one retrieval model, three test sets.
+pairs (`train_task`), as the authors do: one retrieval model, three test sets (`training_groups`: one trial trains
+it, per checkpoint, LR and seed, and tests it on each).
 
 Splits, as in the paper: validation = 5% of the train split, drawn like `datasets`' `train_test_split(test_size=0.05,
 seed=42)` (a `default_rng(42)` permutation of the rows: the first ceil(5%) are validation, the rest train, in that
@@ -43,7 +44,7 @@ import hashlib
 import math
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -399,3 +400,21 @@ def get_task(name: str) -> Task:
     if name not in TASKS:
         raise UserError(f"finetune.tasks: unknown task {name!r}; known: {', '.join(TASKS)}")
     return TASKS[name]
+
+
+def training_groups(names: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """The tasks `names`, grouped by the training task they share: trained task -> the tasks tested on its model
+    (itself first, then the others as listed), groups in the order of their first task listed.
+
+    The tasks of a group train on the same pairs and validate on the same split (nq and mldr on MS MARCO's, drawn
+    as msmarco's own), so one trial per checkpoint, LR and seed trains for all of them: the training task itself
+    when listed, else the group's first task. A task with no `train_task` (every non-IR task) is a group of one:
+    {"msmarco": ("msmarco", "nq", "mldr")} for [msmarco, nq, mldr]; {"nq": ("nq", "mldr")} for [nq, mldr]."""
+    by_training: dict[str, list[str]] = {}
+    for name in names:
+        by_training.setdefault(get_task(name).train_task or name, []).append(name)
+    groups = {}
+    for training, members in by_training.items():
+        trained = training if training in members else members[0]
+        groups[trained] = (trained, *(name for name in members if name != trained))
+    return groups

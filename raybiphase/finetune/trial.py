@@ -12,6 +12,10 @@ also carries the whole result under "final" (so a caller can store it before a s
 that report ends the process). Deterministic given the seed: the head's
 initialisation (torch.manual_seed) and the data order (a numpy generator) both come from it.
 
+Tasks trained on another's pairs ride along (`also_test`): the trained model is scored, at the end, on each of
+their test splits too, so MS MARCO's retrieval model is trained once and tested on MS MARCO, NQ and MLDR
+(`tasks.training_groups`). Each gets a result of its own with the trial's validation score.
+
 The checkpoint is an HF folder (`<checkpoint>/hf`, or the checkpoint folder holding it) read with the stock
 transformers EuroBERT classes; its tokenizer must be there and fit the model's vocabulary, else `UserError`.
 """
@@ -136,6 +140,30 @@ def _tokenized(hf_path: Path, task: str, caps: tuple[int, int], max_len: int, so
     return _TOKENIZED[key]
 
 
+def _tokenized_test(hf_path: Path, task: str, head, caps: tuple[int, int], max_len: int, source: str,
+                    tc_labels: str) -> object:
+    """The prepared test split of a task tested, not trained, in a trial (`run_trial`'s also_test), prepared by
+    the trained task's head: no training units are made for it."""
+    key = (tokenizer_digest(hf_path), task, caps, max_len, source, tc_labels, "test only")
+    if key not in _TOKENIZED:
+        _TOKENIZED[key] = head.prepare_eval(load_splits(get_task(task), max_examples=caps[0],
+                                                        max_eval_examples=caps[1], source=source).test)
+    _TOKENIZED.move_to_end(key)
+    while len(_TOKENIZED) > TOKENIZED_KEPT:
+        _TOKENIZED.popitem(last=False)
+    return _TOKENIZED[key]
+
+
+def _check_also_test(task: str, also_test: tuple[str, ...]) -> None:
+    """UserError unless every task of `also_test` is scored by `task`'s head (same family and labels)."""
+    spec = get_task(task)
+    for name in also_test:
+        other = get_task(name)
+        if (other.family, other.label_names) != (spec.family, spec.label_names):
+            raise UserError(f"finetune: task {name!r} ({other.family}) cannot be tested on a model trained for "
+                            f"{task!r} ({spec.family}): their heads differ")
+
+
 def trial_device(cfg: FinetuneConfig) -> torch.device:
     """CUDA when the trial holds a GPU (Ray shows it only the GPU it was given), else the CPU."""
     if cfg.gpus_per_trial > 0:
@@ -147,12 +175,19 @@ def trial_device(cfg: FinetuneConfig) -> torch.device:
 
 
 def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: FinetuneConfig,
-              report: Callable[[dict], None] | None = None, source: str = "auto") -> dict:
+              report: Callable[[dict], None] | None = None, source: str = "auto",
+              also_test: tuple[str, ...] = ()) -> dict:
     """Fine-tune `hf_dir` on `task`; returns val_score, test_score, metric, steps, seconds, test_per_example,
     secondary_metric, test_secondary and diverged (the loss turned NaN or inf: the trial stops at its next
-    evaluation and scores the metric's floor, `baselines.floor_scores`)."""
+    evaluation and scores the metric's floor, `baselines.floor_scores`).
+
+    `also_test`: tasks (of the same family and labels) whose test split the trained model is scored on too, under
+    "also_tested": {task: a result like this one}, each with this trial's validation score and steps (nq and mldr
+    on msmarco's trial: the LR is then chosen on MS MARCO validation for all three, as in the authors' evaluation
+    code; a diverged trial gives each its own test floor)."""
     began = time.perf_counter()
     spec = get_task(task)
+    _check_also_test(task, also_test)
     hf_path = resolve_hf_dir(hf_dir)
     head, units, val, test = _tokenized(hf_path, task, (cfg.max_examples, cfg.max_eval_examples), cfg.max_len,
                                         source, cfg.tc_labels)
@@ -190,6 +225,12 @@ def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: Finet
                                      source=source)
                 result = {**floor, "metric": spec.metric, "steps": done, "seconds": time.perf_counter() - began,
                           "secondary_metric": spec.secondary_metric, "test_secondary": float("nan"), "diverged": True}
+                if also_test:
+                    result["also_tested"] = {
+                        name: {**result, **floor_scores(name, max_examples=cfg.max_examples, source=source,
+                                                        max_eval_examples=cfg.max_eval_examples),
+                               "val_score": floor["val_score"], "metric": get_task(name).metric,
+                               "secondary_metric": get_task(name).secondary_metric} for name in also_test}
                 if report:
                     report({"step": done, "val_score": floor["val_score"], "final": result})
                 return result
@@ -204,9 +245,20 @@ def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: Finet
     # --- test, then the last report
     with autocast():
         tested = head.evaluate(model, test)
+    also_tested = {}
+    for name in also_test:
+        prepared = _tokenized_test(hf_path, name, head, (cfg.max_examples, cfg.max_eval_examples), cfg.max_len, source,
+                                   cfg.tc_labels)
+        with autocast():
+            also_tested[name] = head.evaluate(model, prepared)
     result = {"val_score": val_score, "test_score": tested.score, "metric": spec.metric, "steps": total,
               "seconds": time.perf_counter() - began, "test_per_example": tested.per_example,
               "secondary_metric": spec.secondary_metric, "test_secondary": tested.secondary, "diverged": False}
+    if also_test:
+        result["also_tested"] = {
+            name: {**result, "test_score": other.score, "test_per_example": other.per_example,
+                   "test_secondary": other.secondary, "metric": get_task(name).metric,
+                   "secondary_metric": get_task(name).secondary_metric} for name, other in also_tested.items()}
     if report:
         report({"step": total, "val_score": val_score, "final": result})
     return result

@@ -165,6 +165,13 @@ def trial_row(source: FinetuneSource, *, task, lr: float, seed: int, sweep: str)
                        settings=dict(source.columns))
 
 
+def task_row(planned: FinetuneRow, task) -> FinetuneRow:
+    """The planned row of another task (a Task) in `planned`'s trial (checkpoint, LR, seed): a task tested on the
+    model trained for its training group (raybiphase.finetune.tasks.training_groups) has a row of its own."""
+    return dataclasses.replace(planned, task=task.name, family=task.family, dataset=task.dataset, metric=task.metric,
+                               secondary_metric=task.secondary_metric)
+
+
 def finished_row(planned: FinetuneRow, result: dict[str, Any]) -> FinetuneRow:
     """A trial that ran to its end (raybiphase.finetune.trial.run_trial's result)."""
     return dataclasses.replace(planned, val_score=result["val_score"], test_score=result["test_score"],

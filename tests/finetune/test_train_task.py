@@ -1,0 +1,229 @@
+"""Issue 27, point 3: tasks that train on another's pairs share its trial. nq and mldr train on MS MARCO's pairs and
+validate on the same MS MARCO queries as msmarco, so one trial per checkpoint, LR and seed trains the model and tests
+it on the three test sets; each task keeps its own row, with the shared validation score (the best LR is chosen on
+MS MARCO validation for all three, as the authors' evaluation code does). The fan-out's Tune launch is replaced by a
+recorder (no Ray, no hub); the trial-level mechanism runs on offline retrieval tasks."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from raybiphase.cli import UserError
+from raybiphase.config import FinetuneConfig, SweepSpec, from_dict
+from raybiphase.results.rows import FinetuneSource
+from tests.finetune.test_finetune import make_tiny_checkpoint
+
+RETRIEVAL = ["msmarco", "nq", "mldr"]
+TINY_IR = FinetuneConfig(batch_size=8, max_steps=4, eval_every=4, max_examples=32)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(offline_cache, tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("train-task") / "hf")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ------------------------------------------------------------------------------------------------ grouping
+
+
+@pytest.mark.parametrize("tasks, groups", [
+    (["msmarco", "nq", "mldr"], {"msmarco": ("msmarco", "nq", "mldr")}),  # the training task trains
+    (["mldr", "msmarco", "nq"], {"msmarco": ("msmarco", "mldr", "nq")}),  # wherever it is listed
+    (["nq", "mldr"], {"nq": ("nq", "mldr")}),  # msmarco not asked for: the first listed trains
+    (["nq", "sst2"], {"nq": ("nq",), "sst2": ("sst2",)}),  # alone in its group: trains for itself
+    (["tweets", "squad_retrieval"], {"tweets": ("tweets",), "squad_retrieval": ("squad_retrieval",)}),
+])
+def test_tasks_sharing_a_training_task_form_one_group_trained_once(tasks, groups):
+    from raybiphase.finetune.tasks import training_groups
+
+    assert training_groups(tasks) == groups
+    assert list(training_groups(tasks)) == list(groups)  # in the order of their first task listed
+
+
+def test_the_planned_trials_are_the_trained_ones_and_every_task_keeps_its_row():
+    from raybiphase.finetune import fanout
+
+    cfg = from_dict(SweepSpec, {"finetune": {"tasks": ["nq", "sst2", "msmarco", "mldr"], "lrs": [1e-4, 2e-3],
+                                             "seeds": [0, 1]}}).finetune
+    source = FinetuneSource("a", 8, "/nowhere/hf", {"phases.steps": 8})
+    rows = fanout.plan_rows([source], cfg)
+    trials = fanout.plan_trials([source], cfg)
+    assert len(rows) == 16 and len(trials) == 8  # 4 tasks x 2 LRs x 2 seeds; msmarco and sst2 train
+    assert [t.task for t in trials] == ["sst2"] * 4 + ["msmarco"] * 4
+    for trial in (t for t in trials if t.task == "msmarco"):
+        riders = fanout.riders(trial, cfg.tasks)
+        assert [r.task for r in riders] == ["nq", "mldr"]
+        assert all(r.key[:2] == trial.key[:2] and r.key[3:] == trial.key[3:] for r in riders)
+        assert {r.dataset for r in riders} == {fanout.get_task(n).dataset for n in ("nq", "mldr")}
+        assert all(fanout.trained_in(r, cfg.tasks) == trial for r in riders)
+    assert all(fanout.riders(t, cfg.tasks) == [] for t in trials if t.task == "sst2")
+
+
+# ------------------------------------------------------------------------------------------------ the fan-out
+
+
+def _spec(tasks, **finetune):
+    return from_dict(SweepSpec, {"finetune": {"tasks": tasks, "lrs": [1e-4, 2e-3], "seeds": [0, 1], "batch_size": 8,
+                                              "max_steps": 9, "eval_every": 3, "max_examples": 64, **finetune}})
+
+
+def _recording_launch(fanout, launched: list, stop=frozenset()):
+    """A Tune launch without Ray: each trial 'runs' to the result run_trial gives (its riders' under "also_tested")
+    unless ASHA is on and its (lr, seed) is in `stop` (stopped at step 3); records and rows as the real launch makes them."""
+    def result(trial, task, score):
+        return {"val_score": 0.6 + trial.lr, "test_score": score, "test_per_example": [score, score],
+                "test_secondary": score / 2, "steps": 9, "seconds": 1.0, "diverged": False}
+
+    def launch(trials, cfg, *, experiment, asha, **kwargs):
+        rows, settings = [], fanout.trial_settings(cfg.finetune)
+        for trial in trials:
+            config = fanout.trial_config(trial, cfg.finetune.tasks, experiment, settings)
+            launched.append(config)
+            if not (asha and (trial.lr, trial.seed) in stop):
+                tests = {rider["row"]["task"]: result(trial, rider["row"]["task"], 0.1 * (i + 2))
+                         for i, rider in enumerate(config["riders"])}
+                fanout.record_final(config, {**result(trial, trial.task, 0.1), "also_tested": tests})
+            rows += fanout.trial_rows(config, {"val_score": 0.5, "step": 3, "time_total_s": 2.0}, failed=False)
+        return rows
+    return launch
+
+
+@pytest.mark.parametrize("tasks, trained", [(RETRIEVAL, "msmarco"), (["nq", "mldr"], "nq")])
+def test_one_trial_per_checkpoint_lr_and_seed_trains_for_the_group_and_every_task_gets_its_row(
+        checkpoint, tmp_path, monkeypatch, tasks, trained):
+    from raybiphase.finetune import fanout
+
+    source = FinetuneSource("a", 8, str(checkpoint), {"phases.steps": 8},
+                            shared_by=(FinetuneSource("b", 8, str(checkpoint), {"phases.steps": 16}),))
+    launched = []
+    monkeypatch.setattr(fanout, "_launch", _recording_launch(fanout, launched))
+    rows = fanout.run_fanout([source], _spec(tasks), storage=str(tmp_path), name="ft")
+
+    assert len(launched) == 4  # 2 LRs x 2 seeds, once for every task of the group
+    assert {c["row"]["task"] for c in launched} == {trained} and {c["row"]["run"] for c in launched} == {"a"}
+    assert all(c["group"] == ["a", 8, trained] for c in launched)  # one ASHA: the trained trials
+    riders = [t for t in tasks if t != trained]
+    assert all([r["row"]["task"] for r in c["riders"]] == riders for c in launched)
+    for config in launched:  # three rows per launch (two when msmarco is not asked for), each its task's own
+        lr, seed = config["row"]["lr"], config["row"]["seed"]
+        own = sorted((r for r in rows if (r["run"], r["lr"], r["seed"]) == ("a", lr, seed)), key=lambda r: r["task"])
+        assert sorted(r["task"] for r in own) == sorted(tasks)
+        assert all(r["dataset"] == fanout.get_task(r["task"]).dataset for r in own)
+        assert {r["val_score"] for r in own} == {0.6 + lr}  # the shared validation: one best LR for the group
+        assert len({r["test_score"] for r in own}) == len(tasks)  # each scored on its own test set
+    # a run sharing the checkpoint gets copies of every task's rows
+    assert sorted((r["task"], r["lr"], r["seed"]) for r in rows if r["run"] == "b") == \
+        sorted((r["task"], r["lr"], r["seed"]) for r in rows if r["run"] == "a")
+    assert len(rows) == 2 * 4 * len(tasks)
+
+    # resumed: every task's row is read back from its record, nothing launches
+    launched.clear()
+    again = fanout.run_fanout([source], _spec(tasks), storage=str(tmp_path), name="ft")
+    assert launched == [] and sorted(map(_key, again)) == sorted(map(_key, rows))
+    # a rider's row alone missing from the table reruns the trial that trains its model, and only its row returns
+    settings = fanout.trial_settings(_spec(tasks).finetune)
+    Path(fanout.record_path(str(tmp_path / "ft"), ("a", 8, riders[0], 1e-4, 0), settings)).unlink()
+    done = {_key(r)[:5] for r in rows} - {(run, 8, riders[0], 1e-4, 0) for run in "ab"}
+    again = fanout.run_fanout([source], _spec(tasks), storage=str(tmp_path), name="ft", done=done)
+    assert [(c["row"]["task"], c["row"]["lr"], c["row"]["seed"]) for c in launched] == [(trained, 1e-4, 0)]
+    assert sorted((r["run"], r["task"]) for r in again) == [("a", riders[0]), ("b", riders[0])]
+
+
+def _key(row: dict) -> tuple:
+    return row["run"], row["pretrain_step"], row["task"], row["lr"], row["seed"], row["test_score"]
+
+
+def test_a_stopped_trial_stops_every_task_of_its_group_and_the_completion_pass_reruns_it_once(checkpoint, tmp_path,
+                                                                                            monkeypatch):
+    from raybiphase.finetune import fanout
+
+    launched = []
+    # 2e-3 leads on its finished seed (0.602 > 0.6001), so its stopped seed 1 is completed
+    monkeypatch.setattr(fanout, "_launch", _recording_launch(fanout, launched, stop={(2e-3, 1)}))
+    source = FinetuneSource("a", 8, str(checkpoint))
+    rows = fanout.run_fanout([source], _spec(RETRIEVAL, asha=True), storage=str(tmp_path), name="ft")
+    first, completion = launched[:4], launched[4:]
+    assert [(c["row"]["task"], c["row"]["lr"], c["row"]["seed"]) for c in completion] == [("msmarco", 2e-3, 1)]
+    cell = sorted((r for r in rows if (r["lr"], r["seed"]) == (2e-3, 1)), key=lambda r: r["task"])
+    assert [r["task"] for r in cell] == ["mldr", "msmarco", "nq"]
+    assert all(r["completed_after_stop"] and r["steps_run"] == 3 + 9 and not math.isnan(r["test_score"])
+               for r in cell)
+    assert len(first) == 4 and len(rows) == 12
+
+    # without completion the group's rows stay stopped; with ASHA then turned off, they are one trial to run again
+    launched.clear()
+    monkeypatch.setattr(fanout, "_launch", _recording_launch(fanout, launched, stop={(1e-4, 1)}))
+    stopped = fanout.run_fanout([source], _spec(RETRIEVAL, asha=True), storage=str(tmp_path), name="ft2",
+                                complete_best=False)
+    cell = [r for r in stopped if (r["lr"], r["seed"]) == (1e-4, 1)]
+    assert sorted(r["task"] for r in cell) == sorted(RETRIEVAL)
+    assert all(r["stopped_early"] and r["val_score"] == 0.5 and r["steps"] == 3 and math.isnan(r["test_score"])
+               for r in cell)
+    launched.clear()
+    fanout.run_fanout([source], _spec(RETRIEVAL, asha=False), storage=str(tmp_path), name="ft2",
+                      complete_best=False)
+    assert [(c["row"]["task"], c["row"]["lr"], c["row"]["seed"]) for c in launched] == [("msmarco", 1e-4, 1)]
+
+
+# ------------------------------------------------------------------------------------------------ the trial
+
+
+def test_a_trial_tests_the_model_it_trained_on_each_extra_test_split(checkpoint, one_torch_thread, monkeypatch):
+    """squad_retrieval's model scored on wiki_retrieval's test split too (offline stand-ins for msmarco and nq): the
+    same model as the plain trial's, and the score evaluating that split with it gives."""
+    from raybiphase.finetune import fanout
+    from raybiphase.finetune.heads import head_for
+    from raybiphase.finetune.heads.ir import RetrievalHead
+    from raybiphase.finetune.tasks import get_task, load_splits
+    from raybiphase.finetune.trial import load_checked_tokenizer, run_trial
+
+    plain = run_trial(checkpoint, "squad_retrieval", lr=1e-3, seed=0, cfg=TINY_IR)
+    models, load_model = [], RetrievalHead.load_model
+    monkeypatch.setattr(RetrievalHead, "load_model", lambda self, hf_dir: models.append(load_model(self, hf_dir))
+                        or models[-1])
+    reports = []
+    riding = run_trial(checkpoint, "squad_retrieval", lr=1e-3, seed=0, cfg=TINY_IR, also_test=("wiki_retrieval",),
+                       report=reports.append)
+    assert "also_tested" not in plain
+    assert riding["val_score"] == plain["val_score"] and riding["test_per_example"] == plain["test_per_example"]
+    extra = riding["also_tested"]["wiki_retrieval"]
+    assert extra["val_score"] == plain["val_score"] and extra["steps"] == plain["steps"] == 4
+    assert extra["metric"] == "ndcg@10" and extra["secondary_metric"] == "mrr@10" and not extra["diverged"]
+
+    (model,) = models  # the trained model, evaluated here on wiki_retrieval's test split
+    head = head_for(get_task("wiki_retrieval"), load_checked_tokenizer(checkpoint), TINY_IR.max_len)
+    test = load_splits(get_task("wiki_retrieval"), max_examples=TINY_IR.max_examples).test
+    evaluation = head.evaluate(model.eval(), head.prepare_eval(test))
+    assert extra["test_score"] == evaluation.score and extra["test_per_example"] == evaluation.per_example
+    assert extra["test_secondary"] == evaluation.secondary and len(extra["test_per_example"]) == len(test["queries"])
+    assert extra["test_per_example"] != riding["test_per_example"]
+
+    # the fan-out's records: one row per task from the trial's last report
+    config = {"row": {"run": "r", "pretrain_step": 8, "task": "squad_retrieval", "lr": 1e-3, "seed": 0},
+              "record": "unused", "riders": [{"row": {"run": "r", "pretrain_step": 8, "task": "wiki_retrieval",
+                                                       "lr": 1e-3, "seed": 0}, "record": "unused"}]}
+    written = {}
+    monkeypatch.setattr(fanout, "_write", lambda location, row: written.setdefault(row.task, row))
+    fanout.record_final(config, reports[-1]["final"])
+    assert list(written) == ["wiki_retrieval", "squad_retrieval"]  # the riders' first: the trial's own last
+    assert written["wiki_retrieval"].test_score == evaluation.score
+    assert written["wiki_retrieval"].val_score == written["squad_retrieval"].val_score == plain["val_score"]
+
+
+def test_a_task_of_another_family_cannot_ride_along(checkpoint):
+    from raybiphase.finetune.trial import run_trial
+
+    with pytest.raises(UserError, match="cannot be tested on a model trained for 'squad_retrieval'"):
+        run_trial(checkpoint, "squad_retrieval", lr=1e-3, seed=0, cfg=TINY_IR, also_test=("tweets",))
