@@ -26,6 +26,7 @@ import numpy as np
 
 from raybiphase.config import ConfigError, RunConfig, SweepSpec, from_dict, to_dict, weights_settings
 from raybiphase.config.run import digest
+from raybiphase.finetune.tasks import training_groups
 from raybiphase.sweep.budget import budget_lines, data_budget
 from raybiphase.sweep.naming import run_name, steps_label
 from raybiphase.pretrain.schedule import Schedule
@@ -121,18 +122,20 @@ class Plan:
         return out
 
     def finetune_trials(self, spec: SweepSpec, *, distinct: bool = True) -> int:
-        """Fine-tuning trials of the full grid: checkpoints (the controls' too) x tasks x LRs x seeds; with
-        `distinct=False`, as if every run's checkpoint were fine-tuned apart (what sharing saves)."""
+        """Fine-tuning trials of the full grid: checkpoints (the controls' too) x trained tasks (tasks sharing a
+        training task train once: raybiphase.finetune.tasks.training_groups) x LRs x seeds; with `distinct=False`,
+        as if every run's checkpoint and every task were fine-tuned apart (what sharing saves)."""
         ft = spec.finetune
         checkpoints = (len(self.checkpoints()) if distinct else sum(len(r.finetune_steps) for r in self.runs.values()))
-        return (checkpoints + len(self.controls)) * len(ft.tasks) * len(ft.lrs) * len(ft.seeds)
+        trained = len(training_groups(ft.tasks)) if distinct else len(ft.tasks)  # nq and mldr ride on msmarco
+        return (checkpoints + len(self.controls)) * trained * len(ft.lrs) * len(ft.seeds)
 
     def finetune_gpu_hours(self, spec: SweepSpec) -> float:
         """An upper bound on the fan-out's GPU-hours: every trial of the full grid (no ASHA stop), one set per
         distinct checkpoint, running finetune.max_steps steps of finetune.batch_size inputs of finetune.max_len
         tokens (no LM head), at the same MFU as pretraining."""
         ft = spec.finetune
-        grid = len(ft.tasks) * len(ft.lrs) * len(ft.seeds)
+        grid = len(training_groups(ft.tasks)) * len(ft.lrs) * len(ft.seeds)
         sizes = [self.runs[runs[0]].config.model.size for runs in self.checkpoints().values()]
         sizes += [c.config.model.size for c in self.controls.values()]
         flops = sum(SIZES[size].flops_per_token(0, ft.max_len) * ft.max_steps * ft.batch_size * ft.max_len * grid
