@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -53,3 +55,27 @@ def test_readme_shows_every_command_of_the_cli():
     for command in COMMANDS:
         assert f"\nraybiphase {command} " in text, command
         assert f"  {command} " in usage()
+
+
+def test_the_quickstart_table_is_the_recorded_run():
+    """Issue 27: every cell of the README's quickstart table is the record of a quickstart run of this code
+    (benchmarks/quickstart_record.py wrote it from the sweep's own tables; the latest record is the one the table
+    shows), so the table cannot drift from what was measured."""
+    import json
+
+    records = sorted((REPO / "benchmarks" / "results").glob("quickstart-*.json"))
+    assert records, "no quickstart record: run benchmarks/quickstart_record.py after the quickstart"
+    record = json.loads(records[-1].read_text())
+    text = (REPO / "README.md").read_text()
+    rows = re.findall(r"^\| (SC|TC|QA|IR) \| `(\w+)` \([^)]*\) \|(.+)\|\s*$", text, re.M)
+    assert {task for _, task, _ in rows} == set(record["scores"])
+    for family, task, cells in rows:
+        entry = record["scores"][task]
+        assert entry["family"] == family
+        shown = [c.strip().replace("*", "") for c in cells.split("|")][:4]
+        for objective, cell in zip(("CLM→MLM", "CLM", "MLM", "untrained"), shown):
+            numbers = [float(x) for x in re.findall(r"\d+\.\d", cell)]
+            expected = [round(entry[objective]["score"], 1)]
+            if entry[objective]["ci"] is not None:
+                expected.append(round(entry[objective]["ci"], 1))
+            assert numbers == pytest.approx(expected, abs=0.051), (task, objective, cell)

@@ -81,6 +81,12 @@ def _enrich(summary: pd.DataFrame) -> pd.DataFrame:
     return s
 
 
+def enriched_summary(results_dir: storage.Location) -> pd.DataFrame:
+    """The summary the report draws from (objective, budget, final checkpoint, score and CI in points) of a results
+    folder's finetune.parquet."""
+    return _enrich(summarize(read_rows(storage.join(str(results_dir), FINETUNE_FILE))))
+
+
 def _interval(ci95: pd.Series, n_seeds: pd.Series) -> pd.Series:
     """The 95% half-width in points where at least MIN_SEEDS seeds stand behind it, else NaN."""
     n = pd.to_numeric(n_seeds, errors="coerce").fillna(0)

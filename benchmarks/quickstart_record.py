@@ -1,0 +1,100 @@
+"""The quickstart's figures as a record: what the README's quickstart table and held-out losses are copied from.
+
+    python -m raybiphase.sweep sweeps/quickstart.yaml
+    python benchmarks/quickstart_record.py results/quickstart --out benchmarks/results/quickstart-DATE.json
+
+Reads the sweep's own tables (summary.parquet, finetune.parquet, pretrain.parquet) and writes one JSON record: the
+machine (CPU model, cores), the code version, each run's held-out loss at its end, and per task and objective the
+test score (x 100) with its 95% interval half-width and seed count, the control's, the baselines', and how many trials
+diverged. It prints the README's table. `tests/test_readme.py` checks that every cell of the README's table is this
+record's (issue 27: every figure in the README comes from a run of the code it documents).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+from pathlib import Path
+
+import pandas as pd
+
+from raybiphase.results.html import RUN_INFO
+from raybiphase.results.report import enriched_summary
+from raybiphase.results.store import read_rows
+from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE, read_json
+
+FAMILIES = {"SC": "squad_shuffle", "TC": "squad_commas", "QA": "squad_sentence", "IR": "squad_retrieval"}
+COLUMNS = ("CLM→MLM", "CLM", "MLM", "untrained")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cell(score: float, ci: float) -> str:
+    """A table cell as the README writes it: 83.0 ± 5.1, or the mean alone without an interval."""
+    if math.isnan(score):
+        return "n/a"
+    return f"{score:.1f}" if math.isnan(ci) else f"{score:.1f} ± {ci:.1f}"
+
+
+def record(results: Path) -> dict:
+    summary = enriched_summary(results)
+    final = summary[summary["final"] | (summary["source"] == "baseline")]
+    scores = {}
+    for family, task in FAMILIES.items():
+        rows = final[final["task"] == task]
+        scores[task] = {"family": family, "metric": str(rows["metric"].iloc[0]) if len(rows) else ""}
+        for objective in COLUMNS:
+            match = rows[(rows["objective"] == objective) & (rows["source"] == "raybiphase")]
+            if len(match):
+                row = match.iloc[0]
+                scores[task][objective] = {"score": round(float(row["score"]), 2), "ci": round(float(row["ci"]), 2)
+                                           if not math.isnan(row["ci"]) else None, "n_seeds": int(row["n_seeds"]),
+                                           "n_diverged": int(row.get("n_diverged", 0) or 0)}
+        for _, row in rows[rows["source"] == "baseline"].iterrows():
+            scores[task][f"baseline {row['run']}"] = round(float(row["score"]), 2)
+    pretrain = read_rows(results / PRETRAIN_FILE)
+    last = pretrain.sort_values("step").groupby("run").tail(1)
+    losses = {run: {k: round(float(v), 3) for k, v in row.items() if k.startswith("val/") and pd.notna(v)}
+              for run, row in last.set_index("run").iterrows()}
+    trials = read_rows(results / FINETUNE_FILE)
+    return {"machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
+            "code": (read_json(str(results / RUN_INFO)) or {}).get("code", ""),
+            "trials": int((trials["source"] == "raybiphase").sum()), "held_out_loss": losses, "scores": scores}
+
+
+def table(rec: dict) -> str:
+    lines = ["| family | task (metric) | CLM then MLM | CLM only | MLM only | control | baseline |",
+             "|---|---|---|---|---|---|---|"]
+    for task, entry in rec["scores"].items():
+        cells = [cell(entry[o]["score"], math.nan if entry[o]["ci"] is None else entry[o]["ci"]) if o in entry
+                 else "n/a" for o in COLUMNS]
+        baselines = ", ".join(f"{k.split(' ', 1)[1]} {v:.1f}" for k, v in entry.items() if k.startswith("baseline"))
+        lines.append(f"| {entry['family']} | `{task}` ({entry['metric']}) | " + " | ".join(cells) + f" | {baselines} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", type=Path, help="the quickstart's results folder (results/quickstart)")
+    parser.add_argument("--out", type=Path, help="where to write the JSON record")
+    args = parser.parse_args()
+    rec = record(args.results)
+    if args.out:
+        args.out.write_text(json.dumps(rec, indent=2, ensure_ascii=False) + "\n")
+    print(table(rec))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
