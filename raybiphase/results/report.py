@@ -82,8 +82,7 @@ def _enrich(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def enriched_summary(results_dir: storage.Location) -> pd.DataFrame:
-    """The summary the report draws from (objective, budget, final checkpoint, score and CI in points) of a results
-    folder's finetune.parquet."""
+    """`_enrich(summarize(...))` of a results folder's finetune.parquet: what the report draws from."""
     return _enrich(summarize(read_rows(storage.join(str(results_dir), FINETUNE_FILE))))
 
 
@@ -294,9 +293,8 @@ def summary_section(s: pd.DataFrame) -> Section:
         "CLM share (%)": (final["clm_share"] * 100).round(1), "task": final["task"],
         "best LR": final["best_lr"].map(lambda v: f"{v:.0e}"),
         "test (%)": [_mean_ci(m, c, n) for m, c, n in zip(final["score"], final["ci"], final["n_seeds"])],
-        "seeds": final["n_seeds"], "diverged (best LR / all)": [
-            f"{int(b)} / {int(a)}" for b, a in zip(_col(final, "n_diverged_best").fillna(0),
-                                                   _col(final, "n_diverged").fillna(0))],
+        "seeds": final["n_seeds"], "diverged (best LR / all)": [f"{int(b)} / {int(a)}" for b, a in zip(
+            _col(final, "n_diverged_best").fillna(0), _col(final, "n_diverged").fillna(0))],
         "LR spread (pts)": (final["lr_spread"] * 100).round(2)})
     diverged = int(_col(final, "n_diverged").fillna(0).sum())
     return Section("summary", "All results at the final checkpoint", None,
