@@ -57,7 +57,6 @@ from raybiphase.data.stream import make_inputs, open_dataset, phase_stream, read
 
 def quiet_ray_data_console() -> None:
     """Ray Data prints one INFO line per dataset execution in the driver; keep the console to the table."""
-    import ray.data  # noqa: F401  (configures Ray Data's logging)
 
     for handler in logging.getLogger("ray.data").handlers:
         if not hasattr(handler, "_filename"):  # the console handler (the file handler keeps everything)

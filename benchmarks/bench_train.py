@@ -9,7 +9,7 @@ documents, 4,096-token BPE, 512-token blocks: the dataset `bench_pipeline.py` us
 Ray Train side: `raybiphase.pretrain.trainer.run_pretrain(cfg)`, i.e. a `TorchTrainer` running
 `raybiphase.pretrain.loop.train_loop` with `resources.num_workers=2`, `resources.cpus_per_worker=0.45`, FSDP2 over
 gloo; each worker streams its half of every global batch through Ray Data (`raybiphase.data.stream.phase_stream`).
-What is timed: the `tokens_per_s` the loop reports (`raybiphase.pretrain.trainer.read_history(result.path)`). Rank 0
+What is timed: the `tokens_per_s` the loop reports (`raybiphase.telemetry.history.read_history(result.path)`). Rank 0
 starts a window clock when a phase's stream is built and after every report; a window holds the optimizer
 steps since then (data wait, forward, backward, clip, AdamW step, the loss all-reduce), and ends at the next
 report, before that report's evaluation and checkpoint. Reports come every `--report-every` steps and at
@@ -164,7 +164,8 @@ def plain_loop(cfg: SweepSpec, manifest, device: torch.device) -> tuple[list[flo
 
 def ray_run(cfg: SweepSpec) -> tuple[list[dict], float]:
     """History rows (rank 0's reports) and the wall time of run_pretrain, in a fresh storage folder."""
-    from raybiphase.pretrain.trainer import read_history, run_pretrain
+    from raybiphase.pretrain.trainer import run_pretrain
+    from raybiphase.telemetry.history import read_history
 
     t0 = time.perf_counter()
     result = run_pretrain(cfg)

@@ -18,7 +18,7 @@ measures on CUDA:
 
 Micro-batch: the largest power of two (up to `--max-micro`) whose CLM step (every position labelled: the head's
 largest case) fits, found per size and side by trying it. MFU = FLOPs per token (PaLM: 6 x matmul parameters with
-the LM head, + 12 x layers x hidden x sequence; `raybiphase.pretrain.sizes.flops_per_token`) x tokens/s / peak
+the LM head, + 12 x layers x hidden x sequence; `raybiphase.config.sizes.flops_per_token`) x tokens/s / peak
 (989 TFLOP/s dense bf16 on an H100). For MLM the sparse head computes logits for the masked 40% only, so the
 formula (which counts the head for every token) credits work the step skips: the CLM figure is the strict one.
 
@@ -250,7 +250,8 @@ def ray_side(size: str, root: Path, *, micro: int, accum: int, steps: int, repor
     """run_pretrain with one GPU worker, CLM for `steps` then MLM 40% for `steps`; the steady rate of each phase
     (its windows after the first) from the loop's reports."""
     from raybiphase.config import SweepSpec, from_dict
-    from raybiphase.pretrain.trainer import read_history, run_pretrain
+    from raybiphase.pretrain.trainer import run_pretrain
+    from raybiphase.telemetry.history import read_history
 
     data = data_config(root)
     with tempfile.TemporaryDirectory(prefix="bench_gpu-") as storage:

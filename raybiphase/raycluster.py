@@ -17,7 +17,7 @@ FORWARDED_ENV = (
     "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION",  # an S3-compatible store
     "RAYBIPHASE_ASSET_MIRROR",  # where nodes without the offline assets copy them from
     "RAYBIPHASE_DATASETS_DIR",  # local snapshots of the fine-tuning datasets' hub repositories
-)  # and every WANDB_* setting but these: the key (raybiphase.results.wandb shares it in memory) and a local folder
+)  # and every WANDB_* setting but these: the key (raybiphase.telemetry.wandb shares it in memory) and a local folder
 PRIVATE_ENV = frozenset({"WANDB_API_KEY", "WANDB_DIR"})
 
 

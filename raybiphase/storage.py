@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.fs as pafs
+from raybiphase.errors import UserError
 
 META = "meta.json"
 HF_DIR = "hf"
@@ -135,7 +136,6 @@ def upload(folder: Path, location: Location) -> None:
 def check_writable(location: Location, key: str) -> None:
     """Write and remove a probe under `location`; a UserError naming `key` when that fails (a bucket that does not
     exist or denies access, missing credentials), before anything else is written."""
-    from raybiphase.cli import UserError
 
     probe = join(location, f".probe-{uuid.uuid4().hex[:8]}")
     try:

@@ -1,4 +1,5 @@
-"""The package's shape stays readable: stages as subpackages that say what they own, no import cycles, small files."""
+"""The package's shape stays readable: layers that import only the layers before them (README, "Layers"), no import
+cycles, few lazy imports, small files that say what they do."""
 
 from __future__ import annotations
 
@@ -9,6 +10,35 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "raybiphase"
 MAX_LINES = 450
+LAYERS = (
+    ("errors",),  # the two error kinds every layer raises
+    ("storage",),  # every path, URI and file name
+    ("config",),  # the run config and the sweep spec (with the size table they validate against)
+    ("naming",),  # run names and the phase tag rule, from a RunConfig
+    ("raycluster",),  # starting or joining Ray, counting its CPUs
+    ("data",),  # corpora, tokenizer, shards, the stream and its masking
+    ("telemetry",),  # progress, clock, history, W&B, provenance: what workers and drivers both report with
+    ("results",),  # rows, tables, statistics, verdicts, the report
+    ("optim",),  # AdamW groups and the WSD schedule both stages train with
+    ("pretrain", "finetune"),  # the two training stages, side by side
+    ("sweep",),  # the only package that drives pretraining, fine-tuning and results together
+    ("commands",),  # argparse, then one library call (`python -m` entry points count as commands)
+)
+MAX_LAZY = 6  # function-level project imports allowed outside the commands, each with "# lazy:" and its reason
+
+
+def layer_of(module: str) -> tuple[int, str]:
+    """(layer index, unit) of a dotted module name; `python -m` entry points (`__main__`) count as commands."""
+    if module in ("raybiphase", "raybiphase.__version__"):
+        return -1, "raybiphase"  # the package's own __init__: its version string, imported by anyone
+    parts = module.split(".")[1:]
+    unit = "commands" if parts[-1] == "__main__" else parts[0]
+    for index, units in enumerate(LAYERS):
+        if unit in units:
+            return index, unit
+    raise AssertionError(f"{module}: not in any layer of tests/test_layers.py; place it in LAYERS")
+
+
 
 
 def _modules() -> dict[str, Path]:
@@ -19,21 +49,33 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+def _import_lines(path: Path) -> list[tuple[str, int, bool, str]]:
+    """(imported name, line, at function level, source line) of every raybiphase import in a file; `from raybiphase.x
+    import y` names `raybiphase.x.y`, which may be a module or a name in one."""
+    source = path.read_text()
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "raybiphase":
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names if alias.name.split(".")[0] == "raybiphase"]
+        else:
+            continue
+        found += [(name, node.lineno, node.col_offset > 0, lines[node.lineno - 1]) for name in names]
+    return found
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The project module a dotted import name lands in."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
     """Project modules `path` imports anywhere (function-level imports count)."""
-
-    def resolve(name: str) -> str | None:
-        while name and name not in modules:
-            name = name.rpartition(".")[0]
-        return name or None
-
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("raybiphase"):
-            found |= {resolve(f"{node.module}.{alias.name}") for alias in node.names}
-        elif isinstance(node, ast.Import):
-            found |= {resolve(alias.name) for alias in node.names if alias.name.startswith("raybiphase")}
-    return found - {None}
+    return {_resolve(name, modules) for name, *_ in _import_lines(path)} - {None}
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -77,3 +119,42 @@ def test_modules_stay_small_and_say_what_they_do(name):
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(PACKAGE.parent)} has {lines} lines"
     assert ast.get_docstring(ast.parse(path.read_text())), f"{name} has no docstring"
+
+
+def layer_violations(imports) -> list[str]:
+    bad = []
+    for module, target, line, _, _ in imports:
+        (own, unit), (theirs, their_unit) = layer_of(module), layer_of(target)
+        if theirs > own or (theirs == own and unit != their_unit):
+            bad.append(f"{module}:{line} imports {target} ({LAYERS[theirs]} may not be imported from {LAYERS[own]})")
+    return bad
+
+
+def _all_imports() -> list[tuple[str, str, int, bool, str]]:
+    """(module, imported module, line, at function level, source line) over the package."""
+    modules = _modules()
+    return [(name, _resolve(target, modules), line, inner, text)
+            for name, path in modules.items() for target, line, inner, text in _import_lines(path)]
+
+
+def test_every_module_imports_only_earlier_layers() -> None:
+    assert layer_violations(_all_imports()) == []
+
+
+def test_lazy_project_imports_are_few_and_say_why() -> None:
+    lazy = [(m, line, text.strip()) for m, _, line, inner, text in _all_imports()
+            if inner and layer_of(m)[1] != "commands"]
+    unexplained = [f"{m}:{line} {text}" for m, line, text in lazy if "# lazy:" not in text]
+    assert unexplained == [], "a function-level import outside the commands needs '# lazy: <reason>' on its line"
+    assert len({(m, line) for m, line, _ in lazy}) <= MAX_LAZY, lazy
+
+
+@pytest.mark.parametrize("module, target, expected", [
+    ("raybiphase.pretrain.loop", "raybiphase.sweep.plan", "may not be imported"),  # a later layer
+    ("raybiphase.pretrain.loop", "raybiphase.finetune.trial", "may not be imported"),  # a sibling stage
+    ("raybiphase.storage", "raybiphase.errors", None),  # an earlier layer
+    ("raybiphase.sweep.__main__", "raybiphase.commands.sweep", None),  # an entry point is a command
+])
+def test_the_rule_itself(module, target, expected) -> None:
+    found = layer_violations([(module, target, 1, False, "")])
+    assert (found[0] if found else None) == expected or (expected and expected in found[0])

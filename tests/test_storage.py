@@ -73,7 +73,7 @@ def test_a_sweep_to_a_missing_bucket_stops_with_one_line_before_any_work(s3_buck
 
 
 def test_check_writable_names_the_setting(s3_bucket, tmp_path):
-    from raybiphase.cli import UserError
+    from raybiphase.errors import UserError
 
     storage.check_writable(f"{s3_bucket}/probe-ok", "data.dir")
     assert storage.list_files(f"{s3_bucket}/probe-ok") == {}  # the probe is gone

@@ -1,5 +1,5 @@
 """Every setting by its dotted name, with its default and its docstring: what `--help` of a command that takes a
-config prints (raybiphase.cli.config_parser).
+config prints (raybiphase.commands.config_parser).
 
 The docstrings are the string literals written under each field in raybiphase.config (read from the source with
 `ast`, so they stay the one place a setting is documented).

@@ -21,6 +21,8 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from raybiphase.errors import ConfigError
+
 T = TypeVar("T")
 
 NOT_WEIGHTS = {"weights": False}
@@ -28,10 +30,6 @@ NOT_WEIGHTS = {"weights": False}
 
 _FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
 """Exponent notation without a dot (3e-3), which YAML 1.1 leaves a string."""
-
-
-class ConfigError(ValueError):
-    """A configuration problem, reported as one line that names the dotted key."""
 
 
 def check(condition: bool, key: str, message: str) -> None:

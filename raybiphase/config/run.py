@@ -28,7 +28,7 @@ from raybiphase.config.load import (
     share,
     to_dict,
 )
-from raybiphase.pretrain.sizes import SIZE_NAMES
+from raybiphase.config.sizes import SIZE_NAMES
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
@@ -342,5 +342,5 @@ def digest(settings: dict[str, Any], length: int) -> str:
 
 
 def run_hash(run: RunConfig) -> str:
-    """Six hex digits of `weights_settings`: the suffix of the run's name (raybiphase.sweep.naming)."""
+    """Six hex digits of `weights_settings`: the suffix of the run's name (raybiphase.naming)."""
     return digest(weights_settings(run), 6)

@@ -26,7 +26,7 @@ from raybiphase.config.load import (
     to_dict,
 )
 from raybiphase.config.run import RUN_SECTIONS, RunConfig
-from raybiphase.pretrain.sizes import PEAK_BF16_TFLOPS
+from raybiphase.config.sizes import PEAK_BF16_TFLOPS
 
 TcLabels = Literal["all_subtokens", "first_subtoken"]
 

@@ -20,7 +20,6 @@ exit with status 2.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -33,7 +32,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from raybiphase.cli import UserError
+from raybiphase.errors import UserError
+from raybiphase import storage
 
 
 class AssetError(UserError):
@@ -229,7 +229,6 @@ MIRROR_ENV = "RAYBIPHASE_ASSET_MIRROR"
 def publish(mirror: str, names=None, cache=None) -> None:
     """Copy the cached assets (default group) to `mirror`, a folder or a bucket, unless already there: nodes
     without them (a cluster's fresh workers) copy them from there (`asset_path`), checked against the registry."""
-    from raybiphase import storage
 
     root = cache_dir(cache)
     for name in names or DEFAULT_GROUP:
@@ -244,7 +243,6 @@ def publish(mirror: str, names=None, cache=None) -> None:
 def use_mirror(storage_root: str) -> None:
     """For a sweep on a bucket: publish this machine's assets under <storage>/assets and point every node there
     (the variable reaches Ray workers through raybiphase.raycluster)."""
-    from raybiphase import storage
 
     if storage.is_uri(storage_root) and MIRROR_ENV not in os.environ:
         mirror = storage.join(storage_root, "assets")
@@ -254,7 +252,6 @@ def use_mirror(storage_root: str) -> None:
 
 def _from_mirror(asset: Asset, root: Path) -> bool:
     """Copy an asset from $RAYBIPHASE_ASSET_MIRROR into this node's cache (staged, verified, renamed)."""
-    from raybiphase import storage
 
     mirror = os.environ.get(MIRROR_ENV)
     if not mirror or not storage.is_file(storage.join(mirror, asset.name, MANIFEST)):
@@ -331,29 +328,3 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         _publish(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="raybiphase assets", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_fetch = sub.add_parser("fetch", help=f"download and verify assets (default: {', '.join(DEFAULT_GROUP)})")
-    group = p_fetch.add_mutually_exclusive_group()
-    group.add_argument("--only", nargs="+", choices=list(REGISTRY), help="fetch just these assets")
-    group.add_argument("--all", action="store_true", help="fetch every asset, the decoder included")
-    p_verify = sub.add_parser("verify", help="re-hash every asset present in the cache")
-    for p in (p_fetch, p_verify):
-        p.add_argument("--cache", help="cache root (default: $RAYBIPHASE_CACHE, else ~/.cache/raybiphase)")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "fetch":
-            fetch(list(REGISTRY) if args.all else args.only, cache=args.cache)
-        else:
-            verify(cache=args.cache)
-    except AssetError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,8 +21,9 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from raybiphase import storage
-from raybiphase.cli import UserError
+from raybiphase.errors import UserError
 from raybiphase.config import DataConfig
+from raybiphase.data import sources
 
 OFFLINE_SEED = 1234  # the offline corpus's document order
 
@@ -52,7 +53,6 @@ def _source_kind(source: str) -> str:
 @functools.lru_cache(maxsize=2)
 def offline_documents(max_documents: int) -> tuple[str, ...]:
     """The offline corpus, capped at max_documents (0: all), in a fixed shuffled order."""
-    from raybiphase.data import sources
 
     docs = [d for d in sources.pretraining_texts() if d.strip()]
     docs = docs[:max_documents] if max_documents else docs
@@ -73,7 +73,6 @@ def _hf_stream(data: DataConfig):
 def plan_pieces(data: DataConfig) -> list[Piece]:
     """The pieces of the source, in source order; reads file footers and listings, never documents (except the
     offline corpus, which ships with the package)."""
-    from raybiphase.data import sources
 
     kind = _source_kind(data.source)
     per = data.piece_documents
@@ -118,7 +117,6 @@ def plan_pieces(data: DataConfig) -> list[Piece]:
 
 def piece_texts(data: DataConfig, piece: Piece) -> Iterator[str]:
     """The non-blank documents of a piece, in source order."""
-    from raybiphase.data import sources
 
     if piece.kind == "offline":
         yield from offline_documents(data.max_documents)[piece.start:piece.stop]

@@ -36,11 +36,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raybiphase import storage
-from raybiphase.cli import UserError, config_parser, run_main
-from raybiphase.config import DataConfig, SweepSpec, load
+from raybiphase.errors import UserError
+from raybiphase.config import DataConfig
 from raybiphase.data import sources
 from raybiphase.data.pieces import Piece, piece_texts, plan_pieces, windows
 from raybiphase.data.stream import FORMAT_VERSION, MANIFEST
+from raybiphase.data.assets import cache_dir
+from raybiphase.raycluster import ensure_ray, quiet_data
 
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "mask_token": "<mask>"}
 RESERVED_MASK = "<|reserved_special_token_0|>"  # Llama-3's first reserved id, the paper's mask token
@@ -66,7 +68,6 @@ def dataset_location(data: DataConfig, storage_root: str | None = None) -> str:
         return storage.absolute(data.dir)
     if storage_root and storage.is_uri(storage_root):
         return storage.join(storage_root, "shards", fingerprint(data))
-    from raybiphase.data.assets import cache_dir
 
     return str(cache_dir() / "shards" / fingerprint(data))
 
@@ -157,7 +158,6 @@ def ensure_tokenizer(data: DataConfig, pieces: list[Piece], out: str, on_ray: bo
 def _load_tokenizer(location: str, version: str):
     from transformers import AutoTokenizer
 
-    from raybiphase.data.assets import cache_dir
 
     return AutoTokenizer.from_pretrained(str(storage.local_copy(location, cache_dir(), version=version)))
 
@@ -279,7 +279,6 @@ def _user_error(err: BaseException) -> UserError | None:
 def _records_on_ray(task: PieceTask, todo: list[Piece]) -> Iterator[dict]:
     import ray
 
-    from raybiphase.raycluster import ensure_ray, quiet_data
 
     ensure_ray()
     quiet_data()
@@ -354,7 +353,6 @@ def prepare(data: DataConfig, *, quiet: bool = False, on_ray: bool = True, stora
     storage.check_writable(out, "data.dir")
     try:
         if on_ray:
-            from raybiphase.raycluster import ensure_ray
 
             ensure_ray()
         version = ensure_tokenizer(data, pieces, out, on_ray)
@@ -379,18 +377,3 @@ def prepare(data: DataConfig, *, quiet: bool = False, on_ray: bool = True, stora
     say(f"prepare: {manifest['train_rows']:,} train + {manifest['val']['rows']} val blocks of {data.seq_len} tokens "
         f"from {manifest['documents']:,} documents in {time.time() - started:.0f}s ({rate:,.0f} tokens/s) -> {out}")
     return out
-
-
-def main() -> int:
-    parser = config_parser("raybiphase prepare", "Tokenize and pack the corpus of a config into Parquet shards.")
-    args = parser.parse_args()
-    cfg = load(SweepSpec, args.config, args.overrides)
-    from raybiphase.data import assets
-
-    assets.use_mirror(storage.absolute(cfg.sweep.storage))
-    prepare(cfg.data, storage_root=storage.absolute(cfg.sweep.storage))
-    return 0
-
-
-if __name__ == "__main__":
-    run_main(main)

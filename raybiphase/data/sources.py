@@ -33,7 +33,8 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from raybiphase.data.assets import asset_path
-from raybiphase.cli import UserError
+from raybiphase.errors import UserError
+from raybiphase import storage
 
 
 class SourceError(UserError):
@@ -231,7 +232,6 @@ def hf_texts(dataset_id: str, split: str, text_field: str, config_name: str | No
 def text_files(location: str) -> list[str]:
     """The .txt, .jsonl and .parquet files of a file or a folder (searched recursively, sorted), on disk or in a
     bucket; each as a location (a path or a URI)."""
-    from raybiphase import storage
 
     fs, path = storage.filesystem(location)
     info = fs.get_file_info(path)
@@ -253,7 +253,6 @@ def file_texts(location: str, txt_mode: str = "blocks", row_groups: range | None
     """Non-blank documents of one file, streamed: .txt gives one document per blank-line-separated block
     (``txt_mode="blocks"``) or per file (``txt_mode="file"``); .jsonl a ``text`` field per line; .parquet its
     ``text`` column (``row_groups``: only those)."""
-    from raybiphase import storage
 
     suffix = Path(location).suffix
     if suffix not in _READERS:

@@ -25,8 +25,10 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from raybiphase import storage
-from raybiphase.cli import UserError
+from raybiphase.errors import UserError
 from raybiphase.data.masking import MaskingSpec, mask_batch
+from raybiphase.raycluster import quiet_data
+from raybiphase.data.assets import cache_dir
 
 FULL_HASH_LIMIT = 2 << 30  # verify every shard's sha256 before training when the dataset is under 2 GiB
 EVAL_SEED = 0  # the held-out MLM masking is the same in every run and phase
@@ -58,7 +60,6 @@ class Manifest:
 
     def local_tokenizer(self) -> Path:
         """The tokenizer folder on this node (copied from the bucket once per node)."""
-        from raybiphase.data.assets import cache_dir
 
         return storage.local_copy(self.tokenizer_dir, cache_dir(), version=self.tokenizer_fingerprint)
 
@@ -210,7 +211,6 @@ def phase_stream(
     """A Ray Dataset of this worker's masked rows for `steps` optimizer steps starting at `first_step`."""
     import ray
 
-    from raybiphase.raycluster import quiet_data
 
     quiet_data()
     ids = worker_sample_ids(first_step, steps, rows_per_step, rank, world, sample_offset)

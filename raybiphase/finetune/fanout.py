@@ -53,7 +53,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from raybiphase.results.aggregate import best_lr
 
 from raybiphase import storage
-from raybiphase.cli import UserError
+from raybiphase.errors import UserError
 from raybiphase.config import FinetuneConfig, SweepSpec
 from raybiphase.finetune.tasks import get_task, training_groups
 from raybiphase.finetune.trial import (
@@ -64,8 +64,12 @@ from raybiphase.finetune.trial import (
 )
 from raybiphase.results import rows as result_rows
 from raybiphase.results.rows import FinetuneRow, FinetuneSource, trial_key
-from raybiphase.results.wandb import log_finetune_group, sweep_settings
+from raybiphase.results.wandb import log_finetune_group
+from raybiphase.telemetry.wandb import sweep_settings
 from raybiphase.storage import absolute, is_uri, join  # by name: run_fanout has a `storage` argument
+from raybiphase.results import store
+from raybiphase.raycluster import ensure_ray
+from raybiphase.telemetry.progress import trial_progress
 
 RECORDS = "records"
 SETTINGS_COLUMN = "finetune_settings"
@@ -96,7 +100,6 @@ def check_settings(table: str, cfg: FinetuneConfig) -> None:
     """UserError when the finetune.parquet at `table` holds trials of ours made under other fine-tuning settings:
     their keys (run, step, task, LR, seed) do not name the settings, so they would count as done and the report
     would mix them. Rows from before the column existed are not checked."""
-    from raybiphase.results import store
 
     rows = store.read_rows(table, ["source", SETTINGS_COLUMN])
     if SETTINGS_COLUMN not in rows:
@@ -239,8 +242,6 @@ def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name:
     driver."""
     from ray import tune
 
-    from raybiphase.raycluster import ensure_ray
-    from raybiphase.sweep.progress import trial_progress
 
     ensure_ray()
     ft = cfg.finetune

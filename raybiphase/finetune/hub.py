@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from raybiphase.cli import UserError
+from raybiphase.errors import UserError
 
 DATASETS_DIR_ENV = "RAYBIPHASE_DATASETS_DIR"
 PARQUET_EXPORT = "refs/convert/parquet"

@@ -50,7 +50,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from raybiphase.cli import UserError
+from raybiphase.errors import UserError
 from raybiphase.data import sources
 from raybiphase.finetune import hub
 

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from raybiphase import storage
-from raybiphase.cli import UserError
+from raybiphase.errors import UserError
 from raybiphase.data.assets import cache_dir
 from raybiphase.config import FinetuneConfig
 from raybiphase.finetune.baselines import floor_scores

@@ -15,7 +15,6 @@ import functools
 import io
 import json
 import pickle
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,10 +30,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from raybiphase import __version__, storage
-from raybiphase.cli import UserError
+from raybiphase import storage
+from raybiphase.errors import UserError
 from raybiphase.config import RunConfig, from_dict
 from raybiphase.pretrain.schedule import Schedule
+from raybiphase.telemetry.provenance import code_version
 
 
 @dataclass(frozen=True)
@@ -109,15 +109,6 @@ class SafeReader(dcp.FileSystemReader):
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
-
-
-def code_version() -> str:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        sha = ""
-    return f"{__version__}+{sha}" if sha else __version__
 
 
 def _rank() -> int:

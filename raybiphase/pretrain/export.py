@@ -8,7 +8,7 @@ A checkpoint the run exported (train.export_steps, the end) is copied; any other
 weights (torch.distributed.checkpoint, read in this process) with the tokenizer of its data. Either way its
 config's `max_position_embeddings` is the run's data.seq_len, the length it was trained on (an evaluation harness
 sizes its inputs from that field), not EuroBERT's 8,192. The card
-(raybiphase.results.card) names the run as the sweep did (pretrain.parquet), else in the paper's scheme from the
+(raybiphase.pretrain.card) names the run as the sweep did (pretrain.parquet), else in the paper's scheme from the
 checkpoint's config, and lists the downstream scores summary.parquet holds for that run and step. OUT must not
 exist or be empty; nothing is written there when the checkpoint is bad. `--push-to-hub` uploads the folder to a
 Hugging Face Hub model repository (created if missing; needs `huggingface-cli login` or HF_TOKEN).
@@ -16,17 +16,23 @@ Hugging Face Hub model repository (created if missing; needs `huggingface-cli lo
 
 from __future__ import annotations
 
-import argparse
-import json
 import shutil
 import tempfile
 import warnings
 from pathlib import Path
 
 from raybiphase import storage
-from raybiphase.cli import UserError, run_main
+from raybiphase.results.store import read_table
+from raybiphase.errors import UserError
 from raybiphase.pretrain.checkpoint import record_trained_length
-from raybiphase.results.card import CARD, model_card, scores_for
+from raybiphase.pretrain.card import CARD, model_card, scores_for
+from raybiphase.naming import run_name
+from raybiphase.pretrain.checkpoint import read_meta
+from raybiphase.data.assets import cache_dir
+from raybiphase.data.prepare import prepare
+from raybiphase.data.stream import open_dataset
+from raybiphase.pretrain import checkpoint as ckpt
+from raybiphase.pretrain.model import build_model
 
 
 def _parent(location: str, levels: int = 1) -> str:
@@ -40,19 +46,9 @@ def sweep_root(checkpoint: str) -> str:
     return _parent(checkpoint, 3)
 
 
-def read_table(location: str) -> list[dict]:
-    """The rows of a results table as records; none when it does not exist."""
-    if not storage.is_file(location):
-        return []
-    from raybiphase.results.store import read_rows
-
-    return read_rows(location).to_dict("records")
-
-
 def checkpoint_name(checkpoint: str, meta) -> str:
     """The run this checkpoint ends (else the first run through it) as the sweep recorded it; without records,
     the paper's scheme for its config."""
-    from raybiphase.sweep.naming import run_name
 
     rows = [r for r in read_table(storage.join(sweep_root(checkpoint), storage.PRETRAIN_FILE))
             if r.get("checkpoint") and storage.absolute(r["checkpoint"]).rstrip("/") == checkpoint.rstrip("/")]
@@ -64,7 +60,6 @@ def write_card(hf_location: str, checkpoint: str, *, name: str | None = None, lo
                summary: list[dict] | None = None) -> str:
     """Write README.md into an HF folder (local or in a bucket) for `checkpoint`; returns the run name used.
     `summary`: the sweep's summary rows when the caller holds them (else read from the checkpoint's sweep)."""
-    from raybiphase.pretrain.checkpoint import read_meta
 
     meta = read_meta(checkpoint)
     name = name or checkpoint_name(checkpoint, meta)
@@ -78,11 +73,6 @@ def write_card(hf_location: str, checkpoint: str, *, name: str | None = None, lo
 
 def _rebuild(checkpoint: str, meta, dest: Path) -> None:
     """An HF folder from the sharded weights of a step that was not exported."""
-    from raybiphase.data.assets import cache_dir
-    from raybiphase.data.prepare import prepare
-    from raybiphase.data.stream import open_dataset
-    from raybiphase.pretrain import checkpoint as ckpt
-    from raybiphase.pretrain.model import build_model
     from transformers.utils import logging as hf_logging
 
     run = meta.config
@@ -116,7 +106,6 @@ def export_checkpoint(checkpoint: str, out: str, *, name: str | None = None, pus
                       private: bool = False) -> str:
     """Export `checkpoint` to `out` (a folder or a bucket URI) with its card; push to the Hub when `push` names a
     repository. Returns the run name written on the card."""
-    from raybiphase.pretrain.checkpoint import read_meta
 
     checkpoint, out = storage.absolute(checkpoint), storage.absolute(out)
     if not storage.exists(checkpoint):
@@ -128,7 +117,6 @@ def export_checkpoint(checkpoint: str, out: str, *, name: str | None = None, pus
         local = Path(tmp) / "hf"
         exported = storage.hf_dir(checkpoint)
         if storage.is_file(storage.join(exported, "config.json")):
-            from raybiphase.data.assets import cache_dir
 
             shutil.copytree(storage.local_copy(exported, cache_dir()), local)
         else:
@@ -144,19 +132,3 @@ def export_checkpoint(checkpoint: str, out: str, *, name: str | None = None, pus
                 raise UserError(f"{err} (the folder itself is complete at {out})") from None
     print(f"export: {name} step {meta.step:,} -> {out}")
     return name
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="raybiphase export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", help="a raybiphase checkpoint folder (.../runs/<run>/step-N), local or s3://")
-    parser.add_argument("out", help="the folder (or bucket URI) to write; must not exist or be empty")
-    parser.add_argument("--name", help="the model's name on its card (default: the run's name in the sweep)")
-    parser.add_argument("--push-to-hub", metavar="REPO", help="also upload to this Hub repository (user/name)")
-    parser.add_argument("--private", action="store_true", help="create the Hub repository private")
-    args = parser.parse_args()
-    export_checkpoint(args.checkpoint, args.out, name=args.name, push=args.push_to_hub, private=args.private)
-    return 0
-
-
-if __name__ == "__main__":
-    run_main(main)

@@ -9,7 +9,7 @@ Metrics (one dotted namespace): step, tokens_seen, phase, objective, train/{clm,
 val/mlm_loss, lr, tokens_per_s, unigram_entropy (with the evaluations: the corpus' unigram entropy, a reference),
 and on GPU mfu and peak_mem_gb (this worker's peak allocated memory), where
     model FLOPs per token = 6 * (N_nonembedding + LM head) + 12 * layers * hidden * seq_len   (PaLM, appendix B;
-                            raybiphase.pretrain.sizes.flops_per_token)
+                            raybiphase.config.sizes.flops_per_token)
     mfu = FLOPs per token * tokens_per_s / (peak bf16 FLOP/s of the device * world size).
 """
 
@@ -27,16 +27,17 @@ from raybiphase.config import RunConfig, flatten, from_dict
 from raybiphase.optim import adamw, set_lr
 from raybiphase.pretrain import checkpoint
 from raybiphase.pretrain.checkpoint import CheckpointMeta
-from raybiphase.results import wandb as wandb_log
+from raybiphase.telemetry import wandb as wandb_log
 from raybiphase.data.masking import MaskingSpec
 from raybiphase.data.masking import IGNORE_INDEX
 from raybiphase.pretrain.loss import token_weighted
 from raybiphase.pretrain.model import build_model, from_decoder, loss_terms
 from raybiphase.pretrain.parallel import apply_fsdp, use_bf16, wrap_blocks
 from raybiphase.pretrain.schedule import Schedule
-from raybiphase.pretrain.sizes import PEAK_BF16_TFLOPS, flops_per_token
+from raybiphase.config.sizes import PEAK_BF16_TFLOPS, flops_per_token
 from raybiphase.data.stream import epochs_read, open_dataset, phase_stream, validation_batches
-from raybiphase.sweep.progress import Beacon
+from raybiphase.telemetry.progress import Beacon
+from raybiphase.data.assets import cache_dir
 
 def model_flops_per_token(model, seq_len: int) -> float:
     config = model.config
@@ -65,7 +66,6 @@ def initial_model(run: RunConfig, manifest):
                   attn_implementation=run.model.attn_implementation)
     source = run.model.init_from
     if source and not storage.is_checkpoint(source):  # a decoder in a bucket is copied once to this node
-        from raybiphase.data.assets import cache_dir
 
         return from_decoder(storage.local_copy(source, cache_dir()), **common)
     return build_model(run.model.size, seed=run.train.seed, **common)
@@ -136,7 +136,7 @@ def train_loop(loop_config: dict) -> None:
     (default: the end of the run), "exports": the steps exported as HF folders (default: train.export_steps and
     the run's end; a sweep segment passes the union its runs fine-tune), "serves": the runs a segment's checkpoints
     belong to (recorded in their meta), "wandb": {"project", "group"} or None, "progress": where rank 0 writes its
-    progress beat (raybiphase.sweep.progress) every "progress_every" seconds, or None}.
+    progress beat (raybiphase.telemetry.progress) every "progress_every" seconds, or None}.
     """
     import ray.train
 

@@ -1,4 +1,4 @@
-"""The encoder: transformers' own EuroBERT, configured from raybiphase.pretrain.sizes; losses for both objectives.
+"""The encoder: transformers' own EuroBERT, configured from raybiphase.config.sizes; losses for both objectives.
 
 The same weights serve both objectives; only attention changes. CLM steps call the model with `is_causal=True`
 (honoured by sdpa and flash_attention_2; the eager backend ignores it, so it is never offered), MLM steps are
@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from transformers import EuroBertConfig, EuroBertForMaskedLM
 
-from raybiphase.cli import UserError
+from raybiphase.errors import UserError
 from raybiphase.data.masking import IGNORE_INDEX
 from raybiphase.pretrain.loss import CHUNK_ROWS, labelled_rows, linear_cross_entropy
-from raybiphase.pretrain.sizes import SIZES
+from raybiphase.config.sizes import SIZES
 
 
 

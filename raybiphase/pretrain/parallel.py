@@ -13,6 +13,7 @@ import types
 
 import torch
 import torch.distributed as dist
+from raybiphase.pretrain.model import sparse_loss
 
 
 def use_bf16(precision: str) -> bool:
@@ -36,7 +37,6 @@ def apply_fsdp(model: torch.nn.Module, *, bf16: bool, reshard_after_forward: boo
         return model
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
-    from raybiphase.pretrain.model import sparse_loss
 
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     for block in model.model.layers:

@@ -8,38 +8,18 @@ run is not recomputed. Workers receive the run config only; the sweep section sa
 
 from __future__ import annotations
 
-import os
 
 from raybiphase import storage
-from raybiphase.cli import UserError, config_parser, run_main
-from raybiphase.config import RunConfig, SweepSpec, load, to_dict
-from raybiphase.results.wandb import sweep_settings
-from raybiphase.sweep.naming import run_name
-from raybiphase.sweep.progress import PROGRESS_FILE, Watch, interval
-
-
-def read_history(run_dir: str) -> list[dict]:
-    """Every metrics report of a run (rank 0's), one dict per step, in step order."""
-    return storage.read_json(storage.join(run_dir, storage.HISTORY)) or []
-
-
-class HistoryCallback:
-    """Runs in the Train controller: keeps every report in <run dir>/history.json (a restart re-reports a step,
-    the later report wins). Ray Train's own Result keeps only the reports that carried a checkpoint."""
-
-    def __init__(self, run_dir: str):
-        self.run_dir = run_dir
-        self.rows = {row["step"]: row for row in read_history(run_dir)}
-
-    def after_report(self, run_context, metrics, checkpoint):
-        row = dict(metrics[0])
-        if checkpoint is not None:
-            row["checkpoint"] = checkpoint.path
-        self.rows[row["step"]] = row
-        storage.write_json(storage.join(self.run_dir, storage.HISTORY), [self.rows[k] for k in sorted(self.rows)])
-
-    def after_exception(self, run_context, worker_exceptions):
-        pass
+from raybiphase.telemetry.history import HistoryCallback
+from raybiphase.errors import UserError
+from raybiphase.config import RunConfig, SweepSpec, to_dict
+from raybiphase.telemetry.wandb import sweep_settings
+from raybiphase.naming import run_name
+from raybiphase.telemetry.progress import PROGRESS_FILE, Watch, interval
+from raybiphase.pretrain.loop import train_loop
+from raybiphase.data.prepare import prepare
+from raybiphase.raycluster import ensure_ray
+from raybiphase.data import assets
 
 
 def make_trainer(run: RunConfig, *, name: str, paths: storage.SweepPaths, data_dir: str,
@@ -52,7 +32,6 @@ def make_trainer(run: RunConfig, *, name: str, paths: storage.SweepPaths, data_d
     from ray.train import UserCallback
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from raybiphase.pretrain.loop import train_loop
 
     history = type("History", (HistoryCallback, UserCallback), {})(paths.run_dir(name))
     res = run.resources
@@ -79,12 +58,9 @@ def make_trainer(run: RunConfig, *, name: str, paths: storage.SweepPaths, data_d
 
 def run_pretrain(spec: SweepSpec, *, resume_from: str | None = None, max_failures: int = 0, train_fn=None):
     """Prepare data, train the spec's base run, return the ray.train.Result."""
-    from raybiphase.data.prepare import prepare
-    from raybiphase.raycluster import ensure_ray
 
     if spec.sweep.grid or spec.sweep.runs:
         raise UserError("sweep.grid: this config is a sweep; run it with raybiphase sweep")
-    from raybiphase.data import assets
 
     run = spec.run
     storage.check_writable(storage.absolute(spec.sweep.storage), "sweep.storage")
@@ -96,18 +72,3 @@ def run_pretrain(spec: SweepSpec, *, resume_from: str | None = None, max_failure
                            wandb=sweep_settings(spec), max_failures=max_failures, train_fn=train_fn)
     with Watch({name: storage.join(paths.run_dir(name), PROGRESS_FILE)}):  # step, loss, tok/s, ETA every few seconds
         return trainer.fit()
-
-
-def main() -> int:
-    parser = config_parser("raybiphase pretrain", "Pretrain one encoder on Ray Train.")
-    parser.add_argument("--resume-from", help="checkpoint directory to continue from (same schedule)")
-    parser.add_argument("--max-failures", type=int, default=int(os.environ.get("RAYBIPHASE_MAX_FAILURES", 2)))
-    args = parser.parse_args()
-    spec = load(SweepSpec, args.config, args.overrides)
-    result = run_pretrain(spec, resume_from=args.resume_from, max_failures=args.max_failures)
-    print(f"pretrain: done; final metrics {result.metrics}; checkpoint {result.checkpoint.path if result.checkpoint else None}")
-    return 0
-
-
-if __name__ == "__main__":
-    run_main(main)

@@ -18,6 +18,7 @@ import os
 import platform
 
 from raybiphase import storage
+from raybiphase.telemetry.provenance import code_version
 
 RUN_INFO = "sweep.json"
 STYLE = """
@@ -69,8 +70,6 @@ def protocol(finetune) -> str:
 
 def run_info(spec_path: str = "", finetune=None) -> dict:
     """The header of a sweep's report, recorded at its start (with the fine-tuning protocol when given)."""
-    from raybiphase.pretrain.checkpoint import code_version
-
     return {"spec": spec_path, "code": code_version(), "hardware": hardware(),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             **({"protocol": protocol(finetune)} if finetune is not None and finetune.tasks else {})}
@@ -78,8 +77,6 @@ def run_info(spec_path: str = "", finetune=None) -> dict:
 
 def header_of(results_dir: str) -> dict:
     """The recorded header of a results folder, with this drawing's date; else one describing this machine."""
-    from raybiphase.pretrain.checkpoint import code_version
-
     recorded = storage.read_json(storage.join(results_dir, RUN_INFO)) or {}
     drawn = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return {"spec": recorded.get("spec") or "(none recorded: rows imported or written elsewhere)",

@@ -31,7 +31,6 @@ The model name (the paper's scheme, ../shared/paper.md) fills the columns the re
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -42,7 +41,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from raybiphase import storage
-from raybiphase.cli import UserError, run_main
+from raybiphase.errors import UserError
 from raybiphase.results.rows import FINETUNE_KEY, per_example_flat
 from raybiphase.results.store import append_rows, write_summary
 from raybiphase.storage import FINETUNE_FILE, join
@@ -226,18 +225,3 @@ def import_tree(tree: str | Path, results_dir: str | Path, sweep: str = "paper")
     skipped = append_rows(join(results_dir, FINETUNE_FILE), rows, key=FINETUNE_KEY)
     write_summary(results_dir)
     return len(rows) - skipped, skipped
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="raybiphase import", description=__doc__.split("\n")[0])
-    parser.add_argument("tree", help="folder or bucket URI holding <model>/<family>/<dataset>/lr<LR>_sd<SEED>/results.json files")
-    parser.add_argument("results_dir", help="results folder of a sweep (finetune.parquet goes there)")
-    parser.add_argument("--sweep", default="paper", help="value of the sweep column (default: paper)")
-    args = parser.parse_args()
-    added, skipped = import_tree(args.tree, args.results_dir, args.sweep)
-    print(f"imported {added} trials into {join(args.results_dir, FINETUNE_FILE)} ({skipped} already there)")
-    return 0
-
-
-if __name__ == "__main__":
-    run_main(main)

@@ -12,7 +12,6 @@ along its axis; otherwise the report says in one line why it is absent. RESULTS_
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import tempfile
@@ -27,13 +26,13 @@ from matplotlib.figure import (
 )
 
 from raybiphase import storage
-from raybiphase.cli import UserError, run_main
+from raybiphase.errors import UserError
 from raybiphase.results import html
 from raybiphase.results.verdicts import MIN_SEEDS, UNTRAINED, family_verdicts, findings, versus_control
 from raybiphase.results.aggregate import lr_table, summarize
 from raybiphase.results.store import read_rows, write_summary
 from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE
-from raybiphase.sweep.naming import steps_label
+from raybiphase.naming import steps_label
 
 OBJECTIVE_COLORS = {"CLM": "tab:blue", "MLM": "tab:orange", "CLM→MLM": "tab:green", "continued": "tab:purple"}
 
@@ -430,21 +429,3 @@ def write_report(results_dir: storage.Location) -> tuple[str, list[Section]]:
             fs, path = storage.filesystem(target)
             pafs.copy_files(str(out), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
     return storage.join(target, "report.md"), sections
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="raybiphase report", description=__doc__.split("\n")[0])
-    parser.add_argument("results_dir", help="a sweep's results folder or bucket URI (pretrain.parquet, finetune.parquet)")
-    parser.add_argument("--wandb-project", default=None, help="also upload the tables and figures to this project")
-    args = parser.parse_args()
-    path, _ = write_report(args.results_dir)
-    print(f"wrote {path}")
-    if args.wandb_project:
-        from raybiphase.results.wandb import log_report
-
-        log_report(args.results_dir, args.wandb_project, args.results_dir.rstrip("/").rsplit("/", 1)[-1])
-    return 0
-
-
-if __name__ == "__main__":
-    run_main(main)

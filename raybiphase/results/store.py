@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raybiphase import storage
+from raybiphase.results.aggregate import SUMMARY_KEY, summarize
 
 SCHEMA_VERSION = 1
 """Bump when a column changes meaning; readers refuse files written by a newer version."""
@@ -220,7 +221,6 @@ def schema_version(path: str | os.PathLike) -> int | None:
 
 def write_summary(results_dir: str | os.PathLike) -> str:
     """Aggregate finetune.parquet (best LR, mean ± 95% CI, LR spread) into summary.parquet; return its path."""
-    from raybiphase.results.aggregate import SUMMARY_KEY, summarize
 
     trials = read_rows(storage.join(results_dir, storage.FINETUNE_FILE))
     summary = summarize(trials)
@@ -228,3 +228,10 @@ def write_summary(results_dir: str | os.PathLike) -> str:
     with _lock(path):
         _write_atomic(_with_metadata(pa.Table.from_pandas(summary, preserve_index=False), SUMMARY_KEY), path)
     return path
+
+
+def read_table(location: str) -> list[dict]:
+    """The rows of a results table as records; none when it does not exist."""
+    if not storage.is_file(location):
+        return []
+    return read_rows(location).to_dict("records")

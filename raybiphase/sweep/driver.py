@@ -15,20 +15,39 @@ RAYBIPHASE_STORAGE, when set, overrides sweep.storage (the KubeRay job uses it).
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import threading
 import time
 
 from raybiphase import storage
-from raybiphase.cli import UserError, config_parser, run_main
-from raybiphase.config import SweepSpec, load, replace, to_dict
+from raybiphase.errors import UserError
+from raybiphase.config import SweepSpec, to_dict
 from raybiphase.results import rows as result_rows
 from raybiphase.storage import SweepPaths, join
 from raybiphase.sweep.budget import check_budget, data_budget
-from raybiphase.sweep.clock import step_seconds
-from raybiphase.sweep.plan import Plan, Segment, dependencies, describe, make_plan
-from raybiphase.sweep.progress import PROGRESS_FILE, Watch
+from raybiphase.sweep.preflight import plan_sweep
+from raybiphase.telemetry.clock import step_seconds
+from raybiphase.sweep.plan import Plan, Segment, dependencies
+from raybiphase.telemetry.progress import PROGRESS_FILE, Watch
+from raybiphase.data.prepare import fingerprint, prepare
+from raybiphase.config import RunConfig, flatten, from_dict
+from raybiphase.pretrain.trainer import make_trainer
+from raybiphase.pretrain.schedule import Schedule
+from raybiphase.pretrain.checkpoint import read_meta
+from raybiphase.telemetry.history import read_history
+from raybiphase.results import store, wandb as wandb_log
+from raybiphase.telemetry.wandb import log_pretraining_run, sweep_settings
+from raybiphase.finetune.tasks import get_task
+from raybiphase.raycluster import ensure_ray
+from raybiphase.data import assets
+from raybiphase.telemetry.clock import Clock
+from raybiphase.results.html import RUN_INFO, run_info
+from raybiphase.finetune.fanout import check_settings, plan_trials, run_fanout
+from raybiphase.finetune.baselines import bm25_baseline, majority_baseline
+from raybiphase.pretrain.export import write_card
+from raybiphase.results.store import read_table
+from raybiphase.results.report import write_report
+from raybiphase.pretrain.loop import export_initial
 
 
 def segment_done(paths: SweepPaths, segment: Segment) -> bool:
@@ -43,7 +62,6 @@ def final_checkpoint(plan: Plan, paths: SweepPaths, run: str) -> str:
 def segment_job(plan: Plan, segment: Segment, paths: SweepPaths, data_dirs: dict[str, str],
                 spec: SweepSpec) -> dict:
     """Everything the fit of one segment needs (plain data)."""
-    from raybiphase.data.prepare import fingerprint
 
     run = to_dict(segment.config)
     source = plan.runs[segment.runs[0]].source  # continued pretraining: every segment names the source's weights
@@ -65,8 +83,6 @@ def segment_job(plan: Plan, segment: Segment, paths: SweepPaths, data_dirs: dict
 
 def fit_segment(job: dict) -> None:
     """Fit one segment's TorchTrainer from this process (its controller runs on this node; a failure raises)."""
-    from raybiphase.config import RunConfig, from_dict
-    from raybiphase.pretrain.trainer import make_trainer
 
     make_trainer(from_dict(RunConfig, job["run"]), name=job["segment"], paths=SweepPaths(job["root"]),
                  data_dir=job["data_dir"], resume_from=job["resume_from"], stop_at=job["stop_at"],
@@ -107,7 +123,6 @@ def run_wave(plan: Plan, wave: list[Segment], paths: SweepPaths, data_dirs: dict
 def kept_steps(plan: Plan, segment: Segment) -> set[int]:
     """The steps of a segment whose checkpoints are always kept: its end (a resume or a child segment starts
     there), and for every run through it the phase boundaries, the decay start and the HF exports."""
-    from raybiphase.pretrain.schedule import Schedule
 
     keep = {segment.end}
     for name in segment.runs:
@@ -135,9 +150,6 @@ def prune_checkpoints(plan: Plan, segment: Segment, paths: SweepPaths) -> list[i
 
 def record_pretraining(plan: Plan, segment: Segment, paths: SweepPaths, spec: SweepSpec) -> int:
     """Rows for every run through the segment, one per report: (run, step) keyed, appended once."""
-    from raybiphase.pretrain.checkpoint import read_meta
-    from raybiphase.pretrain.trainer import read_history
-    from raybiphase.results import store
 
     reports = {r["step"]: r for r in read_history(paths.run_dir(segment.id))}
     end = paths.checkpoint(segment.id, segment.end)
@@ -153,9 +165,6 @@ def record_pretraining(plan: Plan, segment: Segment, paths: SweepPaths, spec: Sw
 def log_runs(plan: Plan, paths: SweepPaths, spec: SweepSpec, *, finished: set[str], done: set[str]) -> None:
     """W&B (when sweep.wandb_project is set): one run per pretraining run that `finished` completed, with the
     reports of all its segments as one curve."""
-    from raybiphase.config import flatten
-    from raybiphase.pretrain.trainer import read_history
-    from raybiphase.results.wandb import log_pretraining_run, sweep_settings
 
     settings = sweep_settings(spec)
     for run in plan.runs.values() if settings else ():
@@ -166,38 +175,18 @@ def log_runs(plan: Plan, paths: SweepPaths, spec: SweepSpec, *, finished: set[st
 
 
 def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout, spec_path: str = "") -> Plan:
-    # trials run elsewhere (another directory, another node): pin a local path
-    from raybiphase.finetune.tasks import get_task
-
-    for task in spec.finetune.tasks:  # an unknown name fails here, dry run included, before anything runs
-        get_task(task)
-    spec = replace(spec, {"sweep.storage": storage.absolute(spec.sweep.storage)})
-    plan = make_plan(spec)
-    text = describe(plan, spec)
-    lines = text.splitlines()
-    print(text if dry_run else "\n".join([lines[0], *(x for x in lines if x.startswith("steps:"))]), file=out)
-    check_budget(data_budget(plan, spec))  # a run that would repeat data stops here, dry run included
+    spec, plan = plan_sweep(spec, dry_run=dry_run, out=out)
     if dry_run:
         return plan
-    from raybiphase.data.prepare import fingerprint, prepare
-    from raybiphase.raycluster import ensure_ray
-
-    from raybiphase.data import assets
-
-    from raybiphase.pretrain.trainer import read_history
-    from raybiphase.sweep.clock import Clock
-
     clock = Clock()
     paths = SweepPaths.of(spec.sweep.storage, spec.sweep.name)
     storage.check_writable(paths.root, "sweep.storage")  # an unreachable bucket fails here, before any work
     if spec.finetune.tasks:  # trials recorded under other fine-tuning settings: here too
-        from raybiphase.finetune.fanout import check_settings
 
         check_settings(paths.table(storage.FINETUNE_FILE), spec.finetune)
     assets.use_mirror(spec.sweep.storage)  # nodes without the offline assets copy them from the bucket
     with clock.span("Ray start"):
         ensure_ray()
-    from raybiphase.results.html import RUN_INFO, run_info
 
     # the report's header: spec, code, hardware, the fine-tuning protocol's choices
     storage.write_json(join(paths.root, RUN_INFO), run_info(spec_path, spec.finetune))
@@ -263,13 +252,11 @@ def finetune_sources(plan: Plan, paths: SweepPaths) -> list[result_rows.Finetune
 def control_sources(plan: Plan, paths: SweepPaths, data_dirs: dict) -> list[result_rows.FinetuneSource]:
     """The untrained controls (plan.controls): each one's step-0 weights exported once, under
     <sweep>/controls/<name>/hf (an `exported.json` beside it marks a finished export), as a source at step 0."""
-    from raybiphase.data.prepare import fingerprint
 
     out = []
     for control in plan.controls.values():
         folder = join(paths.root, "controls", control.name)
         if not storage.exists(join(folder, "exported.json")):
-            from raybiphase.pretrain.loop import export_initial
 
             storage.delete(join(folder, "hf"))  # an export cut short, if any
             export_initial(control.config, data_dirs[fingerprint(control.config.data)], join(folder, "hf"))
@@ -283,8 +270,6 @@ def run_finetuning(plan: Plan, paths: SweepPaths, spec: SweepSpec, out=sys.stdou
                    data_dirs: dict | None = None) -> list[dict]:
     """The fan-out over every checkpoint (the untrained controls too) x task x LR x seed; rows appended once to
     finetune.parquet (and returned)."""
-    from raybiphase.finetune.fanout import plan_trials, run_fanout
-    from raybiphase.results import store
 
     path = paths.table(storage.FINETUNE_FILE)
     done = {key[:-1] for key in store.done_keys(path, result_rows.FINETUNE_KEY) if key[-1] == result_rows.OURS}
@@ -303,8 +288,6 @@ def run_finetuning(plan: Plan, paths: SweepPaths, spec: SweepSpec, out=sys.stdou
 def baseline_rows(spec: SweepSpec) -> list[dict]:
     """Baseline rows on the same test splits (each appended once: its key is fixed): BM25 for every retrieval task
     (run "bm25"), the majority class for every sequence-classification task (run "majority")."""
-    from raybiphase.finetune.baselines import bm25_baseline, majority_baseline
-    from raybiphase.finetune.tasks import get_task
 
     rows, caps = [], {"max_examples": spec.finetune.max_examples, "max_eval_examples": spec.finetune.max_eval_examples}
     for name in spec.finetune.tasks:
@@ -321,10 +304,6 @@ def baseline_rows(spec: SweepSpec) -> list[dict]:
 def finish(paths: SweepPaths, spec: SweepSpec, out=sys.stdout, cards=()) -> None:
     """summary.parquet, the model card of every export in `cards` (FinetuneSources: with their scores), the report,
     and W&B when configured."""
-    from raybiphase.pretrain.export import read_table, write_card
-    from raybiphase.results import store
-    from raybiphase.results import wandb as wandb_log
-    from raybiphase.results.report import write_report
 
     if storage.exists(paths.table(storage.FINETUNE_FILE)):
         store.write_summary(paths.root)
@@ -334,19 +313,3 @@ def finish(paths: SweepPaths, spec: SweepSpec, out=sys.stdout, cards=()) -> None
     path, _ = write_report(paths.root)
     wandb_log.log_report(paths.root, spec.sweep.wandb_project, spec.sweep.name)
     print(f"report: {path}", file=out)
-
-
-def main() -> int:
-    parser = config_parser("raybiphase sweep", "Plan and run a pretraining + fine-tuning sweep.")
-    parser.add_argument("--dry-run", action="store_true", help="print the plan (tree, steps, GPU-hours) and exit")
-    args = parser.parse_args()
-    overrides = list(args.overrides)
-    if os.environ.get("RAYBIPHASE_STORAGE"):
-        overrides.append(f"sweep.storage={os.environ['RAYBIPHASE_STORAGE']}")
-    run_sweep(load(SweepSpec, args.config, overrides), dry_run=args.dry_run,
-              spec_path=" ".join([args.config, *(f"--set {o}" for o in overrides)]))
-    return 0
-
-
-if __name__ == "__main__":
-    run_main(main)

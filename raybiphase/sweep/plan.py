@@ -28,9 +28,9 @@ from raybiphase.config import ConfigError, RunConfig, SweepSpec, from_dict, to_d
 from raybiphase.config.run import digest
 from raybiphase.finetune.tasks import training_groups
 from raybiphase.sweep.budget import budget_lines, data_budget
-from raybiphase.sweep.naming import run_name, steps_label
+from raybiphase.naming import run_name, steps_label
 from raybiphase.pretrain.schedule import Schedule
-from raybiphase.pretrain.sizes import SIZES
+from raybiphase.config.sizes import SIZES
 
 # per-step settings: the signature compares them step by step, so they stay out of a run's base
 _PER_STEP = {"phases": {"plan"}, "optim": {"lr", "warmup_steps", "decay_steps"}}

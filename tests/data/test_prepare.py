@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from raybiphase import storage
-from raybiphase.cli import UserError
+from raybiphase.errors import UserError
 from raybiphase.config import ConfigError, DataConfig
 from raybiphase.data import pieces as src
 from raybiphase.data import prepare as prep

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raybiphase.cli import UserError
+from raybiphase.errors import UserError
 from raybiphase.config import DataConfig
 from raybiphase.data.masking import MaskingSpec
 from raybiphase.data.prepare import pack, prepare, shard_name

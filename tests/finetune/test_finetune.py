@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raybiphase.cli import UserError
+from raybiphase.errors import UserError
 from raybiphase.config import FinetuneConfig, SweepSpec, from_dict
 from raybiphase.results.rows import FINETUNE_KEY, FinetuneRow, FinetuneSource, trial_key
 TINY_RUN = FinetuneConfig(batch_size=8, max_steps=6, eval_every=3, max_examples=48)
@@ -525,7 +525,7 @@ def test_finetune_command_refuses_bad_input_before_anything_runs(tmp_path, capsy
     import sys
 
     from raybiphase.__main__ import main
-    from raybiphase.finetune.command import finetune_model
+    from raybiphase.finetune.published import finetune_model
 
     spec = fanout_config()
     with pytest.raises(UserError, match="does not exist"):
@@ -543,7 +543,7 @@ def test_finetune_command_refuses_bad_input_before_anything_runs(tmp_path, capsy
 @pytest.mark.ray
 @pytest.mark.slow
 def test_finetune_command_puts_any_hf_checkpoint_through_the_protocol(ray_cluster, tiny_checkpoint, tmp_path):
-    from raybiphase.finetune.command import finetune_model
+    from raybiphase.finetune.published import finetune_model
     from raybiphase.results.store import read_rows
 
     spec = fanout_config(lrs=[1e-3], seeds=[0], max_steps=4, eval_every=2, max_examples=32, asha=False)

@@ -16,7 +16,7 @@ import datasets
 import pytest
 from datasets import ClassLabel, Features, List, Value
 
-from raybiphase.cli import UserError
+from raybiphase.errors import UserError
 from raybiphase.finetune import hub, tasks
 
 PAPER_TASKS = ("sst2", "mnli", "qqp", "conll2003", "ontonotes", "uner", "squad", "squad_v2", "record", "msmarco",

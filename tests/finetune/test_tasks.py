@@ -9,7 +9,7 @@ import pytest
 
 from raybiphase.finetune import scoring
 from raybiphase.finetune import tasks
-from raybiphase.cli import UserError
+from raybiphase.errors import UserError
 
 # ------------------------------------------------------------------------------------------------ registry
 

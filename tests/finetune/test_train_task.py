@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from raybiphase.cli import UserError
+from raybiphase.errors import UserError
 from raybiphase.config import FinetuneConfig, SweepSpec, from_dict
 from raybiphase.results.rows import FinetuneSource
 from tests.finetune.test_finetune import make_tiny_checkpoint

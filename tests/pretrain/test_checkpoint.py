@@ -74,7 +74,7 @@ def test_save_then_load_in_process_resumes_bit_for_bit(tmp_path):
 
 
 def test_a_folder_without_meta_is_not_a_checkpoint(tmp_path):
-    from raybiphase.cli import UserError
+    from raybiphase.errors import UserError
     from raybiphase.pretrain import checkpoint
 
     with pytest.raises(UserError, match="not a raybiphase checkpoint"):

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from raybiphase.cli import UserError
+from raybiphase.errors import UserError
 
 
 @pytest.fixture()
@@ -40,7 +40,7 @@ def test_a_step_that_was_not_exported_loads_in_stock_transformers_with_its_card(
     from transformers import AutoModelForMaskedLM
 
     from raybiphase.pretrain.export import export_checkpoint
-    from raybiphase.sweep.naming import run_name
+    from raybiphase.naming import run_name
 
     path, model, run = saved
     name = run_name(run)

@@ -28,7 +28,7 @@ def uninterrupted(tiny_run):
 def test_run_reports_phases_losses_and_checkpoints(uninterrupted):
     import pandas as pd
 
-    from raybiphase.pretrain.trainer import read_history
+    from raybiphase.telemetry.history import read_history
 
     history = pd.DataFrame(read_history(uninterrupted.path))
     assert list(history["step"]) == list(range(1, 9))

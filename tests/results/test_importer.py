@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from raybiphase.results import importer
-from raybiphase.cli import UserError
+from raybiphase.commands import import_results, run_main
+from raybiphase.errors import UserError
 from raybiphase.results.importer import collect, import_tree, parse_model_name, read_trial
 from raybiphase.results.store import read_rows
 
@@ -107,12 +107,12 @@ def test_seed_spelling_and_family_case(tmp_path) -> None:
 def test_cli(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setattr(sys, "argv", ["importer", str(PAPER_TREE), str(tmp_path)])
     with pytest.raises(SystemExit) as exit_info:
-        importer.run_main(importer.main)
+        run_main(import_results.main)
     assert exit_info.value.code == 0
     assert "imported 60 trials" in capsys.readouterr().out
     monkeypatch.setattr(sys, "argv", ["importer", str(tmp_path / "absent"), str(tmp_path)])
     with pytest.raises(SystemExit) as exit_info:
-        importer.run_main(importer.main)
+        run_main(import_results.main)
     assert exit_info.value.code == 2
 
 

@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from raybiphase.commands import report as report_command
+from raybiphase.commands import run_main
 from raybiphase.results import report
 from raybiphase.results.importer import import_tree
 from raybiphase.results.rows import FINETUNE_KEY, PRETRAIN_KEY
@@ -203,7 +205,7 @@ def test_report_cli_without_results_is_one_line_and_exit_2(tmp_path, monkeypatch
         append_rows(target / FINETUNE_FILE, pd.DataFrame(columns=list(FINETUNE_KEY)), key=FINETUNE_KEY)
     monkeypatch.setattr(sys, "argv", ["report", str(target)])
     with pytest.raises(SystemExit) as exit_info:
-        report.run_main(report.main)
+        run_main(report_command.main)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "no results" in err and "\n" not in err
@@ -212,7 +214,7 @@ def test_report_cli_without_results_is_one_line_and_exit_2(tmp_path, monkeypatch
 def test_report_cli_prints_the_report_path(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setattr(sys, "argv", ["report", str(_small_sweep(tmp_path))])
     with pytest.raises(SystemExit) as exit_info:
-        report.run_main(report.main)
+        run_main(report_command.main)
     assert exit_info.value.code == 0
     assert "report.md" in capsys.readouterr().out
 

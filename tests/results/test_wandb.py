@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from raybiphase.results import wandb as wandb_log
+from raybiphase.results import wandb as results_wandb
+from raybiphase.telemetry import wandb as wandb_log
 from raybiphase.results.importer import import_tree
 from raybiphase.results.report import write_report
 
@@ -44,7 +45,7 @@ def test_offline_run_has_dotted_config_and_never_the_api_key(offline: Path) -> N
 
 def test_no_project_means_no_run_and_no_wandb(offline, monkeypatch) -> None:
     assert wandb_log.init_run("finetune", "t", "g", {"a.b": 1}, None) is None
-    assert wandb_log.log_report(offline, None, "sweep") is None
+    assert results_wandb.log_report(offline, None, "sweep") is None
     wandb_log.log(None, {"x": 1})
     wandb_log.finish(None)
     assert not (offline / "wandb").exists()
@@ -123,7 +124,7 @@ def test_log_report_uploads_tables_and_figures(offline: Path) -> None:
     results_dir = offline / "results"
     import_tree(PAPER_TREE, results_dir)
     write_report(results_dir)
-    run_id = wandb_log.log_report(results_dir, "raybiphase-test", "paper")
+    run_id = results_wandb.log_report(results_dir, "raybiphase-test", "paper")
     assert run_id
     (run_dir,) = (offline / "wandb").glob(f"offline-run-*-{run_id}")
     media = [p.name for p in run_dir.rglob("*.png")]
@@ -155,7 +156,7 @@ def test_fine_tuning_is_one_wandb_run_per_checkpoint_and_task_with_a_table_of_tr
              "steps": 10, "steps_run": 10, "stopped_early": False, "completed_after_stop": False,
              "diverged": False, "seconds": 1.0, "test_per_example": [1.0, 0.0], "phases.clm_share": 1.0}
             for lr in (1e-4, 1e-3) for seed in (0, 1, 2)]
-    run_id = wandb_log.log_finetune_group(settings, rows)
+    run_id = results_wandb.log_finetune_group(settings, rows)
     (folder,) = (offline / "wandb").glob(f"offline-run-*-{run_id}")
     (table,) = folder.rglob("trials_*.table.json")
     trials = json.loads(table.read_text())
@@ -163,4 +164,4 @@ def test_fine_tuning_is_one_wandb_run_per_checkpoint_and_task_with_a_table_of_tr
     assert [row[trials["columns"].index("lr")] for row in trials["data"]] == [1e-4] * 3 + [1e-3] * 3
     log = next(folder.glob("run-*.wandb")).read_bytes()  # the summary: the best LR and its test mean ± CI
     assert all(key.encode() in log for key in ("best_lr", "test_mean", "test_ci95", "n_seeds"))
-    assert wandb_log.log_finetune_group(settings, rows) == run_id  # logged again: the same W&B run, continued
+    assert results_wandb.log_finetune_group(settings, rows) == run_id  # logged again: the same W&B run, continued

@@ -93,7 +93,7 @@ def test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once(finis
     cards = [p.read_text() for p in finished_sweep["root"].glob("runs/*/step-*/hf/README.md")]
     assert sorted(c.split("\n# ", 1)[1].split("\n", 1)[0] for c in cards) == sorted(rows["run"].unique())
     # W&B: one run per pretraining run (not per segment), under an id that is the run's own
-    from raybiphase.results.wandb import stable_id
+    from raybiphase.telemetry.wandb import stable_id
 
     logged = {p.name.rsplit("-", 1)[1] for p in (finished_sweep["root"] / "wandb").glob("offline-run-*")}
     assert logged == {stable_id("branch", "pretrain", run) for run in rows["run"].unique()}

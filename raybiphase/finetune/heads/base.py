@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from raybiphase.cli import UserError
+from raybiphase.errors import UserError
 from raybiphase.finetune.tasks import Task
 
 EVAL_BATCH = 64

@@ -13,21 +13,19 @@ OUT are not recomputed. `raybiphase report` over a folder holding a sweep's rows
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from raybiphase import storage
-from raybiphase.cli import UserError, run_main
-from raybiphase.config import SweepSpec, from_dict, load
-from raybiphase.config.load import parse_override
+from raybiphase.errors import UserError
+from raybiphase.config import SweepSpec
 from raybiphase.results import rows as result_rows
+from raybiphase.finetune.fanout import check_settings, run_fanout
+from raybiphase.results import store
+from raybiphase.results.report import write_report
 
 
 def finetune_model(model: str, out: str, spec: SweepSpec, name: str | None = None) -> list[dict]:
     """Fine-tune one HF checkpoint over spec.finetune's tasks x LRs x seeds into OUT; the new rows."""
-    from raybiphase.finetune.fanout import check_settings, run_fanout
-    from raybiphase.results import store
-    from raybiphase.results.report import write_report
 
     if not spec.finetune.tasks:
         raise UserError("finetune.tasks: empty; name at least one task, e.g. --set 'finetune.tasks=[sst2]'")
@@ -43,23 +41,3 @@ def finetune_model(model: str, out: str, spec: SweepSpec, name: str | None = Non
     if storage.exists(path):
         write_report(out)
     return rows
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="raybiphase finetune", description=__doc__.split("\n")[0])
-    parser.add_argument("model", help="an encoder checkpoint in HF format (a folder or a bucket URI)")
-    parser.add_argument("out", help="results folder or bucket URI (finetune.parquet, summary.parquet, report/)")
-    parser.add_argument("config", nargs="?", default=None, help="optional spec for the finetune.* settings")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a setting, e.g. --set 'finetune.tasks=[sst2]' (repeatable)")
-    parser.add_argument("--name", default=None, help="the run name in the rows (default: the model folder's name)")
-    args = parser.parse_args()
-    spec = (load(SweepSpec, args.config, args.overrides) if args.config
-            else from_dict(SweepSpec, {}, dict(parse_override(o) for o in args.overrides)))
-    rows = finetune_model(args.model, args.out, spec, args.name)
-    print(f"fine-tuned {args.model}: {len(rows)} new trial(s) in {storage.join(storage.absolute(args.out), storage.FINETUNE_FILE)}")
-    return 0
-
-
-if __name__ == "__main__":
-    run_main(main)

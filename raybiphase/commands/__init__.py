@@ -6,11 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from raybiphase.config import ConfigError
-
-
-class UserError(RuntimeError):
-    """Bad input the user can fix; printed as one line, exit code 2."""
+from raybiphase.errors import ConfigError, UserError
 
 
 def config_parser(prog: str, description: str) -> argparse.ArgumentParser:

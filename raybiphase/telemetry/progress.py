@@ -20,7 +20,7 @@ import threading
 import time
 
 from raybiphase import storage
-from raybiphase.sweep.clock import duration
+from raybiphase.telemetry.clock import duration
 
 PROGRESS_FILE = "progress.json"
 

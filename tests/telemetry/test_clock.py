@@ -1,6 +1,6 @@
 """The sweep's wall-time breakdown: time inside optimizer steps from the loop's reports, named spans."""
 
-from raybiphase.sweep.clock import Clock, duration, step_seconds
+from raybiphase.telemetry.clock import Clock, duration, step_seconds
 
 
 def test_step_seconds_follow_the_report_windows():

@@ -4,8 +4,8 @@
 import io
 import json
 
-from raybiphase.sweep import progress
-from raybiphase.sweep.progress import Beacon, Watch, line, trials_line
+from raybiphase.telemetry import progress
+from raybiphase.telemetry.progress import Beacon, Watch, line, trials_line
 
 
 def test_a_beat_is_written_once_per_interval_and_reads_the_loss_only_then(tmp_path, monkeypatch):

@@ -3,21 +3,17 @@
 Prints the resolved settings as dotted names (the names overrides, Tune, Parquet and W&B use), or one error line.
 """
 
-from raybiphase.cli import config_parser, run_main
+from raybiphase.commands import config_parser
 from raybiphase.config import SweepSpec, flatten, load
 
 
 def main() -> int:
     args = config_parser("raybiphase validate", __doc__.splitlines()[0]).parse_args()
     cfg = load(SweepSpec, args.config, args.overrides)
-    from raybiphase.finetune.tasks import get_task
+    from raybiphase.finetune.tasks import get_task  # lazy: --help answers before the task loaders import
 
     for task in cfg.finetune.tasks:
         get_task(task)
     for key, value in flatten(cfg).items():
         print(f"{key} = {value}")
     return 0
-
-
-if __name__ == "__main__":
-    run_main(main)

@@ -1,0 +1,27 @@
+"""What a sweep does before it starts anything, and all a dry run does: check the task names, plan the runs, print
+the plan and stop on a data budget that would repeat data (one line naming the run). Light on purpose: the dry run
+imports neither Ray nor the training loop."""
+
+from __future__ import annotations
+
+import sys
+
+from raybiphase import storage
+from raybiphase.config import SweepSpec, replace
+from raybiphase.finetune.tasks import get_task
+from raybiphase.sweep.budget import check_budget, data_budget
+from raybiphase.sweep.plan import Plan, describe, make_plan
+
+
+def plan_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> tuple[SweepSpec, Plan]:
+    """The spec with its storage made absolute (trials run in other directories and on other nodes) and its plan;
+    prints the whole plan on a dry run, its first line and step counts otherwise."""
+    for task in spec.finetune.tasks:  # an unknown name fails here, dry run included, before anything runs
+        get_task(task)
+    spec = replace(spec, {"sweep.storage": storage.absolute(spec.sweep.storage)})
+    plan = make_plan(spec)
+    text = describe(plan, spec)
+    lines = text.splitlines()
+    print(text if dry_run else "\n".join([lines[0], *(x for x in lines if x.startswith("steps:"))]), file=out)
+    check_budget(data_budget(plan, spec))  # a run that would repeat data stops here, dry run included
+    return spec, plan
