@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 from raybiphase.config import SweepSpec, from_dict  # noqa: E402
-from raybiphase.finetune.fanout import best_lr, run_fanout  # noqa: E402
+from raybiphase.finetune.fanout import Fanout, best_lr, run_fanout  # noqa: E402
 from raybiphase.results.rows import FinetuneRow, FinetuneSource, trial_key  # noqa: E402
 
 
@@ -85,7 +85,7 @@ def main() -> None:
     for mode in ("asha", "grid"):
         cfg = from_dict(SweepSpec, {"finetune": {**finetune, "asha": mode == "asha"}, "resources": {"max_concurrent": 2}})
         began = time.perf_counter()
-        rows[mode] = run_fanout(checkpoints, cfg, storage=str(work / "results"), name=mode,
+        rows[mode] = run_fanout(checkpoints, Fanout.of(cfg), storage=str(work / "results"), name=mode,
                                 reduction_factor=args.reduction_factor)
         seconds[mode] = time.perf_counter() - began
 

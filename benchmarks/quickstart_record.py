@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from raybiphase.results.html import RUN_INFO
+from raybiphase.storage import RUN_INFO
 from raybiphase.results.report import enriched_summary
 from raybiphase.results.store import read_rows
 from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE, read_json

@@ -8,7 +8,32 @@
 
 from __future__ import annotations
 
+import re
+
 from raybiphase.config import RunConfig, run_hash
+
+PHASE_TAG = re.compile(r"(?P<objective>clm|mlm)(?P<percent>\d*)")
+SOURCE_TAG = re.compile(r"-(?P<tag>(?:clm|mlm)\d*)-dec\d")
+"""A continued run's source in its name: `610m-clm-dec42k-mlm40-64k` continues a CLM model."""
+
+
+def phase_tag(objective: str, mask_ratio: float | None = None) -> str:
+    """The paper's tag of a phase: `clm`, or `mlm` and the masking ratio in percent (`mlm40`)."""
+    return "clm" if objective == "clm" else f"mlm{round(mask_ratio * 100)}"
+
+
+def parse_phase_tag(tag: str) -> tuple[str, float | None] | None:
+    """`mlm40` -> ("mlm", 0.4), `clm` -> ("clm", None), `mlm` -> ("mlm", None); None for anything else."""
+    match = PHASE_TAG.fullmatch(tag)
+    if not match:
+        return None
+    return match["objective"], int(match["percent"]) / 100 if match["percent"] else None
+
+
+def source_objective(run: str) -> str | None:
+    """The objective ("clm" or "mlm") of the model a continued run's name says it started from, else None."""
+    match = SOURCE_TAG.search(run)
+    return parse_phase_tag(match["tag"])[0] if match else None
 
 
 def steps_label(steps: int) -> str:
@@ -27,6 +52,5 @@ def run_name(cfg: RunConfig, *, source_label: str | None = None, source_steps: i
     phases = cfg.phases.resolved()
     for phase in phases:
         done += phase.steps
-        tag = "clm" if phase.objective == "clm" else f"mlm{round(phase.mask_ratio * 100)}"
-        parts.append(f"{tag}-{steps_label(done)}")
+        parts.append(f"{phase_tag(phase.objective, phase.mask_ratio)}-{steps_label(done)}")
     return "-".join(parts) + "-" + run_hash(cfg)

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 
-
 FORWARDED_ENV = (
     "HF_HUB_OFFLINE",  # tests and the offline quickstart set it; production may download
     "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION",  # an S3-compatible store

@@ -26,14 +26,19 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.fs as pafs
+
 from raybiphase.errors import UserError
 
 META = "meta.json"
 HF_DIR = "hf"
 HISTORY = "history.json"
+PROGRESS_FILE = "progress.json"  # a run's latest progress beat (raybiphase.telemetry.progress)
 CHECKPOINT_DIR = "step-{:08d}"
 PRETRAIN_FILE, FINETUNE_FILE, SUMMARY_FILE = "pretrain.parquet", "finetune.parquet", "summary.parquet"
-REPORT_DIR = "report"
+RUN_INFO = "sweep.json"  # the report's header: spec, code, hardware, protocol (raybiphase.results.html)
+REPORT_DIR, REPORT_MD, REPORT_HTML = "report", "report.md", "report.html"
+RECORDS = "records"  # one JSON record per finished fine-tuning trial, under the fan-out's experiment folder
+CONTROLS, EXPORTED = "controls", "exported.json"  # the untrained controls' exports, and the mark of a finished one
 
 Location = str | os.PathLike
 
@@ -184,6 +189,27 @@ def checkpoint_name(step: int) -> str:
     return CHECKPOINT_DIR.format(step)
 
 
+def step_of(folder: str) -> int | None:
+    """The step of a checkpoint folder's name (`step-00000800` -> 800); None for any other name."""
+    prefix, _, digits = folder.rstrip("/").rsplit("/", 1)[-1].partition("-")
+    return int(digits) if prefix == "step" and digits.isdigit() else None
+
+
+def parent(location: Location) -> str:
+    """The folder holding `location` (a path or a URI)."""
+    return str(location).rstrip("/").rsplit("/", 1)[0]
+
+
+def basename(location: Location) -> str:
+    """The last part of a path or a URI."""
+    return str(location).rstrip("/").rsplit("/", 1)[-1]
+
+
+def sweep_root(checkpoint: Location) -> str:
+    """<storage>/<sweep> of a checkpoint at <storage>/<sweep>/runs/<run or segment>/step-N."""
+    return parent(parent(parent(checkpoint)))
+
+
 def meta_path(checkpoint: Location) -> str:
     return join(checkpoint, META)
 
@@ -221,6 +247,17 @@ class SweepPaths:
     def history(self, name: str) -> str:
         return join(self.run_dir(name), HISTORY)
 
+    def progress(self, name: str) -> str:
+        return join(self.run_dir(name), PROGRESS_FILE)
+
+    def checkpoint_steps(self, name: str) -> list[int]:
+        """The steps of a run's checkpoint folders, in order (finished or not)."""
+        return sorted(s for s in map(step_of, list_folders(self.run_dir(name))) if s is not None)
+
+    def control(self, name: str) -> str:
+        """The folder of an untrained control's export (its HF folder is `hf` inside)."""
+        return join(self.root, CONTROLS, name)
+
     def checkpoint(self, name: str, step: int) -> str:
         return join(self.run_dir(name), checkpoint_name(step))
 
@@ -238,3 +275,7 @@ class SweepPaths:
     @property
     def report(self) -> str:
         return join(self.root, REPORT_DIR)
+
+    @property
+    def run_info(self) -> str:
+        return join(self.root, RUN_INFO)

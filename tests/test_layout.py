@@ -10,6 +10,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "raybiphase"
 MAX_LINES = 450
+MAX_FUNCTION_LINES = 60  # body lines, the docstring not counted: the orchestrators read as a list of named steps
 LAYERS = (
     ("errors",),  # the two error kinds every layer raises
     ("storage",),  # every path, URI and file name
@@ -158,3 +159,25 @@ def test_lazy_project_imports_are_few_and_say_why() -> None:
 def test_the_rule_itself(module, target, expected) -> None:
     found = layer_violations([(module, target, 1, False, "")])
     assert (found[0] if found else None) == expected or (expected and expected in found[0])
+
+
+def _long_functions(source: str) -> list[str]:
+    long = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body[1:] if ast.get_docstring(node) else node.body
+            lines = body[-1].end_lineno - body[0].lineno + 1 if body else 0
+            if lines > MAX_FUNCTION_LINES:
+                long.append(f"{node.name} ({lines} lines)")
+    return long
+
+
+def test_functions_stay_short() -> None:
+    long = {name: found for name, path in _modules().items() if (found := _long_functions(path.read_text()))}
+    assert long == {}
+
+
+def test_the_length_rule_counts_body_lines() -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    assert _long_functions(f'def f():\n    """Doc."""\n{body}\n') == []  # 60 body lines and a docstring
+    assert _long_functions(f"def f():\n{body}\n    return 1\n") == [f"f ({MAX_FUNCTION_LINES + 1} lines)"]

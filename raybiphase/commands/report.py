@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from raybiphase.storage import basename
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="raybiphase report", description=__doc__.split("\n")[0])
@@ -18,5 +20,5 @@ def main() -> int:
     if args.wandb_project:
         from raybiphase.results.wandb import log_report
 
-        log_report(args.results_dir, args.wandb_project, args.results_dir.rstrip("/").rsplit("/", 1)[-1])
+        log_report(args.results_dir, args.wandb_project, basename(args.results_dir))
     return 0

@@ -30,6 +30,7 @@ from raybiphase.config.load import (
 )
 from raybiphase.config.sizes import SIZE_NAMES
 
+
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     size: str = "tiny"

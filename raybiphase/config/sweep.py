@@ -60,6 +60,8 @@ class FinetuneConfig:
     complete_lrs: bool = False
     """After ASHA, run every stopped trial to its end (not only the best LR's), so the LR-sensitivity analysis has
     a complete LR x seed grid; without it, that analysis uses the LRs whose seeds all finished."""
+    max_concurrent: int | None = None
+    """Trials running at once; default: resources.max_concurrent (the cluster's resources bound it either way)."""
     max_len: int = 128
     """Tokens per input (longer inputs are trimmed; QA slides windows over the context). 128 suits CPU runs; the
     paper fine-tunes at nearly the encoders' full context (sweeps/split_grid.yaml: 2,048)."""
@@ -81,6 +83,8 @@ class FinetuneConfig:
         positive(self.max_steps, "finetune.max_steps")
         check(0.0 <= self.warmup_ratio < 1.0, "finetune.warmup_ratio", f"{self.warmup_ratio} is out of range; allowed: [0, 1)")
         positive(self.eval_every, "finetune.eval_every")
+        if self.max_concurrent is not None:
+            positive(self.max_concurrent, "finetune.max_concurrent")
         non_negative(self.max_examples, "finetune.max_examples")
         non_negative(self.max_eval_examples, "finetune.max_eval_examples")
         check(self.max_len >= 16, "finetune.max_len", f"{self.max_len} is out of range; allowed: 16 or more")

@@ -32,8 +32,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from raybiphase.errors import UserError
 from raybiphase import storage
+from raybiphase.errors import UserError
 
 
 class AssetError(UserError):

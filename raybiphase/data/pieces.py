@@ -21,9 +21,9 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from raybiphase import storage
-from raybiphase.errors import UserError
 from raybiphase.config import DataConfig
 from raybiphase.data import sources
+from raybiphase.errors import UserError
 
 OFFLINE_SEED = 1234  # the offline corpus's document order
 

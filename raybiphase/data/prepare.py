@@ -36,12 +36,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raybiphase import storage
-from raybiphase.errors import UserError
 from raybiphase.config import DataConfig
 from raybiphase.data import sources
+from raybiphase.data.assets import cache_dir
 from raybiphase.data.pieces import Piece, piece_texts, plan_pieces, windows
 from raybiphase.data.stream import FORMAT_VERSION, MANIFEST
-from raybiphase.data.assets import cache_dir
+from raybiphase.errors import UserError
 from raybiphase.raycluster import ensure_ray, quiet_data
 
 SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "mask_token": "<mask>"}

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
+from raybiphase import storage
 from raybiphase.data.assets import asset_path
 from raybiphase.errors import UserError
-from raybiphase import storage
 
 
 class SourceError(UserError):

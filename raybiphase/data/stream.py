@@ -25,10 +25,10 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from raybiphase import storage
-from raybiphase.errors import UserError
-from raybiphase.data.masking import MaskingSpec, mask_batch
-from raybiphase.raycluster import quiet_data
 from raybiphase.data.assets import cache_dir
+from raybiphase.data.masking import MaskingSpec, mask_batch
+from raybiphase.errors import UserError
+from raybiphase.raycluster import quiet_data
 
 FULL_HASH_LIMIT = 2 << 30  # verify every shard's sha256 before training when the dataset is under 2 GiB
 EVAL_SEED = 0  # the held-out MLM masking is the same in every run and phase

@@ -1,7 +1,7 @@
 """The fine-tuning fan-out on Ray Tune: checkpoints x tasks x learning rates x seeds, with ASHA stopping losers.
 
     rows = run_fanout([FinetuneSource("tiny-clm-10-mlm40-40-a1b2c3", 40, ".../hf", {"phases.clm_share": 0.25})],
-                      spec, storage="/abs/results/quickstart", name="finetune", done=keys_already_in_parquet)
+                      Fanout.of(spec), storage="/abs/results/quickstart", name="finetune", done=keys_already_in_parquet)
 
 One Tune trial per (run, pretrain_step, task, lr, seed) of each distinct checkpoint (runs sharing a checkpoint get
 copies of its rows: `FinetuneSource.shared_by`): a function trainable that fine-tunes in its own process
@@ -50,28 +50,27 @@ from collections import defaultdict
 
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
-from raybiphase.results.aggregate import best_lr
-
 from raybiphase import storage
-from raybiphase.errors import UserError
 from raybiphase.config import FinetuneConfig, SweepSpec
+from raybiphase.errors import UserError
 from raybiphase.finetune.tasks import get_task, training_groups
 from raybiphase.finetune.trial import (
+    TrialResult,
     find_hf_dir,
     load_checked_tokenizer,
     resolve_hf_dir,
     run_trial,
 )
+from raybiphase.raycluster import ensure_ray
 from raybiphase.results import rows as result_rows
+from raybiphase.results import store
+from raybiphase.results.aggregate import best_lr
 from raybiphase.results.rows import FinetuneRow, FinetuneSource, trial_key
 from raybiphase.results.wandb import log_finetune_group
-from raybiphase.telemetry.wandb import sweep_settings
 from raybiphase.storage import absolute, is_uri, join  # by name: run_fanout has a `storage` argument
-from raybiphase.results import store
-from raybiphase.raycluster import ensure_ray
 from raybiphase.telemetry.progress import trial_progress
+from raybiphase.telemetry.wandb import sweep_settings
 
-RECORDS = "records"
 SETTINGS_COLUMN = "finetune_settings"
 """Every row of ours carries `trial_settings`: a table is kept to one set of fine-tuning settings."""
 REDUCTION_FACTOR = 3
@@ -80,6 +79,24 @@ PROTOCOL = 2
 (diverged trials score the floor; offline validation paragraphs held out of the pretraining corpus; every
 sub-token of a word labelled; QA windows without the answer trained at position 0)."""
 TrialKey = tuple  # rows.TRIAL_KEY: (run, pretrain_step, task, lr, seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fanout:
+    """What the fan-out uses of a sweep, and nothing else."""
+
+    finetune: FinetuneConfig
+    sweep: str = ""
+    """The rows' `sweep` column."""
+    max_concurrent: int = 1
+    """Trials running at once."""
+    wandb: dict | None = None
+    """W&B settings (raybiphase.telemetry.wandb.sweep_settings), or None."""
+
+    @classmethod
+    def of(cls, spec: SweepSpec) -> Fanout:
+        return cls(spec.finetune, spec.sweep.name, spec.finetune.max_concurrent or spec.resources.max_concurrent,
+                   sweep_settings(spec))
 
 
 def trial_settings(cfg: FinetuneConfig) -> str:
@@ -116,7 +133,7 @@ def record_path(experiment: str, key: TrialKey, settings: str) -> str:
     run, step, task, lr, seed = key
     digest = hashlib.sha256(json.dumps([*key, settings]).encode()).hexdigest()[:8]
     safe_run = re.sub(r"[^A-Za-z0-9._-]+", "_", run)
-    return storage.join(experiment, RECORDS, f"{safe_run}__{step}__{task}__lr{lr:g}__seed{seed}__{digest}.json")
+    return storage.join(experiment, storage.RECORDS, f"{safe_run}__{step}__{task}__lr{lr:g}__seed{seed}__{digest}.json")
 
 
 def _write(location: str, row: FinetuneRow) -> None:
@@ -169,39 +186,59 @@ def group_of(row: FinetuneRow) -> tuple:
 # ------------------------------------------------------------------------------------------------ the trial
 
 
-def trial_config(trial: FinetuneRow, tasks, experiment: str, settings: str) -> dict:
-    """What Tune's config carries of a trial: its planned row, record path and ASHA group, and its riders' rows
-    and record paths."""
-    return {"row": _planned(trial), "record": record_path(experiment, trial.key, settings),
-            "group": list(group_of(trial)),
-            "riders": [{"row": _planned(r), "record": record_path(experiment, r.key, settings)}
-                       for r in riders(trial, tasks)]}
+@dataclasses.dataclass(frozen=True)
+class TrialInput:
+    """One Tune trial's whole input: its planned row and record path, the ASHA group it is compared in, and its
+    riders (the tasks tested on the model it trains), each with its row and record path. Tune's config carries it
+    as plain data (`to_config`), which its loggers can write."""
+
+    row: FinetuneRow
+    record: str
+    group: tuple
+    riders: tuple[TrialInput, ...] = ()
+
+    @classmethod
+    def of(cls, trial: FinetuneRow, tasks, experiment: str, settings: str) -> TrialInput:
+        return cls(trial, record_path(experiment, trial.key, settings), group_of(trial),
+                   tuple(cls(r, record_path(experiment, r.key, settings), group_of(r)) for r in riders(trial, tasks)))
+
+    def to_config(self) -> dict:
+        return {"row": _planned(self.row), "record": self.record, "group": list(self.group),
+                "riders": [{"row": _planned(r.row), "record": r.record} for r in self.riders]}
+
+    @classmethod
+    def from_config(cls, config: dict) -> TrialInput:
+        row = FinetuneRow.from_record(config["row"])
+        return cls(row, config["record"], tuple(config.get("group") or group_of(row)),
+                   tuple(cls.from_config(r) for r in config.get("riders", ())))
+
+    @property
+    def also_test(self) -> tuple[str, ...]:
+        return tuple(r.row.task for r in self.riders)
 
 
-def record_final(trial: dict, final: dict) -> None:
+def record_final(trial: TrialInput, final: TrialResult) -> None:
     """A finished trial's records (run_trial's result `final`): its riders' first, its own last (a trial whose
     own record is on disk has every row on disk)."""
-    for rider in trial["riders"]:
-        planned = FinetuneRow.from_record(rider["row"])
-        _write(rider["record"], result_rows.finished_row(planned, final["also_tested"][planned.task]))
-    _write(trial["record"], result_rows.finished_row(FinetuneRow.from_record(trial["row"]), final))
+    for rider in trial.riders:
+        _write(rider.record, result_rows.finished_row(rider.row, final["also_tested"][rider.row.task]))
+    _write(trial.record, result_rows.finished_row(trial.row, final))
 
 
-def trial_rows(trial: dict, metrics: dict, *, failed: bool) -> list[FinetuneRow] | None:
+def trial_rows(trial: TrialInput, metrics: dict, *, failed: bool) -> list[FinetuneRow] | None:
     """The rows of a trial Tune ended (its own, then its riders'), from their records; a row with none was stopped
     by ASHA at the trial's last report (`metrics`): its stopped row is recorded here. None when the trial `failed`
     before recording a row."""
     rows = []
-    for member in [trial, *trial["riders"]]:
-        record = _read(member["record"])
+    for member in [trial, *trial.riders]:
+        record = _read(member.record)
         if record is None:
             if failed:
                 return None
-            record = result_rows.stopped_row(FinetuneRow.from_record(member["row"]),
-                                             val_score=metrics.get("val_score", float("nan")),
+            record = result_rows.stopped_row(member.row, val_score=metrics.get("val_score", float("nan")),
                                              step=int(metrics.get("step", 0)),
                                              seconds=float(metrics.get("time_total_s", 0.0)))
-            _write(member["record"], record)
+            _write(member.record, record)
         rows.append(record)
     return rows
 
@@ -210,9 +247,8 @@ def _trainable(config: dict, finetune: FinetuneConfig) -> None:
     import torch
     from ray import tune
 
-    trial = config["trial"]
+    trial = TrialInput.from_config(config["trial"])
     torch.set_num_threads(max(1, int(finetune.cpus_per_trial)))
-    row = FinetuneRow.from_record(trial["row"])
 
     def report(metrics: dict) -> None:
         if "final" in metrics:  # the trial's results are on disk before the report a scheduler may stop it at
@@ -222,8 +258,9 @@ def _trainable(config: dict, finetune: FinetuneConfig) -> None:
         tune.report({"step": metrics["step"], "val_score": -1.0 if math.isnan(score) else score,
                      "finished": int("final" in metrics)})  # else a trial that ended was stopped (progress lines)
 
+    row = trial.row
     run_trial(row.checkpoint, row.task, lr=row.lr, seed=row.seed, cfg=finetune, report=report,
-              also_test=tuple(rider["row"]["task"] for rider in trial["riders"]))
+              also_test=trial.also_test)
 
 
 def trial_resources(cfg: FinetuneConfig) -> dict[str, float]:
@@ -236,7 +273,7 @@ def _planned(row: FinetuneRow) -> dict:
     return {k: v for k, v in row.record().items() if not (isinstance(v, float) and math.isnan(v))}
 
 
-def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name: str, asha: bool,
+def _launch(trials: list[FinetuneRow], cfg: Fanout, *, experiment: str, name: str, asha: bool,
             grace_period: int | None, reduction_factor: float, verbose: int, out) -> list[FinetuneRow]:
     """Run `trials` (base rows) as one Tuner; returns their rows and their riders', stopped ones recorded by the
     driver."""
@@ -246,7 +283,7 @@ def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name:
     ensure_ray()
     ft = cfg.finetune
     settings = trial_settings(ft)
-    space = [trial_config(t, ft.tasks, experiment, settings) for t in trials]
+    space = [TrialInput.of(t, ft.tasks, experiment, settings).to_config() for t in trials]
     scheduler = None
     if asha:
         scheduler = GroupedASHA(functools.partial(
@@ -257,21 +294,21 @@ def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name:
     tuner = tune.Tuner(
         trainable,
         param_space={"trial": tune.grid_search(space)},
-        tune_config=tune.TuneConfig(scheduler=scheduler, max_concurrent_trials=cfg.resources.max_concurrent,
+        tune_config=tune.TuneConfig(scheduler=scheduler, max_concurrent_trials=cfg.max_concurrent,
                                     reuse_actors=True, trial_dirname_creator=lambda t: f"trial_{t.trial_id}"),
-        run_config=tune.RunConfig(storage_path=experiment.rsplit("/", 1)[0], name=name, verbose=verbose,
+        run_config=tune.RunConfig(storage_path=storage.parent(experiment), name=name, verbose=verbose,
                                   callbacks=[trial_progress(len(trials), out=out, label=(
-                                      "fine-tuning" if name == experiment.rsplit("/", 1)[-1] else
+                                      "fine-tuning" if name == storage.basename(experiment) else
                                       "fine-tuning (completion pass)"))]),
     )
     results = tuner.fit()
     rows, failures = [], []
     for result in results:
-        trial = result.config["trial"]
+        trial = TrialInput.from_config(result.config["trial"])
         ended = trial_rows(trial, result.metrics or {}, failed=result.error is not None)
         if ended is None:
             first_line = (str(result.error).strip().splitlines() or [""])[0]
-            failures.append(f"{trial_key(trial['row'])}: {type(result.error).__name__}: {first_line}")
+            failures.append(f"{trial.row.key}: {type(result.error).__name__}: {first_line}")
             continue
         rows += ended
     if failures:
@@ -282,7 +319,7 @@ def _launch(trials: list[FinetuneRow], cfg: SweepSpec, *, experiment: str, name:
 # ------------------------------------------------------------------------------------------------ the fan-out
 
 
-def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, name: str, done=frozenset(),
+def run_fanout(sources: list[FinetuneSource], cfg: Fanout, *, storage: str, name: str, done=frozenset(),
                grace_period: int | None = None, reduction_factor: float = REDUCTION_FACTOR,
                complete_best: bool = True, verbose: int = 0, out=None) -> list[dict]:
     """Fine-tune every source checkpoint on cfg.finetune.tasks over lrs x seeds; one row per task, LR and seed not
@@ -307,7 +344,7 @@ def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, n
 
     # a row is planned when it, or the row of a run sharing its checkpoint, is missing; its trial runs when it has
     # no record (the trial that trains its group's model: the whole group's rows are recorded again)
-    plan = [t for t in plan_rows(sources, cfg.finetune, cfg.sweep.name)
+    plan = [t for t in plan_rows(sources, cfg.finetune, cfg.sweep)
             if t.key not in done or any(k not in done for k in copy_keys(t))]
     settings = trial_settings(cfg.finetune)
     records = {t.key: _read(record_path(experiment, t.key, settings)) for t in plan}
@@ -332,7 +369,7 @@ def run_fanout(sources: list[FinetuneSource], cfg: SweepSpec, *, storage: str, n
             continue
         shared = [result_rows.shared_row(record, other) for other in copies[(trial.run, trial.pretrain_step)]]
         rows += [{**row.record(), SETTINGS_COLUMN: settings} for row in [record, *shared] if row.key not in done]
-    _log_groups(rows, new, sweep_settings(cfg))
+    _log_groups(rows, new, cfg.wandb)
     return rows
 
 
@@ -346,7 +383,7 @@ def _log_groups(rows: list[dict], new: set, settings: dict | None) -> None:
             log_finetune_group(settings, group)
 
 
-def _complete_best(records: dict, plan: list[FinetuneRow], cfg: SweepSpec, experiment: str,
+def _complete_best(records: dict, plan: list[FinetuneRow], cfg: Fanout, experiment: str,
                    options: dict) -> list[FinetuneRow]:
     """Rerun, without ASHA, the stopped seeds of each group's best LR (aggregate.best_lr: the report's rule), until
     the best LR has none; with `finetune.complete_lrs`, every stopped trial at once. A rider's stopped row reruns
@@ -364,7 +401,7 @@ def _complete_best(records: dict, plan: list[FinetuneRow], cfg: SweepSpec, exper
         if not rerun:
             return done
         planned = {t.key: t for t in plan}
-        name = f"{experiment.rsplit('/', 1)[-1]}-completion{attempt}"
+        name = f"{storage.basename(experiment)}-completion{attempt}"
         trials = _trials_for([planned[r.key] for r in rerun], cfg.finetune.tasks)
         for row in _launch(trials, cfg, name=name, asha=False, **options):
             if row.key not in records:  # a trained task's row already in `done`

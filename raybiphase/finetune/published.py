@@ -16,10 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from raybiphase import storage
-from raybiphase.errors import UserError
 from raybiphase.config import SweepSpec
+from raybiphase.errors import UserError
+from raybiphase.finetune.fanout import Fanout, check_settings, run_fanout
 from raybiphase.results import rows as result_rows
-from raybiphase.finetune.fanout import check_settings, run_fanout
 from raybiphase.results import store
 from raybiphase.results.report import write_report
 
@@ -35,7 +35,7 @@ def finetune_model(model: str, out: str, spec: SweepSpec, name: str | None = Non
     path = storage.join(out, storage.FINETUNE_FILE)
     check_settings(path, spec.finetune)
     done = {key[:-1] for key in store.done_keys(path, result_rows.FINETUNE_KEY) if key[-1] == result_rows.OURS}
-    rows = run_fanout([source], spec, storage=out, name="finetune", done=done)
+    rows = run_fanout([source], Fanout.of(spec), storage=out, name="finetune", done=done)
     if rows:
         store.append_rows(path, rows, key=result_rows.FINETUNE_KEY)
     if storage.exists(path):

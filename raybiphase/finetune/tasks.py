@@ -50,8 +50,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from raybiphase.errors import UserError
 from raybiphase.data import sources
+from raybiphase.errors import UserError
 from raybiphase.finetune import hub
 
 Family = Literal["SC", "TC", "QA", "IR"]

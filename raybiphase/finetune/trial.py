@@ -31,14 +31,15 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import torch
 
 from raybiphase import storage
-from raybiphase.errors import UserError
-from raybiphase.data.assets import cache_dir
 from raybiphase.config import FinetuneConfig
+from raybiphase.data.assets import cache_dir
+from raybiphase.errors import UserError
 from raybiphase.finetune.baselines import floor_scores
 from raybiphase.finetune.heads import head_for
 from raybiphase.finetune.tasks import get_task, load_splits
@@ -174,9 +175,51 @@ def trial_device(cfg: FinetuneConfig) -> torch.device:
     return torch.device("cpu")
 
 
+class TrialResult(TypedDict, total=False):
+    """What one fine-tuning trial gives back (and its rows record): scores in [0, 1], per-example test scores for
+    the bootstrap, and for a training group's trial the same for every task tested on its model."""
+
+    val_score: float
+    test_score: float
+    metric: str
+    steps: int
+    seconds: float
+    test_per_example: list
+    secondary_metric: str | None
+    test_secondary: float
+    diverged: bool
+    also_tested: dict[str, TrialResult]
+
+
+def trial_result(task: str, *, val_score: float, test_score: float, per_example: list, secondary: float, steps: int,
+                 seconds: float, diverged: bool = False) -> TrialResult:
+    spec = get_task(task)
+    return TrialResult(val_score=val_score, test_score=test_score, metric=spec.metric, steps=steps, seconds=seconds,
+                       test_per_example=per_example, secondary_metric=spec.secondary_metric,
+                       test_secondary=secondary, diverged=diverged)
+
+
+def _diverged(task: str, also_test: tuple[str, ...], cfg: FinetuneConfig, source: str, *, steps: int,
+              seconds: float) -> TrialResult:
+    """A diverged trial's result: each task's floor scores (baselines.floor_scores) on this trial's validation
+    floor."""
+    caps = {"max_examples": cfg.max_examples, "max_eval_examples": cfg.max_eval_examples, "source": source}
+    own = floor_scores(task, **caps)
+
+    def floored(name: str, floor: dict) -> TrialResult:
+        return trial_result(name, val_score=own["val_score"], test_score=floor["test_score"],
+                            per_example=floor["test_per_example"], secondary=float("nan"), steps=steps,
+                            seconds=seconds, diverged=True)
+
+    result = floored(task, own)
+    if also_test:
+        result["also_tested"] = {name: floored(name, floor_scores(name, **caps)) for name in also_test}
+    return result
+
+
 def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: FinetuneConfig,
               report: Callable[[dict], None] | None = None, source: str = "auto",
-              also_test: tuple[str, ...] = ()) -> dict:
+              also_test: tuple[str, ...] = ()) -> TrialResult:
     """Fine-tune `hf_dir` on `task`; returns val_score, test_score, metric, steps, seconds, test_per_example,
     secondary_metric, test_secondary and diverged (the loss turned NaN or inf: the trial stops at its next
     evaluation and scores the metric's floor, `baselines.floor_scores`).
@@ -186,7 +229,7 @@ def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: Finet
     on msmarco's trial: the LR is then chosen on MS MARCO validation for all three, as in the authors' evaluation
     code; a diverged trial gives each its own test floor)."""
     began = time.perf_counter()
-    spec = get_task(task)
+    get_task(task)  # an unknown task fails here, before anything loads
     _check_also_test(task, also_test)
     hf_path = resolve_hf_dir(hf_dir)
     head, units, val, test = _tokenized(hf_path, task, (cfg.max_examples, cfg.max_eval_examples), cfg.max_len,
@@ -221,18 +264,9 @@ def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: Finet
         done = step + 1
         if done % cfg.eval_every == 0 or done == total:
             if not bool(finite):  # diverged: scored at the metric's floor, so the seed still counts against its LR
-                floor = floor_scores(task, max_examples=cfg.max_examples, max_eval_examples=cfg.max_eval_examples,
-                                     source=source)
-                result = {**floor, "metric": spec.metric, "steps": done, "seconds": time.perf_counter() - began,
-                          "secondary_metric": spec.secondary_metric, "test_secondary": float("nan"), "diverged": True}
-                if also_test:
-                    result["also_tested"] = {
-                        name: {**result, **floor_scores(name, max_examples=cfg.max_examples, source=source,
-                                                        max_eval_examples=cfg.max_eval_examples),
-                               "val_score": floor["val_score"], "metric": get_task(name).metric,
-                               "secondary_metric": get_task(name).secondary_metric} for name in also_test}
+                result = _diverged(task, also_test, cfg, source, steps=done, seconds=time.perf_counter() - began)
                 if report:
-                    report({"step": done, "val_score": floor["val_score"], "final": result})
+                    report({"step": done, "val_score": result["val_score"], "final": result})
                 return result
             model.eval()
             with autocast():
@@ -243,6 +277,16 @@ def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: Finet
                 report({"step": done, "val_score": val_score})
 
     # --- test, then the last report
+    result = _tested(model, head, test, task, hf_path, also_test, cfg, source, autocast, val_score=val_score,
+                     steps=total, began=began)
+    if report:
+        report({"step": total, "val_score": val_score, "final": result})
+    return result
+
+
+def _tested(model, head, test, task: str, hf_path: Path, also_test: tuple[str, ...], cfg: FinetuneConfig,
+            source: str, autocast, *, val_score: float, steps: int, began: float) -> TrialResult:
+    """The trained model's result: its test scores on `task`, and on each task of `also_test`."""
     with autocast():
         tested = head.evaluate(model, test)
     also_tested = {}
@@ -251,14 +295,12 @@ def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: Finet
                                    cfg.tc_labels)
         with autocast():
             also_tested[name] = head.evaluate(model, prepared)
-    result = {"val_score": val_score, "test_score": tested.score, "metric": spec.metric, "steps": total,
-              "seconds": time.perf_counter() - began, "test_per_example": tested.per_example,
-              "secondary_metric": spec.secondary_metric, "test_secondary": tested.secondary, "diverged": False}
+    seconds = time.perf_counter() - began
+    result = trial_result(task, val_score=val_score, test_score=tested.score, per_example=tested.per_example,
+                          secondary=tested.secondary, steps=steps, seconds=seconds)
     if also_test:
         result["also_tested"] = {
-            name: {**result, "test_score": other.score, "test_per_example": other.per_example,
-                   "test_secondary": other.secondary, "metric": get_task(name).metric,
-                   "secondary_metric": get_task(name).secondary_metric} for name, other in also_tested.items()}
-    if report:
-        report({"step": total, "val_score": val_score, "final": result})
+            name: trial_result(name, val_score=val_score, test_score=other.score, per_example=other.per_example,
+                               secondary=other.secondary, steps=steps, seconds=seconds)
+            for name, other in also_tested.items()}
     return result

@@ -31,8 +31,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from raybiphase import storage
-from raybiphase.errors import UserError
 from raybiphase.config import RunConfig, from_dict
+from raybiphase.errors import UserError
 from raybiphase.pretrain.schedule import Schedule
 from raybiphase.telemetry.provenance import code_version
 

@@ -22,35 +22,24 @@ import warnings
 from pathlib import Path
 
 from raybiphase import storage
-from raybiphase.results.store import read_table
-from raybiphase.errors import UserError
-from raybiphase.pretrain.checkpoint import record_trained_length
-from raybiphase.pretrain.card import CARD, model_card, scores_for
-from raybiphase.naming import run_name
-from raybiphase.pretrain.checkpoint import read_meta
+from raybiphase.config import RunConfig
 from raybiphase.data.assets import cache_dir
 from raybiphase.data.prepare import prepare
 from raybiphase.data.stream import open_dataset
+from raybiphase.errors import UserError
+from raybiphase.naming import run_name
 from raybiphase.pretrain import checkpoint as ckpt
-from raybiphase.pretrain.model import build_model
-
-
-def _parent(location: str, levels: int = 1) -> str:
-    for _ in range(levels):
-        location = location.rstrip("/").rsplit("/", 1)[0]
-    return location
-
-
-def sweep_root(checkpoint: str) -> str:
-    """<storage>/<sweep> of a checkpoint at <storage>/<sweep>/runs/<run or segment>/step-N."""
-    return _parent(checkpoint, 3)
+from raybiphase.pretrain.card import CARD, model_card, scores_for
+from raybiphase.pretrain.checkpoint import read_meta, record_trained_length
+from raybiphase.pretrain.model import initial_model
+from raybiphase.results.store import read_table
 
 
 def checkpoint_name(checkpoint: str, meta) -> str:
     """The run this checkpoint ends (else the first run through it) as the sweep recorded it; without records,
     the paper's scheme for its config."""
 
-    rows = [r for r in read_table(storage.join(sweep_root(checkpoint), storage.PRETRAIN_FILE))
+    rows = [r for r in read_table(storage.join(storage.sweep_root(checkpoint), storage.PRETRAIN_FILE))
             if r.get("checkpoint") and storage.absolute(r["checkpoint"]).rstrip("/") == checkpoint.rstrip("/")]
     ending = [r["run"] for r in rows if int(r.get("phases.steps") or 0) == meta.step]
     return (ending or [r["run"] for r in rows] or [run_name(meta.config)])[0]
@@ -64,11 +53,24 @@ def write_card(hf_location: str, checkpoint: str, *, name: str | None = None, lo
     meta = read_meta(checkpoint)
     name = name or checkpoint_name(checkpoint, meta)
     if summary is None:
-        summary = read_table(storage.join(sweep_root(checkpoint), storage.SUMMARY_FILE))
+        summary = read_table(storage.join(storage.sweep_root(checkpoint), storage.SUMMARY_FILE))
     text = model_card(meta, name=name, scores=scores_for(summary, run=name, step=meta.step),
                       location=location or hf_location)
     storage.write_bytes(storage.join(hf_location, CARD), text.encode())
     return name
+
+
+def export_initial(run: RunConfig, data_dir: str, dest: str) -> None:
+    """The run's step-0 weights (what `train_loop` starts from before any step) as an HF folder at `dest` (a folder
+    or a bucket URI): the sweep's untrained control."""
+    from transformers.utils import logging as hf_logging
+
+    manifest = open_dataset(data_dir, seq_len=run.data.seq_len)
+    model = initial_model(run, manifest)
+    hf_logging.disable_progress_bar()  # one small folder: no "Writing model shards" bar in the sweep's output
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt.export_hf(Path(tmp) / storage.HF_DIR, model, manifest.local_tokenizer(), seq_len=run.data.seq_len)
+        storage.upload(Path(tmp) / storage.HF_DIR, dest)
 
 
 def _rebuild(checkpoint: str, meta, dest: Path) -> None:
@@ -76,10 +78,9 @@ def _rebuild(checkpoint: str, meta, dest: Path) -> None:
     from transformers.utils import logging as hf_logging
 
     run = meta.config
-    data_dir = prepare(run.data, on_ray=False, storage_root=_parent(sweep_root(checkpoint)))
+    data_dir = prepare(run.data, on_ray=False, storage_root=storage.parent(storage.sweep_root(checkpoint)))
     manifest = open_dataset(data_dir, seq_len=run.data.seq_len)
-    model = build_model(run.model.size, vocab_size=manifest.vocab_size, special_ids=manifest.special_ids,
-                        seed=run.train.seed, attn_implementation=run.model.attn_implementation)
+    model = initial_model(run, manifest)  # the run's architecture; the checkpoint's weights replace its values
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         ckpt.load(storage.local_copy(checkpoint, cache_dir()), model)

@@ -19,25 +19,26 @@ import tempfile
 import time
 from pathlib import Path
 
+import ray.train
 import torch
 import torch.distributed as dist
 
 from raybiphase import storage
-from raybiphase.config import RunConfig, flatten, from_dict
+from raybiphase.config import RunConfig, flatten, to_dict
+from raybiphase.config.sizes import PEAK_BF16_TFLOPS, flops_per_token
+from raybiphase.data.masking import IGNORE_INDEX, MaskingSpec
+from raybiphase.data.stream import epochs_read, open_dataset, phase_stream, validation_batches
 from raybiphase.optim import adamw, set_lr
 from raybiphase.pretrain import checkpoint
 from raybiphase.pretrain.checkpoint import CheckpointMeta
-from raybiphase.telemetry import wandb as wandb_log
-from raybiphase.data.masking import MaskingSpec
-from raybiphase.data.masking import IGNORE_INDEX
+from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.loss import token_weighted
-from raybiphase.pretrain.model import build_model, from_decoder, loss_terms
+from raybiphase.pretrain.model import initial_model, loss_terms
 from raybiphase.pretrain.parallel import apply_fsdp, use_bf16, wrap_blocks
 from raybiphase.pretrain.schedule import Schedule
-from raybiphase.config.sizes import PEAK_BF16_TFLOPS, flops_per_token
-from raybiphase.data.stream import epochs_read, open_dataset, phase_stream, validation_batches
+from raybiphase.telemetry import wandb as wandb_log
 from raybiphase.telemetry.progress import Beacon
-from raybiphase.data.assets import cache_dir
+
 
 def model_flops_per_token(model, seq_len: int) -> float:
     config = model.config
@@ -59,31 +60,6 @@ def _rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-def initial_model(run: RunConfig, manifest):
-    """Random init, or an HF decoder's weights (continued pretraining from a Llama-family model); a raybiphase
-    checkpoint in model.init_from is loaded by `restore`."""
-    common = dict(vocab_size=manifest.vocab_size, special_ids=manifest.special_ids,
-                  attn_implementation=run.model.attn_implementation)
-    source = run.model.init_from
-    if source and not storage.is_checkpoint(source):  # a decoder in a bucket is copied once to this node
-
-        return from_decoder(storage.local_copy(source, cache_dir()), **common)
-    return build_model(run.model.size, seed=run.train.seed, **common)
-
-
-def export_initial(run: RunConfig, data_dir: str, dest: str) -> None:
-    """The run's step-0 weights (what `train_loop` starts from before any step) as an HF folder at `dest` (a folder
-    or a bucket URI): the sweep's untrained control."""
-    from transformers.utils import logging as hf_logging
-
-    manifest = open_dataset(data_dir, seq_len=run.data.seq_len)
-    model = initial_model(run, manifest)
-    hf_logging.disable_progress_bar()  # one small folder: no "Writing model shards" bar in the sweep's output
-    with tempfile.TemporaryDirectory() as tmp:
-        checkpoint.export_hf(Path(tmp) / "hf", model, manifest.local_tokenizer(), seq_len=run.data.seq_len)
-        storage.upload(Path(tmp) / "hf", dest)
-
-
 def restore(run: RunConfig, model, optimizer, resume_from: str | None) -> tuple[int, int]:
     """Where this worker starts, as (step, data_start); the one resume path.
 
@@ -92,8 +68,6 @@ def restore(run: RunConfig, model, optimizer, resume_from: str | None) -> tuple[
     model.init_from (continued pretraining: its weights, and its data stream carries on after the source's
     samples), else the fresh model at step 0.
     """
-    import ray.train
-
     latest = ray.train.get_checkpoint()
     resume = latest.path if latest is not None else resume_from
     if resume:
@@ -129,134 +103,149 @@ def evaluate(model, val: dict[str, list[dict]], device) -> dict[str, float]:
 
 
 def train_loop(loop_config: dict) -> None:
-    """Ray Train worker entry point.
+    """Ray Train worker entry point: `loop_config["job"]` is the worker's SegmentJob (raybiphase.pretrain.job)."""
+    Worker(loop_config["job"]).train()
 
-    loop_config: {"run": the RunConfig as a dict, "name": run or segment name, "data_dir": prepared shards,
-    "resume_from": a checkpoint to continue (same schedule) or None, "stop_at": the last step of a sweep segment
-    (default: the end of the run), "exports": the steps exported as HF folders (default: train.export_steps and
-    the run's end; a sweep segment passes the union its runs fine-tune), "serves": the runs a segment's checkpoints
-    belong to (recorded in their meta), "wandb": {"project", "group"} or None, "progress": where rank 0 writes its
-    progress beat (raybiphase.telemetry.progress) every "progress_every" seconds, or None}.
-    """
-    import ray.train
 
-    run = from_dict(RunConfig, loop_config["run"])
-    rank, world = _rank_world()
-    device = ray.train.torch.get_device() if torch.cuda.is_available() else torch.device("cpu")
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    manifest = open_dataset(loop_config["data_dir"], seq_len=run.data.seq_len)
-    schedule = Schedule.from_config(run)
-    rows_per_step = run.train.global_batch_tokens // run.data.seq_len
-    micro = run.train.micro_batch_size
-    accum = rows_per_step // world // micro
+class Worker:
+    """One worker's training: set up in __init__ (model, FSDP2, AdamW, restore, validation batches, telemetry),
+    then `train` runs phase after phase, one optimizer step at a time."""
 
-    # --- model, FSDP2, optimizer, restore
-    model = initial_model(run, manifest)
-    model.to(device).train()
-    bf16 = use_bf16(run.train.precision)
-    compile = run.train.compile if run.train.compile is not None else device.type == "cuda"
-    model = wrap_blocks(model, activation_checkpointing=run.train.activation_checkpointing, compile=compile)
-    model = apply_fsdp(model, bf16=bf16, reshard_after_forward=run.train.reshard_after_forward)
-    optim = run.optim
-    fused = {"fused": True} if device.type == "cuda" else {"foreach": False}  # CPU: the reference loop's order
-    optimizer = adamw(model, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay,
-                      decay_embeddings=optim.decay_embeddings, **fused)
-    step, data_start = restore(run, model, optimizer, loop_config.get("resume_from"))
+    def __init__(self, job: SegmentJob):
+        self.job, self.run = job, job.run
+        run = job.run
+        self.rank, self.world = _rank_world()
+        self.device = ray.train.torch.get_device() if torch.cuda.is_available() else torch.device("cpu")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        self.manifest = open_dataset(job.data_dir, seq_len=run.data.seq_len)
+        self.schedule = Schedule.from_config(run)
+        self.rows_per_step = run.train.global_batch_tokens // run.data.seq_len
+        self.accum = self.rows_per_step // self.world // run.train.micro_batch_size
+        self.tokens_per_step = self.rows_per_step * run.data.seq_len
+        self.bf16 = use_bf16(run.train.precision)
+        self.model, self.optimizer = self._model_and_optimizer()
+        self.step, self.data_start = restore(run, self.model, self.optimizer, job.resume_from)
 
-    wandb = loop_config.get("wandb") or {}
-    tracker = wandb_log.init_run("pretrain", loop_config.get("name", "pretrain"), wandb.get("group", ""),
-                                 flatten(run), wandb.get("project"), rank=rank, mode=wandb.get("mode"),
-                                 sync_to=wandb.get("sync_to"))
-    val = validation_batches(manifest, batch_size=micro, batches=run.train.eval_batches,
-                             mask_ratio=run.train.eval_mask_ratio)
-    fpt, peak = model_flops_per_token(model, run.data.seq_len), peak_flops()
-    tokens_per_step = rows_per_step * run.data.seq_len
-    stop_at = min(loop_config.get("stop_at") or schedule.total_steps, schedule.total_steps)  # a sweep segment's end
-    exports = set(loop_config["exports"]) if loop_config.get("exports") is not None else {
-        *run.train.export_steps, schedule.total_steps}
-    milestones = {*schedule.boundaries[1:], schedule.decay_start, stop_at, *exports}  # always evaluated and saved
-    beacon = Beacon(loop_config.get("progress") if rank == 0 else None, stop_at=stop_at,
-                    tokens_per_step=tokens_per_step, every_s=loop_config.get("progress_every", 0))
+        wandb = job.wandb or {}
+        self.tracker = wandb_log.init_run("pretrain", job.name, wandb.get("group", ""), flatten(run),
+                                          wandb.get("project"), rank=self.rank, mode=wandb.get("mode"),
+                                          sync_to=wandb.get("sync_to"))
+        self.val = validation_batches(self.manifest, batch_size=run.train.micro_batch_size,
+                                      batches=run.train.eval_batches, mask_ratio=run.train.eval_mask_ratio)
+        self.fpt, self.peak = model_flops_per_token(self.model, run.data.seq_len), peak_flops()
+        self.stop_at = job.last_step(self.schedule)  # a sweep segment's end
+        self.exports = job.export_steps(self.schedule)
+        self.milestones = {*self.schedule.boundaries[1:], self.schedule.decay_start, self.stop_at,
+                           *self.exports}  # always evaluated and saved
+        self.beacon = Beacon(job.progress if self.rank == 0 else None, stop_at=self.stop_at,
+                             tokens_per_step=self.tokens_per_step, every_s=job.progress_every)
 
-    while step < stop_at:
-        # --- phase: a fresh stream from this step to the phase's end (pure function of the sample ids)
-        phase_idx = schedule.phase_index(step)
+    def _model_and_optimizer(self):
+        run, device = self.run, self.device
+        model = initial_model(run, self.manifest)
+        model.to(device).train()
+        compile = run.train.compile if run.train.compile is not None else device.type == "cuda"
+        model = wrap_blocks(model, activation_checkpointing=run.train.activation_checkpointing, compile=compile)
+        model = apply_fsdp(model, bf16=self.bf16, reshard_after_forward=run.train.reshard_after_forward)
+        optim = run.optim
+        fused = {"fused": True} if device.type == "cuda" else {"foreach": False}  # CPU: the reference loop's order
+        optimizer = adamw(model, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay,
+                          decay_embeddings=optim.decay_embeddings, **fused)
+        return model, optimizer
+
+    def train(self) -> None:
+        while self.step < self.stop_at:
+            self._phase()
+        wandb_log.finish(self.tracker)
+
+    def _phase(self) -> None:
+        """From this step to the end of its phase (or of the segment): a fresh stream, a pure function of the
+        sample ids."""
+        run, schedule = self.run, self.schedule
+        phase_idx = schedule.phase_index(self.step)
         phase = schedule.phases[phase_idx]
-        phase_end = min(schedule.boundaries[phase_idx + 1], stop_at)
+        phase_end = min(schedule.boundaries[phase_idx + 1], self.stop_at)
         mask = MaskingSpec(mask_ratio=phase.mask_ratio, mask_prob=run.phases.mask_prob,
                            random_prob=run.phases.random_prob) if phase.objective == "mlm" else None
-        stream = phase_stream(manifest, objective=phase.objective, mask=mask, seed=run.train.seed,
-                              first_step=step, steps=phase_end - step, sample_offset=data_start,
-                              rows_per_step=rows_per_step, rank=rank, world=world)
-        batches = iter(stream.iter_torch_batches(batch_size=micro, dtypes=torch.long, device=device))
+        stream = phase_stream(self.manifest, objective=phase.objective, mask=mask, seed=run.train.seed,
+                              first_step=self.step, steps=phase_end - self.step, sample_offset=self.data_start,
+                              rows_per_step=self.rows_per_step, rank=self.rank, world=self.world)
+        batches = iter(stream.iter_torch_batches(batch_size=run.train.micro_batch_size, dtypes=torch.long,
+                                                 device=self.device))
         window_start, window_tokens = time.perf_counter(), 0
-        while step < phase_end:
-            # --- schedule
-            _, lr = schedule.at(step)
-            set_lr(optimizer, lr)
+        while self.step < phase_end:
+            _, lr = schedule.at(self.step)
+            set_lr(self.optimizer, lr)
+            total, tokens = self._optimizer_step([next(batches) for _ in range(self.accum)], phase.objective)
+            window_tokens += self.tokens_per_step
+            if self._report(phase_idx, phase.objective, lr, total, tokens, time.perf_counter() - window_start,
+                            window_tokens):
+                window_start, window_tokens = time.perf_counter(), 0
 
-            # --- micro-steps (gradient accumulation to the global batch), each token weighing the same
-            micro_batches = [next(batches) for _ in range(accum)]
-            tokens = step_tokens(micro_batches, world)
-            total = torch.zeros((), device=device)
-            for batch in micro_batches:
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16 and device.type == "cuda"):
-                    loss_sum, count = loss_terms(model, batch, phase.objective, run.train.head_chunk_rows)
-                    if run.train.loss_weighting == "tokens":
-                        loss = token_weighted(loss_sum, tokens, world)
-                    else:  # the mean of micro-batch means (FSDP then averages the workers)
-                        loss = loss_sum / count.clamp(min=1) / accum
-                loss.backward()
-                total += loss_sum.detach()
+    def _optimizer_step(self, micro_batches: list[dict], objective: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Micro-steps (gradient accumulation to the global batch, each token weighing the same), clip and step;
+        returns this rank's summed loss and the global batch's labelled tokens."""
+        run, device = self.run, self.device
+        tokens = step_tokens(micro_batches, self.world)
+        total = torch.zeros((), device=device)
+        for batch in micro_batches:
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.bf16 and device.type == "cuda"):
+                loss_sum, count = loss_terms(self.model, batch, objective, run.train.head_chunk_rows)
+                if run.train.loss_weighting == "tokens":
+                    loss = token_weighted(loss_sum, tokens, self.world)
+                else:  # the mean of micro-batch means (FSDP then averages the workers)
+                    loss = loss_sum / count.clamp(min=1) / self.accum
+            loss.backward()
+            total += loss_sum.detach()
+        if run.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), run.optim.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.beacon.beat(self.step, objective,  # this rank's loss of the step, read only when a beat is written
+                         lambda: total / sum((b["labels"] != IGNORE_INDEX).sum() for b in micro_batches),
+                         self.fpt / (self.peak * self.world) if self.peak else None)
+        return total, tokens
 
-            # --- clip and step
-            if optim.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), optim.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            window_tokens += tokens_per_step
-            beacon.beat(step, phase.objective,  # this rank's loss of the step, read only when a beat is written
-                        lambda: total / sum((b["labels"] != IGNORE_INDEX).sum() for b in micro_batches),
-                        fpt / (peak * world) if peak else None)
+    def _report(self, phase_idx: int, objective: str, lr: float, total: torch.Tensor, tokens: torch.Tensor,
+                seconds: float, window_tokens: int) -> bool:
+        """Eval and report at this step when it is due, with a checkpoint (and an HF export) when that is due;
+        whether it reported."""
+        run, step = self.run, self.step
+        do_eval = step % run.train.eval_every == 0 or step in self.milestones
+        do_save = step % run.train.checkpoint_every == 0 or step in self.milestones
+        if not (do_eval or do_save):
+            return False
+        if self.world > 1:
+            dist.all_reduce(total)
+        total /= tokens.clamp(min=1)  # the step's loss: every labelled token of the global batch, once
+        metrics = {"step": step, "tokens_seen": step * self.tokens_per_step, "phase": phase_idx,
+                   "objective": objective, f"train/{objective}_loss": float(total), "lr": lr,
+                   "tokens_per_s": window_tokens / max(seconds, 1e-9),
+                   "data_epochs": epochs_read(self.data_start + step * self.rows_per_step, self.manifest.train_rows)}
+        if self.peak:
+            metrics["mfu"] = self.fpt * metrics["tokens_per_s"] / (self.peak * self.world)
+        if self.device.type == "cuda":
+            metrics["peak_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
+        if do_eval:
+            metrics.update(evaluate(self.model, self.val, self.device))
+            if self.manifest.unigram_entropy is not None:  # the reference the held-out losses should fall below
+                metrics["unigram_entropy"] = self.manifest.unigram_entropy
+        if do_save:
+            self._save(metrics)
+        else:
+            ray.train.report(metrics)
+        wandb_log.log(self.tracker, {k: v for k, v in metrics.items() if k != "objective"}, step=step)
+        return True
 
-            # --- what this step does, decided once
-            do_eval = step % run.train.eval_every == 0 or step in milestones
-            do_save = step % run.train.checkpoint_every == 0 or step in milestones
-            if not (do_eval or do_save):
-                continue
-
-            # --- eval and report
-            if world > 1:
-                dist.all_reduce(total)
-            total /= tokens.clamp(min=1)  # the step's loss: every labelled token of the global batch, once
-            seconds = time.perf_counter() - window_start
-            metrics = {"step": step, "tokens_seen": step * tokens_per_step, "phase": phase_idx,
-                       "objective": phase.objective, f"train/{phase.objective}_loss": float(total), "lr": lr,
-                       "tokens_per_s": window_tokens / max(seconds, 1e-9),
-                       "data_epochs": epochs_read(data_start + step * rows_per_step, manifest.train_rows)}
-            if peak:
-                metrics["mfu"] = fpt * metrics["tokens_per_s"] / (peak * world)
-            if device.type == "cuda":
-                metrics["peak_mem_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
-            if do_eval:
-                metrics.update(evaluate(model, val, device))
-                if manifest.unigram_entropy is not None:  # the reference the held-out losses should fall below
-                    metrics["unigram_entropy"] = manifest.unigram_entropy
-
-            # --- checkpoint (and HF export) with the report, or the report alone
-            if do_save:
-                meta = CheckpointMeta(run=loop_config["run"], step=step, data_start=data_start, metrics=metrics,
-                                      serves=list(loop_config.get("serves") or []))
-                with tempfile.TemporaryDirectory() as tmp:
-                    checkpoint.save(Path(tmp), model, optimizer, meta)
-                    if step in exports:
-                        checkpoint.export_hf(Path(storage.hf_dir(tmp)), model, manifest.local_tokenizer(),
-                                             seq_len=run.data.seq_len)
-                    ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
-                                     checkpoint_dir_name=storage.checkpoint_name(step))
-            else:
-                ray.train.report(metrics)
-            wandb_log.log(tracker, {k: v for k, v in metrics.items() if k != "objective"}, step=step)
-            window_start, window_tokens = time.perf_counter(), 0
-    wandb_log.finish(tracker)
+    def _save(self, metrics: dict) -> None:
+        """A checkpoint (and, at an export step, the HF folder inside it) reported with the metrics."""
+        meta = CheckpointMeta(run=to_dict(self.run), step=self.step, data_start=self.data_start, metrics=metrics,
+                              serves=list(self.job.serves))
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint.save(Path(tmp), self.model, self.optimizer, meta)
+            if self.step in self.exports:
+                checkpoint.export_hf(Path(storage.hf_dir(tmp)), self.model, self.manifest.local_tokenizer(),
+                                     seq_len=self.run.data.seq_len)
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
+                             checkpoint_dir_name=storage.checkpoint_name(self.step))

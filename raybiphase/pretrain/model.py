@@ -14,11 +14,13 @@ import torch
 import torch.nn.functional as F
 from transformers import EuroBertConfig, EuroBertForMaskedLM
 
-from raybiphase.errors import UserError
-from raybiphase.data.masking import IGNORE_INDEX
-from raybiphase.pretrain.loss import CHUNK_ROWS, labelled_rows, linear_cross_entropy
+from raybiphase import storage
+from raybiphase.config import RunConfig
 from raybiphase.config.sizes import SIZES
-
+from raybiphase.data.assets import cache_dir
+from raybiphase.data.masking import IGNORE_INDEX
+from raybiphase.errors import UserError
+from raybiphase.pretrain.loss import CHUNK_ROWS, labelled_rows, linear_cross_entropy
 
 
 def _config(*, special_ids: dict[str, int], attn_implementation: str, **dims) -> EuroBertConfig:
@@ -55,6 +57,18 @@ def build_model(size: str, *, vocab_size: int, special_ids: dict[str, int], seed
         torch.manual_seed(seed)
         model = EuroBertForMaskedLM(config)
         return learn_padding_row(model)
+
+
+def initial_model(run: RunConfig, manifest):
+    """Random init, or an HF decoder's weights (continued pretraining from a Llama-family model); a raybiphase
+    checkpoint in model.init_from is loaded by `restore`."""
+    common = dict(vocab_size=manifest.vocab_size, special_ids=manifest.special_ids,
+                  attn_implementation=run.model.attn_implementation)
+    source = run.model.init_from
+    if source and not storage.is_checkpoint(source):  # a decoder in a bucket is copied once to this node
+
+        return from_decoder(storage.local_copy(source, cache_dir()), **common)
+    return build_model(run.model.size, seed=run.train.seed, **common)
 
 
 def learn_padding_row(model: EuroBertForMaskedLM) -> EuroBertForMaskedLM:

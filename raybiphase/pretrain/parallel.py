@@ -13,6 +13,7 @@ import types
 
 import torch
 import torch.distributed as dist
+
 from raybiphase.pretrain.model import sparse_loss
 
 

@@ -20,7 +20,6 @@ import platform
 from raybiphase import storage
 from raybiphase.telemetry.provenance import code_version
 
-RUN_INFO = "sweep.json"
 STYLE = """
 body { font: 15px/1.5 system-ui, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #222; }
 table { border-collapse: collapse; margin: 0.8em 0; font-size: 13px; }
@@ -77,7 +76,7 @@ def run_info(spec_path: str = "", finetune=None) -> dict:
 
 def header_of(results_dir: str) -> dict:
     """The recorded header of a results folder, with this drawing's date; else one describing this machine."""
-    recorded = storage.read_json(storage.join(results_dir, RUN_INFO)) or {}
+    recorded = storage.read_json(storage.join(results_dir, storage.RUN_INFO)) or {}
     drawn = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return {"spec": recorded.get("spec") or "(none recorded: rows imported or written elsewhere)",
             "code": recorded.get("code") or code_version(),

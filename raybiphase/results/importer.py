@@ -42,6 +42,7 @@ import pyarrow.fs as pafs
 
 from raybiphase import storage
 from raybiphase.errors import UserError
+from raybiphase.naming import parse_phase_tag
 from raybiphase.results.rows import FINETUNE_KEY, per_example_flat
 from raybiphase.results.store import append_rows, write_summary
 from raybiphase.storage import FINETUNE_FILE, join
@@ -52,7 +53,6 @@ TEST_NAMES = ("test", "test_results")
 PER_EXAMPLE_NAMES = ("scores_i", "per_example", "per_example_scores", "scores", "examples")
 TRIAL_DIR = re.compile(r"(?:(?P<train>\w+?)_)?lr(?P<lr>[0-9.eE+-]+?)_s(?:ee)?d(?P<seed>\d+)")
 _STEPS = re.compile(r"(?P<dec>dec)?(?P<num>\d+(?:\.\d+)?)(?P<k>k?)")
-_OBJECTIVE = re.compile(r"(?P<obj>clm|mlm)(?P<ratio>\d*)")
 
 
 def _norm(name: str) -> str:
@@ -81,7 +81,7 @@ def parse_model_name(name: str) -> dict[str, Any]:
         return {"run": name}
     phases, source = [], None
     for obj_token, steps_token in zip(tokens[::2], tokens[1::2]):
-        objective, steps = _OBJECTIVE.fullmatch(obj_token), _steps(steps_token)
+        objective, steps = parse_phase_tag(obj_token), _steps(steps_token)
         if not objective or not steps:
             return {"run": name}
         if steps[1]:  # "clm-dec42k": continued from a decayed checkpoint of that objective
@@ -89,8 +89,7 @@ def parse_model_name(name: str) -> dict[str, Any]:
                 return {"run": name}
             source = (obj_token, steps[0])
             continue
-        ratio = int(objective["ratio"]) / 100 if objective["ratio"] else math.nan
-        phases.append((objective["obj"], ratio, steps[0]))
+        phases.append((objective[0], math.nan if objective[1] is None else objective[1], steps[0]))
     if not phases:
         return {"run": name}
     start = source[1] if source else 0

@@ -13,7 +13,6 @@ along its axis; otherwise the report says in one line why it is absent. RESULTS_
 from __future__ import annotations
 
 import math
-import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,18 +20,16 @@ from pathlib import Path
 import matplotlib
 import pandas as pd
 import pyarrow.fs as pafs
-from matplotlib.figure import (
-    Figure,  # figures without pyplot: no global state, PNGs through Agg
-)
+from matplotlib.figure import Figure  # figures without pyplot: no global state, PNGs through Agg
 
 from raybiphase import storage
 from raybiphase.errors import UserError
+from raybiphase.naming import source_objective, steps_label
 from raybiphase.results import html
-from raybiphase.results.verdicts import MIN_SEEDS, UNTRAINED, family_verdicts, findings, versus_control
 from raybiphase.results.aggregate import lr_table, summarize
 from raybiphase.results.store import read_rows, write_summary
+from raybiphase.results.verdicts import MIN_SEEDS, UNTRAINED, family_verdicts, findings, versus_control
 from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE
-from raybiphase.naming import steps_label
 
 OBJECTIVE_COLORS = {"CLM": "tab:blue", "MLM": "tab:orange", "CLM→MLM": "tab:green", "continued": "tab:purple"}
 
@@ -237,9 +234,8 @@ def lr_section(s: pd.DataFrame, trials: pd.DataFrame) -> Section:
 
 
 def _init_objective(run: str, init_from: str) -> str:
-    match = re.search(r"-(clm|mlm)\d*-dec\d", run)
-    if match:
-        return match[1].upper()
+    if source_objective(run):
+        return source_objective(run).upper()
     base = Path(str(init_from).rstrip("/")).name.lower()
     return "CLM" if "clm" in base and "mlm" not in base else "MLM" if "mlm" in base and "clm" not in base else "?"
 
@@ -423,9 +419,9 @@ def write_report(results_dir: storage.Location) -> tuple[str, list[Section]]:
             section.figure.savefig(out / f"{section.name}.png", dpi=110)
             lines += [f"![{section.title}]({section.name}.png)", "", section.note, "",
                       *([section.table, ""] if section.table else [])]
-        (out / "report.md").write_text("\n".join(lines).rstrip() + "\n")
-        (out / "report.html").write_text(html.render(title, header=header, intro=intro, sections=sections))
+        (out / storage.REPORT_MD).write_text("\n".join(lines).rstrip() + "\n")
+        (out / storage.REPORT_HTML).write_text(html.render(title, header=header, intro=intro, sections=sections))
         if storage.is_uri(results_dir):  # a bucket: the drawn folder goes up as a whole
             fs, path = storage.filesystem(target)
             pafs.copy_files(str(out), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
-    return storage.join(target, "report.md"), sections
+    return storage.join(target, storage.REPORT_MD), sections

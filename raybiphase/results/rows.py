@@ -15,8 +15,8 @@ whichever way its phases were written. (run, pretrain_step) stay two fields from
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 

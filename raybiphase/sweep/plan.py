@@ -26,11 +26,11 @@ import numpy as np
 
 from raybiphase.config import ConfigError, RunConfig, SweepSpec, from_dict, to_dict, weights_settings
 from raybiphase.config.run import digest
-from raybiphase.finetune.tasks import training_groups
-from raybiphase.sweep.budget import budget_lines, data_budget
-from raybiphase.naming import run_name, steps_label
-from raybiphase.pretrain.schedule import Schedule
 from raybiphase.config.sizes import SIZES
+from raybiphase.finetune.tasks import training_groups
+from raybiphase.naming import phase_tag, run_name, steps_label
+from raybiphase.pretrain.schedule import Schedule
+from raybiphase.sweep.budget import budget_lines, data_budget
 
 # per-step settings: the signature compares them step by step, so they stay out of a run's base
 _PER_STEP = {"phases": {"plan"}, "optim": {"lr", "warmup_steps", "decay_steps"}}
@@ -212,9 +212,14 @@ def plan_controls(runs: dict[str, Run]) -> dict[str, Control]:
     return controls
 
 
+def signature_tag(row: np.ndarray) -> str:
+    """The phase tag of one step of a signature (objective 0 = CLM, then the masking ratio)."""
+    return phase_tag("clm" if row[0] == 0 else "mlm", float(row[1]))
+
+
 def _segment_id(run: Run, end: int, start: int) -> str:
     digest = hashlib.sha256(run.base.encode() + run.signature[:end].tobytes()).hexdigest()[:8]
-    last = "clm" if run.signature[end - 1, 0] == 0 else f"mlm{round(run.signature[end - 1, 1] * 100)}"
+    last = signature_tag(run.signature[end - 1])
     return f"{run.config.model.size}-{last}-{steps_label(start)}-{steps_label(end)}-{digest}"
 
 
@@ -223,13 +228,26 @@ def _short(name: str) -> str:
 
 
 def make_plan(spec: SweepSpec) -> Plan:
-    configs = expand(spec)
+    """The sweep's runs and the tree of segments they share (module docstring), in dependency order."""
+    runs = plan_runs(expand(spec))
+    segments: dict[str, Segment] = {}
+    for continued in (False, True):  # runs from scratch first: a continued run hangs below its source's last segment
+        group = [r for r in runs.values() if (r.source is not None) == continued]
+        for _, members in itertools.groupby(sorted(group, key=lambda r: r.base), key=lambda r: r.base):
+            members = list(members)
+            _share(members, 0, None, members[0].source, segments)
+    ordered = _dependency_order(segments, runs)
+    return Plan(runs=runs, segments=ordered, controls=plan_controls(runs) if spec.finetune.control else {})
+
+
+def plan_runs(configs: list[RunConfig]) -> dict[str, Run]:
+    """Each distinct run under its name; a run continued from another (`model.init_from: "@<run>"`) is named after
+    its source's last phase and steps, and knows its source."""
     runs: dict[str, Run] = {}
     by_short: dict[str, str] = {}
     pending = []
     for cfg in configs:
-        source = cfg.model.init_from[1:] if cfg.model.init_from and cfg.model.init_from.startswith("@") else None
-        if source:
+        if cfg.model.init_from and cfg.model.init_from.startswith("@"):
             pending.append(cfg)
             continue
         run = Run(run_name(cfg), cfg, signature(cfg), base_key(cfg, None))
@@ -241,43 +259,35 @@ def make_plan(spec: SweepSpec) -> Plan:
             known = ", ".join(sorted(by_short)) or "none"
             raise ConfigError(f"model.init_from: '@{source_short}' names no run of this sweep; runs: {known}")
         source = runs[by_short[source_short]]
-        label = "clm" if source.signature[-1, 0] == 0 else f"mlm{round(source.signature[-1, 1] * 100)}"
-        name = run_name(cfg, source_label=label, source_steps=source.steps)
+        name = run_name(cfg, source_label=signature_tag(source.signature[-1]), source_steps=source.steps)
         runs.setdefault(name, Run(name, cfg, signature(cfg), base_key(cfg, source.name), source=source.name))
+    return runs
 
-    segments: dict[str, Segment] = {}
 
-    def build(group: list[Run], start: int, parent: str | None, after_run: str | None) -> None:
-        first = group[0]
-        end = min(r.steps for r in group)
-        for other in group[1:]:
-            differ = np.nonzero((first.signature[start:end] != other.signature[start:end]).any(axis=1))[0]
-            if len(differ):
-                end = start + int(differ[0])
-        if end == start:  # the group disagrees at `start`: split it by the step's signature
-            for _, members in itertools.groupby(sorted(group, key=lambda r: r.signature[start].tolist()),
-                                                key=lambda r: r.signature[start].tolist()):
-                build(list(members), start, parent, after_run)
-            return
-        seg = Segment(_segment_id(first, end, start), start, end, parent, after_run, [r.name for r in group], first.config)
-        segments[seg.id] = seg
-        for r in group:
-            r.segments.append(seg.id)
-        seg.ends_runs = [r.name for r in group if r.steps == end]
-        seg.exports = sorted({s for r in group for s in r.finetune_steps if start < s <= end})
-        rest = [r for r in group if r.steps > end]
-        if rest:
-            build(rest, end, seg.id, None)
-
-    roots = [r for r in runs.values() if r.source is None]
-    for _, members in itertools.groupby(sorted(roots, key=lambda r: r.base), key=lambda r: r.base):
-        build(list(members), 0, None, None)
-    continued = [r for r in runs.values() if r.source is not None]
-    for _, members in itertools.groupby(sorted(continued, key=lambda r: r.base), key=lambda r: r.base):
-        members = list(members)
-        build(members, 0, None, members[0].source)
-    ordered = _dependency_order(segments, runs)
-    return Plan(runs=runs, segments=ordered, controls=plan_controls(runs) if spec.finetune.control else {})
+def _share(group: list[Run], start: int, parent: str | None, after_run: str | None,
+           segments: dict[str, Segment]) -> None:
+    """Add to `segments` the segment the runs of `group` share from `start` (as far as their per-step signatures
+    agree), then the segments of those that go on past it; a group that disagrees at `start` splits by it."""
+    first = group[0]
+    end = min(r.steps for r in group)
+    for other in group[1:]:
+        differ = np.nonzero((first.signature[start:end] != other.signature[start:end]).any(axis=1))[0]
+        if len(differ):
+            end = start + int(differ[0])
+    if end == start:  # the group disagrees at `start`: split it by the step's signature
+        for _, members in itertools.groupby(sorted(group, key=lambda r: r.signature[start].tolist()),
+                                            key=lambda r: r.signature[start].tolist()):
+            _share(list(members), start, parent, after_run, segments)
+        return
+    seg = Segment(_segment_id(first, end, start), start, end, parent, after_run, [r.name for r in group], first.config)
+    segments[seg.id] = seg
+    for r in group:
+        r.segments.append(seg.id)
+    seg.ends_runs = [r.name for r in group if r.steps == end]
+    seg.exports = sorted({s for r in group for s in r.finetune_steps if start < s <= end})
+    rest = [r for r in group if r.steps > end]
+    if rest:
+        _share(rest, end, seg.id, None, segments)
 
 
 def _dependency_order(segments: dict[str, Segment], runs: dict[str, Run]) -> dict[str, Segment]:

@@ -22,8 +22,6 @@ import time
 from raybiphase import storage
 from raybiphase.telemetry.clock import duration
 
-PROGRESS_FILE = "progress.json"
-
 
 def interval() -> float:
     """Seconds between progress lines (RAYBIPHASE_PROGRESS_S; 0 = no progress lines)."""

@@ -31,6 +31,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
 from raybiphase import storage
 
 SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd", "credentials"})

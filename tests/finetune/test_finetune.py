@@ -397,7 +397,7 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
     checkpoints = [FinetuneSource("tiny-run", 8, str(tiny_checkpoint), {"phases.clm_share": 0.5})]
     cfg = fanout_config()
     out = io.StringIO()
-    rows = fanout.run_fanout(checkpoints, cfg, storage=str(tmp_path), name="ft", out=out)
+    rows = fanout.run_fanout(checkpoints, fanout.Fanout.of(cfg), storage=str(tmp_path), name="ft", out=out)
     # progress on the driver: the last trial always prints its line, stops by ASHA counted
     stopped = sum(r["stopped_early"] or r["completed_after_stop"] for r in rows)  # in the first launch
     finals = [x for x in out.getvalue().splitlines() if x.startswith("fine-tuning: 4/4 trials done")]
@@ -419,17 +419,17 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
 
     monkeypatch.setattr(fanout, "_launch", no_launch)
     keys = {trial_key(r) for r in rows}
-    assert fanout.run_fanout(checkpoints, cfg, storage=str(tmp_path), name="ft", done=keys) == []
-    again = fanout.run_fanout(checkpoints, cfg, storage=str(tmp_path), name="ft")  # records on disk, no `done`
+    assert fanout.run_fanout(checkpoints, fanout.Fanout.of(cfg), storage=str(tmp_path), name="ft", done=keys) == []
+    again = fanout.run_fanout(checkpoints, fanout.Fanout.of(cfg), storage=str(tmp_path), name="ft")  # records on disk, no `done`
     assert [trial_key(r) for r in again] == [trial_key(r) for r in rows]
     assert [r["val_score"] for r in again] == [r["val_score"] for r in rows]
 
     launched = []
     monkeypatch.setattr(fanout, "_launch", lambda trials, *args, **kwargs: launched.extend(trials) or [])
-    fanout.run_fanout(checkpoints, fanout_config(asha=False), storage=str(tmp_path), name="ft", complete_best=False)
+    fanout.run_fanout(checkpoints, fanout.Fanout.of(fanout_config(asha=False)), storage=str(tmp_path), name="ft", complete_best=False)
     assert sorted(t.key for t in launched) == sorted(trial_key(r) for r in rows if r["stopped_early"])
     launched.clear()  # records made under other trial settings are not reused
-    fanout.run_fanout(checkpoints, fanout_config(max_examples=32), storage=str(tmp_path), name="ft",
+    fanout.run_fanout(checkpoints, fanout.Fanout.of(fanout_config(max_examples=32)), storage=str(tmp_path), name="ft",
                       complete_best=False)
     assert len(launched) == 4
 
@@ -504,20 +504,20 @@ def test_the_completion_pass_reruns_the_best_lrs_stopped_seeds_or_every_stopped_
 
 
 def test_fanout_refuses_a_bad_checkpoint_before_starting_anything(tmp_path):
-    from raybiphase.finetune.fanout import run_fanout
+    from raybiphase.finetune.fanout import Fanout, run_fanout
 
     with pytest.raises(UserError, match="does not exist"):
-        run_fanout([FinetuneSource("x", 1, str(tmp_path / "missing"))], fanout_config(), storage=str(tmp_path),
+        run_fanout([FinetuneSource("x", 1, str(tmp_path / "missing"))], Fanout.of(fanout_config()), storage=str(tmp_path),
                    name="ft")
     with pytest.raises(UserError, match="unknown task"):
-        run_fanout([], fanout_config(tasks=["nope"]), storage=str(tmp_path), name="ft")
+        run_fanout([], Fanout.of(fanout_config(tasks=["nope"])), storage=str(tmp_path), name="ft")
 
 
 def test_fanout_refuses_a_missing_bucket_checkpoint_before_starting_anything(s3_bucket, tmp_path):
-    from raybiphase.finetune.fanout import run_fanout
+    from raybiphase.finetune.fanout import Fanout, run_fanout
 
     with pytest.raises(UserError, match=f"checkpoint {s3_bucket}/nowhere/step-00000008 does not exist"):
-        run_fanout([FinetuneSource("x", 8, f"{s3_bucket}/nowhere/step-00000008")], fanout_config(),
+        run_fanout([FinetuneSource("x", 8, f"{s3_bucket}/nowhere/step-00000008")], Fanout.of(fanout_config()),
                    storage=str(tmp_path), name="ft")
 
 

@@ -40,7 +40,7 @@ def test_a_shared_checkpoint_is_fine_tuned_once_and_every_run_sharing_it_gets_it
                             shared_by=(FinetuneSource("b", 8, str(checkpoint), {"phases.steps": 16}),))
     launched = []
     monkeypatch.setattr(fanout, "_launch", _recording_launch(fanout, launched))
-    rows = fanout.run_fanout([source], cfg, storage=str(tmp_path), name="ft")
+    rows = fanout.run_fanout([source], fanout.Fanout.of(cfg), storage=str(tmp_path), name="ft")
     assert len(launched) == 4 and {key[0] for key in launched} == {"a"}  # 2 LRs x 2 seeds, once
     by_run = {run: sorted((r["lr"], r["seed"], r["test_score"]) for r in rows if r["run"] == run) for run in "ab"}
     assert by_run["a"] == by_run["b"] and len(by_run["a"]) == 4
@@ -50,7 +50,7 @@ def test_a_shared_checkpoint_is_fine_tuned_once_and_every_run_sharing_it_gets_it
     # a rerun where only the sharer's rows are missing (say, a run added to the spec) copies them, runs nothing
     launched.clear()
     done = {(r["run"], r["pretrain_step"], r["task"], r["lr"], r["seed"]) for r in rows if r["run"] == "a"}
-    again = fanout.run_fanout([source], cfg, storage=str(tmp_path), name="ft", done=done)
+    again = fanout.run_fanout([source], fanout.Fanout.of(cfg), storage=str(tmp_path), name="ft", done=done)
     assert launched == [] and sorted(r["run"] for r in again) == ["b"] * 4
 
 
@@ -69,10 +69,11 @@ def test_the_papers_exports_inside_shared_prefixes_are_94_checkpoints_not_144():
 
 def test_the_driver_gives_one_source_per_checkpoint_with_its_sharers(tmp_path):
     from raybiphase.storage import SweepPaths
-    from raybiphase.sweep.driver import finetune_sources
+    from raybiphase.sweep.driver import SweepContext, finetune_sources
 
-    plan = make_plan(load(SweepSpec, "sweeps/paper.yaml"))
-    sources = finetune_sources(plan, SweepPaths.of(str(tmp_path), "paper"))
+    spec = load(SweepSpec, "sweeps/paper.yaml")
+    plan = make_plan(spec)
+    sources = finetune_sources(SweepContext(spec, plan, SweepPaths.of(str(tmp_path), "paper")))
     assert len(sources) == 94 and len({s.hf_dir for s in sources}) == 94
     assert sum(1 + len(s.shared_by) for s in sources) == 144
     for source in sources:

@@ -89,13 +89,14 @@ def _recording_launch(fanout, launched: list, stop=frozenset()):
     def launch(trials, cfg, *, experiment, asha, **kwargs):
         rows, settings = [], fanout.trial_settings(cfg.finetune)
         for trial in trials:
-            config = fanout.trial_config(trial, cfg.finetune.tasks, experiment, settings)
-            launched.append(config)
+            config = fanout.TrialInput.of(trial, cfg.finetune.tasks, experiment, settings).to_config()
+            launched.append(config)  # what Tune's config carries; the trainable reads it back as a TrialInput
+            trial_input = fanout.TrialInput.from_config(config)
             if not (asha and (trial.lr, trial.seed) in stop):
-                tests = {rider["row"]["task"]: result(trial, rider["row"]["task"], 0.1 * (i + 2))
-                         for i, rider in enumerate(config["riders"])}
-                fanout.record_final(config, {**result(trial, trial.task, 0.1), "also_tested": tests})
-            rows += fanout.trial_rows(config, {"val_score": 0.5, "step": 3, "time_total_s": 2.0}, failed=False)
+                tests = {rider.row.task: result(trial, rider.row.task, 0.1 * (i + 2))
+                         for i, rider in enumerate(trial_input.riders)}
+                fanout.record_final(trial_input, {**result(trial, trial.task, 0.1), "also_tested": tests})
+            rows += fanout.trial_rows(trial_input, {"val_score": 0.5, "step": 3, "time_total_s": 2.0}, failed=False)
         return rows
     return launch
 
@@ -109,7 +110,7 @@ def test_one_trial_per_checkpoint_lr_and_seed_trains_for_the_group_and_every_tas
                             shared_by=(FinetuneSource("b", 8, str(checkpoint), {"phases.steps": 16}),))
     launched = []
     monkeypatch.setattr(fanout, "_launch", _recording_launch(fanout, launched))
-    rows = fanout.run_fanout([source], _spec(tasks), storage=str(tmp_path), name="ft")
+    rows = fanout.run_fanout([source], fanout.Fanout.of(_spec(tasks)), storage=str(tmp_path), name="ft")
 
     assert len(launched) == 4  # 2 LRs x 2 seeds, once for every task of the group
     assert {c["row"]["task"] for c in launched} == {trained} and {c["row"]["run"] for c in launched} == {"a"}
@@ -130,13 +131,13 @@ def test_one_trial_per_checkpoint_lr_and_seed_trains_for_the_group_and_every_tas
 
     # resumed: every task's row is read back from its record, nothing launches
     launched.clear()
-    again = fanout.run_fanout([source], _spec(tasks), storage=str(tmp_path), name="ft")
+    again = fanout.run_fanout([source], fanout.Fanout.of(_spec(tasks)), storage=str(tmp_path), name="ft")
     assert launched == [] and sorted(map(_key, again)) == sorted(map(_key, rows))
     # a rider's row alone missing from the table reruns the trial that trains its model, and only its row returns
     settings = fanout.trial_settings(_spec(tasks).finetune)
     Path(fanout.record_path(str(tmp_path / "ft"), ("a", 8, riders[0], 1e-4, 0), settings)).unlink()
     done = {_key(r)[:5] for r in rows} - {(run, 8, riders[0], 1e-4, 0) for run in "ab"}
-    again = fanout.run_fanout([source], _spec(tasks), storage=str(tmp_path), name="ft", done=done)
+    again = fanout.run_fanout([source], fanout.Fanout.of(_spec(tasks)), storage=str(tmp_path), name="ft", done=done)
     assert [(c["row"]["task"], c["row"]["lr"], c["row"]["seed"]) for c in launched] == [(trained, 1e-4, 0)]
     assert sorted((r["run"], r["task"]) for r in again) == [("a", riders[0]), ("b", riders[0])]
 
@@ -153,7 +154,7 @@ def test_a_stopped_trial_stops_every_task_of_its_group_and_the_completion_pass_r
     # 2e-3 leads on its finished seed (0.602 > 0.6001), so its stopped seed 1 is completed
     monkeypatch.setattr(fanout, "_launch", _recording_launch(fanout, launched, stop={(2e-3, 1)}))
     source = FinetuneSource("a", 8, str(checkpoint))
-    rows = fanout.run_fanout([source], _spec(RETRIEVAL, asha=True), storage=str(tmp_path), name="ft")
+    rows = fanout.run_fanout([source], fanout.Fanout.of(_spec(RETRIEVAL, asha=True)), storage=str(tmp_path), name="ft")
     first, completion = launched[:4], launched[4:]
     assert [(c["row"]["task"], c["row"]["lr"], c["row"]["seed"]) for c in completion] == [("msmarco", 2e-3, 1)]
     cell = sorted((r for r in rows if (r["lr"], r["seed"]) == (2e-3, 1)), key=lambda r: r["task"])
@@ -165,14 +166,14 @@ def test_a_stopped_trial_stops_every_task_of_its_group_and_the_completion_pass_r
     # without completion the group's rows stay stopped; with ASHA then turned off, they are one trial to run again
     launched.clear()
     monkeypatch.setattr(fanout, "_launch", _recording_launch(fanout, launched, stop={(1e-4, 1)}))
-    stopped = fanout.run_fanout([source], _spec(RETRIEVAL, asha=True), storage=str(tmp_path), name="ft2",
+    stopped = fanout.run_fanout([source], fanout.Fanout.of(_spec(RETRIEVAL, asha=True)), storage=str(tmp_path), name="ft2",
                                 complete_best=False)
     cell = [r for r in stopped if (r["lr"], r["seed"]) == (1e-4, 1)]
     assert sorted(r["task"] for r in cell) == sorted(RETRIEVAL)
     assert all(r["stopped_early"] and r["val_score"] == 0.5 and r["steps"] == 3 and math.isnan(r["test_score"])
                for r in cell)
     launched.clear()
-    fanout.run_fanout([source], _spec(RETRIEVAL, asha=False), storage=str(tmp_path), name="ft2",
+    fanout.run_fanout([source], fanout.Fanout.of(_spec(RETRIEVAL, asha=False)), storage=str(tmp_path), name="ft2",
                       complete_best=False)
     assert [(c["row"]["task"], c["row"]["lr"], c["row"]["seed"]) for c in launched] == [("msmarco", 1e-4, 1)]
 
@@ -216,7 +217,7 @@ def test_a_trial_tests_the_model_it_trained_on_each_extra_test_split(checkpoint,
                                                        "lr": 1e-3, "seed": 0}, "record": "unused"}]}
     written = {}
     monkeypatch.setattr(fanout, "_write", lambda location, row: written.setdefault(row.task, row))
-    fanout.record_final(config, reports[-1]["final"])
+    fanout.record_final(fanout.TrialInput.from_config(config), reports[-1]["final"])
     assert list(written) == ["wiki_retrieval", "squad_retrieval"]  # the riders' first: the trial's own last
     assert written["wiki_retrieval"].test_score == evaluation.score
     assert written["wiki_retrieval"].val_score == written["squad_retrieval"].val_score == plain["val_score"]

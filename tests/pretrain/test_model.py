@@ -153,7 +153,8 @@ def test_the_untrained_control_is_exactly_the_step_0_weights_runs_start_from(sma
     from transformers import AutoModelForMaskedLM
 
     from raybiphase.config import RunConfig, from_dict
-    from raybiphase.pretrain.loop import export_initial, initial_model
+    from raybiphase.pretrain.export import export_initial
+    from raybiphase.pretrain.model import initial_model
 
     data, manifest = small_shards
     run = from_dict(RunConfig, {"model": {"size": "tiny"}, "data": {"dir": data.dir, "seq_len": data.seq_len}})

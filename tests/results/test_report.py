@@ -152,7 +152,8 @@ def test_the_html_report_travels_alone_with_vector_figures_and_a_header(written)
 
 
 def test_the_header_names_the_sweep_that_made_the_rows(tmp_path) -> None:
-    from raybiphase.results.html import RUN_INFO, run_info
+    from raybiphase.results.html import run_info
+    from raybiphase.storage import RUN_INFO
 
     folder = _small_sweep(tmp_path / "quickstart")
     info = run_info("sweeps/quickstart.yaml --set phases.steps=400")
@@ -168,7 +169,8 @@ def test_the_header_names_the_sweep_that_made_the_rows(tmp_path) -> None:
 def test_the_header_says_how_token_classification_was_labelled(tmp_path, tc_labels, said) -> None:
     """Issue 27: the report says which token-classification protocol its scores come from."""
     from raybiphase.config import FinetuneConfig
-    from raybiphase.results.html import RUN_INFO, run_info
+    from raybiphase.results.html import run_info
+    from raybiphase.storage import RUN_INFO
 
     folder = _small_sweep(tmp_path / "quickstart")
     info = run_info("sweeps/quickstart.yaml", FinetuneConfig(tasks=["squad_commas"], tc_labels=tc_labels))

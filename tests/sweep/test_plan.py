@@ -159,7 +159,7 @@ def test_cpu_study_plans_the_papers_comparisons():
 
 def test_keep_checkpoints_prunes_only_what_no_resume_branch_or_export_needs(tmp_path):
     from raybiphase.storage import SweepPaths
-    from raybiphase.sweep.driver import kept_steps, prune_checkpoints
+    from raybiphase.sweep.driver import SweepContext, kept_steps, prune_checkpoints
 
     # the quickstart's CLM-only run: its segment 400-800 has the decay start (720) and, here, an export at 600
     spec = load(SweepSpec, "sweeps/quickstart.yaml", ["train.keep_checkpoints=1", "train.export_steps=[600]",
@@ -173,16 +173,16 @@ def test_keep_checkpoints_prunes_only_what_no_resume_branch_or_export_needs(tmp_
         folder.mkdir(parents=True)
         (folder / "meta.json").write_text("{}")
     assert kept_steps(plan, segment) == {600, 720, 800}
-    assert prune_checkpoints(plan, segment, paths) == [500, 700, 740, 760, 780]  # 800 is also the last one
+    assert prune_checkpoints(SweepContext(spec, plan, paths), segment) == [500, 700, 740, 760, 780]  # 800 is also the last one
     assert sorted(int(p.name.split("-")[1]) for p in Path(paths.run_dir(segment.id)).iterdir()) == [600, 720, 800]
     parent = plan.segments[segment.parent]  # the shared CLM prefix ends at 400: the children start from it
     assert 400 in kept_steps(plan, parent)
     unfinished = next(s for s in plan.segments.values() if s.id != segment.id and s.start == 400)
-    assert prune_checkpoints(plan, unfinished, paths) == []  # a segment not done is never touched
+    assert prune_checkpoints(SweepContext(spec, plan, paths), unfinished) == []  # a segment not done is never touched
     keep_all = load(SweepSpec, "sweeps/quickstart.yaml", [f"sweep.storage={tmp_path}"])
     default = make_plan(keep_all)
     assert segment.id in default.segments  # how many checkpoints are kept does not change what a segment is
-    assert prune_checkpoints(default, default.segments[segment.id], paths) == []  # the default keeps them all
+    assert prune_checkpoints(SweepContext(keep_all, default, paths), default.segments[segment.id]) == []  # the default keeps them all
 
 
 @pytest.mark.parametrize("lengths", [[200, 100], [100, 200]])
