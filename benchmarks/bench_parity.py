@@ -25,18 +25,20 @@ interval over the seeds, and writes a JSON record (default benchmarks/results/pa
 accumulates: a later invocation at the same settings adds its seeds and orders, and a side the record already
 holds for a seed is not trained again (both sides are deterministic on CPU at a fixed seed; `--fresh` retrains).
 
-What the two sides still do differently is the order of the blocks. The project's stream
-(raybiphase.data.stream.locate) permutes whole shards per epoch and reads each shard's rows in their stored order;
-prepared rows are consecutive text, so each of its batches is 2,048 consecutive tokens of about 11 documents, where
-a Trainer batch draws its blocks from the whole corpus and touches about 26 (128-token blocks; 13 against 44 at
-64-token blocks). Two ablations:
+What the two sides may still do differently is the order of the blocks. The project's stream
+(raybiphase.data.stream.locate) permutes whole shards per epoch and, with `data.row_order: shuffled` (the default
+since issue 27), each shard's rows too; with `stored` it reads a shard's rows in their stored order, and prepared
+rows are consecutive text, so each batch is 2,048 consecutive tokens of about 11 documents, where a Trainer batch
+draws its blocks from the whole corpus and touches about 26 (128-token blocks). The ablations:
 
-* `--peer-order ours`: the Trainer reads the project's global samples 0, 1, 2, ... in order (sequential sampler);
-* `--ours-order rows-shuffled`: the project's own loop, its stream reading each shard's rows in a seeded per-epoch
-  permutation (`row_shuffled_locate`, the change proposed for `locate`), everything else unchanged.
+* `--ours-order stream`: the project's loop with `data.row_order: stored` (the order before issue 27);
+  `rows-shuffled` (the default): with `shuffled`;
+* `--peer-order ours`: the Trainer reads the project's global samples 0, 1, 2, ... in the stored order (sequential
+  sampler);
+* `--peer-masks ours`: the Trainer's batches carry the project's own masks (keyed by sample id).
 
     python benchmarks/bench_parity.py [--seeds 0 1 2] [--steps 800] [--objectives mlm clm] \
-        [--peer-order shuffled|ours] [--ours-order stream|rows-shuffled] [--set KEY=VALUE] [--json PATH]
+        [--peer-order shuffled|ours] [--ours-order rows-shuffled|stream] [--peer-masks collator|ours] [--set KEY=VALUE] [--json PATH]
     python benchmarks/bench_parity.py --seeds 0 --steps 4 --objectives mlm --json /tmp/parity.json   # a toy size
 """
 
@@ -72,7 +74,11 @@ from raybiphase.results.aggregate import mean_ci  # noqa: E402
 QUICKSTART = REPO / "sweeps" / "quickstart.yaml"
 
 
-def run_spec(objective: str, seed: int, steps: int, storage: str, overrides: tuple[str, ...] = ()) -> SweepSpec:
+ROW_ORDER = {"rows-shuffled": "shuffled", "stream": "stored"}  # --ours-order -> data.row_order
+
+
+def run_spec(objective: str, seed: int, steps: int, storage: str, overrides: tuple[str, ...] = (),
+             order: str = "rows-shuffled") -> SweepSpec:
     """The quickstart's base run as one MLM-only or CLM-only run of `steps` steps (warmup and decay scaled with the
     steps when they differ from the quickstart's), trained in this process; `overrides` are `--set` style dotted
     settings ('data.seq_len=64')."""
@@ -87,26 +93,25 @@ def run_spec(objective: str, seed: int, steps: int, storage: str, overrides: tup
     data["train"].update(seed=seed, eval_every=10**9, checkpoint_every=10**9)  # one evaluation, at the end
     data["resources"] = {"num_workers": 0, "cpus_per_worker": 1}
     data["sweep"] = {"name": "parity", "storage": storage}
+    data["data"]["row_order"] = ROW_ORDER[order]
     return from_dict(SweepSpec, data, dict(parse_override(o) for o in overrides))
 
 
 # ------------------------------------------------------------------------------------------------------- ours
 
 
-def train_ours(spec: SweepSpec, keep: Path, order: str = "stream"):
+def train_ours(spec: SweepSpec, keep: Path):
     """The project's run, end to end (prepare finds the cached shards); returns its final weights and the held-out
     losses its own loop reported at the last step.
 
     Ray Train's local mode runs `train_loop` in this process but keeps none of its checkpoints (the temporary folder
     a report carries is gone once the report returns), so the loop's own HF export of the last step is copied to
-    `keep` as it is written. `order="rows-shuffled"` streams the batches through `row_shuffled_stream` instead of
-    `phase_stream` (the ablation; see there)."""
+    `keep` as it is written."""
     import shutil
 
     from transformers import EuroBertForMaskedLM
 
     from raybiphase.pretrain import checkpoint
-    from raybiphase.pretrain import loop as loop_module
     from raybiphase.pretrain.loop import train_loop
     from raybiphase.pretrain.trainer import run_pretrain
 
@@ -117,16 +122,12 @@ def train_ours(spec: SweepSpec, keep: Path, order: str = "stream"):
         shutil.rmtree(keep, ignore_errors=True)
         shutil.copytree(path, keep)
 
-    phase_stream = loop_module.phase_stream
-
     def loop(config):  # in this process: Ray Train's local mode
         checkpoint.export_hf = export_and_keep
-        if order == "rows-shuffled":
-            loop_module.phase_stream = row_shuffled_stream
         try:
             train_loop(config)
         finally:
-            checkpoint.export_hf, loop_module.phase_stream = export_hf, phase_stream
+            checkpoint.export_hf = export_hf
 
     result = run_pretrain(spec, train_fn=loop)
     if result.error:
@@ -135,66 +136,18 @@ def train_ours(spec: SweepSpec, keep: Path, order: str = "stream"):
     return model, {k: v for k, v in (result.metrics or {}).items() if k.startswith("val/")}
 
 
-def row_shuffled_locate(sample_ids: np.ndarray, shard_rows: tuple[int, ...], seed: int):
-    """raybiphase.data.stream.locate, then each shard's rows in a seeded order of their own per epoch: the change
-    this benchmark proposes for `locate`. Still a pure function of (seed, sample id), so resumes, restarts and
-    branches stay exact."""
-    from raybiphase.data.stream import locate
-
-    shard, row = locate(sample_ids, shard_rows, seed)
-    epochs = np.asarray(sample_ids, dtype=np.int64) // sum(shard_rows)
-    for epoch, index in {(int(e), int(s)) for e, s in zip(epochs, shard)}:
-        sel = (epochs == epoch) & (shard == index)
-        row[sel] = np.random.default_rng([seed, epoch, index]).permutation(shard_rows[index])[row[sel]]
-    return shard, row
-
-
-class RowShuffledBatches:
-    """raybiphase.data.stream.PhaseBatches reading its blocks through `row_shuffled_locate` (defined in this
-    script, so Ray pickles it by value to the Ray Data tasks)."""
-
-    def __init__(self, manifest, objective: str, seed: int, mask):
-        self.manifest, self.objective, self.seed, self.mask = manifest, objective, seed, mask
-
-    def __call__(self, batch: dict) -> dict:
-        from raybiphase import storage
-        from raybiphase.data.stream import _load_blocks, make_inputs
-
-        ids = batch["sample_id"].astype(np.int64)
-        shard, row = row_shuffled_locate(ids, self.manifest.shard_rows, self.seed)
-        blocks = np.empty((len(ids), self.manifest.seq_len), dtype=np.int32)
-        for index in np.unique(shard):
-            sel = shard == index
-            path = storage.join(self.manifest.dir, self.manifest.shard_files[index])
-            blocks[sel] = _load_blocks(path, self.manifest.seq_len)[row[sel]]
-        return make_inputs(blocks, ids, self.objective, self.manifest, self.seed, self.mask)
-
-
-def row_shuffled_stream(manifest, *, objective, mask, seed, first_step, steps, rows_per_step, rank, world,
-                        sample_offset=0):
-    """raybiphase.data.stream.phase_stream with `RowShuffledBatches`: the same sample ids, masking and Ray Data
-    settings; only the block behind each sample id changes."""
-    import ray
-
-    from raybiphase.data.stream import worker_sample_ids
-
-    ids = worker_sample_ids(first_step, steps, rows_per_step, rank, world, sample_offset)
-    ds = ray.data.from_numpy(ids).rename_columns({"data": "sample_id"})
-    return ds.map_batches(RowShuffledBatches(manifest, objective, seed, mask),
-                          batch_size=max(64, rows_per_step // world), batch_format="numpy", num_cpus=0.5)
-
-
 # ------------------------------------------------------------------------------------------------------- peer
 
 
 class Blocks(torch.utils.data.Dataset):
     """Prepared blocks as 1-D LongTensors: every train block (Trainer shuffles them), or, with `order="ours"`, the
-    project's global samples 0..n-1 in its order (raybiphase.data.stream.read_samples). Item i is the project's
-    global sample i either way; `with_ids` yields {"block", "sample_id"} for a collator that masks by sample id."""
+    project's global samples 0..n-1 in its stored order (raybiphase.data.stream.read_samples, data.row_order
+    "stored"). Item i is that global sample i either way; `with_ids` yields {"block", "sample_id"} for a collator that
+    masks by sample id."""
 
     def __init__(self, manifest, order: str, samples: int, seed: int, with_ids: bool = False):
         count = samples if order == "ours" else manifest.train_rows
-        self.blocks = read_samples(manifest, np.arange(count, dtype=np.int64), seed)
+        self.blocks = read_samples(manifest, np.arange(count, dtype=np.int64), seed, shuffle_rows=False)
         self.with_ids = with_ids
 
     def __len__(self) -> int:
@@ -358,8 +311,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the peer's sample order: Trainer's random sampler, or the project's stream order")
     p.add_argument("--peer-masks", choices=["collator", "ours"], default="collator",
                    help="MLM: the Trainer's masks from its collator, or the project's own (keyed by sample id)")
-    p.add_argument("--ours-order", choices=["stream", "rows-shuffled"], default="stream",
-                   help="the project's sample order: its stream as it is, or with rows shuffled within shards")
+    p.add_argument("--ours-order", choices=["rows-shuffled", "stream"], default="rows-shuffled",
+                   help="the project's block order: data.row_order shuffled (the default) or stored ('stream')")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="a quickstart setting changed for both sides, e.g. data.seq_len=64 (repeatable)")
     p.add_argument("--fresh", action="store_true", help="retrain a side the record already holds at these settings")
@@ -402,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for objective in args.objectives:
         for seed in args.seeds:
-            spec = run_spec(objective, seed, args.steps, storage, overrides)
+            spec = run_spec(objective, seed, args.steps, storage, overrides, args.ours_order)
             row = {"objective": objective, "ours_order": args.ours_order, "peer_order": args.peer_order,
                    "peer_masks": args.peer_masks if objective == "mlm" else "none", "seed": seed}
             ours_row = find(known, objective=objective, ours_order=args.ours_order, seed=seed)
@@ -411,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                            **{k: ours_row[k] for k in ("ours_collator_masks",) if k in ours_row})
             else:
                 t0 = time.perf_counter()
-                ours_model, reported = train_ours(spec, Path(storage) / "final-hf", args.ours_order)
+                ours_model, reported = train_ours(spec, Path(storage) / "final-hf")
                 row.update(ours=held_out(ours_model, spec, manifest, objective),
                            ours_seconds=round(time.perf_counter() - t0, 1))
                 if objective == "mlm":

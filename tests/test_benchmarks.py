@@ -54,7 +54,8 @@ def test_parity_benchmark_clm_equals_the_trainer_when_both_read_the_same_order(o
 
     record = tmp_path / "parity.json"
     proc = subprocess.run([sys.executable, "benchmarks/bench_parity.py", "--seeds", "0", "--steps", "4",
-                           "--objectives", "clm", "--peer-order", "ours", "--set", "train.micro_batch_size=8",
+                           "--objectives", "clm", "--peer-order", "ours", "--ours-order", "stream",
+                           "--set", "train.micro_batch_size=8",
                            "--json", str(record)], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

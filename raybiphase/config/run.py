@@ -76,6 +76,10 @@ class DataConfig:
     or <sweep.storage>/shards/<fingerprint> when the sweep stores to a bucket."""
     max_epochs: float = field(default=1.0, metadata=NOT_WEIGHTS)
     """Passes over the training blocks a run may make (a continued run counts its source's); above 1 repeats data."""
+    row_order: Literal["shuffled", "stored"] = "shuffled"
+    """The order a shard's blocks are read in, each epoch: `shuffled` (a seeded permutation per shard and epoch, so a
+    batch holds blocks of about as many documents as it has rows), or `stored` (consecutive rows: a batch holds a
+    few documents' consecutive blocks, the order before issue 27)."""
 
     def __post_init__(self) -> None:
         for key in ("vocab_size", "seq_len", "shard_rows", "piece_documents", "tokenizer_documents", "max_epochs"):

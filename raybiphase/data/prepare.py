@@ -55,6 +55,7 @@ def fingerprint(data: DataConfig) -> str:
     keys = asdict(data)
     keys.pop("dir")
     keys.pop("max_epochs")  # how many passes a run may make does not change the shards
+    keys.pop("row_order")  # nor the order a run reads them in
     if data.source == "offline":  # what the offline corpus holds changes with the code (held-out evaluation text)
         keys["offline_corpus"] = sources.OFFLINE_CORPUS_VERSION
     keys["format"] = FORMAT_VERSION

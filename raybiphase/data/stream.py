@@ -130,10 +130,13 @@ def epochs_read(data_end: int, train_rows: int) -> float:
     return data_end / train_rows
 
 
-def locate(sample_ids: np.ndarray, shard_rows: tuple[int, ...], seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Global sample ids -> (shard index, row) under the seeded per-epoch shard permutation; sample g is in epoch
+def locate(sample_ids: np.ndarray, shard_rows: tuple[int, ...], seed: int,
+           shuffle_rows: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Global sample ids -> (shard index, row): a seeded permutation of the shards per epoch and, with
+    `shuffle_rows` (data.row_order "shuffled"), of each shard's rows per epoch; sample g is in epoch
     g // sum(shard_rows), so ids past the end wrap into a new epoch (the sweep's data budget, raybiphase.sweep.budget,
-    stops runs that would get there unless data.max_epochs allows it)."""
+    stops runs that would get there unless data.max_epochs allows it). A pure function of (seed, sample id): resumes
+    and branches read the same blocks."""
     rows = np.asarray(shard_rows)
     total = int(rows.sum())
     epochs, within = np.divmod(np.asarray(sample_ids, dtype=np.int64), total)
@@ -146,12 +149,15 @@ def locate(sample_ids: np.ndarray, shard_rows: tuple[int, ...], seed: int) -> tu
         pos = np.searchsorted(starts, within[sel], side="right") - 1
         shard[sel] = order[pos]
         row[sel] = within[sel] - starts[pos]
+        for index in np.unique(shard[sel]) if shuffle_rows else ():
+            at = sel & (shard == index)
+            row[at] = np.random.default_rng([seed, int(epoch), int(index)]).permutation(int(rows[index]))[row[at]]
     return shard, row
 
 
-def read_samples(manifest: Manifest, sample_ids: np.ndarray, seed: int) -> np.ndarray:
-    """The (B, seq_len) int32 blocks of the given global sample ids."""
-    shard, row = locate(sample_ids, manifest.shard_rows, seed)
+def read_samples(manifest: Manifest, sample_ids: np.ndarray, seed: int, shuffle_rows: bool = True) -> np.ndarray:
+    """The (B, seq_len) int32 blocks of the given global sample ids (`locate` says which)."""
+    shard, row = locate(sample_ids, manifest.shard_rows, seed, shuffle_rows)
     out = np.empty((len(sample_ids), manifest.seq_len), dtype=np.int32)
     for s in np.unique(shard):
         sel = shard == s
@@ -177,10 +183,11 @@ class PhaseBatches:
     objective: str
     seed: int
     mask: MaskingSpec | None = None
+    shuffle_rows: bool = True
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         ids = batch["sample_id"].astype(np.int64)
-        blocks = read_samples(self.manifest, ids, self.seed)
+        blocks = read_samples(self.manifest, ids, self.seed, self.shuffle_rows)
         return make_inputs(blocks, ids, self.objective, self.manifest, self.seed, self.mask)
 
 
@@ -207,16 +214,16 @@ def phase_stream(
     rank: int,
     world: int,
     sample_offset: int = 0,
+    shuffle_rows: bool = True,
 ):
     """A Ray Dataset of this worker's masked rows for `steps` optimizer steps starting at `first_step`."""
     import ray
-
 
     quiet_data()
     ids = worker_sample_ids(first_step, steps, rows_per_step, rank, world, sample_offset)
     ds = ray.data.from_numpy(ids).rename_columns({"data": "sample_id"})
     # half a CPU per masking task: it is light (tens of M tokens/s), and must fit beside the Train workers
-    return ds.map_batches(PhaseBatches(manifest, objective, seed, mask), batch_size=max(64, rows_per_step // world),
+    return ds.map_batches(PhaseBatches(manifest, objective, seed, mask, shuffle_rows), batch_size=max(64, rows_per_step // world),
                           batch_format="numpy", num_cpus=0.5)
 
 

@@ -169,7 +169,8 @@ class Worker:
                            random_prob=run.phases.random_prob) if phase.objective == "mlm" else None
         stream = phase_stream(self.manifest, objective=phase.objective, mask=mask, seed=run.train.seed,
                               first_step=self.step, steps=phase_end - self.step, sample_offset=self.data_start,
-                              rows_per_step=self.rows_per_step, rank=self.rank, world=self.world)
+                              rows_per_step=self.rows_per_step, rank=self.rank, world=self.world,
+                              shuffle_rows=run.data.row_order == "shuffled")
         batches = iter(stream.iter_torch_batches(batch_size=run.train.micro_batch_size, dtypes=torch.long,
                                                  device=self.device))
         window_start, window_tokens = time.perf_counter(), 0

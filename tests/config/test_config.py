@@ -140,3 +140,16 @@ def test_help_lists_every_setting_with_its_default_and_docstring(capsys, monkeyp
     stdout = capsys.readouterr().out
     assert "  phases.mask_ratio = 0.4\n      Share of tokens masked in MLM phases" in stdout
     assert all(f"  {name} = " in stdout for name in names)
+
+
+def test_the_row_order_shapes_the_weights_but_not_the_shards():
+    from raybiphase.config import RunConfig, run_hash
+    from raybiphase.data.prepare import fingerprint
+
+    shuffled = from_dict(RunConfig, {})
+    stored = from_dict(RunConfig, {"data": {"row_order": "stored"}})
+    assert shuffled.data.row_order == "shuffled"  # the default since issue 27
+    assert run_hash(shuffled) != run_hash(stored)  # another order trains other weights: another run
+    assert fingerprint(shuffled.data) == fingerprint(stored.data)  # read from the same shards
+    with pytest.raises(ConfigError, match="data.row_order"):
+        from_dict(RunConfig, {"data": {"row_order": "random"}})

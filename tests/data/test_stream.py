@@ -54,6 +54,27 @@ def test_epochs_visit_every_row_once_in_a_new_shard_order():
     assert np.array_equal(again, shard) and not np.array_equal(other, shard)  # a pure function of the seed
 
 
+def test_shuffled_rows_are_a_per_shard_per_epoch_permutation_and_stored_rows_run_in_order():
+    rows = (50, 30, 40, 60)  # 180 rows in 4 shards
+    ids = np.arange(360)  # two epochs
+    stored_shard, stored_row = locate(ids, rows, seed=7, shuffle_rows=False)
+    shard, row = locate(ids, rows, seed=7)
+    assert np.array_equal(shard, stored_shard)  # the same shard at every sample: a batch still reads one or two shards
+    for epoch in range(2):
+        part = slice(epoch * 180, (epoch + 1) * 180)
+        assert sorted(zip(shard[part], row[part])) == [(s, r) for s, n in enumerate(rows) for r in range(n)]
+        runs = np.diff(stored_row[part])
+        assert (runs[shard[part][1:] == shard[part][:-1]] == 1).all()  # stored: consecutive rows
+        steps = np.diff(row[part])[shard[part][1:] == shard[part][:-1]]
+        assert (steps == 1).mean() < 0.1  # shuffled: a batch's neighbours are rarely neighbours in the shard
+    first, second = row[:180], row[180:]
+    assert not np.array_equal(first[shard[:180] == 0], second[shard[180:] == 0])  # a new permutation each epoch
+    again = locate(ids, rows, seed=7)[1]
+    assert np.array_equal(again, row) and not np.array_equal(locate(ids, rows, seed=8)[1], row)  # pure in the seed
+    window = locate(np.arange(100, 140), rows, seed=7)[1]
+    assert np.array_equal(window, row[100:140])  # any slice of sample ids reads the same blocks: resume and branch
+
+
 @pytest.mark.parametrize("data_end", [20, 32, 40, 64, 70])
 def test_epochs_read_counts_the_passes_locate_makes_over_the_blocks(data_end):
     rows = (5, 3, 4, 6, 2, 4, 3, 5)  # 32 blocks
