@@ -42,6 +42,7 @@ from raybiphase.storage import SweepPaths
 from raybiphase.sweep.budget import check_budget, data_budget
 from raybiphase.sweep.plan import Plan, Segment, dependencies
 from raybiphase.sweep.preflight import plan_sweep
+from raybiphase.sweep.timeline import by_priority, remaining_chain, simulate, wall_hours
 from raybiphase.telemetry.clock import Clock, step_seconds
 from raybiphase.telemetry.history import read_history
 from raybiphase.telemetry.progress import Watch, interval
@@ -114,38 +115,109 @@ def start(ctx: SweepContext, clock: Clock, spec_path: str) -> None:
 
 
 def pretrain_all(ctx: SweepContext, clock: Clock) -> None:
-    """Every segment not yet done, wave after wave in dependency order; each wave's segments are recorded and
-    pruned when it ends, and a line says how far the sweep is."""
+    """Every segment not yet done, each started as soon as its dependencies are done and one of
+    `resources.max_concurrent` slots is free, longest remaining chain first (raybiphase.sweep.timeline); each is
+    recorded and pruned as it ends, with a line saying how far the sweep is."""
     plan = ctx.plan
     done = {s.id for s in plan.segments.values() if ctx.segment_done(s)}
     todo = [s for s in plan.segments.values() if s.id not in done]
-    done_steps = sum(plan.segments[s].steps for s in done)
-    started, steps_now = time.time(), 0
     ctx.say(f"pretraining: {len(done)}/{len(plan.segments)} segments already done")
-    while todo:
-        wave = [s for s in todo if all(d in done for d in dependencies(s, plan.runs))]
-        ctx.say(f"pretraining: running {len(wave)} segment(s): {', '.join(s.id for s in wave)}")
-        watched = {s.id: ctx.paths.progress(s.id) for s in wave}
-        with clock.span("pretraining"), Watch(watched, out=ctx.out):  # a line per running segment every few s
-            run_wave(ctx, wave)
-        clock.waves += 1
-        for s in wave:
-            record_pretraining(ctx, s)
-            prune_checkpoints(ctx, s)
-            clock.segments += 1
-            clock.in_steps += step_seconds(read_history(ctx.paths.run_dir(s.id)), s.start,
-                                           s.config.train.global_batch_tokens)
-            done.add(s.id)
-        done_steps += sum(s.steps for s in wave)
-        steps_now += sum(s.steps for s in wave)
-        todo = [s for s in todo if s.id not in done]
-        log_runs(ctx, finished={s.id for s in wave}, done=done)
-        eta = (time.time() - started) / steps_now * (plan.planned_steps - done_steps)
-        ctx.say(f"pretraining: {len(done)}/{len(plan.segments)} segments, {done_steps:,}/{plan.planned_steps:,} "
-                f"steps" + (f", about {eta / 60:.0f} min left" if todo else ""))
+    if todo:
+        with clock.span("pretraining"), Watch({}, out=ctx.out) as watch:  # a line per running segment every few s
+            clock.most_at_once = run_segments(ctx, todo, done, watch,
+                                              lambda segment, eta: segment_ended(ctx, clock, segment, done, eta))
     for s in plan.segments.values():  # rows of segments finished by an earlier, interrupted invocation
         record_pretraining(ctx, s)
         prune_checkpoints(ctx, s)
+
+
+def segment_ended(ctx: SweepContext, clock: Clock, segment: Segment, done: set[str], eta: float | None) -> None:
+    """A segment's rows, pruning, W&B curves and the sweep's progress line (with `eta`, the seconds of pretraining
+    left), as soon as it ends."""
+    record_pretraining(ctx, segment)
+    prune_checkpoints(ctx, segment)
+    clock.segments += 1
+    clock.in_steps += step_seconds(read_history(ctx.paths.run_dir(segment.id)), segment.start,
+                                   segment.config.train.global_batch_tokens)
+    log_runs(ctx, finished={segment.id}, done=done)
+    plan = ctx.plan
+    done_steps = sum(plan.segments[s].steps for s in done)
+    ctx.say(f"pretraining: {len(done)}/{len(plan.segments)} segments, {done_steps:,}/{plan.planned_steps:,} steps"
+            + (f", about {eta / 60:.0f} min left (the critical path at the pace so far)" if eta else ""))
+
+
+def run_segments(ctx: SweepContext, todo: list[Segment], done: set[str], watch: Watch, ended) -> int:
+    """Fit `todo`'s segments straight from the driver (no Tune trial stands between the driver and a segment: it
+    would cost a process and the loop's imports again): a segment starts when its dependencies are in `done` and
+    fewer than `resources.max_concurrent` run, longest remaining chain first, in a thread of its own when several
+    may run (Ray Train drives a fit from any thread), else in this one (Ray Train's Ctrl-C handler then aborts it
+    gracefully); `ended(segment, eta)` runs in this thread as each one finishes, with the seconds of pretraining
+    left (`eta`). After a failure no segment starts; the first failure is raised once the running ones have ended.
+    Returns how many segments ran at once at most."""
+    plan, limit = ctx.plan, ctx.spec.resources.max_concurrent
+    hours = wall_hours(plan, ctx.spec)
+    chain = remaining_chain(plan, hours)
+    errors: dict[str, BaseException] = {}
+    running: dict[str, threading.Thread] = {}
+    started: dict[str, float] = {}
+    pending, most, pace = list(todo), 0, Pace()
+
+    def fit(segment: Segment) -> None:
+        try:
+            make_trainer(segment_job(ctx, segment), max_failures=2).fit()  # its controller runs on this node
+        except Exception as err:  # reported once every running segment has ended
+            errors[segment.id] = err
+
+    while pending or running:
+        ready = [s for s in pending if all(d in done for d in dependencies(s, plan.runs))]
+        for segment in by_priority(ready, chain)[:max(0, limit - len(running))] if not errors else ():
+            ctx.say(f"pretraining: starting {segment.id} ({len(running) + 1} running)")
+            watch.locations[segment.id] = ctx.paths.progress(segment.id)
+            pending.remove(segment)
+            running[segment.id] = threading.Thread(target=fit, args=(segment,), daemon=True)
+            started[segment.id], most = time.time(), max(most, len(running))
+            if limit == 1:
+                fit(segment)  # the main thread
+            else:
+                running[segment.id].start()
+        if not running:
+            break  # a failure stopped the starts, and nothing runs any more
+        alive = [thread for thread in running.values() if thread.is_alive()]
+        if alive:
+            alive[0].join(timeout=0.5)  # short joins: Ctrl-C still reaches this thread
+        for sid in [sid for sid, thread in running.items() if not thread.is_alive()]:
+            del running[sid]
+            watch.locations.pop(sid, None)
+            if sid not in errors:
+                done.add(sid)
+                pace.add(time.time() - started[sid], hours[sid])
+                ended(plan.segments[sid], pace.eta(ctx, done, {s: time.time() - started[s] for s in running}, hours))
+    if errors:
+        first = next(s.id for s in todo if s.id in errors)
+        message = (str(errors[first]).strip().splitlines() or [type(errors[first]).__name__])[0]
+        raise UserError(f"sweep: {len(errors)} segment(s) failed, first: {first}: {message}")
+    return most
+
+
+@dataclasses.dataclass
+class Pace:
+    """Seconds per estimated hour, measured on the segments that ended: it turns the timeline's critical path into
+    an ETA."""
+
+    seconds: float = 0.0
+    hours: float = 0.0
+
+    def add(self, seconds: float, hours: float) -> None:
+        self.seconds, self.hours = self.seconds + seconds, self.hours + hours
+
+    def eta(self, ctx: SweepContext, done: set[str], elapsed: dict[str, float], hours: dict[str, float]) -> float:
+        """Seconds until the last segment ends: the simulated schedule of what is left (running segments need
+        their estimate less what they ran), at this pace."""
+        ratio = self.seconds / self.hours if self.hours else 0.0
+        if not ratio:
+            return 0.0
+        left = {sid: max(0.0, hours[sid] - seconds / ratio) for sid, seconds in elapsed.items()}
+        return simulate(ctx.plan, ctx.spec, done=frozenset(done), running=left).pretraining_hours * ratio
 
 
 def segment_job(ctx: SweepContext, segment: Segment) -> SegmentJob:
@@ -161,37 +233,6 @@ def segment_job(ctx: SweepContext, segment: Segment) -> SegmentJob:
                       exports=tuple(segment.exports),  # what every run through it fine-tunes, whichever `run` is
                       serves=tuple(segment.runs), progress_every=interval())
     # W&B gets one run per pretraining run from the driver (log_runs), not one per segment: no `wandb` here
-
-
-def run_wave(ctx: SweepContext, wave: list[Segment]) -> None:
-    """Fit the wave's segments, `resources.max_concurrent` at a time, straight from the driver: one thread per
-    running segment when several run at once (Ray Train drives a fit from any thread). No Tune trial stands between
-    the driver and a segment: each would cost a process and the loop's imports again (seconds per wave)."""
-    jobs = [segment_job(ctx, s) for s in wave]
-    errors: dict[str, BaseException] = {}
-
-    def fit(job: SegmentJob) -> None:
-        try:
-            make_trainer(job, max_failures=2).fit()  # the controller runs on this node; a failure raises
-        except Exception as err:  # reported once every running segment has ended
-            errors[job.name] = err
-
-    limit = ctx.spec.resources.max_concurrent
-    if limit == 1 or len(jobs) == 1:
-        for job in jobs:  # the main thread: Ray Train's Ctrl-C handler aborts the run gracefully
-            fit(job)
-    else:
-        pending, running = list(jobs), []
-        while pending or running:
-            while pending and len(running) < limit:
-                running.append(threading.Thread(target=fit, args=(pending.pop(0),), daemon=True))
-                running[-1].start()
-            running[0].join(timeout=0.5)  # short joins: Ctrl-C still reaches this thread
-            running = [t for t in running if t.is_alive()]
-    if errors:
-        first = next(job.name for job in jobs if job.name in errors)
-        message = (str(errors[first]).strip().splitlines() or [type(errors[first]).__name__])[0]
-        raise UserError(f"sweep: {len(errors)} segment(s) failed, first: {first}: {message}")
 
 
 def kept_steps(plan: Plan, segment: Segment) -> set[int]:

@@ -101,14 +101,16 @@ class Plan:
     def gpu_hours(self, spec: SweepSpec, *, planned: bool = True) -> float:
         """Estimated GPU-hours at spec.sweep.mfu of spec.sweep.gpu_peak_tflops (vocabulary: Llama-3's 128,256
         unless a tokenizer is trained, then data.vocab_size)."""
-        total = 0.0
         items = self.segments.values() if planned else self.runs.values()
-        for item in items:
-            c = item.config
-            vocab = c.data.vocab_size if c.data.tokenizer == "train-bpe" else 128256
-            flops = SIZES[c.model.size].flops_per_token(vocab, c.data.seq_len) * c.train.global_batch_tokens * item.steps
-            total += flops / (spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.mfu) / 3600
-        return total
+        return sum(self.segment_gpu_hours(item, spec) for item in items)
+
+    @staticmethod
+    def segment_gpu_hours(item: Segment | Run, spec: SweepSpec) -> float:
+        """The GPU-hours of one segment's (or one run's) steps, as `gpu_hours` counts them."""
+        c = item.config
+        vocab = c.data.vocab_size if c.data.tokenizer == "train-bpe" else 128256
+        flops = SIZES[c.model.size].flops_per_token(vocab, c.data.seq_len) * c.train.global_batch_tokens * item.steps
+        return flops / (spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.mfu) / 3600
 
     def checkpoints(self) -> dict[tuple[str, int], list[str]]:
         """Every fine-tuned checkpoint, (segment id, step), with the runs whose weights it holds at that step, in

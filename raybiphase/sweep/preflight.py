@@ -11,6 +11,7 @@ from raybiphase.config import SweepSpec, replace
 from raybiphase.finetune.tasks import get_task
 from raybiphase.sweep.budget import check_budget, data_budget
 from raybiphase.sweep.plan import Plan, describe, make_plan
+from raybiphase.sweep.timeline import timeline_lines
 
 
 def plan_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> tuple[SweepSpec, Plan]:
@@ -20,7 +21,7 @@ def plan_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> tup
         get_task(task)
     spec = replace(spec, {"sweep.storage": storage.absolute(spec.sweep.storage)})
     plan = make_plan(spec)
-    text = describe(plan, spec)
+    text = "\n".join([describe(plan, spec), *timeline_lines(plan, spec)])
     lines = text.splitlines()
     print(text if dry_run else "\n".join([lines[0], *(x for x in lines if x.startswith("steps:"))]), file=out)
     check_budget(data_budget(plan, spec))  # a run that would repeat data stops here, dry run included

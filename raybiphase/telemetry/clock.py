@@ -28,7 +28,7 @@ class Clock:
     def __init__(self) -> None:
         self.started = time.perf_counter()
         self.spans: dict[str, float] = {}
-        self.segments = self.waves = self.trials = 0
+        self.segments = self.most_at_once = self.trials = 0
         self.in_steps = self.in_trials = 0.0
 
     @contextmanager
@@ -47,8 +47,8 @@ class Clock:
                 rest = (f"{duration(seconds - self.in_steps)} start-up, evaluation, checkpoints and teardown"
                         if self.in_steps <= seconds  # else segments ran side by side: step time sums past the wall
                         else "summed over those running at once")
-                text += (f" ({self.segments} segment(s) in {self.waves} wave(s): {duration(self.in_steps)} in "
-                         f"optimizer steps, {rest})")
+                text += (f" ({self.segments} segment(s), at most {self.most_at_once} at once: "
+                         f"{duration(self.in_steps)} in optimizer steps, {rest})")
             if name == "fine-tuning" and self.trials:
                 text += (f" ({self.trials} trial(s): {duration(self.in_trials)} inside trials, summed over those "
                          f"running at once; the rest start-up and scheduling)")

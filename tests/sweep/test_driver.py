@@ -80,8 +80,14 @@ def test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once(finis
                           finished_sweep["output"], re.M)
     ended = {name for name, step, end in progress if step == end}
     assert len(ended) == 5, finished_sweep["output"][-3000:]  # the 5 segments this invocation ran
+    # one slot: segments start by the longest remaining chain, not in waves: the CLM branch (the continued runs
+    # hang below it), then the continued runs' shared segment before the MLM branch (in waves the MLM branch ran
+    # beside the CLM branch, before anything continued from it), then the longer continued run's last segment
+    started = re.findall(r"^pretraining: starting (tiny-\S+) \(1 running\)", finished_sweep["output"], re.M)
+    assert ["-".join(s.split("-")[:4]) for s in started] == [
+        "tiny-clm-4-8", "tiny-mlm40-0-3", "tiny-mlm40-4-8", "tiny-mlm40-3-6", "tiny-mlm40-3-4"], started
     last = finished_sweep["output"].strip().splitlines()[-1]  # where the time went, stage by stage
-    assert last.startswith("time: ") and "5 segment(s) in 3 wave(s)" in last and "in optimizer steps" in last
+    assert last.startswith("time: ") and "5 segment(s), at most" in last and "in optimizer steps" in last
     assert finished_sweep["first"].stat().st_mtime_ns == finished_sweep["stamp"]  # not recomputed
     from raybiphase.pretrain.checkpoint import read_meta
 
