@@ -22,6 +22,18 @@ def phase_tag(objective: str, mask_ratio: float | None = None) -> str:
     return "clm" if objective == "clm" else f"mlm{round(mask_ratio * 100)}"
 
 
+def phase_label(phase) -> str:
+    """A resolved phase's tag in a run name: `clm`, `mlm40`, a ratio schedule `mlm40to15`, a per-sequence range
+    `mlmu15to60`."""
+    if phase.objective == "mlm" and phase.mask_ratio_range is not None:
+        low, high = phase.mask_ratio_range
+        return f"mlmu{round(low * 100)}to{round(high * 100)}"
+    tag = phase_tag(phase.objective, phase.mask_ratio)
+    if phase.objective == "mlm" and phase.mask_ratio_end is not None:
+        tag += f"to{round(phase.mask_ratio_end * 100)}"
+    return tag
+
+
 def parse_phase_tag(tag: str) -> tuple[str, float | None] | None:
     """`mlm40` -> ("mlm", 0.4), `clm` -> ("clm", None), `mlm` -> ("mlm", None); None for anything else."""
     match = PHASE_TAG.fullmatch(tag)
@@ -52,5 +64,5 @@ def run_name(cfg: RunConfig, *, source_label: str | None = None, source_steps: i
     phases = cfg.phases.resolved()
     for phase in phases:
         done += phase.steps
-        parts.append(f"{phase_tag(phase.objective, phase.mask_ratio)}-{steps_label(done)}")
+        parts.append(f"{phase_label(phase)}-{steps_label(done)}")
     return "-".join(parts) + "-" + run_hash(cfg)

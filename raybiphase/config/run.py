@@ -97,6 +97,18 @@ class Phase:
     """Optimizer steps in this phase."""
     mask_ratio: float | None = None
     """MLM only: share of tokens masked; None takes phases.mask_ratio."""
+    mask_ratio_end: float | None = None
+    """MLM only: the share masked at the phase's last step, reached linearly from mask_ratio over the phase (Ankner
+    et al.: 0.3 -> 0.15); None takes phases.mask_ratio_end (none: a fixed ratio)."""
+    mask_ratio_range: tuple[float, float] | None = None
+    """MLM only: each sequence's share masked drawn uniformly from [low, high], seeded by the sample (a control for
+    CLM's spread of effective masking rates); None takes phases.mask_ratio_range (none: a fixed ratio)."""
+
+    def ratio_at(self, index: int) -> float:
+        """The masking ratio at step `index` of this phase (a fixed or linearly scheduled ratio)."""
+        if self.mask_ratio_end is None or self.steps == 1:
+            return self.mask_ratio
+        return self.mask_ratio + (self.mask_ratio_end - self.mask_ratio) * index / (self.steps - 1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,6 +125,12 @@ class PhasesConfig:
     """Of the masked tokens, the share replaced by the mask token (the paper: 1.0; BERT: 0.8)."""
     random_prob: float = 0.0
     """Of the masked tokens, the share replaced by a random token (BERT: 0.1); the rest stay unchanged."""
+    mask_ratio_end: float | None = None
+    """MLM phases: the ratio at the phase's end, reached linearly from the phase's mask_ratio (a masking-ratio
+    schedule, e.g. 0.4 -> 0.15); None: a fixed ratio."""
+    mask_ratio_range: tuple[float, float] | None = None
+    """MLM phases: each sequence's ratio drawn uniformly from [low, high] (seeded by the sample) instead of one fixed
+    ratio, e.g. [0.15, 0.6]; None: a fixed ratio."""
     plan: tuple[Phase, ...] = ()
     """Explicit phases in order, e.g. [{objective: clm, steps: 10}, {objective: mlm, steps: 30}]."""
 
@@ -131,7 +149,10 @@ class PhasesConfig:
                 if p.steps > 0
             )
         return tuple(
-            dataclasses.replace(p, mask_ratio=p.mask_ratio if p.mask_ratio is not None else self.mask_ratio)
+            dataclasses.replace(
+                p, mask_ratio=p.mask_ratio if p.mask_ratio is not None else self.mask_ratio,
+                mask_ratio_end=p.mask_ratio_end if p.mask_ratio_end is not None else self.mask_ratio_end,
+                mask_ratio_range=p.mask_ratio_range if p.mask_ratio_range is not None else self.mask_ratio_range)
             if p.objective == "mlm"
             else p
             for p in phases
@@ -157,11 +178,18 @@ class PhasesConfig:
                 "phases.clm_steps",
                 f"{self.clm_steps} exceeds the budget phases.steps={self.steps}",
             )
+        _check_masking(self.mask_ratio_end, self.mask_ratio_range, "phases")
         for i, phase in enumerate(self.plan):
             positive(phase.steps, f"phases.plan.{i}.steps")
+            for name in ("mask_ratio", "mask_ratio_end", "mask_ratio_range"):
+                check(getattr(phase, name) is None or phase.objective == "mlm", f"phases.plan.{i}.{name}",
+                      "only MLM phases mask tokens; a CLM phase takes no masking ratio")
             if phase.mask_ratio is not None:
                 ratio(phase.mask_ratio, f"phases.plan.{i}.mask_ratio")
-                check(phase.objective == "mlm", f"phases.plan.{i}.mask_ratio", "only MLM phases mask tokens")
+            _check_masking(phase.mask_ratio_end, phase.mask_ratio_range, f"phases.plan.{i}")
+        for i, phase in enumerate(self.resolved()):
+            check(phase.mask_ratio_end is None or phase.mask_ratio_range is None, "phases.mask_ratio_range",
+                  f"phase {i} has both a ratio schedule (mask_ratio_end) and a per-sequence range; choose one")
         if self.plan:
             total = sum(p.steps for p in self.plan)
             check(
@@ -169,6 +197,16 @@ class PhasesConfig:
                 "phases.plan",
                 f"phase steps add up to {total}, but the budget phases.steps is {self.steps}",
             )
+
+
+def _check_masking(end: float | None, bounds: tuple[float, float] | None, key: str) -> None:
+    if end is not None:
+        ratio(end, f"{key}.mask_ratio_end")
+    if bounds is not None:
+        check(len(bounds) == 2, f"{key}.mask_ratio_range", f"{list(bounds)}: give [low, high]")
+        for j, value in enumerate(bounds):
+            ratio(value, f"{key}.mask_ratio_range.{j}")
+        check(bounds[0] < bounds[1], f"{key}.mask_ratio_range", f"{list(bounds)}: low must be below high")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -333,11 +371,18 @@ def _shaping(section: Any) -> dict[str, Any]:
     return {f.name: plain[f.name] for f in dataclasses.fields(section) if f.metadata.get("weights", True)}
 
 
+def _phase_settings(phase: Phase) -> dict[str, Any]:
+    """A phase as it enters the run's identity; the masking knobs only when set, so the runs that use none keep the
+    names they had before the knobs existed."""
+    plain = dataclasses.asdict(phase)
+    return {k: v for k, v in plain.items() if v is not None or k not in ("mask_ratio_end", "mask_ratio_range")}
+
+
 def weights_settings(run: RunConfig) -> dict[str, Any]:
     """The settings that shape the run's weights, by section: every field not marked NOT_WEIGHTS, with the phases
     resolved (the two-phase shorthand and the explicit plan of the same phases are the same run)."""
     out = {name: _shaping(getattr(run, name)) for name in RUN_SECTIONS}
-    out["phases"] = {"plan": [dataclasses.asdict(p) for p in run.phases.resolved()],
+    out["phases"] = {"plan": [_phase_settings(p) for p in run.phases.resolved()],
                      "mask_prob": run.phases.mask_prob, "random_prob": run.phases.random_prob}
     return {name: section for name, section in out.items() if section}
 

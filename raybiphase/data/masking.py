@@ -13,7 +13,7 @@ splitmix64 state ``r_g = mix(k ^ g)`` and position ``t`` yields
 splitmix64 sequence seeded with ``r_g``. Everything runs on uint64 arrays with
 wrapping arithmetic. ``stream`` is a caller-chosen phase salt (two phases with
 different settings pass different streams); ``draw`` separates the selection
-draw (0) from the replacement draw (1).
+draw (0) from the replacement draw (1) and a row's own masking rate (2, `ratio_range`: one draw per row).
 
 Uses of the 64-bit outputs:
 * selection: ``u = (h >> 11) * 2**-53`` is uniform on [0, 1); a position is
@@ -43,16 +43,34 @@ _M64 = (1 << 64) - 1
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _C1 = np.uint64(0xBF58476D1CE4E5B9)
 _C2 = np.uint64(0x94D049BB133111EB)
-_SELECT, _REPLACE = 0, 1
+_SELECT, _REPLACE, _RATE = 0, 1, 2
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class MaskingSpec:
-    """MLM corruption settings: selected share, then mask/random/keep split."""
+    """MLM corruption settings: selected share, then mask/random/keep split. The selected share is `mask_ratio`, or
+    per row: linear from `mask_ratio` to `ratio_end` over a phase's steps (`ramp`: the phase's first sample id, rows
+    per step, steps), or drawn uniformly from `ratio_range` by the row's sample id."""
 
     mask_ratio: float
     mask_prob: float = 1.0
     random_prob: float = 0.0
+    ratio_end: float | None = None
+    ramp: tuple[int, int, int] | None = None
+    ratio_range: tuple[float, float] | None = None
+
+    def row_ratios(self, seed: int, stream: int, sample_ids: np.ndarray) -> np.ndarray | None:
+        """Each row's selected share, or None when every row takes `mask_ratio`."""
+        ids = np.asarray(sample_ids, dtype=np.int64)
+        if self.ratio_range is not None:
+            low, high = self.ratio_range
+            u = (random_bits(seed, stream, _RATE, ids, 1)[:, 0] >> np.uint64(11)).astype(np.float64) * 2.0**-53
+            return low + (high - low) * u
+        if self.ratio_end is not None:
+            first, rows_per_step, steps = self.ramp
+            index = np.clip((ids - first) // rows_per_step, 0, steps - 1)
+            return self.mask_ratio + (self.ratio_end - self.mask_ratio) * index / max(steps - 1, 1)
+        return None
 
     def __post_init__(self) -> None:
         if not 0.0 < self.mask_ratio < 1.0:
@@ -65,6 +83,8 @@ class MaskingSpec:
             raise ValueError(
                 f"mask_prob + random_prob must be <= 1, got {self.mask_prob} + {self.random_prob}"
             )
+        if self.ratio_end is not None and self.ramp is None:
+            raise ValueError("a ratio schedule (ratio_end) needs its ramp: (first sample id, rows per step, steps)")
 
 
 def _mix_int(x: int) -> int:
@@ -129,7 +149,11 @@ def mlm_mask(
     _, length = ids.shape
 
     h = random_bits(seed, stream, _SELECT, sample_ids, length)
-    selected = (h >> np.uint64(11)) < np.uint64(math.ceil(spec.mask_ratio * 2.0**53))
+    ratios = spec.row_ratios(seed, stream, sample_ids)
+    if ratios is None:
+        selected = (h >> np.uint64(11)) < np.uint64(math.ceil(spec.mask_ratio * 2.0**53))
+    else:  # the same test, one threshold per row
+        selected = (h >> np.uint64(11)) < np.ceil(ratios * 2.0**53).astype(np.uint64)[:, None]
     selected &= ~np.isin(ids64, specials)
 
     labels = np.where(selected, ids64, IGNORE_INDEX)

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from raybiphase import storage
-from raybiphase.config import RunConfig, flatten, to_dict
+from raybiphase.config import Phase, RunConfig, flatten, to_dict
 from raybiphase.config.sizes import PEAK_BF16_TFLOPS, flops_per_token
 from raybiphase.data.masking import IGNORE_INDEX, MaskingSpec
 from raybiphase.data.stream import epochs_read, open_dataset, phase_stream, validation_batches
@@ -79,6 +79,14 @@ def restore(run: RunConfig, model, optimizer, resume_from: str | None) -> tuple[
         with ray.train.Checkpoint(source).as_directory() as local:
             return 0, checkpoint.load(local, model).data_end
     return 0, 0
+
+
+def masking_spec(phase: Phase, run: RunConfig, *, first_sample: int, rows_per_step: int) -> MaskingSpec:
+    """An MLM phase's masking: its ratio, fixed, scheduled over the phase's steps (from the phase's first sample id)
+    or drawn per sequence, and the run's mask/random split."""
+    ramp = (first_sample, rows_per_step, phase.steps) if phase.mask_ratio_end is not None else None
+    return MaskingSpec(mask_ratio=phase.mask_ratio, mask_prob=run.phases.mask_prob, random_prob=run.phases.random_prob,
+                       ratio_end=phase.mask_ratio_end, ramp=ramp, ratio_range=phase.mask_ratio_range)
 
 
 def step_tokens(micro_batches: list[dict], world: int) -> torch.Tensor:
@@ -165,8 +173,8 @@ class Worker:
         phase_idx = schedule.phase_index(self.step)
         phase = schedule.phases[phase_idx]
         phase_end = min(schedule.boundaries[phase_idx + 1], self.stop_at)
-        mask = MaskingSpec(mask_ratio=phase.mask_ratio, mask_prob=run.phases.mask_prob,
-                           random_prob=run.phases.random_prob) if phase.objective == "mlm" else None
+        mask = masking_spec(phase, run, first_sample=self.data_start + schedule.boundaries[phase_idx] * self.rows_per_step,
+                            rows_per_step=self.rows_per_step) if phase.objective == "mlm" else None
         stream = phase_stream(self.manifest, objective=phase.objective, mask=mask, seed=run.train.seed,
                               first_step=self.step, steps=phase_end - self.step, sample_offset=self.data_start,
                               rows_per_step=self.rows_per_step, rank=self.rank, world=self.world,

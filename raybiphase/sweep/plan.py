@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from raybiphase.config import ConfigError, RunConfig, SweepSpec, from_dict, to_dict, weights_settings
+from raybiphase.config import ConfigError, Phase, RunConfig, SweepSpec, from_dict, to_dict, weights_settings
 from raybiphase.config.run import digest
 from raybiphase.config.sizes import SIZES
 from raybiphase.finetune.tasks import training_groups
@@ -177,12 +177,22 @@ def signature(cfg: RunConfig) -> np.ndarray:
     schedule = Schedule.from_config(cfg)
     rows = []
     for phase in schedule.phases:
-        code = 0.0 if phase.objective == "clm" else 1.0
-        ratio = phase.mask_ratio if phase.objective == "mlm" else 0.0
-        rows.append(np.tile([code, ratio, 0.0], (phase.steps, 1)))
+        block = np.zeros((phase.steps, 3))
+        if phase.objective == "mlm":
+            block[:, 0] = 1.0
+            block[:, 1] = [_ratio_code(phase, i) for i in range(phase.steps)]
+        rows.append(block)
     sig = np.concatenate(rows)
     sig[:, 2] = [schedule.lr(t) for t in range(len(sig))]
     return sig
+
+
+def _ratio_code(phase: Phase, index: int) -> float:
+    """The masking column of a signature at step `index` of an MLM phase: the step's ratio (fixed or scheduled), or
+    for a per-sequence range a code above 1 no fixed ratio takes (two ranges share steps only when they are equal)."""
+    if phase.mask_ratio_range is None:
+        return phase.ratio_at(index)
+    return 1.0 + int(digest({"mask_ratio_range": list(phase.mask_ratio_range)}, 12), 16) / 16**12
 
 
 def base_key(cfg: RunConfig, source: str | None) -> str:
@@ -216,7 +226,9 @@ def plan_controls(runs: dict[str, Run]) -> dict[str, Control]:
 
 def signature_tag(row: np.ndarray) -> str:
     """The phase tag of one step of a signature (objective 0 = CLM, then the masking ratio)."""
-    return phase_tag("clm" if row[0] == 0 else "mlm", float(row[1]))
+    if row[0] == 0:
+        return "clm"
+    return "mlmu" if row[1] >= 1 else phase_tag("mlm", float(row[1]))
 
 
 def _segment_id(run: Run, end: int, start: int) -> str:
