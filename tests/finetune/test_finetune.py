@@ -453,6 +453,7 @@ def test_a_table_of_trials_made_under_other_settings_is_refused_in_one_line(tmp_
     assert "sweep.name" in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow  # a whole `raybiphase sweep` process: its imports (torch, Ray, transformers)
 def test_a_sweep_over_trials_made_under_other_settings_stops_before_any_work(tmp_path):
     import subprocess
     import sys

@@ -79,6 +79,7 @@ def test_the_index_finds_a_sentence_of_a_document_and_not_a_word_cut_in_two():
     assert found == ["which crosses the old city floods", "the old city floods every spring.", "Another document."]
 
 
+@pytest.mark.slow  # every offline task's evaluation text searched in the corpus: seconds each
 @pytest.mark.parametrize("name", tasks.OFFLINE_TASKS)
 def test_validation_is_about_5_percent_and_no_evaluated_text_is_pretraining_text(name, pretraining_index):
     task = tasks.get_task(name)

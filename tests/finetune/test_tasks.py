@@ -79,6 +79,7 @@ def test_capped_retrieval_keeps_every_positive_and_a_bounded_corpus(offline_cach
     assert all(tasks.in_test_split(t) for t in test_titles)
 
 
+@pytest.mark.slow  # loads every offline task's splits twice
 def test_eval_cap_bounds_validation_and_test_but_not_training(offline_cache):
     sc = tasks.load_splits(tasks.get_task("squad_shuffle"), max_examples=120, max_eval_examples=40)
     assert (len(sc.train), len(sc.val), len(sc.test)) == (120, 40, 40)

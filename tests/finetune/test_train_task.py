@@ -181,6 +181,7 @@ def test_a_stopped_trial_stops_every_task_of_its_group_and_the_completion_pass_r
 # ------------------------------------------------------------------------------------------------ the trial
 
 
+@pytest.mark.slow  # two retrieval trials and an evaluation
 def test_a_trial_tests_the_model_it_trained_on_each_extra_test_split(checkpoint, one_torch_thread, monkeypatch):
     """squad_retrieval's model scored on wiki_retrieval's test split too (offline stand-ins for msmarco and nq): the
     same model as the plain trial's, and the score evaluating that split with it gives."""
