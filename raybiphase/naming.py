@@ -24,13 +24,16 @@ def phase_tag(objective: str, mask_ratio: float | None = None) -> str:
 
 def phase_label(phase) -> str:
     """A resolved phase's tag in a run name: `clm`, `mlm40`, a ratio schedule `mlm40to15`, a per-sequence range
-    `mlmu15to60`."""
+    `mlmu15to60`; an `r` after it when the phase resets the optimizer (`mlm40r`)."""
     if phase.objective == "mlm" and phase.mask_ratio_range is not None:
         low, high = phase.mask_ratio_range
-        return f"mlmu{round(low * 100)}to{round(high * 100)}"
-    tag = phase_tag(phase.objective, phase.mask_ratio)
+        tag = f"mlmu{round(low * 100)}to{round(high * 100)}"
+    else:
+        tag = phase_tag(phase.objective, phase.mask_ratio)
     if phase.objective == "mlm" and phase.mask_ratio_end is not None:
         tag += f"to{round(phase.mask_ratio_end * 100)}"
+    if phase.optimizer == "reset":  # Ettin's recipe: the weights only, a fresh optimizer
+        tag += "r"
     return tag
 
 

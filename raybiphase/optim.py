@@ -46,6 +46,12 @@ def wsd_lr(step: int, *, peak: float, total: int, warmup: int, decay: int) -> fl
     return peak
 
 
+def reset_moments(optimizer: torch.optim.Optimizer) -> None:
+    """Forget AdamW's moments and step counts: the next step is a fresh optimizer's first (bias correction
+    included), on the same parameter groups and learning rate."""
+    optimizer.state.clear()
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr

@@ -104,6 +104,13 @@ class Phase:
     """MLM only: each sequence's share masked drawn uniformly from [low, high], seeded by the sample (a control for
     CLM's spread of effective masking rates); None takes phases.mask_ratio_range (none: a fixed ratio)."""
 
+    optimizer: Literal["carry", "reset"] = "carry"
+    """At this phase's first step: `carry` AdamW's moments over from the phase before (the paper, one WSD run), or
+    `reset` them (Ettin's cross-objective recipe: the weights only, a fresh optimizer)."""
+    rewarmup_steps: int | None = None
+    """With `optimizer: reset`: the learning rate warms up again over this many steps of the phase (the WSD rate
+    times the ramp); None: no re-warmup."""
+
     def ratio_at(self, index: int) -> float:
         """The masking ratio at step `index` of this phase (a fixed or linearly scheduled ratio)."""
         if self.mask_ratio_end is None or self.steps == 1:
@@ -132,7 +139,9 @@ class PhasesConfig:
     """MLM phases: each sequence's ratio drawn uniformly from [low, high] (seeded by the sample) instead of one fixed
     ratio, e.g. [0.15, 0.6]; None: a fixed ratio."""
     plan: tuple[Phase, ...] = ()
-    """Explicit phases in order, e.g. [{objective: clm, steps: 10}, {objective: mlm, steps: 30}]."""
+    """Explicit phases in order, e.g. [{objective: clm, steps: 10}, {objective: mlm, steps: 30}]; an MLM phase may
+    also set mask_ratio, mask_ratio_end or mask_ratio_range, and any phase after the first optimizer: reset (AdamW's
+    moments forgotten at its start) with rewarmup_steps."""
 
     def resolved(self) -> tuple[Phase, ...]:
         """The phases in order, with the two-phase shorthand expanded and every MLM ratio filled in."""
@@ -187,6 +196,13 @@ class PhasesConfig:
             if phase.mask_ratio is not None:
                 ratio(phase.mask_ratio, f"phases.plan.{i}.mask_ratio")
             _check_masking(phase.mask_ratio_end, phase.mask_ratio_range, f"phases.plan.{i}")
+            check(phase.optimizer == "carry" or i > 0, f"phases.plan.{i}.optimizer",
+                  "the first phase starts with a fresh optimizer: nothing to reset")
+            if phase.rewarmup_steps is not None:
+                check(phase.optimizer == "reset", f"phases.plan.{i}.rewarmup_steps",
+                      "a re-warmup follows an optimizer reset; set optimizer: reset")
+                check(0 < phase.rewarmup_steps <= phase.steps, f"phases.plan.{i}.rewarmup_steps",
+                      f"{phase.rewarmup_steps} is out of range; allowed: 1 to the phase's {phase.steps} steps")
         for i, phase in enumerate(self.resolved()):
             check(phase.mask_ratio_end is None or phase.mask_ratio_range is None, "phases.mask_ratio_range",
                   f"phase {i} has both a ratio schedule (mask_ratio_end) and a per-sequence range; choose one")
@@ -372,10 +388,11 @@ def _shaping(section: Any) -> dict[str, Any]:
 
 
 def _phase_settings(phase: Phase) -> dict[str, Any]:
-    """A phase as it enters the run's identity; the masking knobs only when set, so the runs that use none keep the
-    names they had before the knobs existed."""
+    """A phase as it enters the run's identity; the masking and optimizer knobs only when set, so the runs that use
+    none keep the names they had before the knobs existed."""
     plain = dataclasses.asdict(phase)
-    return {k: v for k, v in plain.items() if v is not None or k not in ("mask_ratio_end", "mask_ratio_range")}
+    unset = {"mask_ratio_end": None, "mask_ratio_range": None, "optimizer": "carry", "rewarmup_steps": None}
+    return {k: v for k, v in plain.items() if k not in unset or v != unset[k]}
 
 
 def weights_settings(run: RunConfig) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from raybiphase.config import Phase, RunConfig, flatten, to_dict
 from raybiphase.config.sizes import PEAK_BF16_TFLOPS, flops_per_token
 from raybiphase.data.masking import IGNORE_INDEX, MaskingSpec
 from raybiphase.data.stream import epochs_read, open_dataset, phase_stream, validation_batches
-from raybiphase.optim import adamw, set_lr
+from raybiphase.optim import adamw, reset_moments, set_lr
 from raybiphase.pretrain import checkpoint
 from raybiphase.pretrain.checkpoint import CheckpointMeta
 from raybiphase.pretrain.job import SegmentJob
@@ -181,6 +181,8 @@ class Worker:
                               shuffle_rows=run.data.row_order == "shuffled")
         batches = iter(stream.iter_torch_batches(batch_size=run.train.micro_batch_size, dtypes=torch.long,
                                                  device=self.device))
+        if schedule.resets_optimizer(self.step):  # a phase that starts from the weights only (optimizer: reset)
+            reset_moments(self.optimizer)
         window_start, window_tokens = time.perf_counter(), 0
         while self.step < phase_end:
             _, lr = schedule.at(self.step)

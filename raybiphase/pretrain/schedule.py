@@ -47,8 +47,19 @@ class Schedule:
         return bisect.bisect_right(self.boundaries, step) - 1
 
     def lr(self, step: int) -> float:
-        return wsd_lr(step, peak=self.peak_lr, total=self.total_steps, warmup=self.warmup_steps,
+        """The run's WSD rate at `step`, times a phase's re-warmup ramp after an optimizer reset."""
+        rate = wsd_lr(step, peak=self.peak_lr, total=self.total_steps, warmup=self.warmup_steps,
                       decay=self.decay_steps)
+        index = self.phase_index(step)
+        phase = self.phases[min(index, len(self.phases) - 1)]
+        if phase.rewarmup_steps:
+            rate *= min(1.0, (step - self.boundaries[index] + 1) / phase.rewarmup_steps)
+        return rate
+
+    def resets_optimizer(self, step: int) -> bool:
+        """Whether AdamW's moments are reset before `step` (the first step of a phase with `optimizer: reset`)."""
+        index = self.phase_index(step)
+        return step == self.boundaries[index] and self.phases[index].optimizer == "reset"
 
     def at(self, step: int) -> tuple[Phase, float]:
         """(phase, learning rate) of optimizer step `step`."""

@@ -172,8 +172,13 @@ def _with_shorthand(combo: dict, base: dict) -> dict:
     return out
 
 
+RESET = 10.0
+"""Added to the objective code of a step that starts with AdamW's moments reset."""
+
+
 def signature(cfg: RunConfig) -> np.ndarray:
-    """Per-step (objective, mask ratio, learning rate): what a step does besides the base."""
+    """Per-step (objective, mask ratio, learning rate): what a step does besides the base; the objective code is 0
+    for CLM, 1 for MLM, plus RESET where the phase resets the optimizer."""
     schedule = Schedule.from_config(cfg)
     rows = []
     for phase in schedule.phases:
@@ -184,6 +189,9 @@ def signature(cfg: RunConfig) -> np.ndarray:
         rows.append(block)
     sig = np.concatenate(rows)
     sig[:, 2] = [schedule.lr(t) for t in range(len(sig))]
+    for start, phase in zip(schedule.boundaries, schedule.phases):
+        if phase.optimizer == "reset":
+            sig[start, 0] += RESET  # the step after a reset differs from one after carried moments
     return sig
 
 
@@ -226,7 +234,7 @@ def plan_controls(runs: dict[str, Run]) -> dict[str, Control]:
 
 def signature_tag(row: np.ndarray) -> str:
     """The phase tag of one step of a signature (objective 0 = CLM, then the masking ratio)."""
-    if row[0] == 0:
+    if row[0] % RESET == 0:
         return "clm"
     return "mlmu" if row[1] >= 1 else phase_tag("mlm", float(row[1]))
 
