@@ -77,10 +77,11 @@ class Beacon:
 
 
 class Watch:
-    """A driver thread printing each running segment's latest beat when it moved, every `every_s` seconds.
+    """A driver thread printing each running segment's latest beat when it moved, every `every_s` seconds; the
+    driver adds a segment's location to `locations` when it starts and drops it when it ends.
 
-        with Watch({segment_id: progress_location}, out=sys.stdout):
-            run_wave(...)
+        with Watch({}, out=sys.stdout) as watch:
+            watch.locations[segment_id] = progress_location
     """
 
     def __init__(self, locations: dict[str, str], *, out=sys.stdout, every_s: float | None = None):
@@ -93,7 +94,7 @@ class Watch:
     def poll(self) -> list[str]:
         """The lines of segments whose step moved since the last poll."""
         lines = []
-        for name, location in self.locations.items():
+        for name, location in list(self.locations.items()):  # the driver adds and drops segments meanwhile
             try:
                 beat = storage.read_json(location)
             except (OSError, ValueError):  # being written, or a storage hiccup: next time
