@@ -187,7 +187,7 @@ def run_segments(ctx: SweepContext, todo: list[Segment], done: set[str], watch: 
             alive[0].join(timeout=0.5)  # short joins: Ctrl-C still reaches this thread
         for sid in [sid for sid, thread in running.items() if not thread.is_alive()]:
             del running[sid]
-            watch.locations.pop(sid, None)
+            watch.drop(sid)  # its last line: where it ended
             if sid not in errors:
                 done.add(sid)
                 pace.add(time.time() - started[sid], hours[sid])

@@ -89,19 +89,30 @@ class Watch:
         self.every_s = interval() if every_s is None else every_s
         self.seen: dict[str, int] = {}
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # the watch thread and the driver's `drop` both poll
         self._thread = threading.Thread(target=self._run, daemon=True, name="raybiphase-progress")
 
-    def poll(self) -> list[str]:
-        """The lines of segments whose step moved since the last poll."""
+    def drop(self, name: str) -> None:
+        """Stop watching a segment that ended, after printing where it ended (if no poll has yet)."""
+        if self.every_s > 0:
+            for text in self.poll(only=name):
+                print(text, file=self.out, flush=True)
+        self.locations.pop(name, None)
+
+    def poll(self, only: str | None = None) -> list[str]:
+        """The lines of segments (or of `only`) whose step moved since the last poll."""
         lines = []
-        for name, location in list(self.locations.items()):  # the driver adds and drops segments meanwhile
-            try:
-                beat = storage.read_json(location)
-            except (OSError, ValueError):  # being written, or a storage hiccup: next time
-                continue
-            if beat and beat.get("step", 0) > self.seen.get(name, 0):
-                self.seen[name] = beat["step"]
-                lines.append(line(name, beat))
+        with self._lock:
+            for name, location in list(self.locations.items()):  # the driver adds and drops segments meanwhile
+                if only is not None and name != only:
+                    continue
+                try:
+                    beat = storage.read_json(location)
+                except (OSError, ValueError):  # being written, or a storage hiccup: next time
+                    continue
+                if beat and beat.get("step", 0) > self.seen.get(name, 0):
+                    self.seen[name] = beat["step"]
+                    lines.append(line(name, beat))
         return lines
 
     def _run(self) -> None:
