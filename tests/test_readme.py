@@ -26,6 +26,7 @@ def test_readme_names_exactly_two_setup_commands_and_ci_runs_the_test_one():
     assert test in ci.splitlines()
 
 
+@pytest.mark.slow  # a `raybiphase sweep` process
 def test_readme_run_command_plans_the_quickstart():
     run, _ = _commands()
     sweep = run.split("&& ")[-1].split()

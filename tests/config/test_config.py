@@ -94,6 +94,7 @@ def test_bad_yaml_file(tmp_path):
         load(SweepSpec, empty)
 
 
+@pytest.mark.slow  # a `raybiphase sweep` process
 def test_an_unknown_task_stops_the_dry_run_with_one_line(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(f"sweep:\n  name: bad\n  storage: {tmp_path / 'out'}\nfinetune:\n  tasks: [tweets, sst-2]\n")

@@ -95,6 +95,7 @@ def test_validation_is_about_5_percent_and_no_evaluated_text_is_pretraining_text
         assert not leaked, f"{name}: {len(leaked)} {part_name} texts are pretraining text, e.g. {leaked[0][:100]!r}"
 
 
+@pytest.mark.slow  # every SQuAD task's splits loaded
 def test_squad_tasks_hold_out_whole_paragraphs(offline_cache):
     validation = set(sources.squad_contexts("validation"))
     squad_train, squad_val, _ = tasks.get_task("squad").offline()

@@ -156,6 +156,7 @@ def test_answer_sentences_cut_each_context_to_its_answers_sentence():
     assert all(out[0]["context"][s:s + len(t)] == t for t, s in zip(out[0]["answers"]["text"], out[0]["answers"]["answer_start"]))
 
 
+@pytest.mark.slow  # every answer of the task checked against its sentence
 def test_squad_sentence_answers_are_spans_of_their_sentences(offline_cache):
     from raybiphase.data import sources
 
@@ -250,6 +251,7 @@ def test_bm25_scores_are_lucenes_formula():
     assert got == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.slow  # BM25 over the task's corpus
 def test_bm25_baseline_on_squad_retrieval_is_strong(offline_cache):
     from raybiphase.finetune.baselines import bm25_baseline
 

@@ -29,6 +29,7 @@ def _files_containing(folder: Path, text: str) -> list[Path]:
     return [p for p in folder.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
 
 
+@pytest.mark.slow  # wandb's service process
 def test_offline_run_has_dotted_config_and_never_the_api_key(offline: Path) -> None:
     kept = {"phases.mask_ratio": 0.4, "phases.steps": 42000, "model.size": "tiny", "data.tokenizer": "train-bpe",
             "train.global_batch_tokens": 4096}
