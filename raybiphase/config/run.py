@@ -111,12 +111,6 @@ class Phase:
     """With `optimizer: reset`: the learning rate warms up again over this many steps of the phase (the WSD rate
     times the ramp); None: no re-warmup."""
 
-    def ratio_at(self, index: int) -> float:
-        """The masking ratio at step `index` of this phase (a fixed or linearly scheduled ratio)."""
-        if self.mask_ratio_end is None or self.steps == 1:
-            return self.mask_ratio
-        return self.mask_ratio + (self.mask_ratio_end - self.mask_ratio) * index / (self.steps - 1)
-
 
 @dataclass(frozen=True, kw_only=True)
 class PhasesConfig:

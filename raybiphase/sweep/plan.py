@@ -185,7 +185,7 @@ def signature(cfg: RunConfig) -> np.ndarray:
         block = np.zeros((phase.steps, 3))
         if phase.objective == "mlm":
             block[:, 0] = 1.0
-            block[:, 1] = [_ratio_code(phase, i) for i in range(phase.steps)]
+            block[:, 1] = _ratio_column(phase)
         rows.append(block)
     sig = np.concatenate(rows)
     sig[:, 2] = [schedule.lr(t) for t in range(len(sig))]
@@ -195,12 +195,16 @@ def signature(cfg: RunConfig) -> np.ndarray:
     return sig
 
 
-def _ratio_code(phase: Phase, index: int) -> float:
-    """The masking column of a signature at step `index` of an MLM phase: the step's ratio (fixed or scheduled), or
-    for a per-sequence range a code above 1 no fixed ratio takes (two ranges share steps only when they are equal)."""
-    if phase.mask_ratio_range is None:
-        return phase.ratio_at(index)
-    return 1.0 + int(digest({"mask_ratio_range": list(phase.mask_ratio_range)}, 12), 16) / 16**12
+def _ratio_column(phase: Phase) -> np.ndarray | float:
+    """The masking column of an MLM phase's signature: each step's ratio (fixed, or linear to mask_ratio_end, as
+    data.masking.MaskingSpec.row_ratios computes it), or for a per-sequence range a code above 1 no fixed ratio takes
+    (two ranges share steps only when they are equal)."""
+    if phase.mask_ratio_range is not None:
+        return 1.0 + int(digest({"mask_ratio_range": list(phase.mask_ratio_range)}, 12), 16) / 16**12
+    if phase.mask_ratio_end is None:
+        return phase.mask_ratio
+    index = np.arange(phase.steps)
+    return phase.mask_ratio + (phase.mask_ratio_end - phase.mask_ratio) * index / max(phase.steps - 1, 1)
 
 
 def base_key(cfg: RunConfig, source: str | None) -> str:
