@@ -119,7 +119,7 @@ def _batches(manifest, objective: str, micro: int, accum: int, step: int, device
 class Side:
     """One way of training: builds its model and optimizer, runs one optimizer step over given micro-batches."""
 
-    def __init__(self, mode: str, size: str, manifest, device, compile: bool = False):
+    def __init__(self, mode: str, size: str, manifest, device, compile: bool = False, attn: str = "sdpa"):
         import torch
 
         from raybiphase.optim import adamw
@@ -129,7 +129,7 @@ class Side:
         self.mode = mode
         with device:  # initialised on the GPU: seconds instead of a minute for 610m on the host
             self.model = build_model(size, vocab_size=manifest.vocab_size, special_ids=manifest.special_ids, seed=0,
-                                     attn_implementation="sdpa").train()
+                                     attn_implementation=attn).train()
         if mode == "plain":
             wrap_blocks(self.model, activation_checkpointing=False, compile=compile)
             self.optimizer = adamw(self.model, lr=3e-4, betas=(0.9, 0.95), eps=1e-5, weight_decay=0.1, fused=True)
@@ -191,13 +191,14 @@ def largest_micro(mode: str, size: str, manifest, device, max_micro: int) -> int
 
 
 def measure(mode: str, size: str, manifest, device, *, micro: int, accum: int, objective: str, steps: int,
-            warmup: int, compile: bool = False, deterministic: bool = True, profiled: bool = False) -> dict:
+            warmup: int, compile: bool = False, deterministic: bool = True, profiled: bool = False,
+            attn: str = "sdpa") -> dict:
     import torch
 
     from raybiphase.pretrain.loop import model_flops_per_token, peak_flops
 
     torch.use_deterministic_algorithms(deterministic, warn_only=True)
-    side = Side(mode, size, manifest, device, compile=compile)
+    side = Side(mode, size, manifest, device, compile=compile, attn=attn)
     for s in range(warmup):
         side.step(_batches(manifest, objective, micro, accum, s, device), objective)
     torch.cuda.synchronize()
@@ -213,7 +214,8 @@ def measure(mode: str, size: str, manifest, device, *, micro: int, accum: int, o
     tokens = micro * accum * SEQ
     rate = tokens * steps / sum(seconds)
     fpt, peak = model_flops_per_token(side.model, SEQ), peak_flops()
-    out = {"size": size, "mode": mode + ("+compile" if compile else "") + ("" if deterministic else "+nondeterministic"),
+    out = {"size": size, "attn": attn,
+           "mode": mode + ("+compile" if compile else "") + ("" if deterministic else "+nondeterministic"),
            "objective": objective, "micro_batch": micro, "accumulation": accum, "seq_len": SEQ,
            "tokens_per_s": rate, "mfu": fpt * rate / peak if peak else None,
            "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9, "step_s_median": sorted(seconds)[len(seconds) // 2],
@@ -361,7 +363,8 @@ def cmd_run(args) -> int:
                     keep(measure(mode, size, manifest, device, micro=m, accum=accum, objective=objective,
                                  steps=args.steps, warmup=args.warmup + (3 if compile else 0), compile=compile,
                                  deterministic="nondeterministic" not in variant,
-                                 profiled=args.profile and mode == "plain" and variant == variants[-1]))
+                                 profiled=args.profile and mode == "plain" and variant == variants[-1],
+                                 attn=args.attn if mode == "plain" else "sdpa"))
         if "ray" in args.modes:
             for r in ray_side(size, root, micro=ours, accum=args.accum, steps=args.ray_steps,
                               report_every=args.report_every, compile="compile" in args.variants):
@@ -393,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
                      choices=["eager", "compile", "nondeterministic", "compile+nondeterministic"],
                      help="ways to run our step: torch.compile per block (train.compile), without deterministic "
                           "algorithms; Ray Train compiles when 'compile' is listed")
+    run.add_argument("--attn", default="sdpa", choices=["sdpa", "flex_attention", "flash_attention_2"],
+                     help="our step's attention backend (model.attn_implementation); the baseline keeps sdpa")
     run.add_argument("--profile", action="store_true", help="print the top kernels of the last variant of ours")
     run.add_argument("--ray-steps", type=int, default=16, help="steps per phase under Ray Train")
     run.add_argument("--report-every", type=int, default=4)

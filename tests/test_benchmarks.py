@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -62,3 +63,10 @@ def test_parity_benchmark_clm_equals_the_trainer_when_both_read_the_same_order(o
     (run,) = json.loads(record.read_text())["runs"]
     assert run["peer_order"] == "ours" and run["ours"] < 8.3
     assert run["peer"] == pytest.approx(run["ours"], abs=1e-5)
+
+
+@pytest.mark.parametrize("record", sorted((REPO / "benchmarks" / "results").glob("*.json")),
+                         ids=lambda p: p.name)
+def test_every_committed_benchmark_record_is_valid_json(record):
+    """A record nothing can read back is no evidence (`python3 -m json.tool` must read it)."""
+    json.loads(record.read_text())

@@ -35,8 +35,9 @@ from raybiphase.config.sizes import SIZE_NAMES
 class ModelConfig:
     size: str = "tiny"
     """Registry name of the EuroBERT size: tiny, mini, 210m, 610m, 1b (see raybiphase.pretrain.model.SIZES)."""
-    attn_implementation: Literal["sdpa", "flash_attention_2"] = "sdpa"
-    """Attention backend; both honour is_causal. Eager ignores it, so it is not offered."""
+    attn_implementation: Literal["sdpa", "flash_attention_2", "flex_attention"] = "sdpa"
+    """Attention backend: sdpa and flash_attention_2 take CLM's causal flag, flex_attention a causal block mask (tests
+    check each never looks ahead); eager ignores both, so it is not offered."""
     init_from: str | None = None
     """Continued pretraining: a raybiphase checkpoint dir, or an HF Llama-family decoder dir; None = random init."""
 

@@ -1,13 +1,14 @@
 """The encoder: transformers' own EuroBERT, configured from raybiphase.config.sizes; losses for both objectives.
 
 The same weights serve both objectives; only attention changes. CLM steps call the model with `is_causal=True`
-(honoured by sdpa and flash_attention_2; the eager backend ignores it, so it is never offered), MLM steps are
-bidirectional. EuroBERT's weight names equal LlamaForCausalLM's, so a Llama-family decoder is a state-dict load
+(honoured by sdpa and flash_attention_2) or, with flex attention, which ignores that flag, a causal block mask
+(`attention_kwargs`); the eager backend ignores both, so it is never offered. MLM steps are bidirectional. EuroBERT's weight names equal LlamaForCausalLM's, so a Llama-family decoder is a state-dict load
 (`from_decoder`); with the same weights, causal-mode logits equal Llama's (tests/pretrain/test_model.py).
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -127,12 +128,28 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX)
 
 
+def attention_kwargs(config, input_ids: torch.Tensor, is_causal: bool) -> dict:
+    """How the encoder is asked for causal or bidirectional attention: sdpa and flash_attention_2 honour
+    `is_causal`; flex attention ignores it and takes a causal block mask as its attention mask instead."""
+    if is_causal and config._attn_implementation == "flex_attention":
+        return {"attention_mask": causal_block_mask(input_ids.shape[1], str(input_ids.device))}
+    return {"is_causal": is_causal}
+
+
+@functools.lru_cache(maxsize=8)
+def causal_block_mask(seq_len: int, device: str):
+    """Flex attention's causal mask for one sequence length, built once per length and device."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(lambda b, h, q, k: q >= k, None, None, seq_len, seq_len, device=device)
+
+
 def sparse_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, is_causal: bool,
                 chunk_rows: int = CHUNK_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
     """(sum of token losses, labelled tokens) of one micro-batch: EuroBERT's encoder for the hidden states, then its
     own LM head on the labelled rows only (sparse prediction), its cross-entropy chunked (raybiphase.pretrain.loss).
     Under FSDP2 it is registered as a forward method of the root module (raybiphase.pretrain.parallel)."""
-    hidden = model.model(input_ids=input_ids, is_causal=is_causal).last_hidden_state
+    hidden = model.model(input_ids=input_ids, **attention_kwargs(model.config, input_ids, is_causal)).last_hidden_state
     rows, targets = labelled_rows(hidden, labels)
     total = linear_cross_entropy(rows, model.lm_head.weight, targets, model.lm_head.bias, chunk_rows=chunk_rows)
     return total, torch.tensor(targets.numel(), device=total.device)

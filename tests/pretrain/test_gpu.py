@@ -3,6 +3,8 @@ every SDPA kernel, the fused head's loss, a checkpoint saved on the GPU resuming
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -152,3 +154,74 @@ def test_a_block_that_starts_with_the_pad_token_keeps_finite_gradients(objective
     batch["input_ids"][:, 0] = SPECIALS["pad_token"]
     _, grads = _loss_and_grads(model, batch, objective, bf16=True)
     assert torch.isfinite(grads).all() and model.model.embed_tokens.weight.grad[SPECIALS["pad_token"]].any()
+
+
+def _every_backend():
+    """(attn_implementation, SDPA kernel or None) for every attention backend this GPU may offer; flash-attn's
+    own kernels only where its package is installed."""
+    kernels = [("sdpa", kernel) for kernel in _backends()]
+    flash = [pytest.param("flash_attention_2", None, marks=pytest.mark.skipif(
+        importlib.util.find_spec("flash_attn") is None, reason="the flash_attn package is not installed"))]
+    return kernels + [("flex_attention", None)] + flash
+
+
+def _on_backend(attn: str, kernel):
+    import contextlib
+
+    from torch.nn.attention import sdpa_kernel
+
+    return sdpa_kernel([kernel]) if kernel is not None else contextlib.nullcontext()
+
+
+def _run_or_skip(fn):
+    try:
+        return fn()
+    except RuntimeError as err:
+        if "No available kernel" in str(err):
+            pytest.skip(f"this kernel does not run this case here: {err}")
+        raise
+
+
+@pytest.mark.parametrize("attn,kernel", _every_backend(), ids=lambda v: getattr(v, "name", str(v)).lower())
+def test_the_training_step_never_looks_ahead_on_every_backend(attn, kernel):
+    """The step's own path (`loss_terms`: encoder, sparse head, bf16 autocast) at the 210m shape: with labels on the
+    first 100 positions only, tokens changed from position 101 on leave the CLM loss bit-identical and change the
+    MLM loss, whichever attention backend runs (flex gets a causal block mask: it ignores `is_causal`)."""
+    model = _model("210m", attn=attn).eval()
+    x = _batch("clm", rows=2, seq=256)["input_ids"]
+    y = x.clone()
+    y[:, 101:] = (y[:, 101:] + 1) % VOCAB
+    labels = torch.full_like(x, -100)
+    labels[:, :100] = x[:, 1:101]
+
+    def losses(objective):
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16), _on_backend(attn, kernel):
+            return [float(loss_terms(model, {"input_ids": t, "labels": labels}, objective)[0]) for t in (x, y)]
+
+    clm, mlm = _run_or_skip(lambda: losses("clm")), _run_or_skip(lambda: losses("mlm"))
+    assert clm[0] == clm[1], clm
+    assert mlm[0] != mlm[1], mlm
+
+
+@pytest.mark.parametrize("attn,kernel", _every_backend(), ids=lambda v: getattr(v, "name", str(v)).lower())
+def test_fine_tuning_attends_both_ways_and_never_to_padding_on_every_backend(attn, kernel):
+    """Fine-tuning's forward (the encoder with the padding mask of a batch, bf16 autocast, as the heads call it):
+    a token changed at position 100 changes the positions before it (bidirectional), and a row padded with 56 pad
+    tokens behind its mask gives its real positions the hidden states it has alone, up to bf16 rounding (under a
+    tenth of what attending to the padding changes)."""
+    model = _model("210m", attn=attn).eval()
+    x = _batch("clm", rows=2, seq=200)["input_ids"]
+    y = x.clone()
+    y[:, 100] = (y[:, 100] + 1) % VOCAB
+    padded = torch.cat([x, torch.full((2, 56), SPECIALS["pad_token"], device=CUDA)], dim=1)
+    mask = torch.cat([torch.ones_like(x), torch.zeros((2, 56), dtype=x.dtype, device=CUDA)], dim=1)
+
+    def hidden(ids, attention_mask=None):
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16), _on_backend(attn, kernel):
+            return model.model(input_ids=ids, attention_mask=attention_mask).last_hidden_state.float()
+
+    a, b = _run_or_skip(lambda: hidden(x)), _run_or_skip(lambda: hidden(y))
+    masked, unmasked = _run_or_skip(lambda: hidden(padded, mask))[:, :200], hidden(padded)[:, :200]
+    assert not torch.allclose(a[:, :100], b[:, :100])
+    # what attending to the padding would do, against what the mask leaves: bf16 rounding only
+    assert float((masked - a).norm()) < 0.1 * float((unmasked - a).norm())

@@ -36,6 +36,32 @@ def test_causal_mode_never_looks_ahead_bidirectional_does(model):
     assert not torch.allclose(bi_x[:, :8], bi_y[:, :8])
 
 
+def _labels_before(x: torch.Tensor, position: int) -> torch.Tensor:
+    labels = torch.full_like(x, -100)
+    labels[:, :position] = x[:, 1:position + 1]
+    return labels
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "flex_attention"])
+def test_the_training_steps_clm_loss_never_sees_past_its_labels(attn):
+    """The step's own path (`loss_terms`, sparse head): with labels on the first 8 positions only, a token changed at
+    position 9 leaves the CLM loss unchanged and changes the MLM loss, on each backend; flex attention, which ignores
+    `is_causal`, gets its causal block mask and equals sdpa's CLM loss."""
+    from raybiphase.pretrain.model import loss_terms
+
+    flex, sdpa = (build_model("tiny", vocab_size=VOCAB, special_ids=SPECIALS, seed=0, attn_implementation=a).eval()
+                  for a in (attn, "sdpa"))
+    x = _tokens(2, (2, 16))
+    y = x.clone()
+    y[:, 9] = (y[:, 9] + 1) % VOCAB
+    with torch.no_grad():
+        clm, mlm = ([float(loss_terms(flex, {"input_ids": t, "labels": _labels_before(x, 8)}, objective)[0])
+                     for t in (x, y)] for objective in ("clm", "mlm"))
+        reference = float(loss_terms(sdpa, {"input_ids": x, "labels": _labels_before(x, 8)}, "clm")[0])
+    assert clm[0] == clm[1] and mlm[0] != mlm[1]
+    assert abs(clm[0] - reference) < 1e-4 * reference
+
+
 def test_causal_logits_equal_llama_with_the_same_weights(model):
     size = SIZES["tiny"]
     llama = LlamaForCausalLM(LlamaConfig(
