@@ -12,25 +12,26 @@ import re
 
 from raybiphase.config import RunConfig, run_hash
 
-PHASE_TAG = re.compile(r"(?P<objective>clm|mlm)(?P<percent>\d*)")
-SOURCE_TAG = re.compile(r"-(?P<tag>(?:clm|mlm)\d*)-dec\d")
+PHASE_TAG = re.compile(r"(?P<objective>clm|mlm|mntp)(?P<percent>\d*)")
+SOURCE_TAG = re.compile(r"-(?P<tag>(?:clm|mlm|mntp)\d*)-dec\d")
 """A continued run's source in its name: `610m-clm-dec42k-mlm40-64k` continues a CLM model."""
 
 
 def phase_tag(objective: str, mask_ratio: float | None = None) -> str:
-    """The paper's tag of a phase: `clm`, or `mlm` and the masking ratio in percent (`mlm40`)."""
-    return "clm" if objective == "clm" else f"mlm{round(mask_ratio * 100)}"
+    """The paper's tag of a phase: `clm`, or `mlm` (`mntp`) and the masking ratio in percent (`mlm40`)."""
+    return "clm" if objective == "clm" else f"{objective}{round(mask_ratio * 100)}"
 
 
 def phase_label(phase) -> str:
     """A resolved phase's tag in a run name: `clm`, `mlm40`, a ratio schedule `mlm40to15`, a per-sequence range
-    `mlmu15to60`; an `r` after it when the phase resets the optimizer (`mlm40r`)."""
-    if phase.objective == "mlm" and phase.mask_ratio_range is not None:
+    `mlmu15to60`, masked next-token prediction `mntp40`; an `r` after it when the phase resets the optimizer
+    (`mlm40r`)."""
+    if phase.objective != "clm" and phase.mask_ratio_range is not None:
         low, high = phase.mask_ratio_range
-        tag = f"mlmu{round(low * 100)}to{round(high * 100)}"
+        tag = f"{phase.objective}u{round(low * 100)}to{round(high * 100)}"
     else:
         tag = phase_tag(phase.objective, phase.mask_ratio)
-    if phase.objective == "mlm" and phase.mask_ratio_end is not None:
+    if phase.objective != "clm" and phase.mask_ratio_end is not None:
         tag += f"to{round(phase.mask_ratio_end * 100)}"
     if phase.optimizer == "reset":  # Ettin's recipe: the weights only, a fresh optimizer
         tag += "r"
@@ -38,7 +39,8 @@ def phase_label(phase) -> str:
 
 
 def parse_phase_tag(tag: str) -> tuple[str, float | None] | None:
-    """`mlm40` -> ("mlm", 0.4), `clm` -> ("clm", None), `mlm` -> ("mlm", None); None for anything else."""
+    """`mlm40` -> ("mlm", 0.4), `mntp40` -> ("mntp", 0.4), `clm` -> ("clm", None), `mlm` -> ("mlm", None); None for
+    anything else."""
     match = PHASE_TAG.fullmatch(tag)
     if not match:
         return None
@@ -46,7 +48,7 @@ def parse_phase_tag(tag: str) -> tuple[str, float | None] | None:
 
 
 def source_objective(run: str) -> str | None:
-    """The objective ("clm" or "mlm") of the model a continued run's name says it started from, else None."""
+    """The objective ("clm", "mlm" or "mntp") of the model a continued run's name says it started from, else None."""
     match = SOURCE_TAG.search(run)
     return parse_phase_tag(match["tag"])[0] if match else None
 

@@ -3,6 +3,7 @@ dotted name per setting."""
 
 from raybiphase.config.load import ConfigError, flatten, from_dict, load, replace, to_dict
 from raybiphase.config.run import (
+    MASKED,
     DataConfig,
     ModelConfig,
     OptimConfig,
@@ -17,7 +18,7 @@ from raybiphase.config.run import (
 from raybiphase.config.sweep import FinetuneConfig, SweepConfig, SweepSpec
 
 __all__ = [
-    "ConfigError", "DataConfig", "FinetuneConfig", "ModelConfig", "OptimConfig", "Phase", "PhasesConfig",
+    "MASKED", "ConfigError", "DataConfig", "FinetuneConfig", "ModelConfig", "OptimConfig", "Phase", "PhasesConfig",
     "ResourcesConfig", "RunConfig", "SweepConfig", "SweepSpec", "TrainConfig", "flatten", "from_dict", "load",
     "replace", "run_hash", "to_dict", "weights_settings",
 ]

@@ -90,19 +90,26 @@ class DataConfig:
         location(self.dir, "data.dir")
 
 
+Objective = Literal["clm", "mlm", "mntp"]
+MASKED = ("mlm", "mntp")
+"""The objectives that mask tokens (and so take mask_ratio, mask_ratio_end, mask_ratio_range)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Phase:
-    objective: Literal["clm", "mlm"]
-    """Training objective of this phase."""
+    objective: Objective
+    """Training objective of this phase: `clm` (causal attention, next token), `mlm` (bidirectional, the masked
+    token at its own position) or `mntp` (masked next-token prediction, LLM2Vec's adaptation step: bidirectional,
+    the masked token i predicted from position i - 1)."""
     steps: int
     """Optimizer steps in this phase."""
     mask_ratio: float | None = None
-    """MLM only: share of tokens masked; None takes phases.mask_ratio."""
+    """MLM and MNTP only: share of tokens masked; None takes phases.mask_ratio."""
     mask_ratio_end: float | None = None
-    """MLM only: the share masked at the phase's last step, reached linearly from mask_ratio over the phase (Ankner
+    """MLM and MNTP only: the share masked at the phase's last step, reached linearly from mask_ratio over the phase (Ankner
     et al.: 0.3 -> 0.15); None takes phases.mask_ratio_end (none: a fixed ratio)."""
     mask_ratio_range: tuple[float, float] | None = None
-    """MLM only: each sequence's share masked drawn uniformly from [low, high], seeded by the sample (a control for
+    """MLM and MNTP only: each sequence's share masked drawn uniformly from [low, high], seeded by the sample (a control for
     CLM's spread of effective masking rates); None takes phases.mask_ratio_range (none: a fixed ratio)."""
 
     optimizer: Literal["carry", "reset"] = "carry"
@@ -134,8 +141,8 @@ class PhasesConfig:
     """MLM phases: each sequence's ratio drawn uniformly from [low, high] (seeded by the sample) instead of one fixed
     ratio, e.g. [0.15, 0.6]; None: a fixed ratio."""
     plan: tuple[Phase, ...] = ()
-    """Explicit phases in order, e.g. [{objective: clm, steps: 10}, {objective: mlm, steps: 30}]; an MLM phase may
-    also set mask_ratio, mask_ratio_end or mask_ratio_range, and any phase after the first optimizer: reset (AdamW's
+    """Explicit phases in order, e.g. [{objective: clm, steps: 10}, {objective: mlm, steps: 30}]; an MLM or MNTP
+    phase may also set mask_ratio, mask_ratio_end or mask_ratio_range, and any phase after the first optimizer: reset (AdamW's
     moments forgotten at its start) with rewarmup_steps."""
 
     def resolved(self) -> tuple[Phase, ...]:
@@ -157,7 +164,7 @@ class PhasesConfig:
                 p, mask_ratio=p.mask_ratio if p.mask_ratio is not None else self.mask_ratio,
                 mask_ratio_end=p.mask_ratio_end if p.mask_ratio_end is not None else self.mask_ratio_end,
                 mask_ratio_range=p.mask_ratio_range if p.mask_ratio_range is not None else self.mask_ratio_range)
-            if p.objective == "mlm"
+            if p.objective in MASKED
             else p
             for p in phases
         )
@@ -186,8 +193,8 @@ class PhasesConfig:
         for i, phase in enumerate(self.plan):
             positive(phase.steps, f"phases.plan.{i}.steps")
             for name in ("mask_ratio", "mask_ratio_end", "mask_ratio_range"):
-                check(getattr(phase, name) is None or phase.objective == "mlm", f"phases.plan.{i}.{name}",
-                      "only MLM phases mask tokens; a CLM phase takes no masking ratio")
+                check(getattr(phase, name) is None or phase.objective in MASKED, f"phases.plan.{i}.{name}",
+                      "only MLM and MNTP phases mask tokens; a CLM phase takes no masking ratio")
             if phase.mask_ratio is not None:
                 ratio(phase.mask_ratio, f"phases.plan.{i}.mask_ratio")
             _check_masking(phase.mask_ratio_end, phase.mask_ratio_range, f"phases.plan.{i}")

@@ -38,6 +38,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from raybiphase.config.run import MASKED
+
 IGNORE_INDEX = -100  # torch cross_entropy's default ignore_index
 _M64 = (1 << 64) - 1
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
@@ -188,6 +190,15 @@ def clm_labels(input_ids: np.ndarray, pad_id: int | None = None) -> tuple[np.nda
     return ids64, labels
 
 
+def mntp_labels(mlm_labels: np.ndarray) -> np.ndarray:
+    """MNTP's labels from MLM's: the masked token at position i becomes the label of position i - 1 (its hidden
+    state predicts the next token, as the decoder it came from did); a token masked at position 0 has no position
+    before it and goes unpredicted."""
+    labels = np.full_like(mlm_labels, IGNORE_INDEX)
+    labels[:, :-1] = mlm_labels[:, 1:]
+    return labels
+
+
 def mask_batch(
     batch: dict[str, np.ndarray],
     *,
@@ -205,15 +216,17 @@ def mask_batch(
     sample_id = np.asarray(batch["sample_id"])
     if objective == "clm":
         inputs, labels = clm_labels(batch["input_ids"], pad_id=pad_id)
-    elif objective == "mlm":
+    elif objective in MASKED:
         missing = [n for n, v in (("spec", spec), ("mask_token_id", mask_token_id),
                                   ("vocab_size", vocab_size), ("special_ids", special_ids)) if v is None]
         if missing:
-            raise ValueError(f"objective 'mlm' needs {', '.join(missing)}")
+            raise ValueError(f"objective {objective!r} needs {', '.join(missing)}")
         specials = list(special_ids) + ([pad_id] if pad_id is not None else [])
         inputs, labels = mlm_mask(batch["input_ids"], sample_id, seed=seed, spec=spec,
                                   mask_token_id=mask_token_id, vocab_size=vocab_size,
                                   special_ids=specials, stream=stream)
+        if objective == "mntp":
+            labels = mntp_labels(labels)
     else:
-        raise ValueError(f"unknown objective {objective!r}; expected 'clm' or 'mlm'")
+        raise ValueError(f"unknown objective {objective!r}; expected 'clm', 'mlm' or 'mntp'")
     return {"input_ids": inputs, "labels": labels, "sample_id": sample_id}

@@ -227,14 +227,17 @@ def phase_stream(
                           batch_format="numpy", num_cpus=0.5)
 
 
-def validation_batches(manifest: Manifest, *, batch_size: int, batches: int, mask_ratio: float) -> dict[str, list[dict]]:
-    """Fixed held-out batches for the CLM and the MLM loss: the same in every phase and every run."""
+def validation_batches(manifest: Manifest, *, batch_size: int, batches: int, mask_ratio: float,
+                       mntp: bool = False) -> dict[str, list[dict]]:
+    """Fixed held-out batches for the CLM and the MLM loss, and the MNTP loss for a run with an MNTP phase (MLM's
+    masked inputs, its labels one position earlier): the same in every phase and every run."""
     blocks = _load_blocks(storage.join(manifest.dir, manifest.val_file), manifest.seq_len)
     n = min(len(blocks), batch_size * batches)
     spec = MaskingSpec(mask_ratio=mask_ratio)
-    out: dict[str, list[dict]] = {"clm": [], "mlm": []}
+    out: dict[str, list[dict]] = {"clm": [], "mlm": [], **({"mntp": []} if mntp else {})}
     for start in range(0, n, batch_size):
         ids = np.arange(start, min(n, start + batch_size))
         out["clm"].append(make_inputs(blocks[ids], ids, "clm", manifest, EVAL_SEED, None))
-        out["mlm"].append(make_inputs(blocks[ids], ids, "mlm", manifest, EVAL_SEED, spec, stream=1))
+        for objective in [o for o in out if o != "clm"]:
+            out[objective].append(make_inputs(blocks[ids], ids, objective, manifest, EVAL_SEED, spec, stream=1))
     return out

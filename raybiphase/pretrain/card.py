@@ -14,7 +14,7 @@ import math
 
 import yaml
 
-from raybiphase.config import RunConfig
+from raybiphase.config import MASKED, RunConfig
 from raybiphase.pretrain.checkpoint import CheckpointMeta
 from raybiphase.pretrain.schedule import Schedule
 
@@ -24,7 +24,7 @@ CARD = "README.md"
 def _phases(config: RunConfig) -> list[str]:
     rows, start = [], 0
     for phase in Schedule.from_config(config).phases:
-        ratio = f"{round(phase.mask_ratio * 100)}%" if phase.objective == "mlm" else ""
+        ratio = f"{round(phase.mask_ratio * 100)}%" if phase.objective in MASKED else ""
         rows.append(f"| {phase.objective.upper()} | {start:,} to {start + phase.steps:,} | {phase.steps:,} | {ratio} |")
         start += phase.steps
     return rows

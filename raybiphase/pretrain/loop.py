@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from raybiphase import storage
-from raybiphase.config import Phase, RunConfig, flatten, to_dict
+from raybiphase.config import MASKED, Phase, RunConfig, flatten, to_dict
 from raybiphase.config.sizes import PEAK_BF16_TFLOPS, flops_per_token
 from raybiphase.data.masking import IGNORE_INDEX, MaskingSpec
 from raybiphase.data.stream import epochs_read, open_dataset, phase_stream, validation_batches
@@ -139,7 +139,8 @@ class Worker:
                                           wandb.get("project"), rank=self.rank, mode=wandb.get("mode"),
                                           sync_to=wandb.get("sync_to"))
         self.val = validation_batches(self.manifest, batch_size=run.train.micro_batch_size,
-                                      batches=run.train.eval_batches, mask_ratio=run.train.eval_mask_ratio)
+                                      batches=run.train.eval_batches, mask_ratio=run.train.eval_mask_ratio,
+                                      mntp=any(p.objective == "mntp" for p in self.schedule.phases))
         self.fpt, self.peak = model_flops_per_token(self.model, run.data.seq_len), peak_flops()
         self.stop_at = job.last_step(self.schedule)  # a sweep segment's end
         self.exports = job.export_steps(self.schedule)
@@ -174,7 +175,7 @@ class Worker:
         phase = schedule.phases[phase_idx]
         phase_end = min(schedule.boundaries[phase_idx + 1], self.stop_at)
         mask = masking_spec(phase, run, first_sample=self.data_start + schedule.boundaries[phase_idx] * self.rows_per_step,
-                            rows_per_step=self.rows_per_step) if phase.objective == "mlm" else None
+                            rows_per_step=self.rows_per_step) if phase.objective in MASKED else None
         stream = phase_stream(self.manifest, objective=phase.objective, mask=mask, seed=run.train.seed,
                               first_step=self.step, steps=phase_end - self.step, sample_offset=self.data_start,
                               rows_per_step=self.rows_per_step, rank=self.rank, world=self.world,

@@ -319,7 +319,7 @@ def _switch_steps(rows: pd.DataFrame) -> list[float]:
 
 def curves_section(pretrain: pd.DataFrame) -> Section:
     title = "Pretraining curves: held-out CLM and MLM loss"
-    losses = [c for c in ("val/clm_loss", "val/mlm_loss") if c in pretrain and pretrain[c].notna().any()]
+    losses = [c for c in ("val/clm_loss", "val/mlm_loss", "val/mntp_loss") if c in pretrain and pretrain[c].notna().any()]
     if not losses or pretrain.groupby("run")["step"].nunique().max() < 2:
         return Section("pretrain_curves", title, None, "Not drawn: no run reported held-out losses at two steps.")
     pretrain = pretrain.assign(budget=pd.to_numeric(_col(pretrain, "phases.steps"), errors="coerce"))

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from raybiphase.config import ConfigError, Phase, RunConfig, SweepSpec, from_dict, to_dict, weights_settings
-from raybiphase.config.run import digest
+from raybiphase.config.run import MASKED, digest
 from raybiphase.config.sizes import SIZES
 from raybiphase.finetune.tasks import training_groups
 from raybiphase.naming import phase_tag, run_name, steps_label
@@ -172,19 +172,20 @@ def _with_shorthand(combo: dict, base: dict) -> dict:
     return out
 
 
+OBJECTIVE_CODE = {"clm": 0.0, "mlm": 1.0, "mntp": 2.0}
 RESET = 10.0
 """Added to the objective code of a step that starts with AdamW's moments reset."""
 
 
 def signature(cfg: RunConfig) -> np.ndarray:
     """Per-step (objective, mask ratio, learning rate): what a step does besides the base; the objective code is 0
-    for CLM, 1 for MLM, plus RESET where the phase resets the optimizer."""
+    for CLM, 1 for MLM, 2 for MNTP (OBJECTIVE_CODE), plus RESET where the phase resets the optimizer."""
     schedule = Schedule.from_config(cfg)
     rows = []
     for phase in schedule.phases:
         block = np.zeros((phase.steps, 3))
-        if phase.objective == "mlm":
-            block[:, 0] = 1.0
+        block[:, 0] = OBJECTIVE_CODE[phase.objective]
+        if phase.objective in MASKED:
             block[:, 1] = _ratio_column(phase)
         rows.append(block)
     sig = np.concatenate(rows)
@@ -237,10 +238,11 @@ def plan_controls(runs: dict[str, Run]) -> dict[str, Control]:
 
 
 def signature_tag(row: np.ndarray) -> str:
-    """The phase tag of one step of a signature (objective 0 = CLM, then the masking ratio)."""
-    if row[0] % RESET == 0:
+    """The phase tag of one step of a signature (its objective code, then the masking ratio)."""
+    objective = next(name for name, code in OBJECTIVE_CODE.items() if code == row[0] % RESET)
+    if objective == "clm":
         return "clm"
-    return "mlmu" if row[1] >= 1 else phase_tag("mlm", float(row[1]))
+    return f"{objective}u" if row[1] >= 1 else phase_tag(objective, float(row[1]))
 
 
 def _segment_id(run: Run, end: int, start: int) -> str:
