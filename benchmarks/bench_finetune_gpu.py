@@ -220,8 +220,9 @@ def trainer(hf_dir: Path, args, device, splits) -> dict:
             set_seed(args.seed)
             model = AutoModelForSequenceClassification.from_pretrained(
                 str(hf_dir), num_labels=get_task(args.task).num_labels, classifier_pooling="mean", dtype=torch.float32)
-            runner = Trainer(model=model, args=options, train_dataset=train, data_collator=DataCollatorWithPadding(tokenizer),
-                             compute_metrics=accuracy, callbacks=[TrainLoop()])
+            runner = Trainer(model=model, args=options, train_dataset=train,
+                             data_collator=DataCollatorWithPadding(tokenizer), compute_metrics=accuracy,
+                             callbacks=[TrainLoop()])
         runner.train()
         with watch.phase("evaluate"):
             runner.evaluate(val, metric_key_prefix="val")

@@ -9,11 +9,14 @@
 from __future__ import annotations
 
 import re
+from typing import get_args
 
-from raybiphase.config import RunConfig, run_hash
+from raybiphase.config import MASKED, RunConfig, run_hash
+from raybiphase.config.run import Objective
 
-PHASE_TAG = re.compile(r"(?P<objective>clm|mlm|mntp)(?P<percent>\d*)")
-SOURCE_TAG = re.compile(r"-(?P<tag>(?:clm|mlm|mntp)\d*)-dec\d")
+_OBJECTIVES = "|".join(get_args(Objective))
+PHASE_TAG = re.compile(rf"(?P<objective>{_OBJECTIVES})(?P<percent>\d*)")
+SOURCE_TAG = re.compile(rf"-(?P<tag>(?:{_OBJECTIVES})\d*)-dec\d")
 """A continued run's source in its name: `610m-clm-dec42k-mlm40-64k` continues a CLM model."""
 
 
@@ -26,12 +29,12 @@ def phase_label(phase) -> str:
     """A resolved phase's tag in a run name: `clm`, `mlm40`, a ratio schedule `mlm40to15`, a per-sequence range
     `mlmu15to60`, masked next-token prediction `mntp40`; an `r` after it when the phase resets the optimizer
     (`mlm40r`)."""
-    if phase.objective != "clm" and phase.mask_ratio_range is not None:
+    if phase.objective in MASKED and phase.mask_ratio_range is not None:
         low, high = phase.mask_ratio_range
         tag = f"{phase.objective}u{round(low * 100)}to{round(high * 100)}"
     else:
         tag = phase_tag(phase.objective, phase.mask_ratio)
-    if phase.objective != "clm" and phase.mask_ratio_end is not None:
+    if phase.objective in MASKED and phase.mask_ratio_end is not None:
         tag += f"to{round(phase.mask_ratio_end * 100)}"
     if phase.optimizer == "reset":  # Ettin's recipe: the weights only, a fresh optimizer
         tag += "r"

@@ -106,11 +106,12 @@ class Phase:
     mask_ratio: float | None = None
     """MLM and MNTP only: share of tokens masked; None takes phases.mask_ratio."""
     mask_ratio_end: float | None = None
-    """MLM and MNTP only: the share masked at the phase's last step, reached linearly from mask_ratio over the phase (Ankner
-    et al.: 0.3 -> 0.15); None takes phases.mask_ratio_end (none: a fixed ratio)."""
+    """MLM and MNTP only: the share masked at the phase's last step, reached linearly from mask_ratio over the
+    phase (Ankner et al.: 0.3 -> 0.15); None takes phases.mask_ratio_end (none: a fixed ratio)."""
     mask_ratio_range: tuple[float, float] | None = None
-    """MLM and MNTP only: each sequence's share masked drawn uniformly from [low, high], seeded by the sample (a control for
-    CLM's spread of effective masking rates); None takes phases.mask_ratio_range (none: a fixed ratio)."""
+    """MLM and MNTP only: each sequence's share masked drawn uniformly from [low, high], seeded by the sample (a
+    control for CLM's spread of effective masking rates); None takes phases.mask_ratio_range (none: a fixed
+    ratio)."""
 
     optimizer: Literal["carry", "reset"] = "carry"
     """At this phase's first step: `carry` AdamW's moments over from the phase before (the paper, one WSD run), or
@@ -142,8 +143,8 @@ class PhasesConfig:
     ratio, e.g. [0.15, 0.6]; None: a fixed ratio."""
     plan: tuple[Phase, ...] = ()
     """Explicit phases in order, e.g. [{objective: clm, steps: 10}, {objective: mlm, steps: 30}]; an MLM or MNTP
-    phase may also set mask_ratio, mask_ratio_end or mask_ratio_range, and any phase after the first optimizer: reset (AdamW's
-    moments forgotten at its start) with rewarmup_steps."""
+    phase may also set mask_ratio, mask_ratio_end or mask_ratio_range, and any phase after the first optimizer:
+    reset (AdamW's moments forgotten at its start) with rewarmup_steps."""
 
     def resolved(self) -> tuple[Phase, ...]:
         """The phases in order, with the two-phase shorthand expanded and every MLM ratio filled in."""

@@ -2,8 +2,8 @@
 
 The same weights serve both objectives; only attention changes. CLM steps call the model with `is_causal=True`
 (honoured by sdpa and flash_attention_2) or, with flex attention, which ignores that flag, a causal block mask
-(`attention_kwargs`); the eager backend ignores both, so it is never offered. MLM steps are bidirectional. EuroBERT's weight names equal LlamaForCausalLM's, so a Llama-family decoder is a state-dict load
-(`from_decoder`); with the same weights, causal-mode logits equal Llama's (tests/pretrain/test_model.py).
+(`attention_kwargs`); the eager backend ignores both, so it is never offered. MLM and MNTP steps are bidirectional.
+EuroBERT's weight names equal LlamaForCausalLM's, so a Llama-family decoder is a state-dict load (`from_decoder`); with the same weights, causal-mode logits equal Llama's (tests/pretrain/test_model.py).
 """
 
 from __future__ import annotations

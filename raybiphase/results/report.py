@@ -16,6 +16,7 @@ import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 import matplotlib
 import pandas as pd
@@ -23,6 +24,7 @@ import pyarrow.fs as pafs
 from matplotlib.figure import Figure  # figures without pyplot: no global state, PNGs through Agg
 
 from raybiphase import storage
+from raybiphase.config.run import Objective
 from raybiphase.errors import UserError
 from raybiphase.naming import source_objective, steps_label
 from raybiphase.results import html
@@ -319,7 +321,7 @@ def _switch_steps(rows: pd.DataFrame) -> list[float]:
 
 def curves_section(pretrain: pd.DataFrame) -> Section:
     title = "Pretraining curves: held-out CLM and MLM loss"
-    losses = [c for c in ("val/clm_loss", "val/mlm_loss", "val/mntp_loss") if c in pretrain and pretrain[c].notna().any()]
+    losses = [c for c in (f"val/{o}_loss" for o in get_args(Objective)) if c in pretrain and pretrain[c].notna().any()]
     if not losses or pretrain.groupby("run")["step"].nunique().max() < 2:
         return Section("pretrain_curves", title, None, "Not drawn: no run reported held-out losses at two steps.")
     pretrain = pretrain.assign(budget=pd.to_numeric(_col(pretrain, "phases.steps"), errors="coerce"))

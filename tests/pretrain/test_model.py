@@ -42,7 +42,7 @@ def _labels_before(x: torch.Tensor, position: int) -> torch.Tensor:
     return labels
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "flex_attention"])
+@pytest.mark.parametrize("attn", ["sdpa", pytest.param("flex_attention", marks=pytest.mark.slow)])  # flex compiles
 def test_the_training_steps_clm_loss_never_sees_past_its_labels(attn):
     """The step's own path (`loss_terms`, sparse head): with labels on the first 8 positions only, a token changed at
     position 9 leaves the CLM loss unchanged and changes the MLM loss, on each backend; flex attention, which ignores
