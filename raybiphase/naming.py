@@ -16,6 +16,9 @@ from raybiphase.config.run import Objective
 
 _OBJECTIVES = "|".join(get_args(Objective))
 PHASE_TAG = re.compile(rf"(?P<objective>{_OBJECTIVES})(?P<percent>\d*)")
+LABEL = re.compile(rf"(?P<objective>{_OBJECTIVES})(?P<ratio>u\d+to\d+|\d+)?(?P<end>to\d+)?(?P<reset>r)?"
+                   r"(?P<frozen>f\d+(?:to\d+|x)?)?")
+"""A phase label with its knobs (`phase_label`): `mlm40to15r` -> ratio 40, end to15, reset; `mlmu15to60`; `clmf6`."""
 SOURCE_TAG = re.compile(rf"-(?P<tag>(?:{_OBJECTIVES})\d*)-dec\d")
 """A continued run's source in its name: `610m-clm-dec42k-mlm40-64k` continues a CLM model."""
 
@@ -28,7 +31,7 @@ def phase_tag(objective: str, mask_ratio: float | None = None) -> str:
 def phase_label(phase) -> str:
     """A resolved phase's tag in a run name: `clm`, `mlm40`, a ratio schedule `mlm40to15`, a per-sequence range
     `mlmu15to60`, masked next-token prediction `mntp40`; an `r` after it when the phase resets the optimizer
-    (`mlm40r`)."""
+    (`mlm40r`); then its frozen blocks (`frozen_tag`)."""
     if phase.objective in MASKED and phase.mask_ratio_range is not None:
         low, high = phase.mask_ratio_range
         tag = f"{phase.objective}u{round(low * 100)}to{round(high * 100)}"
@@ -38,7 +41,35 @@ def phase_label(phase) -> str:
         tag += f"to{round(phase.mask_ratio_end * 100)}"
     if phase.optimizer == "reset":  # Ettin's recipe: the weights only, a fresh optimizer
         tag += "r"
-    return tag
+    return tag + frozen_tag(phase.frozen_layers)
+
+
+def frozen_tag(layers: tuple[int, ...]) -> str:
+    """Frozen blocks in a phase tag: `f6` for the lowest six (0 to 5), `f4to7` for another contiguous block,
+    `f3x` for three scattered ones (the config columns list them); empty when none."""
+    if not layers:
+        return ""
+    low, high = layers[0], layers[-1]
+    if list(layers) != list(range(low, high + 1)):
+        return f"f{len(layers)}x"
+    return f"f{high + 1}" if low == 0 else f"f{low}to{high}"
+
+
+def label_parts(label: str) -> dict[str, str] | None:
+    """The parts of a phase label (LABEL's groups, absent ones empty), or None when `label` is not one."""
+    match = LABEL.fullmatch(label)
+    return {k: v or "" for k, v in match.groupdict().items()} if match else None
+
+
+def join_label(parts: dict[str, str]) -> str:
+    """`label_parts` back into a label."""
+    return "".join(parts[k] for k in ("objective", "ratio", "end", "reset", "frozen"))
+
+
+def strip_hash(run: str) -> str:
+    """A run's name without its settings hash: `tiny-clm-400-mlm40r-800-a1b2c3` -> `tiny-clm-400-mlm40r-800`."""
+    head, _, tail = run.rpartition("-")
+    return head if head and re.fullmatch(r"[0-9a-f]{6}", tail) else run
 
 
 def parse_phase_tag(tag: str) -> tuple[str, float | None] | None:

@@ -52,6 +52,36 @@ def reset_moments(optimizer: torch.optim.Optimizer) -> None:
     optimizer.state.clear()
 
 
+def fill_fresh_state(optimizer: torch.optim.AdamW) -> None:
+    """Give every parameter without AdamW state the state AdamW would create lazily at its first update (step 0,
+    zero moments), so a checkpoint holds every parameter's state, frozen ones included, and resuming from it (which
+    initialises the missing state with a step of its own) continues exactly as the uninterrupted run does."""
+    from torch.optim.optimizer import _get_scalar_dtype
+
+    for group in optimizer.param_groups:
+        fused_or_capturable = bool(group.get("fused") or group.get("capturable"))
+        for param in group["params"]:
+            state = optimizer.state[param]
+            if state:
+                continue
+            if fused_or_capturable:
+                state["step"] = torch.zeros((), dtype=_get_scalar_dtype(is_fused=bool(group.get("fused"))),
+                                            device=param.device)
+            else:
+                state["step"] = torch.tensor(0.0, dtype=_get_scalar_dtype(), device="cpu")
+            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            if group.get("amsgrad"):
+                state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+
+
+def drop_grads(params: list[torch.nn.Parameter]) -> None:
+    """Leave `params` out of this update: no gradient, so clipping ignores them and AdamW skips them (no decay,
+    moments kept as they are)."""
+    for param in params:
+        param.grad = None
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr

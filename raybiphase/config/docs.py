@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import inspect
 import textwrap
+import typing
 from typing import Any
 
 
@@ -36,24 +37,37 @@ def _default(f: dataclasses.Field) -> Any:
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
 
 
+REQUIRED = "(required)"
+
+
 def settings(cls: type, prefix: str = "") -> list[tuple[str, Any, str]]:
-    """(dotted name, default, docstring) of every leaf setting of a config dataclass, sections in field order."""
+    """(dotted name, default, docstring) of every leaf setting of a config dataclass, sections in field order; a
+    list of entries (phases.plan) is followed by its entry's settings, named with `N` for the entry's index."""
     out = []
-    docs = field_docs(cls)
+    docs, hints = field_docs(cls), typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         value = _default(f)
         if dataclasses.is_dataclass(value):
             out += settings(type(value), f"{prefix}{f.name}.")
-        else:
-            out.append((f"{prefix}{f.name}", value, docs.get(f.name, "")))
+            continue
+        out.append((f"{prefix}{f.name}", value, docs.get(f.name, "")))
+        entry = typing.get_args(hints[f.name])[:1]
+        if typing.get_origin(hints[f.name]) is tuple and entry and dataclasses.is_dataclass(entry[0]):
+            entry_docs = field_docs(entry[0])
+            out += [(f"{prefix}{f.name}.N.{e.name}", REQUIRED if _required(e) else _default(e), entry_docs.get(e.name, ""))
+                    for e in dataclasses.fields(entry[0])]
     return out
+
+
+def _required(f: dataclasses.Field) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
 def settings_help(cls: type, width: int = 100) -> str:
     """The settings as help text: `name = default` on one line, the docstring indented below."""
     lines = ["settings (set in the YAML file or with --set NAME=VALUE):"]
     for name, default, doc in settings(cls):
-        lines.append(f"  {name} = {default!r}")
+        lines.append(f"  {name} = {default}" if default is REQUIRED else f"  {name} = {default!r}")
         if doc:
             lines += textwrap.wrap(doc, width, initial_indent="      ", subsequent_indent="      ")
     return "\n".join(lines)

@@ -28,7 +28,7 @@ from raybiphase.config.load import (
     share,
     to_dict,
 )
-from raybiphase.config.sizes import SIZE_NAMES
+from raybiphase.config.sizes import SIZE_NAMES, SIZES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,6 +119,10 @@ class Phase:
     rewarmup_steps: int | None = None
     """With `optimizer: reset`: the learning rate warms up again over this many steps of the phase (the WSD rate
     times the ramp); None: no re-warmup."""
+    frozen_layers: tuple[int, ...] = ()
+    """Transformer blocks (0-based indices) left untouched during this phase: their gradients are dropped before
+    clipping, so AdamW never updates them (nor their moments) and they end the phase bit for bit as they began it
+    (the "CLM detour" analyses freeze the lower blocks during the MLM phase)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,7 +148,7 @@ class PhasesConfig:
     plan: tuple[Phase, ...] = ()
     """Explicit phases in order, e.g. [{objective: clm, steps: 10}, {objective: mlm, steps: 30}]; an MLM or MNTP
     phase may also set mask_ratio, mask_ratio_end or mask_ratio_range, and any phase after the first optimizer:
-    reset (AdamW's moments forgotten at its start) with rewarmup_steps."""
+    reset (AdamW's moments forgotten at its start) with rewarmup_steps, and any phase frozen_layers."""
 
     def resolved(self) -> tuple[Phase, ...]:
         """The phases in order, with the two-phase shorthand expanded and every MLM ratio filled in."""
@@ -206,6 +210,11 @@ class PhasesConfig:
                       "a re-warmup follows an optimizer reset; set optimizer: reset")
                 check(0 < phase.rewarmup_steps <= phase.steps, f"phases.plan.{i}.rewarmup_steps",
                       f"{phase.rewarmup_steps} is out of range; allowed: 1 to the phase's {phase.steps} steps")
+            frozen = list(phase.frozen_layers)
+            check(all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in frozen),
+                  f"phases.plan.{i}.frozen_layers", f"{frozen}: give block indices, integers from 0")
+            check(len(set(frozen)) == len(frozen) and frozen == sorted(frozen), f"phases.plan.{i}.frozen_layers",
+                  f"{frozen}: list each block once, in increasing order")
         for i, phase in enumerate(self.resolved()):
             check(phase.mask_ratio_end is None or phase.mask_ratio_range is None, "phases.mask_ratio_range",
                   f"phase {i} has both a ratio schedule (mask_ratio_end) and a per-sequence range; choose one")
@@ -371,6 +380,12 @@ class RunConfig:
             "model.size",
             f"unknown size {self.model.size!r}; allowed: {', '.join(SIZE_NAMES)}",
         )
+        layers = SIZES[self.model.size].layers
+        for i, phase in enumerate(self.phases.plan):
+            check(all(x < layers for x in phase.frozen_layers), f"phases.plan.{i}.frozen_layers",
+                  f"{list(phase.frozen_layers)} is out of range; {self.model.size} has blocks 0 to {layers - 1}")
+            check(len(phase.frozen_layers) < layers, f"phases.plan.{i}.frozen_layers",
+                  f"all {layers} blocks frozen; leave at least one block training")
 
     @property
     def clm_share(self) -> float:
@@ -394,7 +409,8 @@ def _phase_settings(phase: Phase) -> dict[str, Any]:
     """A phase as it enters the run's identity; the masking and optimizer knobs only when set, so the runs that use
     none keep the names they had before the knobs existed."""
     plain = dataclasses.asdict(phase)
-    unset = {"mask_ratio_end": None, "mask_ratio_range": None, "optimizer": "carry", "rewarmup_steps": None}
+    unset = {"mask_ratio_end": None, "mask_ratio_range": None, "optimizer": "carry", "rewarmup_steps": None,
+             "frozen_layers": ()}
     return {k: v for k, v in plain.items() if k not in unset or v != unset[k]}
 
 

@@ -28,12 +28,12 @@ from raybiphase.config import MASKED, Phase, RunConfig, flatten, to_dict
 from raybiphase.config.sizes import PEAK_BF16_TFLOPS, flops_per_token
 from raybiphase.data.masking import IGNORE_INDEX, MaskingSpec
 from raybiphase.data.stream import epochs_read, open_dataset, phase_stream, validation_batches
-from raybiphase.optim import adamw, reset_moments, set_lr
+from raybiphase.optim import adamw, drop_grads, fill_fresh_state, reset_moments, set_lr
 from raybiphase.pretrain import checkpoint
 from raybiphase.pretrain.checkpoint import CheckpointMeta
 from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.loss import token_weighted
-from raybiphase.pretrain.model import initial_model, loss_terms
+from raybiphase.pretrain.model import block_parameters, initial_model, loss_terms
 from raybiphase.pretrain.parallel import apply_fsdp, use_bf16, wrap_blocks
 from raybiphase.pretrain.schedule import Schedule
 from raybiphase.telemetry import wandb as wandb_log
@@ -184,19 +184,25 @@ class Worker:
                                                  device=self.device))
         if schedule.resets_optimizer(self.step):  # a phase that starts from the weights only (optimizer: reset)
             reset_moments(self.optimizer)
+        frozen = block_parameters(self.model, phase.frozen_layers)
+        if frozen:  # their state must be in every checkpoint, as it is when they train
+            fill_fresh_state(self.optimizer)
         window_start, window_tokens = time.perf_counter(), 0
         while self.step < phase_end:
             _, lr = schedule.at(self.step)
             set_lr(self.optimizer, lr)
-            total, tokens = self._optimizer_step([next(batches) for _ in range(self.accum)], phase.objective)
+            total, tokens = self._optimizer_step([next(batches) for _ in range(self.accum)], phase.objective,
+                                                 frozen)
             window_tokens += self.tokens_per_step
             if self._report(phase_idx, phase.objective, lr, total, tokens, time.perf_counter() - window_start,
                             window_tokens):
                 window_start, window_tokens = time.perf_counter(), 0
 
-    def _optimizer_step(self, micro_batches: list[dict], objective: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """Micro-steps (gradient accumulation to the global batch, each token weighing the same), clip and step;
-        returns this rank's summed loss and the global batch's labelled tokens."""
+    def _optimizer_step(self, micro_batches: list[dict], objective: str,
+                        frozen: list[torch.nn.Parameter]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Micro-steps (gradient accumulation to the global batch, each token weighing the same), the frozen
+        blocks' gradients dropped, clip and step; returns this rank's summed loss and the global batch's labelled
+        tokens."""
         run, device = self.run, self.device
         tokens = step_tokens(micro_batches, self.world)
         total = torch.zeros((), device=device)
@@ -209,6 +215,7 @@ class Worker:
                     loss = loss_sum / count.clamp(min=1) / self.accum
             loss.backward()
             total += loss_sum.detach()
+        drop_grads(frozen)
         if run.optim.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), run.optim.grad_clip)
         self.optimizer.step()

@@ -128,6 +128,11 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX)
 
 
+def block_parameters(model, blocks: tuple[int, ...]) -> list[torch.nn.Parameter]:
+    """The parameters of the transformer blocks `blocks` (0-based; a phase's frozen_layers)."""
+    return [param for i in blocks for param in model.model.layers[i].parameters()]
+
+
 def attention_kwargs(config, input_ids: torch.Tensor, is_causal: bool) -> dict:
     """How the encoder is asked for causal or bidirectional attention: sdpa and flash_attention_2 honour
     `is_causal`; flex attention ignores it and takes a causal block mask as its attention mask instead."""

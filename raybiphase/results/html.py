@@ -102,7 +102,7 @@ def svg(figure) -> str:
 
 
 def render(title: str, *, header: dict, intro: list[str], sections: list) -> str:
-    """The whole page. `sections`: raybiphase.results.report.Section (figure, note, table)."""
+    """The whole page. `sections`: raybiphase.results.tables.Section (figure, note, table)."""
     parts = [f"<h1>{html.escape(title)}</h1>", '<dl class="header">']
     parts += [f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in header.items() if v]
     parts += ["</dl>", _markdown("\n".join(intro))]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
 
@@ -29,22 +28,13 @@ from raybiphase.errors import UserError
 from raybiphase.naming import source_objective, steps_label
 from raybiphase.results import html
 from raybiphase.results.aggregate import lr_table, summarize
+from raybiphase.results.questions import beyond_sections, knobs
 from raybiphase.results.store import read_rows, write_summary
+from raybiphase.results.tables import Section, markdown, mean_ci
 from raybiphase.results.verdicts import MIN_SEEDS, UNTRAINED, family_verdicts, findings, versus_control
 from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE
 
 OBJECTIVE_COLORS = {"CLM": "tab:blue", "MLM": "tab:orange", "CLM→MLM": "tab:green", "continued": "tab:purple"}
-
-
-@dataclass
-class Section:
-    """One figure of the report: its file stem, heading, figure (None when absent), caption or reason, table."""
-
-    name: str
-    title: str
-    figure: Figure | None
-    note: str
-    table: str = ""
 
 
 def _col(frame: pd.DataFrame, name: str) -> pd.Series:
@@ -75,6 +65,7 @@ def _enrich(summary: pd.DataFrame) -> pd.DataFrame:
     s["family"] = _col(s, "family").fillna("?")
     s["metric"] = _col(s, "metric").fillna("score")
     s["final"] = s["pretrain_step"] == s.groupby(["source", "run"])["pretrain_step"].transform("max")
+    s["knobs"] = s["run"].map(knobs)  # beyond the paper's settings (raybiphase.results.verdicts.QUESTIONS)
     s["score"], s["ci"] = s["test_mean"] * 100, _interval(s["test_ci95"], s["n_seeds"])
     return s
 
@@ -140,26 +131,11 @@ def _task_grid(points: pd.DataFrame, x: str, series: str, title: str, xlabel: st
 
 def _score_table(points: pd.DataFrame, index: list[str]) -> str:
     """Markdown table: one row per `index` value, one column per task, cells 'mean ± CI (LR)'."""
-    cells = points.assign(cell=[f"{_mean_ci(m, c, n)} (lr {lr:.0e})" if pd.notna(m) else "n/a"
+    cells = points.assign(cell=[f"{mean_ci(m, c, n)} (lr {lr:.0e})" if pd.notna(m) else "n/a"
                                 for m, c, n, lr in zip(points["score"], points["ci"], points["n_seeds"],
                                                        points["best_lr"])])
     table = cells.pivot_table(index=index, columns="task", values="cell", aggfunc="first").reset_index()
-    return _markdown(table)
-
-
-def _mean_ci(mean: float, ci: float, n_seeds: int) -> str:
-    if pd.notna(ci):
-        return f"{mean:.2f} ± {ci:.2f}"
-    return f"{mean:.2f} ({int(n_seeds)} seed{'' if n_seeds == 1 else 's'}, no interval)"
-
-
-def _markdown(frame: pd.DataFrame) -> str:
-    header = "| " + " | ".join(map(str, frame.columns)) + " |"
-    lines = [header, "|" + "---|" * len(frame.columns)]
-    for row in frame.itertuples(index=False):
-        lines.append("| " + " | ".join("" if pd.isna(v) else (f"{v:g}" if isinstance(v, float) else str(v))
-                                       for v in row) + " |")
-    return "\n".join(lines)
+    return markdown(table)
 
 
 def clm_share_section(s: pd.DataFrame) -> Section:
@@ -232,7 +208,7 @@ def lr_section(s: pd.DataFrame, trials: pd.DataFrame) -> Section:
             "that ASHA cut short keeps only its best seeds, which would understate it. "
             + (f"{n_incomplete} incomplete cell(s) left out; `finetune.complete_lrs: true` finishes every cell."
                if n_incomplete else "Every cell is complete."))
-    return Section("lr_sensitivity", title, fig, note, _markdown(spread.round(2)))
+    return Section("lr_sensitivity", title, fig, note, markdown(spread.round(2)))
 
 
 def _init_objective(run: str, init_from: str) -> str:
@@ -268,8 +244,8 @@ def control_section(s: pd.DataFrame) -> Section:
     baselines = s[s["source"] == "baseline"].set_index("task")
     table = pd.DataFrame({
         "family": versus["family"], "task": versus["task"], "run": versus["run"], "objective": versus["objective"],
-        "test (%)": [_mean_ci(m, c, n) for m, c, n in zip(versus["score"], versus["ci"], versus["n_seeds"])],
-        "control (%)": [_mean_ci(m, c, n) for m, c, n in
+        "test (%)": [mean_ci(m, c, n) for m, c, n in zip(versus["score"], versus["ci"], versus["n_seeds"])],
+        "control (%)": [mean_ci(m, c, n) for m, c, n in
                         zip(versus["control"], versus["control_ci"], versus["control_seeds"])],
         "baseline (%)": [", ".join(f"{b['run']} {b['score']:.2f}" for _, b in baselines.loc[[t]].iterrows())
                          if t in baselines.index else "" for t in versus["task"]],
@@ -279,7 +255,7 @@ def control_section(s: pd.DataFrame) -> Section:
             "step-0 weights (the control), per task; baselines: the majority class (classification) and BM25 "
             "(retrieval). Per family, do the pretrained models beat the control? "
             + "; ".join(f"**{family}**: {text}" for family, text in verdicts.items()) + ".")
-    return Section("control", title, None, note, _markdown(table))
+    return Section("control", title, None, note, markdown(table))
 
 
 def summary_section(s: pd.DataFrame) -> Section:
@@ -289,7 +265,7 @@ def summary_section(s: pd.DataFrame) -> Section:
         "source": final["source"], "run": final["run"], "objective": final["objective"],
         "CLM share (%)": (final["clm_share"] * 100).round(1), "task": final["task"],
         "best LR": final["best_lr"].map(lambda v: f"{v:.0e}"),
-        "test (%)": [_mean_ci(m, c, n) for m, c, n in zip(final["score"], final["ci"], final["n_seeds"])],
+        "test (%)": [mean_ci(m, c, n) for m, c, n in zip(final["score"], final["ci"], final["n_seeds"])],
         "seeds": final["n_seeds"], "diverged (best LR / all)": [f"{int(b)} / {int(a)}" for b, a in zip(
             _col(final, "n_diverged_best").fillna(0), _col(final, "n_diverged").fillna(0))],
         "LR spread (pts)": (final["lr_spread"] * 100).round(2)})
@@ -298,7 +274,7 @@ def summary_section(s: pd.DataFrame) -> Section:
                    "Best LR by mean validation score over all its seeds (only LRs whose every seed has a score); "
                    "test mean ± 95% CI over those seeds; a diverged seed scores the metric's floor (the majority "
                    f"class for accuracy, 0 for F1 and NDCG) and counts: {diverged} trial(s) diverged here. LR spread "
-                   "= max - min of the mean test score across the complete LRs.", _markdown(table))
+                   "= max - min of the mean test score across the complete LRs.", markdown(table))
 
 
 def _palette(n: int):
@@ -353,7 +329,7 @@ def curves_section(pretrain: pd.DataFrame) -> Section:
                           "unigram entropy": pd.to_numeric(_col(last, "unigram_entropy"), errors="coerce").round(3)})
     return Section("pretrain_curves", title, fig, "Held-out loss of every run, one row per step budget; the objective "
                    "changes at the dotted lines; dashed: the corpus' unigram entropy (a model that knows only token "
-                   "frequencies), which a learning model falls well below.", _markdown(table))
+                   "frequencies), which a learning model falls well below.", markdown(table))
 
 
 FINETUNE_SECTIONS = {"control": "Pretrained vs untrained control, with baselines", "clm_share": "Downstream score vs CLM share", "mask_ratio": "Downstream score vs masking ratio",
@@ -366,8 +342,10 @@ def build_sections(pretrain: pd.DataFrame, trials: pd.DataFrame) -> list[Section
     empty = "Not drawn: no {} rows ({}.parquet is empty)."
     if len(trials):
         s = _enrich(summarize(trials))
-        sections = [control_section(s), clm_share_section(s), mask_ratio_section(s), data_efficiency_section(s),
-                    lr_section(s, trials), continued_section(s)]
+        paper = s[s["knobs"] == ""]  # the paper's figures draw the paper's settings only
+        sections = [control_section(s), clm_share_section(paper), mask_ratio_section(paper),
+                    data_efficiency_section(paper), lr_section(paper, trials), continued_section(paper),
+                    *beyond_sections(s)]
     else:
         sections = [Section(name, title, None, empty.format("fine-tuning", "finetune"))
                     for name, title in FINETUNE_SECTIONS.items()]
@@ -378,11 +356,11 @@ def build_sections(pretrain: pd.DataFrame, trials: pd.DataFrame) -> list[Section
 
 def findings_section(s: pd.DataFrame) -> Section:
     """The paper's five findings, each held, not held, mixed or not resolved at this sweep's scale."""
-    table = pd.DataFrame(findings(s), columns=["finding", "verdict", "evidence"])
+    table = pd.DataFrame(findings(s[s["knobs"] == ""]), columns=["finding", "verdict", "evidence"])  # paper's settings
     return Section("findings", "The paper's findings at this scale", None,
                    "From the 95% intervals of our final (and earliest) checkpoints: held when every decided "
                    "comparison goes the paper's way, not held when every one goes the other way, mixed when both "
-                   "happen, not resolved when the intervals overlap or are missing.", _markdown(table))
+                   "happen, not resolved when the intervals overlap or are missing.", markdown(table))
 
 
 def write_report(results_dir: storage.Location) -> tuple[str, list[Section]]:

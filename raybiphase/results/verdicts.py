@@ -17,7 +17,7 @@ UNTRAINED = "untrained"
 """The objective label of a sweep's control: its step-0 weights, fine-tuned like every checkpoint."""
 
 
-def _side(a: pd.Series, b: pd.Series) -> str:
+def compare(a: pd.Series, b: pd.Series) -> str:
     """'a' or 'b' when that side's 95% interval lies wholly above the other's, 'overlap', or 'no interval'."""
     if pd.isna(a["ci"]) or pd.isna(b["ci"]):
         return "no interval"
@@ -40,7 +40,7 @@ def versus_control(s: pd.DataFrame) -> pd.DataFrame:
             continue
         c = control.iloc[0]
         for _, r in group[group["objective"] != UNTRAINED].sort_values("run").iterrows():
-            verdict = {"a": "above", "b": "below", "overlap": "overlap"}.get(_side(r, c), "not resolved")
+            verdict = {"a": "above", "b": "below", "overlap": "overlap"}.get(compare(r, c), "not resolved")
             rows.append({"family": r["family"], "task": task, "run": r["run"], "objective": r["objective"],
                          "score": r["score"], "ci": r["ci"], "n_seeds": r["n_seeds"], "control": c["score"],
                          "control_ci": c["ci"], "control_seeds": c["n_seeds"], "verdict": verdict})
@@ -79,18 +79,19 @@ def _pairs(a: pd.DataFrame, b: pd.DataFrame, on: list[str]) -> list[tuple[str, s
         left = pd.Series({"score": row["score_a"], "ci": row["ci_a"]})
         right = pd.Series({"score": row["score_b"], "ci": row["ci_b"]})
         label = " ".join(f"{row[k]:g}" if isinstance(row[k], float) else str(row[k]) for k in on)
-        out.append((label, _side(left, right)))
+        out.append((label, compare(left, right)))
     return out
 
 
-def _verdict(pairs: list[tuple[str, str]], expected: str = "a") -> tuple[str, str]:
-    """HELD when every decided pair goes the paper's way, NOT_HELD when every one goes the other way, MIXED when both
-    happen, UNRESOLVED when none is decided; with the tally."""
+def judge(pairs: list[tuple[str, str]], expected: str = "a", whose: str = "the paper's") -> tuple[str, str]:
+    """HELD when every decided pair goes the claim's way, NOT_HELD when every one goes the other way, MIXED when
+    both happen, UNRESOLVED when none is decided; with the tally."""
     if not pairs:
         return UNRESOLVED, "nothing to compare in this sweep"
     way = sum(side == expected for _, side in pairs)
     other = sum(side not in (expected, "overlap", "no interval") for _, side in pairs)
-    tally = f"{way} of {len(pairs)} comparisons the paper's way, {other} the other way, {len(pairs) - way - other} undecided"
+    tally = (f"{way} of {len(pairs)} comparisons {whose} way, {other} the other way, "
+             f"{len(pairs) - way - other} undecided")
     if way and other:
         return MIXED, tally
     return (HELD if way else NOT_HELD if other else UNRESOLVED), tally
@@ -106,11 +107,11 @@ def findings(s: pd.DataFrame) -> list[tuple[str, str, str]]:
     out = []
     sc_qa = ["SC", "QA"]
     out.append(("1. MLM beats CLM on sequence classification and QA",
-                *_verdict(_pairs(mlm[mlm["family"].isin(sc_qa)], clm[clm["family"].isin(sc_qa)], ["task", "budget"]))))
+                *judge(_pairs(mlm[mlm["family"].isin(sc_qa)], clm[clm["family"].isin(sc_qa)], ["task", "budget"]))))
     early = ours[~ours["final"] & ours["init_from"].isna()]
     first = early[early["pretrain_step"] == early["pretrain_step"].min()] if len(early) else early
     out.append(("2. CLM is more data-efficient early (its earliest checkpoint beats MLM's)",
-                *_verdict(_pairs(first[first["objective"] == "CLM"], first[first["objective"] == "MLM"],
+                *judge(_pairs(first[first["objective"] == "CLM"], first[first["objective"] == "MLM"],
                                  ["task", "pretrain_step"]))))
     ratios = sorted(mlm["mask_ratio"].dropna().unique())
     if len(ratios) >= 2:
@@ -127,9 +128,10 @@ def findings(s: pd.DataFrame) -> list[tuple[str, str, str]]:
     else:
         out.append(("3. No masking ratio is best on every task", UNRESOLVED, "one masking ratio in this sweep"))
     out.append(("4. Under a fixed budget, CLM then MLM beats MLM only",
-                *_verdict(_pairs(two, mlm[mlm["mask_ratio"].isin(two["mask_ratio"])], ["task", "budget"]))))
+                *judge(_pairs(two, mlm[mlm["mask_ratio"].isin(two["mask_ratio"])], ["task", "budget"]))))
     continued = ours[ours["final"] & ours["init_from"].notna()]
     start = continued["run"].astype(str).str.contains("-clm-dec")  # the name says the start: 610m-clm-dec42k-...
     out.append(("5. Continued MLM from a CLM checkpoint beats continued MLM from an MLM checkpoint",
-                *_verdict(_pairs(continued[start], continued[~start], ["task", "budget"]))))
+                *judge(_pairs(continued[start], continued[~start], ["task", "budget"]))))
     return out
+

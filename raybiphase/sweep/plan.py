@@ -177,14 +177,23 @@ RESET = 10.0
 """Added to the objective code of a step that starts with AdamW's moments reset."""
 
 
+def frozen_code(layers: tuple[int, ...]) -> float:
+    """The fraction added to the objective code of a step that leaves `layers` untouched: 0 for none, else a
+    number in (0, 1) two different sets never share (so runs freezing different blocks share no step)."""
+    if not layers:
+        return 0.0
+    return (1 + int(digest({"frozen_layers": list(layers)}, 12), 16)) / (16**12 + 2)
+
+
 def signature(cfg: RunConfig) -> np.ndarray:
     """Per-step (objective, mask ratio, learning rate): what a step does besides the base; the objective code is 0
-    for CLM, 1 for MLM, 2 for MNTP (OBJECTIVE_CODE), plus RESET where the phase resets the optimizer."""
+    for CLM, 1 for MLM, 2 for MNTP (OBJECTIVE_CODE), plus RESET where the phase resets the optimizer, plus a
+    fraction for the blocks it freezes (frozen_code)."""
     schedule = Schedule.from_config(cfg)
     rows = []
     for phase in schedule.phases:
         block = np.zeros((phase.steps, 3))
-        block[:, 0] = OBJECTIVE_CODE[phase.objective]
+        block[:, 0] = OBJECTIVE_CODE[phase.objective] + frozen_code(phase.frozen_layers)
         if phase.objective in MASKED:
             block[:, 1] = _ratio_column(phase)
         rows.append(block)
@@ -239,7 +248,7 @@ def plan_controls(runs: dict[str, Run]) -> dict[str, Control]:
 
 def signature_tag(row: np.ndarray) -> str:
     """The phase tag of one step of a signature (its objective code, then the masking ratio)."""
-    objective = next(name for name, code in OBJECTIVE_CODE.items() if code == row[0] % RESET)
+    objective = next(name for name, code in OBJECTIVE_CODE.items() if code == (row[0] % RESET) // 1)
     if objective == "clm":
         return "clm"
     return f"{objective}u" if row[1] >= 1 else phase_tag(objective, float(row[1]))

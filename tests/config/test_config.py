@@ -133,7 +133,8 @@ def test_help_lists_every_setting_with_its_default_and_docstring(capsys, monkeyp
     listed = settings(SweepSpec)
     assert len(listed) > 60 and all(doc for _, _, doc in listed), [n for n, _, d in listed if not d]
     names = [name for name, _, _ in listed]
-    assert {"phases.mask_ratio", "finetune.control", "sweep.grid", "train.export_steps"} <= set(names)
+    assert {"phases.mask_ratio", "finetune.control", "sweep.grid", "train.export_steps",
+            "phases.plan.N.frozen_layers", "phases.plan.N.optimizer"} <= set(names)  # a phase entry's knobs too
     monkeypatch.setattr(sys, "argv", list(sys.argv))  # main() sets sys.argv for the command
     with pytest.raises(SystemExit) as exit_info:  # in-process: `raybiphase sweep --help` as the console runs it
         main(["sweep", "--help"])

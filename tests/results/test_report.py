@@ -18,6 +18,7 @@ from raybiphase.commands import run_main
 from raybiphase.results import report
 from raybiphase.results.importer import import_tree
 from raybiphase.results.rows import FINETUNE_KEY, PRETRAIN_KEY
+from raybiphase.results.tables import mean_ci
 from raybiphase.results.verdicts import UNTRAINED, family_verdicts, versus_control
 from raybiphase.results.store import append_rows
 from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE
@@ -254,7 +255,7 @@ def test_an_interval_needs_three_seeds(written) -> None:
     assert "91.74 ± 0.35" in Path(path).read_text()  # the paper's: 5 seeds
     ci = report._interval(pd.Series([0.01, 0.01, 0.01]), pd.Series([1, 2, 3]))
     assert ci.isna().tolist() == [True, True, False] and ci.iloc[2] == 1.0
-    assert report._mean_ci(50.0, float("nan"), 1) == "50.00 (1 seed, no interval)"
+    assert mean_ci(50.0, float("nan"), 1) == "50.00 (1 seed, no interval)"
 
 
 def test_verdicts_against_the_untrained_control_come_from_the_intervals() -> None:

@@ -1,7 +1,8 @@
 """Issue 30's knobs through the real commands on a local Ray: runs that differ only after a CLM prefix share it
 (one segment), and each branch ends with the weights its run has when `raybiphase pretrain` trains it alone, bit
-for bit: an MNTP phase, and an MLM phase that resets AdamW's moments and warms up again at the branch point (the
-step a resumed segment starts from)."""
+for bit: an MNTP phase, an MLM phase that resets AdamW's moments and warms up again at the branch point (the
+step a resumed segment starts from), and an MLM phase with the lower block frozen (which ends it as the CLM
+prefix left it)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ PLANS = {
     "mntp": [{"objective": "clm", "steps": 4}, {"objective": "mntp", "steps": 4}],
     "reset": [{"objective": "clm", "steps": 4},
               {"objective": "mlm", "steps": 4, "optimizer": "reset", "rewarmup_steps": 2}],
+    "freeze": [{"objective": "clm", "steps": 4}, {"objective": "mlm", "steps": 4, "frozen_layers": [0]}],
 }
 
 
@@ -53,10 +55,28 @@ def trained(small_data, tmp_path_factory):
 def test_the_knobs_share_the_clm_prefix_in_one_segment(trained):
     """The base run (CLM then MLM), the MNTP run and the reset run: one CLM segment, three branches."""
     segments = sorted(p.name.rsplit("-", 1)[0] for p in (trained["root"] / "runs").iterdir())
-    assert segments == ["tiny-clm-0-4", "tiny-mlm40-4-8", "tiny-mlm40-4-8", "tiny-mntp40-4-8"], segments
+    assert segments == ["tiny-clm-0-4", "tiny-mlm40-4-8", "tiny-mlm40-4-8", "tiny-mlm40-4-8",
+                        "tiny-mntp40-4-8"], segments
 
 
-@pytest.mark.parametrize("knob,tag", [("mntp", "-clm-4-mntp40-8-"), ("reset", "-clm-4-mlm40r-8-")])
+def test_a_frozen_block_ends_its_phase_as_the_clm_prefix_left_it(trained):
+    from raybiphase.pretrain import checkpoint
+    from raybiphase.pretrain.model import build_model
+
+    (parent,) = (trained["root"] / "runs").glob("tiny-clm-0-4-*/step-00000004")
+    frozen = _weights(trained["alone"]["freeze"])
+    model = build_model("tiny", vocab_size=frozen["model.embed_tokens.weight"].shape[0],
+                        special_ids={"bos_token": 0, "eos_token": 1, "pad_token": 2, "mask_token": 3}, seed=0)
+    assert checkpoint.load(parent, model).step == 4  # the weights the CLM prefix hands to its branches
+    at_switch = model.state_dict()
+    block0 = [k for k in frozen if k.startswith("model.layers.0.")]
+    assert block0 and all(torch.equal(frozen[k], at_switch[k]) for k in block0)  # untouched by the MLM phase
+    block1 = [k for k in frozen if k.startswith("model.layers.1.")]
+    assert all(not torch.equal(frozen[k], at_switch[k]) for k in block1)  # the other block trained
+
+
+@pytest.mark.parametrize("knob,tag", [("mntp", "-clm-4-mntp40-8-"), ("reset", "-clm-4-mlm40r-8-"),
+                                      ("freeze", "-clm-4-mlm40f1-8-")])
 def test_each_branch_ends_with_the_weights_of_its_run_trained_alone(trained, knob, tag):
     from raybiphase.pretrain.checkpoint import read_meta
 
