@@ -15,15 +15,18 @@ by name outside this module. The layout of a sweep, under `<sweep.storage>/<swee
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import pyarrow.fs as pafs
 
@@ -41,6 +44,53 @@ RECORDS = "records"  # one JSON record per finished fine-tuning trial, under the
 CONTROLS, EXPORTED = "controls", "exported.json"  # the untrained controls' exports, and the mark of a finished one
 
 Location = str | os.PathLike
+T = TypeVar("T")
+RETRY_SECONDS = float(os.environ.get("RAYBIPHASE_STORAGE_RETRY_S", "120"))
+"""How long a bucket operation keeps retrying a transient failure (a dropped connection, a server restarting, a
+5xx), with exponential backoff from 0.5 s; RAYBIPHASE_STORAGE_RETRY_S sets it (0: no retry)."""
+_PERMANENT = ("NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "NoSuchKey",
+              "Path does not exist", "not found", "HTTP status 403", "HTTP status 404", "HTTP status 400")
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------------------------ retries
+
+
+def transient(err: BaseException) -> bool:
+    """An object-store error worth retrying: pyarrow's OSError for a connection refused, reset or timed out, or a
+    server error; not a missing bucket or key, a denied request, or bad credentials."""
+    if not isinstance(err, OSError) or isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError,
+                                                        NotADirectoryError)):
+        return False
+    text = str(err)
+    return not any(marker in text for marker in _PERMANENT)
+
+
+def retrying(seconds: float | None = None) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Retry a function whose first argument is a location, when that is a URI and the failure is `transient`:
+    backoff 0.5, 1, 2, 4 ... s (at most 16 s a wait) for up to `seconds` (default RETRY_SECONDS) in all; then the
+    last error. Local paths are never retried."""
+
+    def decorate(fn: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(fn)
+        def wrapper(location, *args, **kwargs):
+            budget = RETRY_SECONDS if seconds is None else seconds
+            deadline, wait = time.monotonic() + budget, 0.5
+            remote = any(isinstance(a, (str, os.PathLike)) and is_uri(a) for a in (location, *args))
+            while True:
+                try:
+                    return fn(location, *args, **kwargs)
+                except OSError as err:
+                    if not (remote and transient(err)) or time.monotonic() + wait > deadline:
+                        raise
+                    log.warning("storage: %s on %s failed (%s); retrying in %.1f s", fn.__name__, location,
+                                " ".join(str(err).split())[:200], wait)
+                    time.sleep(wait)
+                    wait = min(wait * 2, 16.0)
+
+        return wrapper
+
+    return decorate
 
 
 # ------------------------------------------------------------------------------------------------ locations
@@ -66,22 +116,30 @@ def join(base: Location, *parts: str) -> str:
 
 
 def filesystem(location: Location) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow filesystem serving `location` and the path inside it."""
-    if is_uri(location):
-        return pafs.FileSystem.from_uri(str(location))
-    return pafs.LocalFileSystem(), str(Path(location).expanduser().absolute())
+    """The pyarrow filesystem serving `location` and the path inside it. An S3 one makes each request once: the
+    retries are `retrying`'s (logged, with their own budget), not the AWS SDK's silent ones on top."""
+    if not is_uri(location):
+        return pafs.LocalFileSystem(), str(Path(location).expanduser().absolute())
+    fs, path = pafs.FileSystem.from_uri(str(location))
+    if isinstance(fs, pafs.S3FileSystem):
+        _, (settings,) = fs.__reduce__()
+        fs = pafs.S3FileSystem(**settings, retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1))
+    return fs, path
 
 
+@retrying()
 def exists(location: Location) -> bool:
     fs, path = filesystem(location)
     return fs.get_file_info(path).type != pafs.FileType.NotFound
 
 
+@retrying()
 def is_file(location: Location) -> bool:
     fs, path = filesystem(location)
     return fs.get_file_info(path).type == pafs.FileType.File
 
 
+@retrying()
 def read_json(location: Location) -> Any | None:
     """The JSON document at `location`, or None when there is none."""
     fs, path = filesystem(location)
@@ -96,12 +154,14 @@ def write_json(location: Location, document: Any) -> None:
     write_bytes(location, json.dumps(document).encode())
 
 
+@retrying()
 def read_bytes(location: Location) -> bytes:
     fs, path = filesystem(location)
     with fs.open_input_stream(path) as handle:
         return handle.read()
 
 
+@retrying()
 def write_bytes(location: Location, data: bytes) -> None:
     """Write a whole file (an object store publishes it whole when the stream closes; a local file goes through a
     temporary sibling)."""
@@ -115,6 +175,7 @@ def write_bytes(location: Location, data: bytes) -> None:
         fs.move(target, path)
 
 
+@retrying()
 def _entries(location: Location, kind: pafs.FileType) -> dict[str, int]:
     fs, path = filesystem(location)
     infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
@@ -131,6 +192,7 @@ def list_folders(location: Location) -> list[str]:
     return sorted(_entries(location, pafs.FileType.Directory))
 
 
+@retrying()
 def upload(folder: Path, location: Location) -> None:
     """Copy a local folder to `location` (a path or a URI), file by file."""
     fs, path = filesystem(location)
@@ -144,7 +206,7 @@ def check_writable(location: Location, key: str) -> None:
 
     probe = join(location, f".probe-{uuid.uuid4().hex[:8]}")
     try:
-        write_bytes(probe, b"")
+        retrying(min(RETRY_SECONDS, 10.0))(write_bytes.__wrapped__)(probe, b"")  # a down endpoint fails fast
         fs, path = filesystem(probe)
         fs.delete_file(path)
     except OSError as err:
@@ -152,6 +214,7 @@ def check_writable(location: Location, key: str) -> None:
         raise UserError(f"{key}: cannot write to {location}: {reason}") from None
 
 
+@retrying()
 def delete(location: Location) -> None:
     """Remove a folder and everything under it, if it exists."""
     fs, path = filesystem(location)
@@ -159,6 +222,7 @@ def delete(location: Location) -> None:
         fs.delete_dir(path)
 
 
+@retrying()
 def local_copy(location: Location, cache: Path, version: str = "") -> Path:
     """A local folder holding `location`: the folder itself when it is local, else a copy under `cache` (this
     node's), downloaded once: into a staging folder, then renamed into place, keyed by the URI (and `version`,
@@ -219,7 +283,8 @@ def hf_dir(checkpoint: Location) -> str:
 
 
 def is_checkpoint(location: Location) -> bool:
-    """A raybiphase checkpoint (it has meta.json), local or in a bucket."""
+    """A raybiphase checkpoint (it has meta.json, written last: raybiphase.pretrain.checkpoint.commit), local or in
+    a bucket."""
     return is_file(meta_path(location))
 
 

@@ -1,7 +1,9 @@
 """Checkpoints: sharded weights and optimizer (torch.distributed.checkpoint) plus a typed meta; HF exports.
 
 One loader serves resume, branching, continued pretraining and fine-tuning (names: raybiphase.storage):
-    <ckpt>/meta.json       CheckpointMeta: the run config, step, data position, the step's report, code version
+    <ckpt>/meta.json       CheckpointMeta: the run config, step, data position, the step's report, code version,
+                           and every other file's size; written last (`commit`), so a checkpoint whose upload
+                           was cut short has none and is never resumed or branched from
     <ckpt>/__*_*.distcp    DCP shards of {"model": ..., "optim": ...}; <ckpt>/.metadata their index
     <ckpt>/hf/             save_pretrained export (safetensors + tokenizer), at the end and at requested steps
 DCP stores its index with pickle; `SafeReader` unpickles it with an allow-list, so loading a checkpoint never
@@ -15,6 +17,7 @@ import functools
 import io
 import json
 import pickle
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +57,9 @@ class CheckpointMeta:
     serves: list[str] = dataclasses.field(default_factory=list)
     """The sweep runs whose weights these are at `step` (a shared segment serves several; `run` is the first's
     config); empty outside a sweep."""
+    files: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Every file of the checkpoint (relative path -> bytes) when it was committed; loading checks them (empty in
+    checkpoints from before this check)."""
 
     @functools.cached_property
     def config(self) -> RunConfig:
@@ -115,14 +121,62 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def save(path: Path, model, optimizer, meta: CheckpointMeta) -> None:
-    """Every rank writes its shards to `path` (a local directory); rank 0 writes meta.json."""
+def save_shards(path: Path, model, optimizer) -> None:
+    """Every rank writes its shards to `path` (a local directory); no meta yet (`commit`)."""
     path.mkdir(parents=True, exist_ok=True)
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
     dcp.save(state, storage_writer=dcp.FileSystemWriter(str(path), single_file_per_rank=True))
+
+
+def save(path: Path, model, optimizer, meta: CheckpointMeta) -> None:
+    """A whole checkpoint in a local directory: the shards, then (rank 0) the meta."""
+    save_shards(path, model, optimizer)
     if _rank() == 0:
-        meta = dataclasses.replace(meta, code_version=code_version())
-        Path(storage.meta_path(path)).write_text(json.dumps(dataclasses.asdict(meta), indent=1))
+        commit(path, meta, ranks=dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
+
+
+def _files(location: storage.Location) -> dict[str, int]:
+    """Every file under a checkpoint folder but the meta, relative path -> bytes."""
+    out = {}
+    for name, size in storage.list_files(location).items():
+        if name != storage.META:
+            out[name] = size
+    for folder in storage.list_folders(location):
+        out.update({f"{folder}/{name}": size for name, size in _files(storage.join(location, folder)).items()})
+    return out
+
+
+def commit(location: storage.Location, meta: CheckpointMeta, *, ranks: int, wait_s: float = 120.0) -> None:
+    """Write the meta of the checkpoint at `location` (a folder or a bucket) once every rank's shards and DCP's
+    index are there, listing every file's size: the last write of a checkpoint. A RuntimeError when the shards
+    do not all arrive within `wait_s` (the checkpoint then stays uncommitted)."""
+    expected = {".metadata", *(f"__{rank}_0.distcp" for rank in range(ranks))}
+    deadline = time.monotonic() + wait_s
+    while not expected <= set(files := _files(location)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"checkpoint {location}: {sorted(expected - set(files))} never arrived; not committed")
+        time.sleep(0.5)
+    meta = dataclasses.replace(meta, code_version=code_version(), files=files)
+    storage.write_json(storage.meta_path(location), dataclasses.asdict(meta))
+
+
+def check_files(location: storage.Location, meta: CheckpointMeta) -> None:
+    """UserError when a file the meta lists is missing or has another size (a copy cut short, a truncated
+    object)."""
+    found = _files(location)
+    bad = sorted(name for name, size in meta.files.items() if found.get(name) != size)
+    if bad:
+        raise UserError(f"checkpoint: {location} is incomplete: {', '.join(bad[:3])} missing or of another size")
+
+
+def latest_committed(run_dir: storage.Location) -> str | None:
+    """The newest checkpoint under a run's folder that has its meta (committed), or None."""
+    steps = sorted((step, name) for name in storage.list_folders(run_dir)
+                   if (step := storage.step_of(name)) is not None)
+    for _, name in reversed(steps):
+        if storage.is_checkpoint(location := storage.join(run_dir, name)):
+            return location
+    return None
 
 
 def read_meta(path: storage.Location) -> CheckpointMeta:
@@ -135,8 +189,10 @@ def read_meta(path: storage.Location) -> CheckpointMeta:
 
 
 def load(path: str | Path, model, optimizer=None) -> CheckpointMeta:
-    """Load weights (and the optimizer when given) in place from a checkpoint; returns its meta."""
+    """Load weights (and the optimizer when given) in place from a checkpoint, its files checked against its meta
+    first; returns the meta."""
     meta = read_meta(path)
+    check_files(path, meta)
     state = {"model": get_model_state_dict(model)}
     if optimizer is not None:
         state["optim"] = get_optimizer_state_dict(model, optimizer)

@@ -29,7 +29,7 @@ from raybiphase.config.sizes import PEAK_BF16_TFLOPS, flops_per_token
 from raybiphase.data.masking import IGNORE_INDEX, MaskingSpec
 from raybiphase.data.stream import epochs_read, open_dataset, phase_stream, validation_batches
 from raybiphase.optim import adamw, drop_grads, fill_fresh_state, reset_moments, set_lr
-from raybiphase.pretrain import checkpoint
+from raybiphase.pretrain import checkpoint, preemption
 from raybiphase.pretrain.checkpoint import CheckpointMeta
 from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.loss import token_weighted
@@ -63,13 +63,16 @@ def _rank_world() -> tuple[int, int]:
 def restore(run: RunConfig, model, optimizer, resume_from: str | None) -> tuple[int, int]:
     """Where this worker starts, as (step, data_start); the one resume path.
 
-    In order: Ray Train's latest checkpoint of this run (a worker died and the group restarted), else `resume_from`
+    In order: Ray Train's latest checkpoint of this run (a worker died and the group restarted; when that one was
+    never committed, its upload cut short, the newest committed one before it), else `resume_from`
     (a sweep segment continuing its parent's checkpoint, same schedule), else a raybiphase checkpoint in
     model.init_from (continued pretraining: its weights, and its data stream carries on after the source's
     samples), else the fresh model at step 0.
     """
     latest = ray.train.get_checkpoint()
     resume = latest.path if latest is not None else resume_from
+    if latest is not None and not storage.is_checkpoint(latest.path):  # registered, but never committed (cut short)
+        resume = checkpoint.latest_committed(storage.parent(latest.path)) or resume_from
     if resume:
         with ray.train.Checkpoint(resume).as_directory() as local:
             meta = checkpoint.load(local, model, optimizer)
@@ -148,6 +151,7 @@ class Worker:
                            *self.exports}  # always evaluated and saved
         self.beacon = Beacon(job.progress if self.rank == 0 else None, stop_at=self.stop_at,
                              tokens_per_step=self.tokens_per_step, every_s=job.progress_every)
+        preemption.install()  # SIGTERM (a spot VM's notice): checkpoint after this step, then restart from it
 
     def _model_and_optimizer(self):
         run, device = self.run, self.device
@@ -194,9 +198,14 @@ class Worker:
             total, tokens = self._optimizer_step([next(batches) for _ in range(self.accum)], phase.objective,
                                                  frozen)
             window_tokens += self.tokens_per_step
+            preempted = preemption.requested(self.world, self.device)
             if self._report(phase_idx, phase.objective, lr, total, tokens, time.perf_counter() - window_start,
-                            window_tokens):
+                            window_tokens, save=preempted):
                 window_start, window_tokens = time.perf_counter(), 0
+            if preempted and self.step < self.stop_at:  # at the segment's end it is simply done
+                preemption.wait_for_controller()
+                raise preemption.Preempted(f"preemption notice: checkpoint written at step {self.step}; Ray Train "
+                                           "restarts the segment from it")
 
     def _optimizer_step(self, micro_batches: list[dict], objective: str,
                         frozen: list[torch.nn.Parameter]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,12 +236,12 @@ class Worker:
         return total, tokens
 
     def _report(self, phase_idx: int, objective: str, lr: float, total: torch.Tensor, tokens: torch.Tensor,
-                seconds: float, window_tokens: int) -> bool:
-        """Eval and report at this step when it is due, with a checkpoint (and an HF export) when that is due;
-        whether it reported."""
+                seconds: float, window_tokens: int, save: bool = False) -> bool:
+        """Eval and report at this step when it is due, with a checkpoint (and an HF export) when that is due or
+        `save` asks for one; whether it reported."""
         run, step = self.run, self.step
         do_eval = step % run.train.eval_every == 0 or step in self.milestones
-        do_save = step % run.train.checkpoint_every == 0 or step in self.milestones
+        do_save = save or step % run.train.checkpoint_every == 0 or step in self.milestones
         if not (do_eval or do_save):
             return False
         if self.world > 1:
@@ -258,13 +267,17 @@ class Worker:
         return True
 
     def _save(self, metrics: dict) -> None:
-        """A checkpoint (and, at an export step, the HF folder inside it) reported with the metrics."""
+        """A checkpoint (and, at an export step, the HF folder inside it) reported with the metrics; once Ray Train
+        has uploaded every rank's part, rank 0 commits it (its meta, written last)."""
         meta = CheckpointMeta(run=to_dict(self.run), step=self.step, data_start=self.data_start, metrics=metrics,
                               serves=list(self.job.serves))
+        name = storage.checkpoint_name(self.step)
         with tempfile.TemporaryDirectory() as tmp:
-            checkpoint.save(Path(tmp), self.model, self.optimizer, meta)
+            checkpoint.save_shards(Path(tmp), self.model, self.optimizer)
             if self.step in self.exports:
                 checkpoint.export_hf(Path(storage.hf_dir(tmp)), self.model, self.manifest.local_tokenizer(),
                                      seq_len=self.run.data.seq_len)
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
-                             checkpoint_dir_name=storage.checkpoint_name(self.step))
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp), checkpoint_dir_name=name)
+        if self.rank == 0:  # where Ray Train put it: <storage_path>/<run name>/<checkpoint_dir_name>
+            checkpoint.commit(storage.join(storage.parent(self.job.run_dir), self.job.name, name), meta,
+                              ranks=self.world)

@@ -48,6 +48,7 @@ KEY_COLUMNS_KEY = b"raybiphase.key"
 Rows = Sequence[Mapping[str, Any]] | pd.DataFrame
 
 
+@storage.retrying()
 def _read_table(path: str | os.PathLike, columns: Sequence[str] | None = None) -> pa.Table | None:
     if not storage.is_file(path):
         return None
@@ -70,6 +71,7 @@ def _with_metadata(table: pa.Table, key: Sequence[str]) -> pa.Table:
     return table.replace_schema_metadata(meta)
 
 
+@storage.retrying()
 def _write_atomic(table: pa.Table, path: str | os.PathLike) -> None:
     """Temporary file in the same folder, fsync, rename over `path`: readers never see a half-written file."""
     if storage.is_uri(path):

@@ -85,6 +85,67 @@ def _loop_killed_once(loop_config: dict, *, step: int, marker: Path) -> None:
     train_loop(loop_config)
 
 
+def _loop_preempted_once(loop_config: dict, *, step: int, marker: Path) -> None:
+    """The production loop, with SIGTERM sent to the last worker's process once, right after it reports `step`
+    (a spot VM's preemption notice); it waits until the handler has seen it, so the notice lands in step + 1.
+    Rank 0 appends the first step each attempt reports to `marker`.starts."""
+    import os
+    import signal
+    import time
+
+    import ray.train
+
+    from raybiphase.pretrain import preemption
+    from raybiphase.pretrain.loop import train_loop
+
+    report, first = ray.train.report, []
+
+    def report_then_notice(metrics, *args, **kwargs):
+        report(metrics, *args, **kwargs)
+        context = ray.train.get_context()
+        if context.get_world_rank() == 0 and not first:
+            first.append(metrics["step"])
+            with open(f"{marker}.starts", "a") as starts:
+                starts.write(f"{metrics['step']}\n")
+        last = context.get_world_rank() == context.get_world_size() - 1
+        if metrics["step"] == step and last and not marker.exists():
+            marker.write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGTERM)
+            deadline = time.monotonic() + 30
+            while not preemption._NOTICE.is_set() and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+    ray.train.report = report_then_notice
+    train_loop(loop_config)
+
+
+def test_a_preemption_notice_checkpoints_at_once_and_resumes_to_identical_weights(uninterrupted, small_data,
+                                                                                  tmp_path):
+    """SIGTERM to a worker (issue 29, point 5): the workers finish the step under way, write a checkpoint there
+    (step 5: no periodic or milestone checkpoint falls on it), and Ray Train restarts the group from it. Nothing
+    after the checkpoint was trained, so the resume loses no finished step; the weights end as without a notice."""
+    import pandas as pd
+
+    from raybiphase.pretrain.trainer import run_pretrain
+    from raybiphase.telemetry.history import read_history
+
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    cfg = tiny_config(tmp_path, small_data)
+    marker = tmp_path / "noticed"
+    result = run_pretrain(cfg, max_failures=1, train_fn=functools.partial(_loop_preempted_once, step=4,
+                                                                            marker=marker))
+    assert marker.exists()  # a worker really got SIGTERM after step 4
+    steps = sorted(p.name for p in Path(result.path).glob("step-*"))
+    assert steps == ["step-00000004", "step-00000005", "step-00000006", "step-00000008"]  # 5: the notice's
+    assert Path(f"{marker}.starts").read_text().split() == ["1", "6"]  # the restart began after step 5
+    history = pd.DataFrame(read_history(result.path))
+    assert history["step"].tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
+    final, reference = _weights(result), _weights(uninterrupted)
+    assert all(torch.equal(final[k], reference[k]) for k in reference)
+
+
 def test_killed_worker_restarts_from_checkpoint_to_identical_weights(uninterrupted, small_data, tmp_path):
     from raybiphase.pretrain.trainer import run_pretrain
 

@@ -1,0 +1,135 @@
+"""sweeps/beyond.yaml, shortened (steps / 50, one SC task, one LR, 3 seeds), end to end on the local Ray: the planner shares exactly the prefixes the runs share (a dry run's naive vs planned steps), every
+run trains and is fine-tuned, the report answers each question with a verdict, and the knob branches end with the
+weights their runs have when `raybiphase pretrain` trains them alone, bit for bit: an MLM phase that resets AdamW's
+moments at the branch point (the step a resumed segment starts from), one with the lower block frozen (which ends
+it as the CLM prefix left it), and MNTP continued from the CLM run's checkpoint."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from tests.conftest import SMALL_DATA
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+VERDICTS = {"held", "not held", "mixed", "not resolved"}
+FREEZE = {"phases.plan": [{"objective": "clm", "steps": 8}, {"objective": "mlm", "steps": 8, "frozen_layers": [0]}]}
+
+
+def shortened(tmp_path, small_data) -> dict:
+    spec = yaml.safe_load(open("sweeps/beyond.yaml"))
+    spec["sweep"]["storage"] = str(tmp_path)
+    for run in spec["sweep"]["runs"]:
+        for phase in run.get("phases.plan", []):
+            phase["steps"] //= 50
+            if "rewarmup_steps" in phase:
+                phase["rewarmup_steps"] = 2
+        if "model.init_from" in run:
+            run["model.init_from"] = run["model.init_from"].replace("800", "16")
+            run["phases.steps"] //= 50
+    spec["phases"]["steps"] = 16
+    spec["data"] = {**SMALL_DATA, "dir": small_data[0].dir}
+    spec["optim"].update(warmup_steps=2, decay_steps=4)
+    spec["train"].update(eval_every=100, eval_batches=1, checkpoint_every=100)  # milestones only
+    spec["finetune"].update(tasks=["tweets"], lrs=[1e-3], max_examples=48, max_eval_examples=48,
+                           max_steps=3, eval_every=3, max_len=64)
+    return spec
+
+
+def _weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(checkpoint / "hf" / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def study(ray_cluster, small_data, tmp_path_factory):
+    from raybiphase.config import SweepSpec, from_dict
+    from raybiphase.sweep.driver import run_sweep
+
+    tmp = tmp_path_factory.mktemp("beyond")
+    spec = from_dict(SweepSpec, shortened(tmp, small_data))
+    dry = io.StringIO()
+    run_sweep(spec, dry_run=True, out=dry)
+    plan = run_sweep(spec, out=io.StringIO())
+    return {"spec": spec, "plan": plan, "dry": dry.getvalue(), "root": tmp / "beyond"}
+
+
+def test_the_shortened_beyond_study_shares_its_prefixes_and_answers_every_question(study):
+    from raybiphase.results.store import read_rows
+
+    plan, root = study["plan"], study["root"]
+    assert len(plan.runs) == 9 and len(plan.controls) == 1
+    naive = sum(run.steps for run in plan.runs.values())
+    assert plan.planned_steps < naive and f"{plan.planned_steps:,}" in study["dry"] and f"{naive:,}" in study["dry"]
+    clm = [s for s in plan.segments.values() if s.start == 0 and s.end == 8 and len(s.runs) == 4]
+    assert len(clm) == 1  # CLM-only, CLM->MLM, its reset and its freezing share the first 8 CLM steps
+    assert set(read_rows(root / "pretrain.parquet")["run"]) == set(plan.runs)
+    trials = read_rows(root / "finetune.parquet")
+    ours = trials[trials["source"] == "raybiphase"]
+    assert len(ours) == 3 * (len(plan.runs) + 1)  # every run's final checkpoint and the control, 3 seeds each
+    report = (root / "report" / "report.md").read_text()
+    for title in ("reset vs carried", "decayed vs fixed", "per-sequence rates vs one fixed rate",
+                  "MNTP vs MLM from the same start", "every block vs frozen blocks"):
+        section = re.search(rf"^## \d+\. Beyond the paper: [^\n]*{re.escape(title)}\n\n_Claim: [^\n]*Verdict: \*\*(.+?)\*\*",
+                            report, re.M)
+        assert section and section[1] in VERDICTS, title
+
+
+def _alone(study, tmp_path, name: str, **overrides) -> Path:
+    """`raybiphase pretrain`'s path: the spec's base run with `overrides`, trained alone."""
+    from raybiphase.config import SweepSpec, from_dict, to_dict
+    from raybiphase.pretrain.trainer import run_pretrain
+
+    spec = to_dict(study["spec"])
+    spec["sweep"] = {**spec["sweep"], "name": name, "storage": str(tmp_path), "grid": {}, "runs": []}
+    result = run_pretrain(from_dict(SweepSpec, spec, overrides))
+    return Path(result.checkpoint.path)
+
+
+def _branch(study, tag: str) -> Path:
+    from raybiphase.pretrain.checkpoint import read_meta
+
+    exports = [p for p in (study["root"] / "runs").glob("*/step-*") if (p / "hf").is_dir()]  # the runs' finals
+    (branch,) = [p for p in exports if any(tag in run for run in read_meta(p).serves)]
+    return branch
+
+
+@pytest.mark.parametrize("knob, tag, overrides", [
+    ("reset", "-clm-8-mlm40r-16-", {"phases.plan": [{"objective": "clm", "steps": 8},
+                                                     {"objective": "mlm", "steps": 8, "optimizer": "reset",
+                                                      "rewarmup_steps": 2}]}),
+    ("freeze", "-clm-8-mlm40f1-16-", FREEZE),
+])
+def test_each_branch_ends_with_the_weights_of_its_run_trained_alone(study, tmp_path, knob, tag, overrides):
+    branch, alone = _weights(_branch(study, tag)), _weights(_alone(study, tmp_path, f"alone-{knob}", **overrides))
+    assert branch.keys() == alone.keys() and all(torch.equal(branch[k], alone[k]) for k in branch), knob
+
+
+def test_mntp_continued_from_the_clm_checkpoint_equals_the_run_alone(study, tmp_path):
+    (source,) = [p for p in (study["root"] / "runs").glob("tiny-clm-8-16-*/step-00000016")]
+    alone = _alone(study, tmp_path, "alone-mntp", **{"model.init_from": str(source), "phases.steps": 8,
+                                                      "phases.plan": [{"objective": "mntp", "steps": 8}]})
+    branch = _branch(study, "-clm-dec16-mntp40-24-")
+    a, b = _weights(branch), _weights(alone)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_frozen_block_ends_its_phase_as_the_clm_prefix_left_it(study):
+    from raybiphase.pretrain import checkpoint
+    from raybiphase.pretrain.model import build_model
+
+    (parent,) = (study["root"] / "runs").glob("tiny-clm-0-8-*/step-00000008")
+    frozen = _weights(_branch(study, "-clm-8-mlm40f1-16-"))
+    model = build_model("tiny", vocab_size=frozen["model.embed_tokens.weight"].shape[0],
+                        special_ids={"bos_token": 0, "eos_token": 1, "pad_token": 2, "mask_token": 3}, seed=0)
+    assert checkpoint.load(parent, model).step == 8  # the weights the CLM prefix hands to its branches
+    at_switch = model.state_dict()
+    block0 = [k for k in frozen if k.startswith("model.layers.0.")]
+    assert block0 and all(torch.equal(frozen[k], at_switch[k]) for k in block0)  # untouched by the MLM phase
+    block1 = [k for k in frozen if k.startswith("model.layers.1.")]
+    assert all(not torch.equal(frozen[k], at_switch[k]) for k in block1)  # the other block trained
