@@ -98,6 +98,25 @@ def test_permanent_errors_are_not_retried(server):
     assert time.monotonic() - started < storage.RETRY_SECONDS  # it did not wait out the budget
 
 
+def _restored_step(run_dir: str, *, registered: str, model, optimizer) -> int:
+    """The step a restarted worker group resumes from when Ray Train's latest registered checkpoint is
+    `registered` (Ray hands it over without the bucket's scheme)."""
+    import ray.train
+
+    from raybiphase.config import RunConfig
+    from raybiphase.pretrain import loop
+
+    latest = ray.train.Checkpoint(storage.join(run_dir, registered))
+    assert "://" not in latest.path
+    original = ray.train.get_checkpoint
+    ray.train.get_checkpoint = lambda: latest
+    try:
+        step, _ = loop.restore(RunConfig(), model, optimizer, None, run_dir)
+    finally:
+        ray.train.get_checkpoint = original
+    return step
+
+
 def _tiny_checkpoint(local, step: int = 3):
     from raybiphase.config import RunConfig, from_dict, to_dict
     from raybiphase.optim import adamw
@@ -132,6 +151,7 @@ def test_a_checkpoint_cut_short_is_never_resumed_and_a_damaged_one_refuses_to_lo
     assert not storage.is_checkpoint(five)  # no meta: the driver's segment_done and restore skip it
     assert checkpoint.latest_committed(run_dir) == storage.join(run_dir, "step-00000003")
 
+    assert _restored_step(run_dir, registered="step-00000005", model=model, optimizer=optimizer) == 3
     three = storage.join(run_dir, "step-00000003")
     committed = checkpoint.read_meta(three)
     assert committed.files[".metadata"] > 0 and committed.files["__0_0.distcp"] > 0

@@ -60,7 +60,7 @@ def _rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-def restore(run: RunConfig, model, optimizer, resume_from: str | None) -> tuple[int, int]:
+def restore(run: RunConfig, model, optimizer, resume_from: str | None, run_dir: str) -> tuple[int, int]:
     """Where this worker starts, as (step, data_start); the one resume path.
 
     In order: Ray Train's latest checkpoint of this run (a worker died and the group restarted; when that one was
@@ -69,10 +69,11 @@ def restore(run: RunConfig, model, optimizer, resume_from: str | None) -> tuple[
     model.init_from (continued pretraining: its weights, and its data stream carries on after the source's
     samples), else the fresh model at step 0.
     """
-    latest = ray.train.get_checkpoint()
-    resume = latest.path if latest is not None else resume_from
-    if latest is not None and not storage.is_checkpoint(latest.path):  # registered, but never committed (cut short)
-        resume = checkpoint.latest_committed(storage.parent(latest.path)) or resume_from
+    latest, resume = ray.train.get_checkpoint(), resume_from
+    if latest is not None:  # by its location in the run's folder (Ray's path drops a bucket's scheme)
+        resume = storage.join(run_dir, storage.basename(latest.path))
+        if not storage.is_checkpoint(resume):  # registered, but never committed: its upload was cut short
+            resume = checkpoint.latest_committed(run_dir) or resume_from
     if resume:
         with ray.train.Checkpoint(resume).as_directory() as local:
             meta = checkpoint.load(local, model, optimizer)
@@ -135,7 +136,7 @@ class Worker:
         self.tokens_per_step = self.rows_per_step * run.data.seq_len
         self.bf16 = use_bf16(run.train.precision)
         self.model, self.optimizer = self._model_and_optimizer()
-        self.step, self.data_start = restore(run, self.model, self.optimizer, job.resume_from)
+        self.step, self.data_start = restore(run, self.model, self.optimizer, job.resume_from, job.run_dir)
 
         wandb = job.wandb or {}
         self.tracker = wandb_log.init_run("pretrain", job.name, wandb.get("group", ""), flatten(run),
@@ -278,6 +279,5 @@ class Worker:
                 checkpoint.export_hf(Path(storage.hf_dir(tmp)), self.model, self.manifest.local_tokenizer(),
                                      seq_len=self.run.data.seq_len)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp), checkpoint_dir_name=name)
-        if self.rank == 0:  # where Ray Train put it: <storage_path>/<run name>/<checkpoint_dir_name>
-            checkpoint.commit(storage.join(storage.parent(self.job.run_dir), self.job.name, name), meta,
-                              ranks=self.world)
+        if self.rank == 0:  # where Ray Train put it: the run's folder (make_trainer), the checkpoint's name
+            checkpoint.commit(storage.join(self.job.run_dir, name), meta, ranks=self.world)
