@@ -152,7 +152,7 @@ class Worker:
                            *self.exports}  # always evaluated and saved
         self.beacon = Beacon(job.progress if self.rank == 0 else None, stop_at=self.stop_at,
                              tokens_per_step=self.tokens_per_step, every_s=job.progress_every)
-        preemption.install()  # SIGTERM (a spot VM's notice): checkpoint after this step, then restart from it
+        preemption.install(self.world)  # SIGTERM, a spot VM's notice: checkpoint after the step, restart from it
 
     def _model_and_optimizer(self):
         run, device = self.run, self.device
@@ -199,7 +199,7 @@ class Worker:
             total, tokens = self._optimizer_step([next(batches) for _ in range(self.accum)], phase.objective,
                                                  frozen)
             window_tokens += self.tokens_per_step
-            preempted = preemption.requested(self.world, self.device)
+            preempted = preemption.requested(self.world)
             if self._report(phase_idx, phase.objective, lr, total, tokens, time.perf_counter() - window_start,
                             window_tokens, save=preempted):
                 window_start, window_tokens = time.perf_counter(), 0

@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 
 _NOTICE = threading.Event()
+_GROUP: list = [None]
+"""The process group the flag is agreed over: a gloo group beside NCCL, so the check never waits on the GPU."""
 
 
 class Preempted(RuntimeError):
@@ -37,15 +39,21 @@ def _handle_in_main_thread() -> bool:
     return True
 
 
-def install() -> bool:
-    """Route SIGTERM of this Ray Train worker to the preemption notice; False outside an actor (a plain process:
-    the handler is set directly when this is the main thread)."""
+def install(world: int = 1) -> bool:
+    """Route SIGTERM of this Ray Train worker to the preemption notice (every worker calls it once, before the
+    first step); False outside an actor (a plain process: the handler is set directly when this is the main
+    thread)."""
     _NOTICE.clear()
+    if world > 1 and _GROUP[0] is None and dist.get_backend() != "gloo":
+        _GROUP[0] = dist.new_group(backend="gloo")
     if threading.current_thread() is threading.main_thread():
         return _handle_in_main_thread()
     import ray
 
-    actor = ray.get_runtime_context().current_actor if ray.is_initialized() else None
+    try:
+        actor = ray.get_runtime_context().current_actor if ray.is_initialized() else None
+    except RuntimeError:  # a task, not an actor
+        actor = None
     if actor is None or not hasattr(actor, "execute"):  # not a Ray Train worker
         return False
     return ray.get(actor.execute.remote(_handle_in_main_thread))
@@ -62,12 +70,13 @@ def _drain_notice() -> bool:
         return False
 
 
-def requested(world: int, device: torch.device) -> bool:
-    """Whether any worker got a notice (every worker calls this after each step: they stop together)."""
+def requested(world: int) -> bool:
+    """Whether any worker got a notice (every worker calls this after each step: they stop together; a CPU
+    all-reduce, no GPU sync)."""
     flag = _NOTICE.is_set() or _drain_notice()
     if world > 1:
-        tensor = torch.tensor([int(flag)], dtype=torch.int32, device=device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        tensor = torch.tensor([int(flag)], dtype=torch.int32)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_GROUP[0])
         flag = bool(tensor.item())
     return flag
 
