@@ -55,7 +55,7 @@ def server(monkeypatch):
     server.stop()
 
 
-DOWN_S = 4.0
+DOWN_S = 2.0
 """An object store restarting (our filesystems make each request once: `storage.retrying` waits it out)."""
 
 

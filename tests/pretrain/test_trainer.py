@@ -63,32 +63,11 @@ def test_hf_export_loads_with_stock_transformers_and_scores_as_reported(uninterr
         assert losses[key] == pytest.approx(reported[key], rel=1e-5), key
 
 
-def _loop_killed_once(loop_config: dict, *, step: int, marker: Path) -> None:
-    """The production loop, with the last worker's process killed hard right after it reports `step` (once)."""
-    import os
-
-    import ray.train
-
-    from raybiphase.pretrain.loop import train_loop
-
-    report = ray.train.report
-
-    def report_then_die(metrics, *args, **kwargs):
-        report(metrics, *args, **kwargs)
-        context = ray.train.get_context()
-        last = context.get_world_rank() == context.get_world_size() - 1
-        if metrics["step"] == step and last and not marker.exists():
-            marker.write_text(str(step))
-            os._exit(1)
-
-    ray.train.report = report_then_die
-    train_loop(loop_config)
-
-
-def _loop_preempted_once(loop_config: dict, *, step: int, marker: Path) -> None:
-    """The production loop, with SIGTERM sent to the last worker's process once, right after it reports `step`
-    (a spot VM's preemption notice); it waits until the handler has seen it, so the notice lands in step + 1.
-    Rank 0 appends the first step each attempt reports to `marker`.starts."""
+def _loop_interrupted(loop_config: dict, *, notice_at: int, kill_at: int, marks: Path) -> None:
+    """The production loop, interrupted twice as clouds do: right after `notice_at` is reported, SIGTERM to the last
+    worker's process (a spot VM's preemption notice; it waits until the handler has seen it, so the notice lands
+    in the next step); right after `kill_at`, that process killed hard (a lost worker). Each happens once; rank 0
+    appends the first step each attempt reports to `marks`/starts."""
     import os
     import signal
     import time
@@ -100,30 +79,35 @@ def _loop_preempted_once(loop_config: dict, *, step: int, marker: Path) -> None:
 
     report, first = ray.train.report, []
 
-    def report_then_notice(metrics, *args, **kwargs):
+    def report_then_interrupt(metrics, *args, **kwargs):
         report(metrics, *args, **kwargs)
         context = ray.train.get_context()
         if context.get_world_rank() == 0 and not first:
             first.append(metrics["step"])
-            with open(f"{marker}.starts", "a") as starts:
+            with open(marks / "starts", "a") as starts:
                 starts.write(f"{metrics['step']}\n")
-        last = context.get_world_rank() == context.get_world_size() - 1
-        if metrics["step"] == step and last and not marker.exists():
-            marker.write_text(str(os.getpid()))
+        if context.get_world_rank() != context.get_world_size() - 1:
+            return
+        if metrics["step"] == notice_at and not (marks / "noticed").exists():
+            (marks / "noticed").write_text(str(os.getpid()))
             os.kill(os.getpid(), signal.SIGTERM)
             deadline = time.monotonic() + 30
             while not preemption._NOTICE.is_set() and time.monotonic() < deadline:
                 time.sleep(0.01)
+        if metrics["step"] == kill_at and not (marks / "killed").exists():
+            (marks / "killed").write_text(str(kill_at))
+            os._exit(1)
 
-    ray.train.report = report_then_notice
+    ray.train.report = report_then_interrupt
     train_loop(loop_config)
 
 
-def test_a_preemption_notice_checkpoints_at_once_and_resumes_to_identical_weights(uninterrupted, small_data,
+def test_a_preemption_notice_and_a_killed_worker_each_resume_to_identical_weights(uninterrupted, small_data,
                                                                                   tmp_path):
-    """SIGTERM to a worker (issue 29, point 5): the workers finish the step under way, write a checkpoint there
-    (step 5: no periodic or milestone checkpoint falls on it), and Ray Train restarts the group from it. Nothing
-    after the checkpoint was trained, so the resume loses no finished step; the weights end as without a notice."""
+    """Issue 29, point 5, and a lost worker. SIGTERM after step 2: the workers finish step 3, write a checkpoint
+    there (no periodic or milestone checkpoint falls on it) and Ray Train restarts the group from it, so nothing
+    finished is redone. A worker killed hard after step 5: the group restarts from the latest checkpoint (step 4,
+    the phase switch). The weights end as without either."""
     import pandas as pd
 
     from raybiphase.pretrain.trainer import run_pretrain
@@ -131,32 +115,15 @@ def test_a_preemption_notice_checkpoints_at_once_and_resumes_to_identical_weight
 
     import ray.cloudpickle
 
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    cfg = tiny_config(tmp_path, small_data)
-    marker = tmp_path / "noticed"
-    result = run_pretrain(cfg, max_failures=1, train_fn=functools.partial(_loop_preempted_once, step=4,
-                                                                            marker=marker))
-    assert marker.exists()  # a worker really got SIGTERM after step 4
-    steps = sorted(p.name for p in Path(result.path).glob("step-*"))
-    assert steps == ["step-00000004", "step-00000005", "step-00000006", "step-00000008"]  # 5: the notice's
-    assert Path(f"{marker}.starts").read_text().split() == ["1", "6"]  # the restart began after step 5
-    history = pd.DataFrame(read_history(result.path))
-    assert history["step"].tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
-    final, reference = _weights(result), _weights(uninterrupted)
-    assert all(torch.equal(final[k], reference[k]) for k in reference)
-
-
-def test_killed_worker_restarts_from_checkpoint_to_identical_weights(uninterrupted, small_data, tmp_path):
-    from raybiphase.pretrain.trainer import run_pretrain
-
-    import ray.cloudpickle
-
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import this test module
-    cfg = tiny_config(tmp_path, small_data, **{"train.checkpoint_every": 3})
-    marker = tmp_path / "killed"
-    result = run_pretrain(cfg, max_failures=1,
-                          train_fn=functools.partial(_loop_killed_once, step=5, marker=marker))
-    assert marker.read_text() == "5"  # a worker really died at step 5; Ray Train restarted from step 4
+    cfg = tiny_config(tmp_path / "results", small_data)
+    result = run_pretrain(cfg, max_failures=2, train_fn=functools.partial(_loop_interrupted, notice_at=2,
+                                                                            kill_at=5, marks=tmp_path))
+    assert (tmp_path / "noticed").exists() and (tmp_path / "killed").read_text() == "5"
+    steps = sorted(p.name for p in Path(result.path).glob("step-*"))
+    assert steps == ["step-00000003", "step-00000004", "step-00000006", "step-00000008"]  # 3: the notice's
+    assert (tmp_path / "starts").read_text().split() == ["1", "4", "5"]  # after the notice at 3, the kill at 4
+    assert pd.DataFrame(read_history(result.path))["step"].tolist() == list(range(1, 9))
     final, reference = _weights(result), _weights(uninterrupted)
     assert final.keys() == reference.keys()
     assert all(torch.equal(final[k], reference[k]) for k in final)
