@@ -192,6 +192,14 @@ def list_folders(location: Location) -> list[str]:
     return sorted(_entries(location, pafs.FileType.Directory))
 
 
+def list_tree(location: Location) -> dict[str, int]:
+    """Every file under a folder, at any depth: relative path -> size in bytes."""
+    out = list_files(location)
+    for folder in list_folders(location):
+        out.update({f"{folder}/{name}": size for name, size in list_tree(join(location, folder)).items()})
+    return out
+
+
 @retrying()
 def upload(folder: Path, location: Location) -> None:
     """Copy a local folder to `location` (a path or a URI), file by file."""
@@ -251,6 +259,11 @@ def local_copy(location: Location, cache: Path, version: str = "") -> Path:
 
 def checkpoint_name(step: int) -> str:
     return CHECKPOINT_DIR.format(step)
+
+
+def checkpoint_steps(run_dir: Location) -> list[int]:
+    """The steps of the checkpoint folders under a run's folder, in order (committed or not)."""
+    return sorted(s for s in map(step_of, list_folders(run_dir)) if s is not None)
 
 
 def step_of(folder: str) -> int | None:
@@ -317,7 +330,7 @@ class SweepPaths:
 
     def checkpoint_steps(self, name: str) -> list[int]:
         """The steps of a run's checkpoint folders, in order (finished or not)."""
-        return sorted(s for s in map(step_of, list_folders(self.run_dir(name))) if s is not None)
+        return checkpoint_steps(self.run_dir(name))
 
     def control(self, name: str) -> str:
         """The folder of an untrained control's export (its HF folder is `hf` inside)."""

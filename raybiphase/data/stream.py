@@ -175,6 +175,10 @@ def worker_sample_ids(first_step: int, steps: int, rows_per_step: int, rank: int
     return (sample_offset + step * rows_per_step + rank * per_worker + offset).reshape(-1)
 
 
+CHUNK_COLUMN = "sample_ids"
+"""A phase stream's input rows: one chunk of consecutive sample ids each (one masking call)."""
+
+
 @dataclass(frozen=True)
 class PhaseBatches:
     """How to turn sample ids into model inputs for one phase; a pure, picklable function of the batch."""
@@ -186,7 +190,8 @@ class PhaseBatches:
     shuffle_rows: bool = True
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        ids = batch["sample_id"].astype(np.int64)
+        ids = batch["sample_id"] if "sample_id" in batch else np.concatenate(list(batch[CHUNK_COLUMN]))
+        ids = ids.astype(np.int64)
         blocks = read_samples(self.manifest, ids, self.seed, self.shuffle_rows)
         return make_inputs(blocks, ids, self.objective, self.manifest, self.seed, self.mask)
 
@@ -221,9 +226,12 @@ def phase_stream(
 
     quiet_data()
     ids = worker_sample_ids(first_step, steps, rows_per_step, rank, world, sample_offset)
-    ds = ray.data.from_numpy(ids).rename_columns({"data": "sample_id"})
+    chunk = max(64, rows_per_step // world)
+    # the ids in chunks built here (from_items makes its blocks in this process): from_numpy would ask for a task of
+    # a whole CPU first, which a segment starting beside one that streams may never get on a small machine
+    ds = ray.data.from_items([{CHUNK_COLUMN: ids[start:start + chunk]} for start in range(0, len(ids), chunk)])
     # half a CPU per masking task: it is light (tens of M tokens/s), and must fit beside the Train workers
-    return ds.map_batches(PhaseBatches(manifest, objective, seed, mask, shuffle_rows), batch_size=max(64, rows_per_step // world),
+    return ds.map_batches(PhaseBatches(manifest, objective, seed, mask, shuffle_rows), batch_size=1,
                           batch_format="numpy", num_cpus=0.5)
 
 

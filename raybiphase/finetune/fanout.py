@@ -9,7 +9,9 @@ copies of its rows: `FinetuneSource.shared_by`): a function trainable that fine-
 reporting `step` and `val_score` at every evaluation. With `finetune.asha`, ASHA (time_attr="step", metric="val_score", mode="max") stops weak trials at
 its rungs (grace_period = the first evaluation, reduction_factor 3, max_t = finetune.max_steps); each
 checkpoint and task gets its own ASHA, so scores of different tasks never compete. Without it the full grid runs.
-At most `resources.max_concurrent` trials run at once.
+At most `resources.max_concurrent` trials run at once (`finetune.max_concurrent` when set); beside pretraining the
+sweep's driver lowers that bound while segments hold the cluster (`Fanout.capacity`, read each time Tune asks for a
+trial).
 
 Training groups (`tasks.training_groups`): tasks that train on another's pairs are not trained again. nq and mldr
 train on MS MARCO's pairs and validate on the same MS MARCO queries as msmarco, so per checkpoint, LR and seed one
@@ -47,13 +49,15 @@ import math
 import re
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 
-from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+from ray.tune.schedulers import ASHAScheduler
 
 from raybiphase import storage
 from raybiphase.config import FinetuneConfig, SweepSpec
 from raybiphase.errors import UserError
 from raybiphase.finetune.tasks import get_task, training_groups
+from raybiphase.finetune.scheduling import CappedGrid, GroupedASHA
 from raybiphase.finetune.trial import (
     TrialResult,
     find_hf_dir,
@@ -92,6 +96,9 @@ class Fanout:
     """Trials running at once."""
     wandb: dict | None = None
     """W&B settings (raybiphase.telemetry.wandb.sweep_settings), or None."""
+    capacity: Callable[[], int] | None = None
+    """Trials that may run now (at most `max_concurrent`), asked before each trial starts; None: `max_concurrent`.
+    The sweep's driver gives fine-tuning the slots its segments leave free (raybiphase.sweep.driver)."""
 
     @classmethod
     def of(cls, spec: SweepSpec) -> Fanout:
@@ -291,10 +298,13 @@ def _launch(trials: list[FinetuneRow], cfg: Fanout, *, experiment: str, name: st
             grace_period=grace_period or ft.eval_every, reduction_factor=reduction_factor))
     trainable = tune.with_resources(tune.with_parameters(_trainable, finetune=ft),
                                     trial_resources(ft))
+    capacity = cfg.capacity or (lambda: cfg.max_concurrent)
     tuner = tune.Tuner(
         trainable,
         param_space={"trial": tune.grid_search(space)},
-        tune_config=tune.TuneConfig(scheduler=scheduler, max_concurrent_trials=cfg.max_concurrent,
+        tune_config=tune.TuneConfig(scheduler=scheduler,
+                                    search_alg=CappedGrid(lambda: min(capacity(), cfg.max_concurrent),
+                                                          cfg.max_concurrent),
                                     reuse_actors=True, trial_dirname_creator=lambda t: f"trial_{t.trial_id}"),
         run_config=tune.RunConfig(storage_path=storage.parent(experiment), name=name, verbose=verbose,
                                   callbacks=[trial_progress(len(trials), out=out, label=(
@@ -411,35 +421,3 @@ def _complete_best(records: dict, plan: list[FinetuneRow], cfg: Fanout, experime
             records[row.key] = row
             done.append(row)
     return done
-
-
-class GroupedASHA(FIFOScheduler):
-    """One ASHA per trial group (run x task): its rungs compare trials of one task on one checkpoint only."""
-
-    def __init__(self, make_asha):
-        super().__init__()
-        self._make_asha, self._by_group, self._metric = make_asha, {}, "val_score"
-
-    def _asha(self, trial) -> ASHAScheduler:
-        group = tuple(trial.config["trial"]["group"])
-        if group not in self._by_group:
-            self._by_group[group] = self._make_asha()
-        return self._by_group[group]
-
-    def set_search_properties(self, metric, mode, **spec) -> bool:
-        return True
-
-    def on_trial_add(self, controller, trial):
-        self._asha(trial).on_trial_add(controller, trial)
-
-    def on_trial_result(self, controller, trial, result):
-        return self._asha(trial).on_trial_result(controller, trial, result)
-
-    def on_trial_complete(self, controller, trial, result):
-        self._asha(trial).on_trial_complete(controller, trial, result)
-
-    def on_trial_remove(self, controller, trial):
-        self._asha(trial).on_trial_remove(controller, trial)
-
-    def on_trial_error(self, controller, trial):
-        self._asha(trial).on_trial_error(controller, trial)

@@ -137,13 +137,7 @@ def save(path: Path, model, optimizer, meta: CheckpointMeta) -> None:
 
 def _files(location: storage.Location) -> dict[str, int]:
     """Every file under a checkpoint folder but the meta, relative path -> bytes."""
-    out = {}
-    for name, size in storage.list_files(location).items():
-        if name != storage.META:
-            out[name] = size
-    for folder in storage.list_folders(location):
-        out.update({f"{folder}/{name}": size for name, size in _files(storage.join(location, folder)).items()})
-    return out
+    return {name: size for name, size in storage.list_tree(location).items() if name != storage.META}
 
 
 def commit(location: storage.Location, meta: CheckpointMeta, *, ranks: int, wait_s: float = 120.0) -> None:
@@ -171,10 +165,8 @@ def check_files(location: storage.Location, meta: CheckpointMeta) -> None:
 
 def latest_committed(run_dir: storage.Location) -> str | None:
     """The newest checkpoint under a run's folder that has its meta (committed), or None."""
-    steps = sorted((step, name) for name in storage.list_folders(run_dir)
-                   if (step := storage.step_of(name)) is not None)
-    for _, name in reversed(steps):
-        if storage.is_checkpoint(location := storage.join(run_dir, name)):
+    for step in reversed(storage.checkpoint_steps(run_dir)):
+        if storage.is_checkpoint(location := storage.join(run_dir, storage.checkpoint_name(step))):
             return location
     return None
 

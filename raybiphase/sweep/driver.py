@@ -2,8 +2,9 @@
 
 SPEC is a sweep YAML (a base run plus `sweep.grid` / `sweep.runs`). The planner (raybiphase.sweep.plan) turns it into
 a tree of shared segments; the driver fits every ready segment's TorchTrainer (resuming from its parent's
-checkpoint), wave after wave in dependency order; the final (and requested
-intermediate) checkpoints of every run then go to the fine-tuning fan-out; rows land in
+checkpoint) as soon as its dependencies are done and a slot is free, longest remaining chain first; the final (and
+requested intermediate) checkpoints of every run go to the fine-tuning fan-out as their segments end, beside the
+segments still training (raybiphase.sweep.finetuning); rows land in
 <storage>/<sweep>/{pretrain,finetune,summary}.parquet and the report is drawn.
 
 Run it again after an interruption and it continues: a segment whose end checkpoint exists is not rerun, a
@@ -20,15 +21,13 @@ import threading
 import time
 
 from raybiphase import storage
-from raybiphase.config import RunConfig, SweepSpec, flatten
+from raybiphase.config import SweepSpec, flatten
 from raybiphase.data import assets
 from raybiphase.data.prepare import fingerprint, prepare
 from raybiphase.errors import UserError
-from raybiphase.finetune.baselines import bm25_baseline, majority_baseline
-from raybiphase.finetune.fanout import Fanout, check_settings, plan_trials, run_fanout
-from raybiphase.finetune.tasks import get_task
+from raybiphase.finetune.fanout import check_settings
 from raybiphase.pretrain.checkpoint import read_meta
-from raybiphase.pretrain.export import export_initial, write_card
+from raybiphase.pretrain.export import write_card
 from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.schedule import Schedule
 from raybiphase.pretrain.trainer import make_trainer
@@ -40,6 +39,8 @@ from raybiphase.results.html import run_info
 from raybiphase.results.report import write_report
 from raybiphase.storage import SweepPaths
 from raybiphase.sweep.budget import check_budget, data_budget
+from raybiphase.sweep.context import SweepContext
+from raybiphase.sweep.finetuning import FinetuneStream, baseline_rows, finetune_sources
 from raybiphase.sweep.plan import Plan, Segment, dependencies
 from raybiphase.sweep.preflight import plan_sweep
 from raybiphase.sweep.timeline import by_priority, remaining_chain, simulate, wall_hours
@@ -49,46 +50,28 @@ from raybiphase.telemetry.progress import Watch, interval
 from raybiphase.telemetry.wandb import log_pretraining_run, sweep_settings
 
 
-@dataclasses.dataclass
-class SweepContext:
-    """One sweep under way: its spec, plan and paths, the prepared data of each corpus, and where lines go."""
-
-    spec: SweepSpec
-    plan: Plan
-    paths: SweepPaths
-    data_dirs: dict[str, str] = dataclasses.field(default_factory=dict)
-    """fingerprint(data config) -> prepared shards."""
-    out: object = sys.stdout
-
-    def data_dir(self, config: RunConfig) -> str:
-        return self.data_dirs[fingerprint(config.data)]
-
-    def segment_done(self, segment: Segment) -> bool:
-        return storage.is_checkpoint(self.paths.checkpoint(segment.id, segment.end))
-
-    def final_checkpoint(self, run: str) -> str:
-        last = self.plan.segments[self.plan.runs[run].segments[-1]]
-        return self.paths.checkpoint(last.id, last.end)
-
-    def say(self, line: str) -> None:
-        print(line, file=self.out, flush=True)
-
-
 def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout, spec_path: str = "") -> Plan:
-    """Plan the spec (the dry run stops there), then prepare the data, pretrain every segment, fine-tune every
-    distinct checkpoint and the controls, and draw the report; resumes where an earlier invocation stopped."""
+    """Plan the spec (the dry run stops there), then prepare the data, pretrain every segment and, beside it,
+    fine-tune every distinct checkpoint and the controls as they are ready, and draw the report; resumes where an
+    earlier invocation stopped."""
     spec, plan = plan_sweep(spec, dry_run=dry_run, out=out)
     if dry_run:
         return plan
     clock = Clock()
     ctx = SweepContext(spec, plan, SweepPaths.of(spec.sweep.storage, spec.sweep.name), out=out)
     start(ctx, clock, spec_path)
-    pretrain_all(ctx, clock)
     if spec.finetune.tasks:
-        with clock.span("fine-tuning"):
-            rows = run_finetuning(ctx)
-        ours = [r for r in rows if r["source"] == result_rows.OURS]
-        clock.trials, clock.in_trials = len(ours), sum(r.get("seconds") or 0.0 for r in ours)
+        ctx.finetuning = FinetuneStream(ctx)
+        ctx.finetuning.start()
+    try:
+        pretrain_all(ctx, clock)
+    except Exception:
+        if ctx.finetuning:  # what was ready is still fine-tuned (its records kept), then the failure is raised
+            ctx.finetuning.close()
+            ctx.finetuning.join(raise_error=False)
+        raise
+    if ctx.finetuning:
+        finish_finetuning(ctx, clock)
     with clock.span("report"):
         finish(ctx.paths, spec, out=out, cards=finetune_sources(ctx))
     ctx.say(clock.summary())
@@ -114,6 +97,20 @@ def start(ctx: SweepContext, clock: Clock, spec_path: str) -> None:
     check_budget(data_budget(ctx.plan, spec))  # again on the prepared manifests: a stated size is an estimate
 
 
+def finish_finetuning(ctx: SweepContext, clock: Clock) -> None:
+    """Wait for the trials still running or queued once pretraining is over, then the baselines' rows."""
+    stream = ctx.finetuning
+    stream.close()
+    rows = stream.join()
+    baselines = baseline_rows(ctx.spec)
+    if baselines:
+        store.append_rows(ctx.paths.table(storage.FINETUNE_FILE), baselines, key=result_rows.FINETUNE_KEY)
+    ctx.say(f"fine-tuning: {len(rows) + len(baselines)} trials recorded")
+    clock.spans["fine-tuning"] = stream.seconds
+    ours = [r for r in rows if r["source"] == result_rows.OURS]
+    clock.trials, clock.in_trials = len(ours), sum(r.get("seconds") or 0.0 for r in ours)
+
+
 def pretrain_all(ctx: SweepContext, clock: Clock) -> None:
     """Every segment not yet done, each started as soon as its dependencies are done and one of
     `resources.max_concurrent` slots is free, longest remaining chain first (raybiphase.sweep.timeline); each is
@@ -122,6 +119,8 @@ def pretrain_all(ctx: SweepContext, clock: Clock) -> None:
     done = {s.id for s in plan.segments.values() if ctx.segment_done(s)}
     todo = [s for s in plan.segments.values() if s.id not in done]
     ctx.say(f"pretraining: {len(done)}/{len(plan.segments)} segments already done")
+    if ctx.finetuning:
+        ctx.finetuning.segments_done(done)  # their checkpoints' trials start now
     if todo:
         with clock.span("pretraining"), Watch({}, out=ctx.out) as watch:  # a line per running segment every few s
             clock.most_at_once = run_segments(ctx, todo, done, watch,
@@ -136,6 +135,8 @@ def segment_ended(ctx: SweepContext, clock: Clock, segment: Segment, done: set[s
     left), as soon as it ends."""
     record_pretraining(ctx, segment)
     prune_checkpoints(ctx, segment)
+    if ctx.finetuning:
+        ctx.finetuning.segments_done(done)  # its checkpoints' trials start beside the segments still training
     clock.segments += 1
     clock.in_steps += step_seconds(read_history(ctx.paths.run_dir(segment.id)), segment.start,
                                    segment.config.train.global_batch_tokens)
@@ -176,6 +177,8 @@ def run_segments(ctx: SweepContext, todo: list[Segment], done: set[str], watch: 
             pending.remove(segment)
             running[segment.id] = threading.Thread(target=fit, args=(segment,), daemon=True)
             started[segment.id], most = time.time(), max(most, len(running))
+            if ctx.finetuning:
+                ctx.finetuning.segments_running(len(running))
             if limit == 1:
                 fit(segment)  # the main thread
             else:
@@ -187,6 +190,8 @@ def run_segments(ctx: SweepContext, todo: list[Segment], done: set[str], watch: 
             alive[0].join(timeout=0.5)  # short joins: Ctrl-C still reaches this thread
         for sid in [sid for sid, thread in running.items() if not thread.is_alive()]:
             del running[sid]
+            if ctx.finetuning:
+                ctx.finetuning.segments_running(len(running))
             watch.drop(sid)  # its last line: where it ended
             if sid not in errors:
                 done.add(sid)
@@ -284,68 +289,6 @@ def log_runs(ctx: SweepContext, *, finished: set[str], done: set[str]) -> None:
             history = [r for s in segments for r in read_history(ctx.paths.run_dir(s.id))
                        if s.start < r["step"] <= s.end]
             log_pretraining_run(settings, run.name, flatten(run.config), history)
-
-
-def finetune_sources(ctx: SweepContext) -> list[result_rows.FinetuneSource]:
-    """One source per distinct checkpoint (plan.checkpoints: every run's final and train.export_steps ones), under
-    the first run whose weights it holds; the other runs sharing it ride along in `shared_by` (their rows are
-    copies: shared weights are fine-tuned once)."""
-    out = []
-    for (segment, step), names in ctx.plan.checkpoints().items():
-        hf = storage.hf_dir(ctx.paths.checkpoint(segment, step))
-        first, *others = (result_rows.FinetuneSource(name, step, hf,
-                                                     result_rows.config_columns(ctx.plan.runs[name].config))
-                          for name in names)
-        out.append(dataclasses.replace(first, shared_by=tuple(others)))
-    return out
-
-
-def control_sources(ctx: SweepContext) -> list[result_rows.FinetuneSource]:
-    """The untrained controls (plan.controls): each one's step-0 weights exported once, under
-    <sweep>/controls/<name>/hf (an `exported.json` beside it marks a finished export), as a source at step 0."""
-    out = []
-    for control in ctx.plan.controls.values():
-        folder = ctx.paths.control(control.name)
-        hf = storage.join(folder, storage.HF_DIR)
-        if not storage.exists(storage.join(folder, storage.EXPORTED)):
-            storage.delete(hf)  # an export cut short, if any
-            export_initial(control.config, ctx.data_dir(control.config), hf)
-            storage.write_json(storage.join(folder, storage.EXPORTED), {"runs": control.runs})
-        out.append(result_rows.FinetuneSource(control.name, 0, hf, result_rows.control_columns(control.config)))
-    return out
-
-
-def run_finetuning(ctx: SweepContext) -> list[dict]:
-    """The fan-out over every checkpoint (the untrained controls too) x task x LR x seed; rows appended once to
-    finetune.parquet (and returned)."""
-    spec, path = ctx.spec, ctx.paths.table(storage.FINETUNE_FILE)
-    done = {key[:-1] for key in store.done_keys(path, result_rows.FINETUNE_KEY) if key[-1] == result_rows.OURS}
-    sources = control_sources(ctx) + finetune_sources(ctx)
-    planned = {t.key for t in plan_trials(sources, spec.finetune)}  # one set per distinct checkpoint
-    already = planned & {result_rows.trial_key(dict(zip(result_rows.TRIAL_KEY, key))) for key in done}
-    ctx.say(f"fine-tuning: {len(already)}/{len(planned)} trials already done; running the rest "
-            f"({'ASHA' if spec.finetune.asha else 'full grid'})")
-    rows = run_fanout(sources, Fanout.of(spec), storage=ctx.paths.root, name="finetune", done=done, out=ctx.out)
-    rows += baseline_rows(spec)
-    if rows:
-        store.append_rows(path, rows, key=result_rows.FINETUNE_KEY)
-    ctx.say(f"fine-tuning: {len(rows)} trials recorded")
-    return rows
-
-
-def baseline_rows(spec: SweepSpec) -> list[dict]:
-    """Baseline rows on the same test splits (each appended once: its key is fixed): BM25 for every retrieval task
-    (run "bm25"), the majority class for every sequence-classification task (run "majority")."""
-    rows, caps = [], {"max_examples": spec.finetune.max_examples, "max_eval_examples": spec.finetune.max_eval_examples}
-    for name in spec.finetune.tasks:
-        family = get_task(name).family
-        if family == "IR":
-            rows.append(result_rows.baseline_row(bm25_baseline(name, **caps), run="bm25", family=family,
-                                                 sweep=spec.sweep.name).record())
-        elif family == "SC":
-            rows.append(result_rows.baseline_row(majority_baseline(name, **caps), run="majority",
-                                                 family=family, sweep=spec.sweep.name).record())
-    return rows
 
 
 def finish(paths: SweepPaths, spec: SweepSpec, out=sys.stdout, cards=()) -> None:

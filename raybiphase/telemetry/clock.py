@@ -1,5 +1,5 @@
 """Where a sweep's wall time goes, printed at its end: named spans timed on the driver (Ray start, data,
-pretraining, fine-tuning, report), the pretraining segments' time inside optimizer steps (from the loop's own
+pretraining, fine-tuning, report; fine-tuning runs beside pretraining, so those two overlap), the pretraining segments' time inside optimizer steps (from the loop's own
 reports: each report window is steps x global batch tokens / tokens_per_s) and the fine-tuning trials' own time.
 The rest of a stage is start-up, scheduling, evaluation, checkpoints and teardown."""
 
@@ -51,6 +51,8 @@ class Clock:
                          f"{duration(self.in_steps)} in optimizer steps, {rest})")
             if name == "fine-tuning" and self.trials:
                 text += (f" ({self.trials} trial(s): {duration(self.in_trials)} inside trials, summed over those "
-                         f"running at once; the rest start-up and scheduling)")
+                         f"running at once; the rest start-up and scheduling"
+                         + ("; beside pretraining, from the first checkpoint ready" if "pretraining" in self.spans
+                            else "") + ")")
             parts.append(text)
         return f"time: {duration(time.perf_counter() - self.started)} in all: " + ", ".join(parts)

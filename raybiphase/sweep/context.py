@@ -1,0 +1,40 @@
+"""One sweep under way, as the driver and the fine-tuning beside it see it (raybiphase.sweep.driver)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any
+
+from raybiphase import storage
+from raybiphase.config import RunConfig, SweepSpec
+from raybiphase.data.prepare import fingerprint
+from raybiphase.storage import SweepPaths
+from raybiphase.sweep.plan import Plan, Segment
+
+
+@dataclasses.dataclass
+class SweepContext:
+    """One sweep under way: its spec, plan and paths, the prepared data of each corpus, and where lines go."""
+
+    spec: SweepSpec
+    plan: Plan
+    paths: SweepPaths
+    data_dirs: dict[str, str] = dataclasses.field(default_factory=dict)
+    """fingerprint(data config) -> prepared shards."""
+    out: object = sys.stdout
+    finetuning: Any = None
+    """Fine-tuning beside pretraining (a raybiphase.sweep.finetuning.FinetuneStream), when the spec fine-tunes."""
+
+    def data_dir(self, config: RunConfig) -> str:
+        return self.data_dirs[fingerprint(config.data)]
+
+    def segment_done(self, segment: Segment) -> bool:
+        return storage.is_checkpoint(self.paths.checkpoint(segment.id, segment.end))
+
+    def final_checkpoint(self, run: str) -> str:
+        last = self.plan.segments[self.plan.runs[run].segments[-1]]
+        return self.paths.checkpoint(last.id, last.end)
+
+    def say(self, line: str) -> None:
+        print(line, file=self.out, flush=True)
