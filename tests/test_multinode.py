@@ -1,5 +1,6 @@
 """A rehearsal of the cloud cluster on one machine: a head that offers no CPU, a worker node that cannot see the
-driver's files, a bucket (a real S3-compatible server on 127.0.0.1) for data and results, `ray job submit`.
+driver's files, a bucket (a real S3-compatible server on 127.0.0.1) for data and results, `ray job submit`; then
+the worker node lost whole mid-segment, as a preempted VM, and a fresh one in its place (issue 29, point 4).
 
 The worker node is started inside its own mount namespace (`unshare -m`) with empty tmpfs mounted over the checkout,
 the caches and /tmp: its processes cannot read anything the driver wrote locally, so whatever crosses from the
@@ -9,8 +10,10 @@ shows the same rehearsal as commands.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import signal
 import shutil
 import socket
 import subprocess
@@ -22,10 +25,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHRUNK = [  # the quickstart's CLM->MLM and CLM runs (a shared prefix continued from the bucket), one task, small
+CHECKPOINT_EVERY, PREFIX_STEPS = 10, 40
+SHRUNK = [  # the quickstart's CLM->MLM and CLM runs (a shared 40-step CLM prefix continued from the bucket), small
     "sweep.grid={phases.clm_share: [0.5, 1.0]}", "resources.num_workers=1", "resources.max_concurrent=2",
-    "data.max_documents=600", "phases.steps=8", "optim.warmup_steps=2", "optim.decay_steps=2",
-    "train.eval_every=4", "train.checkpoint_every=4", "finetune.tasks=[tweets]", "finetune.lrs=[0.001]",
+    "data.max_documents=1200", f"phases.steps={2 * PREFIX_STEPS}", "optim.warmup_steps=2", "optim.decay_steps=2",
+    f"train.eval_every={CHECKPOINT_EVERY}", f"train.checkpoint_every={CHECKPOINT_EVERY}", "finetune.tasks=[tweets]",
+    "finetune.lrs=[0.001]",
     "finetune.seeds=[0]", "finetune.max_steps=4", "finetune.eval_every=2", "finetune.max_examples=64",
     "finetune.max_eval_examples=64",
 ]
@@ -70,55 +75,132 @@ def _raylets() -> list[int]:
     return out
 
 
-@pytest.mark.cluster
-@pytest.mark.slow
-def test_the_quickstart_on_two_nodes_crosses_only_through_the_bucket(s3_bucket, offline_cache):
-    import pyarrow.parquet as pq
-    import ray
+def _processes_in(namespace: str) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "ns" / "mnt") == namespace:
+                    out.append(int(entry.name))
+            except OSError:
+                continue
+    return out
 
-    from raybiphase import storage
 
-    if os.geteuid() != 0 or not shutil.which("unshare"):
-        pytest.skip("needs root and unshare(1) to give the worker node its own mount namespace")
-    ray.shutdown()  # this test owns the machine's Ray from here on (the marker runs it last)
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(RAY_AUTH_MODE="disabled", RAYBIPHASE_MAX_FAILURES="0")
-    ray_bin = str(Path(sys.executable).parent / "ray")
-    port, dashboard = _free_port(), _free_port()
-    root = f"{s3_bucket}/two-nodes"
-    keep = Path(tempfile.mkdtemp(prefix="rbp-venv-", dir="/dev/shm"))
-    head = [ray_bin, "start", "--head", f"--port={port}", "--num-cpus=0", "--include-dashboard=true",
-            f"--dashboard-port={dashboard}", f"--object-store-memory={300 << 20}", "--disable-usage-stats"]
-    try:
-        subprocess.run(head, env=env, check=True, capture_output=True, timeout=120)
-        worker = subprocess.run(isolated_worker_command(ray_bin, f"127.0.0.1:{port}", keep), env=env,
+class TwoNodes:
+    """A head with no CPU and one isolated worker node (2 CPUs); `lose_worker()` SIGKILLs every process of the
+    worker node at once (a preempted VM), `add_worker()` starts a fresh one (new mount namespace: empty temp dir
+    and caches)."""
+
+    def __init__(self):
+        self.env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        self.env.update(RAY_AUTH_MODE="disabled", RAYBIPHASE_MAX_FAILURES="0", RAYBIPHASE_PROGRESS_S="1")
+        self.ray_bin = str(Path(sys.executable).parent / "ray")
+        self.port, self.dashboard = _free_port(), _free_port()
+        self.keeps: list[Path] = []
+        self.worker_namespace = ""
+
+    def start(self) -> None:
+        head = [self.ray_bin, "start", "--head", f"--port={self.port}", "--num-cpus=0", "--include-dashboard=true",
+                f"--dashboard-port={self.dashboard}", f"--object-store-memory={300 << 20}", "--disable-usage-stats"]
+        subprocess.run(head, env=self.env, check=True, capture_output=True, timeout=120)
+        self.add_worker()
+
+    def add_worker(self) -> None:
+        keep = Path(tempfile.mkdtemp(prefix="rbp-venv-", dir="/dev/shm"))
+        self.keeps.append(keep)
+        before = set(_raylets())
+        worker = subprocess.run(isolated_worker_command(self.ray_bin, f"127.0.0.1:{self.port}", keep), env=self.env,
                                 capture_output=True, text=True, timeout=120)
         assert worker.returncode == 0, worker.stderr[-2000:]
         ours = _mount_namespace(os.getpid())
-        isolated = [pid for pid in _raylets() if _mount_namespace(pid) != ours]
+        isolated = [pid for pid in set(_raylets()) - before if _mount_namespace(pid) != ours]
         assert len(isolated) == 1, "the worker node's raylet does not run in its own mount namespace"
+        self.worker_namespace = _mount_namespace(isolated[0])
         seen = Path(f"/proc/{isolated[0]}/root{REPO}")  # the checkout as the worker node sees it
         assert not (seen / "README.md").exists() and not (seen / "raybiphase").exists(), "the worker node sees the checkout"
 
-        overrides = [f"sweep.storage={root}/results", f"data.dir={root}/shards", *SHRUNK]
-        submit = [ray_bin, "job", "submit", f"--address=http://127.0.0.1:{dashboard}", "--working-dir", ".", "--",
-                  "python", "-m", "raybiphase.sweep", "sweeps/quickstart.yaml",
-                  *[arg for o in overrides for arg in ("--set", o)]]
+    def lose_worker(self) -> int:
+        """SIGKILL every process of the worker node until none is left; returns how many there were."""
+        killed = set()
+        for _ in range(50):
+            pids = _processes_in(self.worker_namespace)
+            if not pids:
+                return len(killed)
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            time.sleep(0.1)
+        raise AssertionError(f"the worker node's processes outlived SIGKILL: {_processes_in(self.worker_namespace)}")
+
+    def submit(self, overrides: list[str]) -> subprocess.Popen:
+        command = [self.ray_bin, "job", "submit", f"--address=http://127.0.0.1:{self.dashboard}", "--working-dir",
+                   ".", "--", "python", "-m", "raybiphase.sweep", "sweeps/quickstart.yaml",
+                   *[arg for o in overrides for arg in ("--set", o)]]
+        return subprocess.Popen(command, env=self.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+
+    def run(self, overrides: list[str], *, timeout: float = 900) -> str:
+        """Submit the shrunk quickstart and wait for it; the head's job agent may come up minutes after `ray
+        start` returns on a loaded machine: retried for 240 s."""
         started = time.time()
-        while True:  # the head's job agent comes up after `ray start` returns: on a loaded machine, minutes later
-            proc = subprocess.run(submit, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
-            if "No available agent to submit job" not in proc.stderr + proc.stdout or time.time() > started + 240:
+        while True:
+            proc = self.submit(overrides)
+            output = proc.communicate(timeout=timeout)[0]
+            if "No available agent to submit job" not in output or time.time() > started + 240:
                 break
             time.sleep(5)
-        assert proc.returncode == 0 and "succeeded" in proc.stdout, proc.stdout[-4000:] + proc.stderr[-2000:]
-        print(f"two-node quickstart: {time.time() - started:.0f}s")
+        assert proc.returncode == 0 and "succeeded" in output, output[-4000:]
+        return output
+
+    def stop(self) -> None:
+        subprocess.run([self.ray_bin, "stop", "--force"], env=self.env, capture_output=True, timeout=120)
+        if self.worker_namespace:
+            self.lose_worker()
+        for keep in self.keeps:
+            shutil.rmtree(keep, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(s3_bucket, offline_cache):
+    import ray
+
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare(1) to give the worker node its own mount namespace")
+    ray.shutdown()  # this module owns the machine's Ray from here on (the marker runs it last)
+    cluster = TwoNodes()
+    try:
+        cluster.start()
+        yield cluster
     finally:
-        subprocess.run([ray_bin, "stop", "--force"], env=env, capture_output=True, timeout=120)
-        shutil.rmtree(keep, ignore_errors=True)
+        cluster.stop()
+
+
+def _tables(results: str):
+    import pyarrow.parquet as pq
+
+    from raybiphase import storage
+
+    def read(name):
+        fs, path = storage.filesystem(storage.join(results, name))
+        return pq.read_table(path, filesystem=fs).to_pandas()
+
+    return read(storage.FINETUNE_FILE), read(storage.PRETRAIN_FILE)
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_the_quickstart_on_two_nodes_crosses_only_through_the_bucket(two_nodes, s3_bucket):
+    from raybiphase import storage
+
+    root = f"{s3_bucket}/two-nodes"
+    started = time.time()
+    two_nodes.run([f"sweep.storage={root}/results", f"data.dir={root}/shards", *SHRUNK])
+    print(f"two-node quickstart: {time.time() - started:.0f}s")
 
     results = f"{root}/results/quickstart"
-    fs, path = storage.filesystem(storage.join(results, storage.FINETUNE_FILE))
-    finetune = pq.read_table(path, filesystem=fs).to_pandas()
+    finetune, _ = _tables(results)
     assert len(finetune[finetune["source"] == "raybiphase"]) == 3  # (two runs + their untrained control) x 1 x 1 x 1
     assert finetune["test_score"].between(0, 1).all()
     assert storage.is_file(storage.join(results, storage.PRETRAIN_FILE))
@@ -127,3 +209,52 @@ def test_the_quickstart_on_two_nodes_crosses_only_through_the_bucket(s3_bucket, 
     # the worker node had no assets: it read them from the bucket, where the driver put them
     assert storage.is_file(storage.join(root, "results", "assets", "tweets", "MANIFEST.json"))
     assert not (REPO / "results" / "quickstart" / "two-nodes").exists()
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_worker_node_lost_whole_mid_segment_costs_only_the_steps_since_its_checkpoint(two_nodes, s3_bucket):
+    """The same sweep again, into another folder of the bucket: once the shared CLM prefix has committed its first
+    checkpoint, every process of the worker node is SIGKILLed at once and a fresh node joins 20 s later; the job
+    succeeds with the clean run's rows, every loss and score equal (the clean run: the test above, else run here)."""
+    from raybiphase import storage
+
+    root = f"{s3_bucket}/two-nodes"
+    clean = f"{root}/results/quickstart"
+    if not storage.is_file(storage.join(clean, storage.FINETUNE_FILE)):
+        two_nodes.run([f"sweep.storage={root}/results", f"data.dir={root}/shards", *SHRUNK])
+    lost = f"{root}/results-lost/quickstart"
+    paths, prefix, started = storage.SweepPaths(lost), None, time.time()
+    job = two_nodes.submit([f"sweep.storage={root}/results-lost", f"data.dir={root}/shards", *SHRUNK])
+    try:
+        while time.time() < started + 600 and job.poll() is None and prefix is None:
+            if storage.exists(paths.runs):
+                prefix = next((name for name in storage.list_folders(paths.runs)
+                               if storage.is_checkpoint(paths.checkpoint(name, CHECKPOINT_EVERY))), None)
+            time.sleep(0.2)
+        assert prefix is not None, "the shared prefix never committed its first checkpoint"
+        killed = two_nodes.lose_worker()
+        beat = storage.read_json(paths.progress(prefix)) or {}
+        steps_at_loss = int(beat.get("step", CHECKPOINT_EVERY))
+        mid_segment = not storage.is_checkpoint(paths.checkpoint(prefix, PREFIX_STEPS))
+        time.sleep(20)
+        two_nodes.add_worker()
+        output = job.communicate(timeout=900)[0]
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0 and "succeeded" in output, output[-4000:]
+    lost_steps = steps_at_loss - CHECKPOINT_EVERY
+    print(f"node lost at step {steps_at_loss} of {prefix} ({killed} processes); resumed from step "
+          f"{CHECKPOINT_EVERY}: {lost_steps} step(s) trained again; job {time.time() - started:.0f}s")
+    assert mid_segment and 0 <= lost_steps <= CHECKPOINT_EVERY, (steps_at_loss, mid_segment)
+
+    (clean_ft, clean_pt), (lost_ft, lost_pt) = _tables(clean), _tables(lost)
+    key, scores = ["run", "pretrain_step", "task", "lr", "seed", "source"], ["val_score", "test_score"]
+    clean_ft, lost_ft = (t.sort_values(key).reset_index(drop=True)[key + scores] for t in (clean_ft, lost_ft))
+    assert len(lost_ft) == len(clean_ft) == 5  # 3 trials, 2 baselines
+    assert lost_ft.equals(clean_ft), (lost_ft, clean_ft)
+    losses = [c for c in clean_pt.columns if c.endswith("_loss")]
+    clean_pt, lost_pt = (t.sort_values(["run", "step"]).reset_index(drop=True)[["run", "step", *losses]]
+                         for t in (clean_pt, lost_pt))
+    assert losses and lost_pt.equals(clean_pt), (lost_pt, clean_pt)

@@ -229,7 +229,8 @@ def phase_stream(
     chunk = max(64, rows_per_step // world)
     # the ids in chunks built here (from_items makes its blocks in this process): from_numpy would ask for a task of
     # a whole CPU first, which a segment starting beside one that streams may never get on a small machine
-    ds = ray.data.from_items([{CHUNK_COLUMN: ids[start:start + chunk]} for start in range(0, len(ids), chunk)])
+    ds = ray.data.from_items([{CHUNK_COLUMN: ids[start:start + chunk]} for start in range(0, len(ids), chunk)],
+                             override_num_blocks=1)  # one block, one streaming task, as from_numpy made
     # half a CPU per masking task: it is light (tens of M tokens/s), and must fit beside the Train workers
     return ds.map_batches(PhaseBatches(manifest, objective, seed, mask, shuffle_rows), batch_size=1,
                           batch_format="numpy", num_cpus=0.5)

@@ -82,6 +82,9 @@ PROTOCOL = 2
 """Bumped when the trial protocol changes what a record holds, so older records are not reused: 2 = issue 27
 (diverged trials score the floor; offline validation paragraphs held out of the pretraining corpus; every
 sub-token of a word labelled; QA windows without the answer trained at position 0)."""
+TRIAL_RETRIES = 2
+"""Times a failed trial runs again from its start (a trial whose node was lost; a deterministic failure costs
+three attempts before the fan-out reports it)."""
 TrialKey = tuple  # rows.TRIAL_KEY: (run, pretrain_step, task, lr, seed)
 
 
@@ -306,7 +309,9 @@ def _launch(trials: list[FinetuneRow], cfg: Fanout, *, experiment: str, name: st
                                     search_alg=CappedGrid(lambda: min(capacity(), cfg.max_concurrent),
                                                           cfg.max_concurrent),
                                     reuse_actors=True, trial_dirname_creator=lambda t: f"trial_{t.trial_id}"),
+        # a trial lost with its node (a preempted VM) runs again from its start, elsewhere: same seed, same record
         run_config=tune.RunConfig(storage_path=storage.parent(experiment), name=name, verbose=verbose,
+                                  failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES),
                                   callbacks=[trial_progress(len(trials), out=out, label=(
                                       "fine-tuning" if name == storage.basename(experiment) else
                                       "fine-tuning (completion pass)"))]),
