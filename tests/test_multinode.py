@@ -233,26 +233,36 @@ def test_a_worker_node_lost_whole_mid_segment_costs_only_the_steps_since_its_che
                                if storage.is_checkpoint(paths.checkpoint(name, CHECKPOINT_EVERY))), None)
             time.sleep(0.2)
         assert prefix is not None, "the shared prefix never committed its first checkpoint"
-        killed = two_nodes.lose_worker()
+        killed, lost_at = two_nodes.lose_worker(), time.time()
         beat = storage.read_json(paths.progress(prefix)) or {}
-        steps_at_loss = int(beat.get("step", CHECKPOINT_EVERY))
-        mid_segment = not storage.is_checkpoint(paths.checkpoint(prefix, PREFIX_STEPS))
+        committed = max(step for step in paths.checkpoint_steps(prefix)
+                        if storage.is_checkpoint(paths.checkpoint(prefix, step)))
+        mid_segment = committed < PREFIX_STEPS
         time.sleep(20)
         two_nodes.add_worker()
+        resumed = None  # the step of the prefix's first progress beat after the loss
+        while job.poll() is None:
+            beat_after = storage.read_json(paths.progress(prefix)) or {}
+            if resumed is None and beat_after.get("time", 0) > lost_at:
+                resumed = beat_after["step"]
+            time.sleep(0.5)
         output = job.communicate(timeout=900)[0]
     finally:
         if job.poll() is None:
             job.kill()
     assert job.returncode == 0 and "succeeded" in output, output[-4000:]
-    lost_steps = steps_at_loss - CHECKPOINT_EVERY
-    print(f"node lost at step {steps_at_loss} of {prefix} ({killed} processes); resumed from step "
-          f"{CHECKPOINT_EVERY}: {lost_steps} step(s) trained again; job {time.time() - started:.0f}s")
-    assert mid_segment and 0 <= lost_steps <= CHECKPOINT_EVERY, (steps_at_loss, mid_segment)
+    print("\n".join(line for line in output.splitlines() if line.startswith(("pretraining:", "fine-tuning:"))))
+    trained = max(committed, int(beat.get("step", 0)))  # at least: the last beat lags by up to a second
+    print(f"node lost ({killed} processes) at step {trained}+ of {prefix}, step {committed} committed; its first "
+          f"step after the restart: {resumed}; job {time.time() - started:.0f}s")
+    # the restart began after the committed checkpoint, not from the segment's start: at most the steps since the
+    # checkpoint were trained again
+    assert mid_segment and resumed is not None and committed < resumed <= committed + CHECKPOINT_EVERY
 
     (clean_ft, clean_pt), (lost_ft, lost_pt) = _tables(clean), _tables(lost)
     key, scores = ["run", "pretrain_step", "task", "lr", "seed", "source"], ["val_score", "test_score"]
     clean_ft, lost_ft = (t.sort_values(key).reset_index(drop=True)[key + scores] for t in (clean_ft, lost_ft))
-    assert len(lost_ft) == len(clean_ft) == 5  # 3 trials, 2 baselines
+    assert len(lost_ft) == len(clean_ft) == 4  # 3 trials and the majority baseline
     assert lost_ft.equals(clean_ft), (lost_ft, clean_ft)
     losses = [c for c in clean_pt.columns if c.endswith("_loss")]
     clean_pt, lost_pt = (t.sort_values(["run", "step"]).reset_index(drop=True)[["run", "step", *losses]]
