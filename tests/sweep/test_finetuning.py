@@ -1,0 +1,116 @@
+"""Fine-tuning beside pretraining (issue 29, point 2), without Ray: how many trials may run while segments hold the
+cluster, a Tune grid that obeys that bound as it changes, and the stream that queues each checkpoint once, as its
+segment ends. The fan-out itself is replaced by a recorder here; tests/sweep/test_pipeline.py runs the real one
+beside a training segment."""
+
+from __future__ import annotations
+
+import io
+import threading
+
+import pytest
+
+from raybiphase.config import SweepSpec, from_dict
+from raybiphase.sweep.finetuning import trial_capacity
+
+
+@pytest.mark.parametrize("trials, slots, running, pretraining, expected", [
+    (2, 2, 2, True, 0),  # every slot holds a segment: no trial starts
+    (2, 2, 1, True, 1),  # one slot free: its share of the trials
+    (2, 2, 0, True, 2),  # pretraining waits on dependencies: every slot fine-tunes
+    (8, 4, 3, True, 2),  # 4 trials per GPU-slot, one slot free
+    (3, 4, 3, True, 1),  # a free slot always admits one (rounded up)
+    (2, 2, 2, False, 2),  # pretraining over: all of them
+])
+def test_trials_take_only_the_slots_segments_leave_free(trials, slots, running, pretraining, expected):
+    assert trial_capacity(trials, slots, running, pretraining) == expected
+
+
+def test_the_grid_starts_trials_only_while_its_bound_allows_and_follows_it_as_it_changes(tmp_path):
+    from ray import cloudpickle, tune
+    from ray.tune.experiment import Experiment
+
+    from raybiphase.finetune.scheduling import CappedGrid
+
+    bound, lock = [0], threading.Lock()
+    grid = CappedGrid(lambda: bound[0] if lock else 0, fallback=2)
+    grid.add_configurations([Experiment("x", lambda config: None, config={"a": tune.grid_search([1, 2, 3])},
+                                        storage_path=str(tmp_path))])
+    assert grid.next_trial() is None  # held back, not finished
+    bound[0] = 2
+    first, second = grid.next_trial(), grid.next_trial()
+    assert first and second and grid.next_trial() is None and not grid.is_finished()
+    grid.on_trial_complete(first.trial_id)
+    assert grid.next_trial().config["a"] == 3
+    # Tune pickles its search algorithm with the experiment: the live bound (and the lock it reads) stays out
+    restored = cloudpickle.loads(cloudpickle.dumps(grid))
+    assert restored._capacity is None and restored._fallback == 2
+
+
+class _Paths:
+    def __init__(self, root):
+        self.root = str(root)
+
+    def table(self, name):
+        return f"{self.root}/{name}"
+
+    def checkpoint(self, segment, step):
+        return f"{self.root}/runs/{segment}/step-{step:08d}"
+
+
+def test_the_stream_fine_tunes_the_controls_first_then_each_checkpoint_once_as_its_segment_ends(tmp_path,
+                                                                                              monkeypatch):
+    from raybiphase.sweep import finetuning
+    from raybiphase.sweep.context import SweepContext
+    from raybiphase.sweep.plan import make_plan
+
+    spec = from_dict(SweepSpec, {"sweep": {"name": "s", "storage": str(tmp_path), "grid": {"phases.clm_share": [0.5, 1.0]}},
+                                 "model": {"size": "tiny"}, "phases": {"steps": 8},
+                                 "optim": {"warmup_steps": 2, "decay_steps": 2},
+                                 "resources": {"max_concurrent": 2},
+                                 "finetune": {"tasks": ["tweets"], "lrs": [1e-3], "seeds": [0]}})
+    plan = make_plan(spec)
+    ctx = SweepContext(spec, plan, _Paths(tmp_path / "s"), out=io.StringIO())
+    batches, release = [], threading.Event()
+
+    def fanout(sources, cfg, **kwargs):
+        batches.append(sorted((s.run, s.pretrain_step) for s in sources))
+        assert cfg.capacity() == trial_capacity(2, 2, stream.running, stream.pretraining)
+        release.wait(10)  # the first batch runs while segments end: what ends meanwhile goes in the next one
+        return []
+
+    monkeypatch.setattr(finetuning, "run_fanout", fanout)
+    monkeypatch.setattr(finetuning, "control_sources", lambda ctx: [finetuning.result_rows.FinetuneSource("init", 0, "")])
+    stream = finetuning.FinetuneStream(ctx)
+    stream.start()
+    prefix, *tails = plan.segments  # the shared CLM prefix, then the two runs' tails
+    stream.segments_running(2)
+    stream.segments_done({prefix})  # holds no checkpoint a run fine-tunes
+    stream.segments_done({prefix, tails[0]})
+    stream.segments_done({prefix, tails[0]})  # told again: queued once
+    release.set()
+    stream.segments_done({prefix, *tails})
+    stream.close()
+    assert stream.join() == [] and stream.error is None
+    finals = {(plan.segments[s].runs[0], plan.segments[s].end) for s in tails}
+    assert batches[0] == [("init", 0)]
+    assert sorted(sum(batches[1:], [])) == sorted(finals) and len(sum(batches[1:], [])) == 2
+
+
+def test_a_fine_tuning_failure_is_said_at_once_and_raised_when_pretraining_ends(tmp_path, monkeypatch):
+    from raybiphase.sweep import finetuning
+    from raybiphase.sweep.context import SweepContext
+    from raybiphase.sweep.plan import make_plan
+
+    spec = from_dict(SweepSpec, {"sweep": {"name": "s", "storage": str(tmp_path)}, "model": {"size": "tiny"},
+                                 "finetune": {"tasks": ["tweets"]}})
+    out = io.StringIO()
+    ctx = SweepContext(spec, make_plan(spec), _Paths(tmp_path / "s"), out=out)
+    monkeypatch.setattr(finetuning, "control_sources", lambda ctx: (_ for _ in ()).throw(OSError("bucket gone")))
+    stream = finetuning.FinetuneStream(ctx)
+    stream.start()
+    stream.thread.join(10)
+    assert "fine-tuning: failed (OSError: bucket gone); pretraining goes on" in out.getvalue()
+    stream.close()
+    with pytest.raises(OSError, match="bucket gone"):
+        stream.join()
