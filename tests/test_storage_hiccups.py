@@ -98,16 +98,16 @@ def test_permanent_errors_are_not_retried(server):
     assert time.monotonic() - started < storage.RETRY_SECONDS  # it did not wait out the budget
 
 
-def _restored_step(run_dir: str, *, registered: str, model, optimizer) -> int:
+def _restored_step(run_dir: str, *, registered: str | None, model, optimizer) -> int:
     """The step a restarted worker group resumes from when Ray Train's latest registered checkpoint is
-    `registered` (Ray hands it over without the bucket's scheme)."""
+    `registered` (Ray hands it over without the bucket's scheme; None: none registered)."""
     import ray.train
 
     from raybiphase.config import RunConfig
     from raybiphase.pretrain import loop
 
-    latest = ray.train.Checkpoint(storage.join(run_dir, registered))
-    assert "://" not in latest.path
+    latest = registered and ray.train.Checkpoint(storage.join(run_dir, registered))
+    assert not latest or "://" not in latest.path
     original = ray.train.get_checkpoint
     ray.train.get_checkpoint = lambda: latest
     try:
@@ -152,6 +152,8 @@ def test_a_checkpoint_cut_short_is_never_resumed_and_a_damaged_one_refuses_to_lo
     assert checkpoint.latest_committed(run_dir) == storage.join(run_dir, "step-00000003")
 
     assert _restored_step(run_dir, registered="step-00000005", model=model, optimizer=optimizer) == 3
+    # a node lost after the meta was written but before Ray Train registered the checkpoint: still resumed from it
+    assert _restored_step(run_dir, registered=None, model=model, optimizer=optimizer) == 3
     three = storage.join(run_dir, "step-00000003")
     committed = checkpoint.read_meta(three)
     assert committed.files[".metadata"] > 0 and committed.files["__0_0.distcp"] > 0

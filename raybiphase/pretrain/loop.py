@@ -63,17 +63,15 @@ def _rank_world() -> tuple[int, int]:
 def restore(run: RunConfig, model, optimizer, resume_from: str | None, run_dir: str) -> tuple[int, int]:
     """Where this worker starts, as (step, data_start); the one resume path.
 
-    In order: Ray Train's latest checkpoint of this run (a worker died and the group restarted; when that one was
-    never committed, its upload cut short, the newest committed one before it), else `resume_from`
-    (a sweep segment continuing its parent's checkpoint, same schedule), else a raybiphase checkpoint in
-    model.init_from (continued pretraining: its weights, and its data stream carries on after the source's
-    samples), else the fresh model at step 0.
+    In order: the newest committed checkpoint in this run's folder (a worker or a whole node died and the group
+    restarted, or the run is started again; committed means its meta was written after every shard, so one whose
+    upload was cut short is passed over, and one that was committed before Ray Train registered it still counts:
+    a node lost between the two would otherwise restart the segment from its start), else `resume_from` (a sweep
+    segment continuing its parent's checkpoint, same schedule), else a raybiphase checkpoint in model.init_from
+    (continued pretraining: its weights, and its data stream carries on after the source's samples), else the
+    fresh model at step 0.
     """
-    latest, resume = ray.train.get_checkpoint(), resume_from
-    if latest is not None:  # by its location in the run's folder (Ray's path drops a bucket's scheme)
-        resume = storage.join(run_dir, storage.basename(latest.path))
-        if not storage.is_checkpoint(resume):  # registered, but never committed: its upload was cut short
-            resume = checkpoint.latest_committed(run_dir) or resume_from
+    resume = checkpoint.latest_committed(run_dir) or resume_from
     if resume:
         with ray.train.Checkpoint(resume).as_directory() as local:
             meta = checkpoint.load(local, model, optimizer)
