@@ -16,6 +16,7 @@ RAYBIPHASE_STORAGE, when set, overrides sweep.storage (the KubeRay job uses it).
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import threading
 import time
@@ -199,7 +200,11 @@ def run_segments(ctx: SweepContext, todo: list[Segment], done: set[str], watch: 
                 ended(plan.segments[sid], pace.eta(ctx, done, {s: time.time() - started[s] for s in running}, hours))
     if errors:
         first = next(s.id for s in todo if s.id in errors)
-        message = (str(errors[first]).strip().splitlines() or [type(errors[first]).__name__])[0]
+        text = str(errors[first]).strip()
+        ctx.say(f"pretraining: {first} failed:\n{text}")  # whole: Ray Train puts the workers' errors after line one
+        lines = [line.strip() for line in text.splitlines() if line.strip()] or [type(errors[first]).__name__]
+        causes = [line for line in lines[1:] if re.match(r"^[\w.]*(Error|Exception)\b", line)]
+        message = lines[0] + (f" {causes[-1]}" if causes else "")
         raise UserError(f"sweep: {len(errors)} segment(s) failed, first: {first}: {message}")
     return most
 
