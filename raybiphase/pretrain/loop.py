@@ -277,5 +277,7 @@ class Worker:
                 checkpoint.export_hf(Path(storage.hf_dir(tmp)), self.model, self.manifest.local_tokenizer(),
                                      seq_len=self.run.data.seq_len)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp), checkpoint_dir_name=name)
+        if self.world > 1 and dist.is_initialized():
+            dist.barrier()  # every rank's upload has returned: a shard still being copied is never committed
         if self.rank == 0 and self.run.resources.num_workers > 0:  # local mode (0 workers) persists nothing
             checkpoint.commit(storage.join(self.job.run_dir, name), meta, ranks=self.world)  # where Ray put it
