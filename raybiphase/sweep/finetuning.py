@@ -106,8 +106,7 @@ class FinetuneStream:
 
     def start(self) -> None:
         ctx, path = self.ctx, self.ctx.paths.table(storage.FINETUNE_FILE)
-        done = {result_rows.trial_key(dict(zip(result_rows.TRIAL_KEY, key[:-1])))
-                for key in store.done_keys(path, result_rows.FINETUNE_KEY) if key[-1] == result_rows.OURS}
+        done = {result_rows.trial_key(dict(zip(result_rows.TRIAL_KEY, key))) for key in _trials_done(path)}
         planned = {t.key for t in plan_trials(_planned_sources(ctx), ctx.spec.finetune)}
         ctx.say(f"fine-tuning: {len(planned & done)}/{len(planned)} trials already done; the rest run as their "
                 f"checkpoints are ready ({'ASHA' if ctx.spec.finetune.asha else 'full grid'})")
@@ -167,12 +166,17 @@ class FinetuneStream:
         names = ", ".join(f"{s.run}@{s.pretrain_step}" for s in sources)
         ctx.say(f"fine-tuning: {len(sources)} checkpoint(s) ready: {names}"
                 + (f" ({self.running} segment(s) still training)" if self.pretraining else ""))
-        done = {key[:-1] for key in store.done_keys(path, result_rows.FINETUNE_KEY) if key[-1] == result_rows.OURS}
+        done = _trials_done(path)
         rows = run_fanout(sources, self.fanout, storage=ctx.paths.root, name="finetune", done=done, out=ctx.out)
         if rows:
             store.append_rows(path, rows, key=result_rows.FINETUNE_KEY)
         self.rows += rows
         ctx.say(f"fine-tuning: {len(rows)} trial row(s) recorded for {names}")
+
+
+def _trials_done(table: str) -> set[tuple]:
+    """The keys (rows.TRIAL_KEY) of our trials with a row in the finetune.parquet at `table`."""
+    return {key[:-1] for key in store.done_keys(table, result_rows.FINETUNE_KEY) if key[-1] == result_rows.OURS}
 
 
 def _planned_sources(ctx: SweepContext) -> list[result_rows.FinetuneSource]:
