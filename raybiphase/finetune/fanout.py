@@ -48,6 +48,7 @@ import json
 import math
 import re
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -101,7 +102,7 @@ class Fanout:
     """W&B settings (raybiphase.telemetry.wandb.sweep_settings), or None."""
     capacity: Callable[[], int] | None = None
     """Trials that may run now (at most `max_concurrent`), asked before each trial starts; None: `max_concurrent`.
-    The sweep's driver gives fine-tuning the slots its segments leave free (raybiphase.sweep.driver)."""
+    The sweep's driver gives fine-tuning the slots its segments leave free (raybiphase.sweep.finetuning)."""
 
     @classmethod
     def of(cls, spec: SweepSpec) -> Fanout:
@@ -285,38 +286,46 @@ def _planned(row: FinetuneRow) -> dict:
 
 def _launch(trials: list[FinetuneRow], cfg: Fanout, *, experiment: str, name: str, asha: bool,
             grace_period: int | None, reduction_factor: float, verbose: int, out) -> list[FinetuneRow]:
-    """Run `trials` (base rows) as one Tuner; returns their rows and their riders', stopped ones recorded by the
-    driver."""
+    """Run `trials` (base rows) on Ray Tune; returns their rows and their riders', stopped ones recorded by the
+    driver. One Tuner, or several in turn when `cfg.capacity` holds every trial back for a while: a Tuner ends then
+    (CappedGrid), and the next one starts with the trials not yet run once a slot is free again."""
     from ray import tune
-
 
     ensure_ray()
     ft = cfg.finetune
     settings = trial_settings(ft)
-    space = [TrialInput.of(t, ft.tasks, experiment, settings).to_config() for t in trials]
     scheduler = None
-    if asha:
+    if asha:  # one for all the Tuners: its rungs keep the results of trials a previous Tuner ran
         scheduler = GroupedASHA(functools.partial(
             ASHAScheduler, time_attr="step", metric="val_score", mode="max", max_t=ft.max_steps,
             grace_period=grace_period or ft.eval_every, reduction_factor=reduction_factor))
     trainable = tune.with_resources(tune.with_parameters(_trainable, finetune=ft),
                                     trial_resources(ft))
     capacity = cfg.capacity or (lambda: cfg.max_concurrent)
-    tuner = tune.Tuner(
-        trainable,
-        param_space={"trial": tune.grid_search(space)},
-        tune_config=tune.TuneConfig(scheduler=scheduler,
-                                    search_alg=CappedGrid(lambda: min(capacity(), cfg.max_concurrent),
-                                                          cfg.max_concurrent),
-                                    reuse_actors=True, trial_dirname_creator=lambda t: f"trial_{t.trial_id}"),
-        # a trial lost with its node (a preempted VM) runs again from its start, elsewhere: same seed, same record
-        run_config=tune.RunConfig(storage_path=storage.parent(experiment), name=name, verbose=verbose,
-                                  failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES),
-                                  callbacks=[trial_progress(len(trials), out=out, label=(
-                                      "fine-tuning" if name == storage.basename(experiment) else
-                                      "fine-tuning (completion pass)"))]),
-    )
-    results = tuner.fit()
+    progress = trial_progress(len(trials), out=out, label=(
+        "fine-tuning" if name == storage.basename(experiment) else "fine-tuning (completion pass)"))
+    remaining, results = list(trials), []
+    while remaining:
+        while capacity() <= 0:  # every slot is a segment's: no Tuner waits for one (CappedGrid)
+            time.sleep(1)
+        space = [TrialInput.of(t, ft.tasks, experiment, settings).to_config() for t in remaining]
+        tuner = tune.Tuner(
+            trainable,
+            param_space={"trial": tune.grid_search(space)},
+            tune_config=tune.TuneConfig(scheduler=scheduler,
+                                        search_alg=CappedGrid(lambda: min(capacity(), cfg.max_concurrent),
+                                                              cfg.max_concurrent),
+                                        reuse_actors=True,
+                                        trial_dirname_creator=lambda t: f"trial_{t.trial_id}"),
+            # a trial lost with its node (a preempted VM) runs again from its start, elsewhere: same seed, same record
+            run_config=tune.RunConfig(storage_path=storage.parent(experiment), name=name, verbose=verbose,
+                                      failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES),
+                                      callbacks=[progress]),
+        )
+        ran = list(tuner.fit())
+        results += ran
+        started = {TrialInput.from_config(result.config["trial"]).row.key for result in ran}
+        remaining = [t for t in remaining if t.key not in started]
     rows, failures = [], []
     for result in results:
         trial = TrialInput.from_config(result.config["trial"])

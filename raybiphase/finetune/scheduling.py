@@ -12,16 +12,27 @@ from ray.tune.search import BasicVariantGenerator
 class CappedGrid(BasicVariantGenerator):
     """Tune's grid search with a bound on running trials that may change while it runs (`capacity()`, read each
     time Tune asks for the next trial; 0 holds every new trial back until a slot frees). Tune pickles its search
-    algorithm with the experiment's state; the live bound stays out of it (a restored grid runs at `fallback`)."""
+    algorithm with the experiment's state; the live bound stays out of it (a restored grid runs at `fallback`).
+
+    Held at 0 with none of its trials running, the grid says it is finished and the Tuner ends, its trials not yet
+    created left for a later Tuner (raybiphase.finetune.fanout._launch). A Tuner left waiting would not free what
+    its ended trials held: Tune 2.60 waits for the next trial without handling events, so their actors (one kept
+    idle for reuse, the others being stopped) keep their CPUs and GPU shares from the segments holding the slots."""
 
     def __init__(self, capacity: Callable[[], int], fallback: int):
         super().__init__()
         self._capacity, self._fallback = capacity, fallback
 
+    def _bound(self) -> int:
+        return (self._capacity or (lambda: self._fallback))()
+
     def next_trial(self):
-        if len(self._live_trials) >= (self._capacity or (lambda: self._fallback))():
+        if len(self._live_trials) >= self._bound():
             return None
         return super().next_trial()
+
+    def is_finished(self) -> bool:
+        return super().is_finished() or (not self._live_trials and self._bound() <= 0)
 
     def get_state(self):
         state = super().get_state()

@@ -6,6 +6,7 @@ import dataclasses
 import io
 import math
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -555,3 +556,52 @@ def test_finetune_command_puts_any_hf_checkpoint_through_the_protocol(ray_cluste
     summary = read_rows(tmp_path / "out" / "summary.parquet")
     assert list(summary["run"]) == ["published-encoder"]
     assert finetune_model(str(tiny_checkpoint), str(tmp_path / "out"), spec, name="published-encoder") == []
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_trials_held_back_leave_their_cpus_to_the_segments(ray_cluster, tiny_checkpoint, tmp_path):
+    """While the sweep's capacity holds every trial back (segments hold the slots), no idle trial actor keeps its
+    CPU: a task asking for what a trial held beside what is free runs before fine-tuning resumes. (Tune keeps one
+    idle actor for reuse; it once starved a segment's data tasks and stalled the sweep for good.)"""
+    import threading
+
+    import ray
+
+    from raybiphase import storage
+    from raybiphase.finetune import fanout
+
+    cfg = fanout_config(lrs=[2e-3], asha=False, max_steps=3, cpus_per_trial=1.0)
+    experiment = str(tmp_path / "ft")
+    released, ran = threading.Event(), threading.Event()
+
+    def first_done() -> bool:
+        records = storage.join(experiment, storage.RECORDS)
+        return storage.exists(records) and bool(storage.list_files(records))
+
+    def capacity() -> int:  # one trial, then none until the segment's task has run (or 90 s passed)
+        return 0 if first_done() and not released.is_set() else 1
+
+    @ray.remote(num_cpus=1.5)
+    def segment_task():
+        return True
+
+    def segment():
+        while not first_done():
+            time.sleep(0.2)
+        try:
+            ray.get(segment_task.remote(), timeout=90)
+            ran.set()
+        except ray.exceptions.GetTimeoutError:
+            pass
+        finally:
+            released.set()
+
+    watcher = threading.Thread(target=segment, daemon=True)
+    watcher.start()
+    checkpoints = [FinetuneSource("tiny-run", 8, str(tiny_checkpoint), {})]
+    rows = fanout.run_fanout(checkpoints, dataclasses.replace(fanout.Fanout.of(cfg), capacity=capacity),
+                             storage=str(tmp_path), name="ft", out=io.StringIO())
+    watcher.join()
+    assert ran.is_set(), "an idle trial actor kept its CPU while every trial was held back"
+    assert len(rows) == 2

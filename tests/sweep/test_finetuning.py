@@ -36,12 +36,20 @@ def test_the_grid_starts_trials_only_while_its_bound_allows_and_follows_it_as_it
     grid = CappedGrid(lambda: bound[0] if lock else 0, fallback=2)
     grid.add_configurations([Experiment("x", lambda config: None, config={"a": tune.grid_search([1, 2, 3])},
                                         storage_path=str(tmp_path))])
-    assert grid.next_trial() is None  # held back, not finished
+    # held back with none of its trials running: it says it is finished, so its Tuner ends (and frees what its
+    # trials held) rather than wait; fan-out's _launch starts another Tuner for the rest
+    assert grid.next_trial() is None and grid.is_finished()
     bound[0] = 2
     first, second = grid.next_trial(), grid.next_trial()
     assert first and second and grid.next_trial() is None and not grid.is_finished()
+    bound[0] = 0  # held back while its trials run: not finished until they end
     grid.on_trial_complete(first.trial_id)
+    assert grid.next_trial() is None and not grid.is_finished()
+    bound[0] = 2
     assert grid.next_trial().config["a"] == 3
+    bound[0] = 0
+    grid.on_trial_complete(second.trial_id)
+    assert not grid.is_finished()  # the third still runs
     # Tune pickles its search algorithm with the experiment: the live bound (and the lock it reads) stays out
     restored = cloudpickle.loads(cloudpickle.dumps(grid))
     assert restored._capacity is None and restored._fallback == 2
