@@ -41,9 +41,11 @@ def ensure_ray(num_cpus: int | None = None) -> None:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's tables stay off the console (verbose=0)
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # Ray Train's controller polls its workers this often (default 2 s): a finished segment's group is released
-    # up to a poll later. Ray Train passes RAY_TRAIN_* settings from the driver to its controller.
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+    # Ray Train's controller polls its workers this often (default 2 s): each stage of a group's start, each
+    # checkpoint's report and a finished segment's release wait for a poll. Measured on a tiny 8-step fit (3
+    # checkpoints): 14.7 s at 0.5, 11.7 s at 0.25, 11.4 s at 0.1. Ray Train passes RAY_TRAIN_* settings from the
+    # driver to its controller.
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
     runtime_env = {"env_vars": worker_env()}
     if os.environ.get("RAY_ADDRESS"):
         context = ray.init(address=os.environ["RAY_ADDRESS"], logging_level=logging.WARNING, log_to_driver=verbose,
