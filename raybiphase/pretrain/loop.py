@@ -37,6 +37,7 @@ from raybiphase.pretrain.model import block_parameters, initial_model, loss_term
 from raybiphase.pretrain.parallel import apply_fsdp, use_bf16, wrap_blocks
 from raybiphase.pretrain.schedule import Schedule
 from raybiphase.telemetry import wandb as wandb_log
+from raybiphase.telemetry.history import History
 from raybiphase.telemetry.progress import Beacon
 
 
@@ -148,6 +149,8 @@ class Worker:
         self.exports = job.export_steps(self.schedule)
         self.milestones = {*self.schedule.boundaries[1:], self.schedule.decay_start, self.stop_at,
                            *self.exports}  # always evaluated and saved
+        # rank 0 keeps the run's history.json as it reports (raybiphase.telemetry.history)
+        self.history = History(job.run_dir) if self.rank == 0 else None
         self.beacon = Beacon(job.progress if self.rank == 0 else None, stop_at=self.stop_at,
                              tokens_per_step=self.tokens_per_step, every_s=job.progress_every)
         preemption.install(self.world)  # SIGTERM, a spot VM's notice: checkpoint after the step, restart from it
@@ -262,6 +265,8 @@ class Worker:
             self._save(metrics)
         else:
             ray.train.report(metrics)
+            if self.history:
+                self.history.add(metrics)
         wandb_log.log(self.tracker, {k: v for k, v in metrics.items() if k != "objective"}, step=step)
         return True
 
@@ -279,5 +284,8 @@ class Worker:
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp), checkpoint_dir_name=name)
         if self.world > 1 and dist.is_initialized():
             dist.barrier()  # every rank's upload has returned: a shard still being copied is never committed
-        if self.rank == 0 and self.run.resources.num_workers > 0:  # local mode (0 workers) persists nothing
+        persisted = self.run.resources.num_workers > 0  # local mode (0 workers) persists no checkpoint
+        if self.rank == 0 and persisted:
             checkpoint.commit(storage.join(self.job.run_dir, name), meta, ranks=self.world)  # where Ray put it
+        if self.history:
+            self.history.add(metrics, storage.join(self.job.run_dir, name) if persisted else None)

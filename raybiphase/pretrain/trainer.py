@@ -17,7 +17,6 @@ from raybiphase.naming import run_name
 from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.loop import train_loop
 from raybiphase.raycluster import ensure_ray
-from raybiphase.telemetry.history import HistoryCallback
 from raybiphase.telemetry.progress import Watch, interval
 from raybiphase.telemetry.wandb import sweep_settings
 
@@ -26,10 +25,8 @@ def make_trainer(job: SegmentJob, *, max_failures: int = 0, callbacks=(), train_
     """A TorchTrainer for one run (or one segment of a sweep): `train_fn` (default: the production loop) on
     `resources.num_workers` workers, each given `job`; checkpoints and history under `job.run_dir`."""
     import ray.train
-    from ray.train import UserCallback
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    history = type("History", (HistoryCallback, UserCallback), {})(job.run_dir)
     res = job.run.resources
     use_gpu = res.gpus_per_worker > 0
     per_worker = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if use_gpu else {})}
@@ -44,7 +41,7 @@ def make_trainer(job: SegmentJob, *, max_failures: int = 0, callbacks=(), train_
             storage_path=storage.parent(job.run_dir),
             failure_config=ray.train.FailureConfig(max_failures=max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=None),
-            callbacks=[history, *callbacks],
+            callbacks=list(callbacks),
         ),
     )
 

@@ -1,5 +1,9 @@
-"""A run's metrics history: every report of rank 0, kept beside its checkpoints (<run dir>/history.json) by the Train
-controller and read back by the sweep (rows, W&B curves, the time summary) and the benchmarks."""
+"""A run's metrics history: every report of rank 0, kept beside its checkpoints (<run dir>/history.json) by rank 0
+itself as it reports, and read back by the sweep (rows, W&B curves, the time summary) and the benchmarks.
+
+Rank 0 writes it, not Ray Train's controller: the controller collects a worker's reports when it next polls it, so a
+worker lost in between took its last reports with it (seen: a step whose checkpoint was committed had no row, as
+its group restarted after that checkpoint)."""
 
 from __future__ import annotations
 
@@ -11,20 +15,17 @@ def read_history(run_dir: str) -> list[dict]:
     return storage.read_json(storage.join(run_dir, storage.HISTORY)) or []
 
 
-class HistoryCallback:
-    """Runs in the Train controller: keeps every report in <run dir>/history.json (a restart re-reports a step,
-    the later report wins). Ray Train's own Result keeps only the reports that carried a checkpoint."""
+class History:
+    """Rank 0's history of one run folder: what an earlier attempt wrote, then every report of this one (a restart
+    reports a step again; the later report wins). Each report rewrites the file whole."""
 
     def __init__(self, run_dir: str):
         self.run_dir = run_dir
         self.rows = {row["step"]: row for row in read_history(run_dir)}
 
-    def after_report(self, run_context, metrics, checkpoint):
-        row = dict(metrics[0])
+    def add(self, metrics: dict, checkpoint: str | None = None) -> None:
+        row = dict(metrics)
         if checkpoint is not None:
-            row["checkpoint"] = checkpoint.path
+            row["checkpoint"] = checkpoint
         self.rows[row["step"]] = row
         storage.write_json(storage.join(self.run_dir, storage.HISTORY), [self.rows[k] for k in sorted(self.rows)])
-
-    def after_exception(self, run_context, worker_exceptions):
-        pass
