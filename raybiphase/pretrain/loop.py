@@ -265,7 +265,7 @@ class Worker:
             self._save(metrics)
         else:
             ray.train.report(metrics)
-            if self.history:
+            if self.history is not None:
                 self.history.add(metrics)
         wandb_log.log(self.tracker, {k: v for k, v in metrics.items() if k != "objective"}, step=step)
         return True
@@ -287,5 +287,5 @@ class Worker:
         persisted = self.run.resources.num_workers > 0  # local mode (0 workers) persists no checkpoint
         if self.rank == 0 and persisted:
             checkpoint.commit(storage.join(self.job.run_dir, name), meta, ranks=self.world)  # where Ray put it
-        if self.history:
+        if self.history is not None:
             self.history.add(metrics, storage.join(self.job.run_dir, name) if persisted else None)

@@ -1,0 +1,247 @@
+"""The Ray Tune fan-out over checkpoints x tasks x LRs x seeds: ASHA, resuming from records and rows, the
+completion pass, the settings a row was made under, bad input refused before anything runs, and the capacity the
+sweep gives it beside pretraining. (One trial: tests/finetune/test_finetune.py.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from raybiphase.config import SweepSpec, from_dict
+from raybiphase.errors import UserError
+from raybiphase.results.rows import FINETUNE_KEY, FinetuneRow, FinetuneSource, trial_key
+from tests.finetune.test_finetune import make_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(offline_cache, tmp_path_factory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("fanout") / "hf")
+
+
+def fanout_config(**finetune):
+    base = {"tasks": ["tweets"], "lrs": [1e-4, 2e-3], "seeds": [0, 1], "batch_size": 8, "max_steps": 9,
+            "eval_every": 3, "max_examples": 64, "asha": True}
+    return from_dict(SweepSpec, {"finetune": {**base, **finetune}, "resources": {"max_concurrent": 2}})
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(ray_cluster, tiny_checkpoint,
+                                                                             tmp_path, monkeypatch):
+    from raybiphase.finetune import fanout
+
+    checkpoints = [FinetuneSource("tiny-run", 8, str(tiny_checkpoint), {"phases.clm_share": 0.5})]
+    cfg = fanout_config()
+    out = io.StringIO()
+    rows = fanout.run_fanout(checkpoints, fanout.Fanout.of(cfg), storage=str(tmp_path), name="ft", out=out)
+    # progress on the driver: the last trial always prints its line, stops by ASHA counted
+    stopped = sum(r["stopped_early"] or r["completed_after_stop"] for r in rows)  # in the first launch
+    finals = [x for x in out.getvalue().splitlines() if x.startswith("fine-tuning: 4/4 trials done")]
+    assert finals and (f"({stopped} stopped by ASHA)" in finals[0]) == bool(stopped), out.getvalue()
+    assert len(rows) == 4 and {(r["lr"], r["seed"]) for r in rows} == {(1e-4, 0), (1e-4, 1), (2e-3, 0), (2e-3, 1)}
+    for row in rows:
+        assert row["phases.clm_share"] == 0.5 and row["family"] == "SC" and row["metric"] == "accuracy"
+        assert row["steps_run"] >= row["steps"] and 0.0 <= row["val_score"] <= 1.0
+        if row["stopped_early"]:
+            assert math.isnan(row["test_score"]) and row["steps"] < 8 and row["test_per_example"] == []
+        else:
+            assert 0.0 <= row["test_score"] <= 1.0 and len(row["test_per_example"]) == 64 and row["steps"] == 8
+    best = fanout.best_lr(rows)
+    assert all(not r["stopped_early"] for r in rows if r["lr"] == best)  # the completion pass ran them all
+    assert {r[fanout.SETTINGS_COLUMN] for r in rows} == {fanout.trial_settings(cfg.finetune)}
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a resumed fan-out launched trials")
+
+    monkeypatch.setattr(fanout, "_launch", no_launch)
+    keys = {trial_key(r) for r in rows}
+    assert fanout.run_fanout(checkpoints, fanout.Fanout.of(cfg), storage=str(tmp_path), name="ft", done=keys) == []
+    again = fanout.run_fanout(checkpoints, fanout.Fanout.of(cfg), storage=str(tmp_path), name="ft")  # records on disk, no `done`
+    assert [trial_key(r) for r in again] == [trial_key(r) for r in rows]
+    assert [r["val_score"] for r in again] == [r["val_score"] for r in rows]
+
+    launched = []
+    monkeypatch.setattr(fanout, "_launch", lambda trials, *args, **kwargs: launched.extend(trials) or [])
+    fanout.run_fanout(checkpoints, fanout.Fanout.of(fanout_config(asha=False)), storage=str(tmp_path), name="ft", complete_best=False)
+    assert sorted(t.key for t in launched) == sorted(trial_key(r) for r in rows if r["stopped_early"])
+    launched.clear()  # records made under other trial settings are not reused
+    fanout.run_fanout(checkpoints, fanout.Fanout.of(fanout_config(max_examples=32)), storage=str(tmp_path), name="ft",
+                      complete_best=False)
+    assert len(launched) == 4
+
+
+def test_a_table_of_trials_made_under_other_settings_is_refused_in_one_line(tmp_path):
+    from raybiphase.finetune import fanout
+    from raybiphase.results import store
+
+    table = str(tmp_path / "finetune.parquet")
+    cfg = fanout_config().finetune
+    fanout.check_settings(table, cfg)  # no table yet
+    row = {**FinetuneRow(run="r", pretrain_step=8, task="tweets", lr=1e-3, seed=0, test_score=0.5).record()}
+    store.append_rows(table, [row], key=FINETUNE_KEY)  # a row from before the column: not checked
+    fanout.check_settings(table, cfg)
+    store.append_rows(table, [{**row, "seed": 1, fanout.SETTINGS_COLUMN: fanout.trial_settings(cfg)}], key=FINETUNE_KEY)
+    fanout.check_settings(table, cfg)  # the same settings: resumed
+    fanout.check_settings(table, dataclasses.replace(cfg, cpus_per_trial=2.0))  # resources are not results
+    with pytest.raises(UserError) as err:
+        fanout.check_settings(table, dataclasses.replace(cfg, max_steps=300))
+    assert str(err.value).startswith(f"finetune: {table} holds trials fine-tuned under other settings")
+    assert "sweep.name" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow  # a whole `raybiphase sweep` process: its imports (torch, Ray, transformers)
+def test_a_sweep_over_trials_made_under_other_settings_stops_before_any_work(tmp_path):
+    import subprocess
+    import sys
+
+    from raybiphase.finetune import fanout
+    from raybiphase.results import store
+
+    table = tmp_path / "quickstart" / "finetune.parquet"
+    table.parent.mkdir()
+    row = FinetuneRow(run="r", pretrain_step=8, task="squad_shuffle", lr=2e-3, seed=0, test_score=0.5).record()
+    store.append_rows(table, [{**row, fanout.SETTINGS_COLUMN: "0ther5et"}], key=FINETUNE_KEY)
+    proc = subprocess.run([sys.executable, "-m", "raybiphase.sweep", "sweeps/quickstart.yaml", "--set",
+                           f"sweep.storage={tmp_path}"], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: finetune: {table} holds trials fine-tuned under other settings")
+    assert "pretraining:" not in proc.stdout  # nothing ran, nothing was written beside the table (and its lock)
+    assert {p.name for p in table.parent.iterdir()} == {"finetune.parquet", ".finetune.parquet.lock"}
+
+
+@pytest.mark.parametrize("complete_lrs", [False, True])
+def test_the_completion_pass_reruns_the_best_lrs_stopped_seeds_or_every_stopped_trial(tmp_path, monkeypatch,
+                                                                                     complete_lrs):
+    from raybiphase.finetune import fanout
+
+    def row(lr, seed, val, stopped):
+        return FinetuneRow(run="r", pretrain_step=8, task="tweets", lr=lr, seed=seed, val_score=val,
+                           test_score=math.nan if stopped else val, stopped_early=stopped, steps=3 if stopped else 9,
+                           steps_run=3 if stopped else 9)
+
+    # 1e-4 is best on finished seeds (0.8) though 2e-3's stopped seed showed a lucky early 0.95
+    plan = [row(1e-4, 0, 0.8, False), row(1e-4, 1, 0.5, True), row(2e-3, 0, 0.6, False), row(2e-3, 1, 0.95, True)]
+    launched = []
+
+    def finish(trials, *args, **kwargs):
+        launched.append(sorted(t.key for t in trials))
+        return [dataclasses.replace(t, stopped_early=False, test_score=0.7, val_score=0.7, steps=9, steps_run=9)
+                for t in trials]
+
+    monkeypatch.setattr(fanout, "_launch", finish)
+    records = {t.key: t for t in plan}
+    cfg = fanout_config(complete_lrs=complete_lrs, lrs=[1e-4, 2e-3])
+    fanout._complete_best(records, plan, cfg, str(tmp_path / "ft"), {})
+    if complete_lrs:
+        assert launched == [sorted([plan[1].key, plan[3].key])]  # every stopped trial, in one pass
+    else:
+        assert launched == [[plan[1].key]]  # only the best LR's stopped seed; 2e-3's stays stopped
+    assert records[plan[1].key].completed_after_stop and records[plan[1].key].steps_run == 3 + 9
+
+
+def test_fanout_refuses_a_bad_checkpoint_before_starting_anything(tmp_path):
+    from raybiphase.finetune.fanout import Fanout, run_fanout
+
+    with pytest.raises(UserError, match="does not exist"):
+        run_fanout([FinetuneSource("x", 1, str(tmp_path / "missing"))], Fanout.of(fanout_config()), storage=str(tmp_path),
+                   name="ft")
+    with pytest.raises(UserError, match="unknown task"):
+        run_fanout([], Fanout.of(fanout_config(tasks=["nope"])), storage=str(tmp_path), name="ft")
+
+
+def test_fanout_refuses_a_missing_bucket_checkpoint_before_starting_anything(s3_bucket, tmp_path):
+    from raybiphase.finetune.fanout import Fanout, run_fanout
+
+    with pytest.raises(UserError, match=f"checkpoint {s3_bucket}/nowhere/step-00000008 does not exist"):
+        run_fanout([FinetuneSource("x", 8, f"{s3_bucket}/nowhere/step-00000008")], Fanout.of(fanout_config()),
+                   storage=str(tmp_path), name="ft")
+
+
+def test_finetune_command_refuses_bad_input_before_anything_runs(tmp_path, capsys, monkeypatch):
+    import sys
+
+    from raybiphase.__main__ import main
+    from raybiphase.finetune.published import finetune_model
+
+    spec = fanout_config()
+    with pytest.raises(UserError, match="does not exist"):
+        finetune_model(str(tmp_path / "missing"), str(tmp_path / "out"), spec)
+    with pytest.raises(UserError, match="finetune.tasks: empty"):
+        finetune_model(str(tmp_path), str(tmp_path / "out"), fanout_config(tasks=[]))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # main() sets sys.argv for the command
+    with pytest.raises(SystemExit) as exit_info:  # in-process: the console command's one line and exit code
+        main(["finetune", str(tmp_path / "missing"), str(tmp_path / "out"), "--set", "finetune.tasks=[nope]"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith("error: finetune.tasks: unknown task 'nope'")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_finetune_command_puts_any_hf_checkpoint_through_the_protocol(ray_cluster, tiny_checkpoint, tmp_path):
+    from raybiphase.finetune.published import finetune_model
+    from raybiphase.results.store import read_rows
+
+    spec = fanout_config(lrs=[1e-3], seeds=[0], max_steps=4, eval_every=2, max_examples=32, asha=False)
+    rows = finetune_model(str(tiny_checkpoint), str(tmp_path / "out"), spec, name="published-encoder")
+    assert [(r["run"], r["pretrain_step"], r["task"]) for r in rows] == [("published-encoder", 0, "tweets")]
+    assert 0.0 <= rows[0]["test_score"] <= 1.0
+    assert (tmp_path / "out" / "report" / "report.md").exists()
+    summary = read_rows(tmp_path / "out" / "summary.parquet")
+    assert list(summary["run"]) == ["published-encoder"]
+    assert finetune_model(str(tiny_checkpoint), str(tmp_path / "out"), spec, name="published-encoder") == []
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_trials_held_back_leave_their_cpus_to_the_segments(ray_cluster, tiny_checkpoint, tmp_path):
+    """While the sweep's capacity holds every trial back (segments hold the slots), no idle trial actor keeps its
+    CPU: a task asking for what a trial held beside what is free runs before fine-tuning resumes. (Tune keeps one
+    idle actor for reuse; it once starved a segment's data tasks and stalled the sweep for good.)"""
+    import threading
+
+    import ray
+
+    from raybiphase import storage
+    from raybiphase.finetune import fanout
+
+    cfg = fanout_config(lrs=[2e-3], asha=False, max_steps=3, cpus_per_trial=1.0)
+    experiment = str(tmp_path / "ft")
+    released, ran = threading.Event(), threading.Event()
+
+    def first_done() -> bool:
+        records = storage.join(experiment, storage.RECORDS)
+        return storage.exists(records) and bool(storage.list_files(records))
+
+    def capacity() -> int:  # one trial, then none until the segment's task has run (or 90 s passed)
+        return 0 if first_done() and not released.is_set() else 1
+
+    @ray.remote(num_cpus=1.5)
+    def segment_task():
+        return True
+
+    def segment():
+        while not first_done():
+            time.sleep(0.2)
+        try:
+            ray.get(segment_task.remote(), timeout=90)
+            ran.set()
+        except ray.exceptions.GetTimeoutError:
+            pass
+        finally:
+            released.set()
+
+    watcher = threading.Thread(target=segment, daemon=True)
+    watcher.start()
+    checkpoints = [FinetuneSource("tiny-run", 8, str(tiny_checkpoint), {})]
+    rows = fanout.run_fanout(checkpoints, dataclasses.replace(fanout.Fanout.of(cfg), capacity=capacity),
+                             storage=str(tmp_path), name="ft", out=io.StringIO())
+    watcher.join()
+    assert ran.is_set(), "an idle trial actor kept its CPU while every trial was held back"
+    assert len(rows) == 2
