@@ -9,9 +9,10 @@ copies of its rows: `FinetuneSource.shared_by`): a function trainable that fine-
 reporting `step` and `val_score` at every evaluation. With `finetune.asha`, ASHA (time_attr="step", metric="val_score", mode="max") stops weak trials at
 its rungs (grace_period = the first evaluation, reduction_factor 3, max_t = finetune.max_steps); each
 checkpoint and task gets its own ASHA, so scores of different tasks never compete. Without it the full grid runs.
-At most `resources.max_concurrent` trials run at once (`finetune.max_concurrent` when set); beside pretraining the
-sweep's driver lowers that bound while segments hold the cluster (`Fanout.capacity`, read each time Tune asks for a
-trial).
+At most `resources.max_concurrent` trials run at once (`finetune.max_concurrent` when set). Beside pretraining the
+sweep runs a fan-out per batch of ready checkpoints, at once, on shared trial slots (`Fanout.slots`:
+raybiphase.finetune.scheduling.TrialSlots) whose bound drops while segments hold the cluster; each fan-out's trials
+start in the order of their fan-outs, and a later one fills the slots an earlier one's tail leaves idle.
 
 Training groups (`tasks.training_groups`): tasks that train on another's pairs are not trained again. nq and mldr
 train on MS MARCO's pairs and validate on the same MS MARCO queries as msmarco, so per checkpoint, LR and seed one
@@ -29,12 +30,12 @@ Repeated until the leader has no stopped seed: it is then the best complete LR, 
 `finetune.complete_lrs` completes every stopped trial instead, so the LR sensitivity rests on complete LR x seed
 cells (ASHA then only orders the work).
 
-Resuming: every trial leaves a record `<storage>/<name>/records/<key>.json` (finished trials write theirs before
-their last report; the driver writes the stopped ones), named by its key and a digest of the settings that shape
-a trial (batch size, steps, warmup, eval cadence, example cap, max length). A rerun skips the keys in `done`
-(rows the caller already holds) and the keys with a record (returned as rows again, not recomputed): only the
-missing trials launch; with ASHA off, trials ASHA stopped before run again. (`Tuner.restore` resumes one
-interrupted Tuner, but not a grid that grew, nor one whose trials ASHA stopped.)
+Resuming: every trial leaves a record `<storage>/<name>/records/<key>.json` (raybiphase.finetune.records;
+finished trials write theirs before their last report, the driver writes the stopped ones), named by its key and
+a digest of the settings that shape a trial (batch size, steps, warmup, eval cadence, example cap, max length). A
+rerun skips the keys in `done` (rows the caller already holds) and the keys with a record (returned as rows again,
+not recomputed): only the missing trials launch; with ASHA off, trials ASHA stopped before run again.
+(`Tuner.restore` resumes one interrupted Tuner, but not a grid that grew, nor one whose trials ASHA stopped.)
 
 Rows: raybiphase.results.rows (trial_row when planned, finished_row, stopped_row, completed_row).
 """
@@ -43,22 +44,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import json
 import math
-import re
 import sys
+import threading
 import time
+import uuid
 from collections import defaultdict
-from collections.abc import Callable
 
 from ray.tune.schedulers import ASHAScheduler
 
 from raybiphase import storage
 from raybiphase.config import FinetuneConfig, SweepSpec
-from raybiphase.errors import UserError
+from raybiphase.finetune.records import (SETTINGS_COLUMN, TrialKey, read_record, record_path, trial_settings,
+                                        write_record)
+from raybiphase.finetune.scheduling import CappedGrid, Claim, GroupedASHA, TrialSlots
 from raybiphase.finetune.tasks import get_task, training_groups
-from raybiphase.finetune.scheduling import CappedGrid, GroupedASHA
 from raybiphase.finetune.trial import (
     TrialResult,
     find_hf_dir,
@@ -68,7 +68,6 @@ from raybiphase.finetune.trial import (
 )
 from raybiphase.raycluster import ensure_ray
 from raybiphase.results import rows as result_rows
-from raybiphase.results import store
 from raybiphase.results.aggregate import best_lr
 from raybiphase.results.rows import FinetuneRow, FinetuneSource, trial_key
 from raybiphase.results.wandb import log_finetune_group
@@ -76,17 +75,15 @@ from raybiphase.storage import absolute, is_uri, join  # by name: run_fanout has
 from raybiphase.telemetry.progress import trial_progress
 from raybiphase.telemetry.wandb import sweep_settings
 
-SETTINGS_COLUMN = "finetune_settings"
-"""Every row of ours carries `trial_settings`: a table is kept to one set of fine-tuning settings."""
 REDUCTION_FACTOR = 3
-PROTOCOL = 2
-"""Bumped when the trial protocol changes what a record holds, so older records are not reused: 2 = issue 27
-(diverged trials score the floor; offline validation paragraphs held out of the pretraining corpus; every
-sub-token of a word labelled; QA windows without the answer trained at position 0)."""
 TRIAL_RETRIES = 2
 """Times a failed trial runs again from its start (a trial whose node was lost; a deterministic failure costs
 three attempts before the fan-out reports it)."""
-TrialKey = tuple  # rows.TRIAL_KEY: (run, pretrain_step, task, lr, seed)
+_REGISTRY_LOCK = threading.Lock()
+"""Held while a trainable is registered with Tune (and while W&B runs are started): fan-outs run in threads at once
+(raybiphase.sweep.finetuning), and Tune 2.60's registry is not thread-safe (two Tuners each registering their
+trainable failed with 'dictionary changed size during iteration'), so a launch registers its trainable under this
+lock and hands Tune its name."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,60 +97,15 @@ class Fanout:
     """Trials running at once."""
     wandb: dict | None = None
     """W&B settings (raybiphase.telemetry.wandb.sweep_settings), or None."""
-    capacity: Callable[[], int] | None = None
-    """Trials that may run now (at most `max_concurrent`), asked before each trial starts; None: `max_concurrent`.
-    The sweep's driver gives fine-tuning the slots its segments leave free (raybiphase.sweep.finetuning)."""
+    slots: TrialSlots | None = None
+    """The trial slots this fan-out shares with others running at once, their bound asked before each trial
+    starts; None: its own, `max_concurrent`. The sweep's driver gives fine-tuning the slots its segments leave free
+    (raybiphase.sweep.finetuning)."""
 
     @classmethod
     def of(cls, spec: SweepSpec) -> Fanout:
         return cls(spec.finetune, spec.sweep.name, spec.finetune.max_concurrent or spec.resources.max_concurrent,
                    sweep_settings(spec))
-
-
-def trial_settings(cfg: FinetuneConfig) -> str:
-    """A digest of the settings that shape one trial's result (not the grid): a record made under other settings
-    is not reused. A GPU trial computes in bf16, so whether trials hold a GPU is one of them."""
-    settings = [cfg.batch_size, cfg.max_steps, cfg.warmup_ratio, cfg.eval_every, cfg.max_examples, cfg.max_len,
-                ["protocol", PROTOCOL]]
-    if cfg.max_eval_examples:
-        settings.append(["max_eval_examples", cfg.max_eval_examples])
-    if cfg.gpus_per_trial > 0:
-        settings.append("bf16")
-    if cfg.tc_labels != "all_subtokens":  # the default's own change (issue 27) is PROTOCOL 2's
-        settings.append(["tc_labels", cfg.tc_labels])
-    return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:8]
-
-
-def check_settings(table: str, cfg: FinetuneConfig) -> None:
-    """UserError when the finetune.parquet at `table` holds trials of ours made under other fine-tuning settings:
-    their keys (run, step, task, LR, seed) do not name the settings, so they would count as done and the report
-    would mix them. Rows from before the column existed are not checked."""
-
-    rows = store.read_rows(table, ["source", SETTINGS_COLUMN])
-    if SETTINGS_COLUMN not in rows:
-        return
-    made = set(rows[(rows["source"] == result_rows.OURS) & rows[SETTINGS_COLUMN].notna()][SETTINGS_COLUMN])
-    if made - {trial_settings(cfg)}:
-        raise UserError(f"finetune: {table} holds trials fine-tuned under other settings (finetune.batch_size, "
-                        "max_steps, warmup_ratio, eval_every, max_examples, max_eval_examples, max_len or tc_labels); "
-                        "they would count as done and the report would mix them: set another sweep.name (or output "
-                        "folder), or move that file away")
-
-
-def record_path(experiment: str, key: TrialKey, settings: str) -> str:
-    run, step, task, lr, seed = key
-    digest = hashlib.sha256(json.dumps([*key, settings]).encode()).hexdigest()[:8]
-    safe_run = re.sub(r"[^A-Za-z0-9._-]+", "_", run)
-    return storage.join(experiment, storage.RECORDS, f"{safe_run}__{step}__{task}__lr{lr:g}__seed{seed}__{digest}.json")
-
-
-def _write(location: str, row: FinetuneRow) -> None:
-    storage.write_json(location, row.record())
-
-
-def _read(location: str) -> FinetuneRow | None:
-    record = storage.read_json(location)
-    return None if record is None else FinetuneRow.from_record(record)
 
 
 # ------------------------------------------------------------------------------------------------ planning
@@ -232,8 +184,8 @@ def record_final(trial: TrialInput, final: TrialResult) -> None:
     """A finished trial's records (run_trial's result `final`): its riders' first, its own last (a trial whose
     own record is on disk has every row on disk)."""
     for rider in trial.riders:
-        _write(rider.record, result_rows.finished_row(rider.row, final["also_tested"][rider.row.task]))
-    _write(trial.record, result_rows.finished_row(trial.row, final))
+        write_record(rider.record, result_rows.finished_row(rider.row, final["also_tested"][rider.row.task]))
+    write_record(trial.record, result_rows.finished_row(trial.row, final))
 
 
 def trial_rows(trial: TrialInput, metrics: dict, *, failed: bool) -> list[FinetuneRow] | None:
@@ -242,14 +194,14 @@ def trial_rows(trial: TrialInput, metrics: dict, *, failed: bool) -> list[Finetu
     before recording a row."""
     rows = []
     for member in [trial, *trial.riders]:
-        record = _read(member.record)
+        record = read_record(member.record)
         if record is None:
             if failed:
                 return None
             record = result_rows.stopped_row(member.row, val_score=metrics.get("val_score", float("nan")),
                                              step=int(metrics.get("step", 0)),
                                              seconds=float(metrics.get("time_total_s", 0.0)))
-            _write(member.record, record)
+            write_record(member.record, record)
         rows.append(record)
     return rows
 
@@ -285,13 +237,28 @@ def _planned(row: FinetuneRow) -> dict:
 
 
 def _launch(trials: list[FinetuneRow], cfg: Fanout, *, experiment: str, name: str, asha: bool,
-            grace_period: int | None, reduction_factor: float, verbose: int, out) -> list[FinetuneRow]:
+            grace_period: int | None, reduction_factor: float, verbose: int, out,
+            label: str = "fine-tuning") -> list[FinetuneRow]:
     """Run `trials` (base rows) on Ray Tune; returns their rows and their riders', stopped ones recorded by the
-    driver. One Tuner, or several in turn when `cfg.capacity` holds every trial back for a while: a Tuner ends then
-    (CappedGrid), and the next one starts with the trials not yet run once a slot is free again."""
-    from ray import tune
+    driver. Its trials hold a claim on `cfg.slots` (shared with the fan-outs running beside it) or on slots of its
+    own. One Tuner, or several in turn when the claim holds every trial back for a while: a Tuner ends then
+    (CappedGrid), and the next one starts with the trials not yet run once the claim may start one again."""
 
     ensure_ray()
+    slots = cfg.slots or TrialSlots(lambda: cfg.max_concurrent)
+    claim = slots.claim(len(trials))
+    try:
+        return _tune(trials, cfg, claim, experiment=experiment, name=name, asha=asha, grace_period=grace_period,
+                     reduction_factor=reduction_factor, verbose=verbose, out=out, label=label)
+    finally:
+        slots.release(claim)
+
+
+def _tune(trials: list[FinetuneRow], cfg: Fanout, claim: Claim, *, experiment: str, name: str, asha: bool,
+          grace_period: int | None, reduction_factor: float, verbose: int, out, label: str) -> list[FinetuneRow]:
+    from ray import tune
+    from ray.tune import register_trainable
+
     ft = cfg.finetune
     settings = trial_settings(ft)
     scheduler = None
@@ -299,26 +266,25 @@ def _launch(trials: list[FinetuneRow], cfg: Fanout, *, experiment: str, name: st
         scheduler = GroupedASHA(functools.partial(
             ASHAScheduler, time_attr="step", metric="val_score", mode="max", max_t=ft.max_steps,
             grace_period=grace_period or ft.eval_every, reduction_factor=reduction_factor))
-    trainable = tune.with_resources(tune.with_parameters(_trainable, finetune=ft),
-                                    trial_resources(ft))
-    capacity = cfg.capacity or (lambda: cfg.max_concurrent)
-    progress = trial_progress(len(trials), out=out, label=(
-        "fine-tuning" if name == storage.basename(experiment) else "fine-tuning (completion pass)"))
+    trainable = f"raybiphase-finetune-{uuid.uuid4().hex[:12]}"  # registered by name: Tuners then register nothing
+    with _REGISTRY_LOCK:
+        register_trainable(trainable, tune.with_resources(tune.with_parameters(_trainable, finetune=ft),
+                                                          trial_resources(ft)))
+    progress = trial_progress(len(trials), out=out, label=label)
+    tune_name = name if claim.number == 0 else f"{name}-{claim.number}"  # fan-outs at once: a folder each
     remaining, results = list(trials), []
     while remaining:
-        while capacity() <= 0:  # every slot is a segment's: no Tuner waits for one (CappedGrid)
+        while not claim.may_start():  # every slot is taken: no Tuner waits for one (CappedGrid)
             time.sleep(1)
         space = [TrialInput.of(t, ft.tasks, experiment, settings).to_config() for t in remaining]
         tuner = tune.Tuner(
             trainable,
             param_space={"trial": tune.grid_search(space)},
-            tune_config=tune.TuneConfig(scheduler=scheduler,
-                                        search_alg=CappedGrid(lambda: min(capacity(), cfg.max_concurrent),
-                                                              cfg.max_concurrent),
+            tune_config=tune.TuneConfig(scheduler=scheduler, search_alg=CappedGrid(claim, cfg.max_concurrent),
                                         reuse_actors=True,
                                         trial_dirname_creator=lambda t: f"trial_{t.trial_id}"),
             # a trial lost with its node (a preempted VM) runs again from its start, elsewhere: same seed, same record
-            run_config=tune.RunConfig(storage_path=storage.parent(experiment), name=name, verbose=verbose,
+            run_config=tune.RunConfig(storage_path=storage.parent(experiment), name=tune_name, verbose=verbose,
                                       failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES),
                                       callbacks=[progress]),
         )
@@ -345,11 +311,13 @@ def _launch(trials: list[FinetuneRow], cfg: Fanout, *, experiment: str, name: st
 
 def run_fanout(sources: list[FinetuneSource], cfg: Fanout, *, storage: str, name: str, done=frozenset(),
                grace_period: int | None = None, reduction_factor: float = REDUCTION_FACTOR,
-               complete_best: bool = True, verbose: int = 0, out=None) -> list[dict]:
+               complete_best: bool = True, verbose: int = 0, out=None, label: str = "fine-tuning") -> list[dict]:
     """Fine-tune every source checkpoint on cfg.finetune.tasks over lrs x seeds; one row per task, LR and seed not
     in `done` (keys rows.TRIAL_KEY), as records (FinetuneRow.record), and a copy of it for every run in the source's
     `shared_by` (the same weights: fine-tuned once). A training group's tasks share one trial (module docstring).
-    Bad task names or checkpoints raise UserError before anything runs."""
+    Bad task names or checkpoints raise UserError before anything runs. `label` starts its progress lines.
+    Fan-outs may run at once in threads of one driver, on shared `cfg.slots`, each with its own records' `name`
+    or with disjoint checkpoints."""
     experiment = join(absolute(storage), name)  # a local folder or a bucket, like every sweep location
     for task_name in cfg.finetune.tasks:  # one clear line for bad input, before Ray starts
         get_task(task_name)
@@ -371,7 +339,7 @@ def run_fanout(sources: list[FinetuneSource], cfg: Fanout, *, storage: str, name
     plan = [t for t in plan_rows(sources, cfg.finetune, cfg.sweep)
             if t.key not in done or any(k not in done for k in copy_keys(t))]
     settings = trial_settings(cfg.finetune)
-    records = {t.key: _read(record_path(experiment, t.key, settings)) for t in plan}
+    records = {t.key: read_record(record_path(experiment, t.key, settings)) for t in plan}
     for key, record in records.items():
         if record is not None and record.stopped_early and not cfg.finetune.asha:
             records[key] = None  # the full grid was asked for: a trial ASHA stopped runs again
@@ -380,12 +348,13 @@ def run_fanout(sources: list[FinetuneSource], cfg: Fanout, *, storage: str, name
                    verbose=verbose, out=out or sys.stdout)
     new = set()
     if missing:
-        for row in _launch(missing, cfg, name=name, asha=cfg.finetune.asha, **options):
+        for row in _launch(missing, cfg, name=name, asha=cfg.finetune.asha, label=label, **options):
             new.add(row.key)
             if row.key in records:  # a trained task's row already in `done` is not planned
                 records[row.key] = row
     if complete_best:
-        new |= {row.key for row in _complete_best(records, plan, cfg, experiment, options)}
+        new |= {row.key for row in _complete_best(records, plan, cfg, experiment,
+                                                  {**options, "label": f"{label} (completion pass)"})}
     rows = []
     for trial in plan:
         record = records[trial.key]
@@ -393,7 +362,8 @@ def run_fanout(sources: list[FinetuneSource], cfg: Fanout, *, storage: str, name
             continue
         shared = [result_rows.shared_row(record, other) for other in copies[(trial.run, trial.pretrain_step)]]
         rows += [{**row.record(), SETTINGS_COLUMN: settings} for row in [record, *shared] if row.key not in done]
-    _log_groups(rows, new, cfg.wandb)
+    with _REGISTRY_LOCK:  # one thread at a time starts W&B runs
+        _log_groups(rows, new, cfg.wandb)
     return rows
 
 
@@ -431,7 +401,7 @@ def _complete_best(records: dict, plan: list[FinetuneRow], cfg: Fanout, experime
             if row.key not in records:  # a trained task's row already in `done`
                 continue
             row = result_rows.completed_row(records[row.key], row)
-            _write(record_path(experiment, row.key, trial_settings(cfg.finetune)), row)
+            write_record(record_path(experiment, row.key, trial_settings(cfg.finetune)), row)
             records[row.key] = row
             done.append(row)
     return done

@@ -18,7 +18,8 @@ from pathlib import Path
 from raybiphase import storage
 from raybiphase.config import SweepSpec
 from raybiphase.errors import UserError
-from raybiphase.finetune.fanout import Fanout, check_settings, run_fanout
+from raybiphase.finetune.fanout import Fanout, run_fanout
+from raybiphase.finetune.records import check_settings
 from raybiphase.results import rows as result_rows
 from raybiphase.results import store
 from raybiphase.results.report import write_report

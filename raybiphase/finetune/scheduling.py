@@ -1,45 +1,107 @@
-"""The fan-out's pieces of Ray Tune (raybiphase.finetune.fanout): the grid whose concurrency may change while it
-runs, and one ASHA per group of trials."""
+"""The fan-out's pieces of Ray Tune (raybiphase.finetune.fanout): the trial slots that fan-outs running at once
+share, the grid that starts a trial only when its fan-out's claim on those slots allows, and one ASHA per group of
+trials."""
 
 from __future__ import annotations
 
+import itertools
+import threading
 from collections.abc import Callable
 
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search import BasicVariantGenerator
 
 
-class CappedGrid(BasicVariantGenerator):
-    """Tune's grid search with a bound on running trials that may change while it runs (`capacity()`, read each
-    time Tune asks for the next trial; 0 holds every new trial back until a slot frees). Tune pickles its search
-    algorithm with the experiment's state; the live bound stays out of it (a restored grid runs at `fallback`).
+class TrialSlots:
+    """The trial slots shared by the fan-outs running at once (the sweep runs one per batch of ready checkpoints:
+    raybiphase.sweep.finetuning). `bound()` says how many trials may run in all now (beside pretraining, the share
+    of the slots that segments leave free); it is read each time a grid asks to start a trial.
 
-    Held at 0 with none of its trials running, the grid says it is finished and the Tuner ends, its trials not yet
+    Each fan-out's launch holds a `Claim` on the slots. A claim may start a trial while the trials of every claim
+    stay under the bound and no earlier claim still has trials waiting to start: earlier checkpoints come first,
+    and a later batch takes the slots an earlier one's tail leaves idle (its last trials, fewer than the slots, and
+    the wait before its completion pass) instead of waiting for that batch to end (issue 29)."""
+
+    def __init__(self, bound: Callable[[], int]):
+        self.bound = bound
+        self.lock = threading.RLock()  # re-entered: a grid's next_trial, holding it, asks its own is_finished
+        self._claims: list[Claim] = []
+        self._numbers = itertools.count()
+
+    def claim(self, trials: int) -> Claim:
+        """A claim for `trials` trials, after every claim made before it."""
+        with self.lock:
+            claim = Claim(self, next(self._numbers), waiting=trials)
+            self._claims.append(claim)
+            return claim
+
+    def release(self, claim: Claim) -> None:
+        with self.lock:
+            self._claims.remove(claim)
+
+    def admits(self, claim: Claim) -> bool:
+        """Whether `claim` may start a trial now (the caller holds `lock`)."""
+        earlier = self._claims[:self._claims.index(claim)]
+        return (not any(c.waiting for c in earlier)
+                and sum(c.running for c in self._claims) < self.bound())
+
+
+class Claim:
+    """One launch's hold on `TrialSlots`: its trials still `waiting` to start and those `running` (started, not yet
+    ended, pending resources included). `number` orders the claims (0 for the first)."""
+
+    def __init__(self, slots: TrialSlots, number: int, *, waiting: int):
+        self.slots, self.number, self.waiting, self.running = slots, number, waiting, 0
+
+    def may_start(self) -> bool:
+        with self.slots.lock:
+            return self.slots.admits(self)
+
+
+class CappedGrid(BasicVariantGenerator):
+    """Tune's grid search that starts a trial only when its launch's `claim` on the shared trial slots allows
+    (asked each time Tune wants the next trial; a refusal holds every new trial back until a slot frees). Tune
+    pickles its search algorithm with the experiment's state; the claim stays out of it (a restored grid runs at
+    most `fallback` trials at once).
+
+    Refused with none of its trials running, the grid says it is finished and the Tuner ends, its trials not yet
     created left for a later Tuner (raybiphase.finetune.fanout._launch). A Tuner left waiting would not free what
     its ended trials held: Tune 2.60 waits for the next trial without handling events, so their actors (one kept
     idle for reuse, the others being stopped) keep their CPUs and GPU shares from the segments holding the slots."""
 
-    def __init__(self, capacity: Callable[[], int], fallback: int):
+    def __init__(self, claim: Claim | None, fallback: int):
         super().__init__()
-        self._capacity, self._fallback = capacity, fallback
-
-    def _bound(self) -> int:
-        return (self._capacity or (lambda: self._fallback))()
+        self._claim, self._fallback = claim, fallback
 
     def next_trial(self):
-        if len(self._live_trials) >= self._bound():
-            return None
-        return super().next_trial()
+        claim = self._claim
+        if claim is None:
+            return None if len(self._live_trials) >= self._fallback else super().next_trial()
+        with claim.slots.lock:  # the check and the start at once: two grids never take the same free slot
+            if not claim.slots.admits(claim):
+                return None
+            trial = super().next_trial()
+            if trial is not None:
+                claim.waiting, claim.running = claim.waiting - 1, claim.running + 1
+            return trial
+
+    def on_trial_complete(self, trial_id: str, result=None, error: bool = False):
+        claim = self._claim
+        if claim is not None and trial_id in self._live_trials:
+            with claim.slots.lock:
+                claim.running -= 1
+        super().on_trial_complete(trial_id, result=result, error=error)
 
     def is_finished(self) -> bool:
-        return super().is_finished() or (not self._live_trials and self._bound() <= 0)
+        claim = self._claim
+        return super().is_finished() or (not self._live_trials and claim is not None and not claim.may_start())
 
     def get_state(self):
         state = super().get_state()
-        return state and {**state, "_capacity": None}
+        return state and {**state, "_claim": None}
 
     def __getstate__(self):
-        return {**self.__dict__, "_capacity": None}
+        return {**self.__dict__, "_claim": None}
 
 
 class GroupedASHA(FIFOScheduler):

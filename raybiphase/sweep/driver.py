@@ -26,7 +26,7 @@ from raybiphase.config import SweepSpec, flatten
 from raybiphase.data import assets
 from raybiphase.data.prepare import fingerprint, prepare
 from raybiphase.errors import UserError
-from raybiphase.finetune.fanout import check_settings
+from raybiphase.finetune.records import check_settings
 from raybiphase.pretrain.checkpoint import read_meta
 from raybiphase.pretrain.export import write_card
 from raybiphase.pretrain.job import SegmentJob

@@ -2,15 +2,20 @@
 
 A checkpoint's trials do not wait for the last segment of the sweep: the untrained controls are exported and
 fine-tuned at once, and each distinct checkpoint (plan.checkpoints) is queued as soon as the segment that holds it
-has ended. A thread of the driver (`FinetuneStream`) runs what is queued as one fan-out
-(raybiphase.finetune.fanout.run_fanout: ASHA and the completion pass per checkpoint and task), appends its rows
-to finetune.parquet, then runs what was queued meanwhile, until pretraining is over and nothing is left.
+has ended. A thread of the driver (`FinetuneStream`) starts what is queued as one batch: a fan-out in a thread of
+its own (raybiphase.finetune.fanout.run_fanout: ASHA and the completion pass per checkpoint and task) that
+appends its rows to finetune.parquet when it ends. Batches run at once on shared trial slots
+(raybiphase.finetune.scheduling.TrialSlots): an earlier batch's trials start first, and a checkpoint ready while
+a batch runs does not wait for that batch's last trials or its completion pass, but takes the slots they leave
+idle (issue 29).
 
 Segments come first, as the dry run's timeline assumes (raybiphase.sweep.timeline: fine-tuning fills the GPUs
 segments leave idle): of `finetune.max_concurrent` trials (default `resources.max_concurrent`), only the share of
 the `resources.max_concurrent` segment slots that no segment holds may run while pretraining goes on; the bound is
 read each time Tune asks for a trial, so a trial never starts on a slot a segment holds, and a segment that becomes
 ready waits at most for the trials already running. Once the last segment has ended, every trial slot is open.
+A batch that fails is said at once; the batches running go on, none starts after it, and the error is raised when
+pretraining ends.
 
 Resuming: a trial with a row or a record is not rerun (the fan-out's own rule), whichever batch it was in.
 """
@@ -26,6 +31,7 @@ from raybiphase import storage
 from raybiphase.config import SweepSpec
 from raybiphase.finetune.baselines import bm25_baseline, majority_baseline
 from raybiphase.finetune.fanout import Fanout, plan_trials, run_fanout
+from raybiphase.finetune.scheduling import TrialSlots
 from raybiphase.finetune.tasks import get_task
 from raybiphase.pretrain.export import export_initial
 from raybiphase.results import rows as result_rows
@@ -94,14 +100,16 @@ class FinetuneStream:
 
     def __init__(self, ctx: SweepContext):
         self.ctx = ctx
-        self.fanout = dataclasses.replace(Fanout.of(ctx.spec), capacity=self.capacity)
+        self.fanout = dataclasses.replace(Fanout.of(ctx.spec), slots=TrialSlots(self.capacity))
         self.queued: set[str] = set()  # segments whose checkpoints were queued
         self.ready: list[result_rows.FinetuneSource] = []
         self.rows: list[dict] = []
         self.running, self.pretraining = 0, True
         self.error: BaseException | None = None
-        self.changed = threading.Condition()
+        self.changed = threading.Condition()  # guards ready, pretraining, error and batches
+        self.appending = threading.Lock()  # one batch at a time appends to finetune.parquet
         self.thread = threading.Thread(target=self._work, name="fine-tuning", daemon=True)
+        self.batches: list[threading.Thread] = []
         self.started = self.seconds = 0.0
 
     def start(self) -> None:
@@ -143,35 +151,55 @@ class FinetuneStream:
 
     def _work(self) -> None:
         try:
-            batch = control_sources(self.ctx)  # the controls need no pretraining: first
+            self._start(control_sources(self.ctx))  # the controls need no pretraining: first
             while True:
-                if batch:
-                    self._fanout(batch)
                 with self.changed:
-                    while not self.ready and self.pretraining:
+                    while not self.ready and self.pretraining and self.error is None:
                         self.changed.wait()
-                    if not self.ready:
+                    if not self.ready or self.error is not None:
                         break
                     batch, self.ready = self.ready, []
-        except BaseException as err:  # raised by join() in the driver's thread, once pretraining is over
-            self.error = err
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            self.ctx.say(f"fine-tuning: failed ({type(err).__name__}: {first}); pretraining goes on, the error is "
-                         "raised when it ends")
+                self._start(batch)
+        except BaseException as err:
+            self._failed(err)
         finally:
+            for thread in self.batches:
+                thread.join()
             self.seconds = time.perf_counter() - self.started
 
-    def _fanout(self, sources: list[result_rows.FinetuneSource]) -> None:
+    def _start(self, sources: list[result_rows.FinetuneSource]) -> None:
+        """Run one batch in a thread of its own, beside the batches already running."""
+        if sources:
+            number = len(self.batches) + 1
+            self.batches.append(threading.Thread(target=self._batch, args=(number, sources), daemon=True,
+                                                 name=f"fine-tuning batch {number}"))
+            self.batches[-1].start()
+
+    def _batch(self, number: int, sources: list[result_rows.FinetuneSource]) -> None:
         ctx, path = self.ctx, self.ctx.paths.table(storage.FINETUNE_FILE)
         names = ", ".join(f"{s.run}@{s.pretrain_step}" for s in sources)
-        ctx.say(f"fine-tuning: {len(sources)} checkpoint(s) ready: {names}"
+        ctx.say(f"fine-tuning: batch {number}, {len(sources)} checkpoint(s) ready: {names}"
                 + (f" ({self.running} segment(s) still training)" if self.pretraining else ""))
-        done = _trials_done(path)
-        rows = run_fanout(sources, self.fanout, storage=ctx.paths.root, name="finetune", done=done, out=ctx.out)
-        if rows:
-            store.append_rows(path, rows, key=result_rows.FINETUNE_KEY)
-        self.rows += rows
-        ctx.say(f"fine-tuning: {len(rows)} trial row(s) recorded for {names}")
+        try:
+            rows = run_fanout(sources, self.fanout, storage=ctx.paths.root, name="finetune", done=_trials_done(path),
+                              out=ctx.out, label=f"fine-tuning (batch {number})")
+            with self.appending:
+                if rows:
+                    store.append_rows(path, rows, key=result_rows.FINETUNE_KEY)
+                self.rows += rows
+        except BaseException as err:
+            self._failed(err)
+            return
+        ctx.say(f"fine-tuning: batch {number}, {len(rows)} trial row(s) recorded for {names}")
+
+    def _failed(self, err: BaseException) -> None:
+        """Say a failure at once; the first is raised by join() in the driver's thread once pretraining is over."""
+        with self.changed:
+            self.error = self.error or err
+            self.changed.notify()
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        self.ctx.say(f"fine-tuning: failed ({type(err).__name__}: {first}); pretraining goes on, the error is "
+                     "raised when it ends")
 
 
 def _trials_done(table: str) -> set[tuple]:

@@ -14,6 +14,7 @@ import pytest
 
 from raybiphase.config import SweepSpec, from_dict
 from raybiphase.errors import UserError
+from raybiphase.finetune import records
 from raybiphase.results.rows import FINETUNE_KEY, FinetuneRow, FinetuneSource, trial_key
 from tests.finetune.test_finetune import make_tiny_checkpoint
 
@@ -53,7 +54,7 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
             assert 0.0 <= row["test_score"] <= 1.0 and len(row["test_per_example"]) == 64 and row["steps"] == 8
     best = fanout.best_lr(rows)
     assert all(not r["stopped_early"] for r in rows if r["lr"] == best)  # the completion pass ran them all
-    assert {r[fanout.SETTINGS_COLUMN] for r in rows} == {fanout.trial_settings(cfg.finetune)}
+    assert {r[records.SETTINGS_COLUMN] for r in rows} == {records.trial_settings(cfg.finetune)}
 
     def no_launch(*args, **kwargs):
         raise AssertionError("a resumed fan-out launched trials")
@@ -81,15 +82,15 @@ def test_a_table_of_trials_made_under_other_settings_is_refused_in_one_line(tmp_
 
     table = str(tmp_path / "finetune.parquet")
     cfg = fanout_config().finetune
-    fanout.check_settings(table, cfg)  # no table yet
+    records.check_settings(table, cfg)  # no table yet
     row = {**FinetuneRow(run="r", pretrain_step=8, task="tweets", lr=1e-3, seed=0, test_score=0.5).record()}
     store.append_rows(table, [row], key=FINETUNE_KEY)  # a row from before the column: not checked
-    fanout.check_settings(table, cfg)
-    store.append_rows(table, [{**row, "seed": 1, fanout.SETTINGS_COLUMN: fanout.trial_settings(cfg)}], key=FINETUNE_KEY)
-    fanout.check_settings(table, cfg)  # the same settings: resumed
-    fanout.check_settings(table, dataclasses.replace(cfg, cpus_per_trial=2.0))  # resources are not results
+    records.check_settings(table, cfg)
+    store.append_rows(table, [{**row, "seed": 1, records.SETTINGS_COLUMN: records.trial_settings(cfg)}], key=FINETUNE_KEY)
+    records.check_settings(table, cfg)  # the same settings: resumed
+    records.check_settings(table, dataclasses.replace(cfg, cpus_per_trial=2.0))  # resources are not results
     with pytest.raises(UserError) as err:
-        fanout.check_settings(table, dataclasses.replace(cfg, max_steps=300))
+        records.check_settings(table, dataclasses.replace(cfg, max_steps=300))
     assert str(err.value).startswith(f"finetune: {table} holds trials fine-tuned under other settings")
     assert "sweep.name" in str(err.value) and "\n" not in str(err.value)
 
@@ -105,7 +106,7 @@ def test_a_sweep_over_trials_made_under_other_settings_stops_before_any_work(tmp
     table = tmp_path / "quickstart" / "finetune.parquet"
     table.parent.mkdir()
     row = FinetuneRow(run="r", pretrain_step=8, task="squad_shuffle", lr=2e-3, seed=0, test_score=0.5).record()
-    store.append_rows(table, [{**row, fanout.SETTINGS_COLUMN: "0ther5et"}], key=FINETUNE_KEY)
+    store.append_rows(table, [{**row, records.SETTINGS_COLUMN: "0ther5et"}], key=FINETUNE_KEY)
     proc = subprocess.run([sys.executable, "-m", "raybiphase.sweep", "sweeps/quickstart.yaml", "--set",
                            f"sweep.storage={tmp_path}"], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[2])
@@ -210,6 +211,7 @@ def test_trials_held_back_leave_their_cpus_to_the_segments(ray_cluster, tiny_che
 
     from raybiphase import storage
     from raybiphase.finetune import fanout
+    from raybiphase.finetune.scheduling import TrialSlots
 
     cfg = fanout_config(lrs=[2e-3], asha=False, max_steps=3, cpus_per_trial=1.0)
     experiment = str(tmp_path / "ft")
@@ -240,8 +242,56 @@ def test_trials_held_back_leave_their_cpus_to_the_segments(ray_cluster, tiny_che
     watcher = threading.Thread(target=segment, daemon=True)
     watcher.start()
     checkpoints = [FinetuneSource("tiny-run", 8, str(tiny_checkpoint), {})]
-    rows = fanout.run_fanout(checkpoints, dataclasses.replace(fanout.Fanout.of(cfg), capacity=capacity),
+    rows = fanout.run_fanout(checkpoints, dataclasses.replace(fanout.Fanout.of(cfg), slots=TrialSlots(capacity)),
                              storage=str(tmp_path), name="ft", out=io.StringIO())
     watcher.join()
     assert ran.is_set(), "an idle trial actor kept its CPU while every trial was held back"
     assert len(rows) == 2
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_later_fanout_runs_in_the_slot_an_earlier_ones_tail_leaves_free(ray_cluster, tiny_checkpoint, tmp_path):
+    """Two fan-outs at once in threads of one driver, on shared slots (the sweep's batches of ready checkpoints):
+    the earlier one's last trial holds one of two slots, waiting for CPUs that a stand-in segment keeps until the
+    later fan-out has finished; the later one's trial takes the free slot and ends first. (Run one after the other,
+    as batches were, the later fan-out would wait for the earlier one, which waits for it: neither ends.) Both
+    register their trainable with Tune at once, which Tune's registry alone does not survive."""
+    import threading
+
+    import ray
+
+    from raybiphase.finetune import fanout
+    from raybiphase.finetune.scheduling import TrialSlots
+
+    @ray.remote(num_cpus=1.5)
+    class Segment:  # holds 1.5 of the 2 CPUs until told to end
+        def ready(self):
+            return True
+
+    segment = Segment.remote()
+    ray.get(segment.ready.remote())
+    slots = TrialSlots(lambda: 2)
+    checkpoints = [FinetuneSource("tiny-run", 8, str(tiny_checkpoint), {})]
+    early_cfg = fanout_config(lrs=[2e-3], seeds=[0], asha=False, max_steps=3, cpus_per_trial=1.0)
+    late_cfg = fanout_config(lrs=[2e-3], seeds=[1], asha=False, max_steps=3, cpus_per_trial=0.5)
+    ended, results = [], {}
+
+    def run(label, cfg):
+        results[label] = fanout.run_fanout(checkpoints, dataclasses.replace(fanout.Fanout.of(cfg), slots=slots),
+                                           storage=str(tmp_path), name=f"ft-{label}", out=io.StringIO())
+        ended.append(label)
+
+    early = threading.Thread(target=run, args=("early", early_cfg), daemon=True)
+    early.start()
+    while not slots._claims or slots._claims[0].waiting:  # the earlier fan-out's trial has started (pending CPUs)
+        time.sleep(0.1)
+    late = threading.Thread(target=run, args=("late", late_cfg), daemon=True)
+    late.start()
+    late.join(timeout=120)
+    ray.kill(segment)  # the segment ends: the earlier trial gets its CPU
+    early.join(timeout=120)
+    assert ended == ["late", "early"]
+    assert [(r["lr"], r["seed"]) for r in results["early"]] == [(2e-3, 0)]
+    assert [(r["lr"], r["seed"]) for r in results["late"]] == [(2e-3, 1)]
+    assert all(0.0 <= r["test_score"] <= 1.0 and not r["stopped_early"] for r in results["early"] + results["late"])

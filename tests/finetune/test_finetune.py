@@ -141,7 +141,8 @@ def test_a_gpu_trial_trains_on_cuda_in_bf16_and_scores_like_cpu(tiny_checkpoint,
 
 
 def test_trial_resources_follow_the_finetune_settings():
-    from raybiphase.finetune.fanout import trial_resources, trial_settings
+    from raybiphase.finetune.fanout import trial_resources
+    from raybiphase.finetune.records import trial_settings
 
     assert trial_resources(FinetuneConfig()) == {"cpu": 1.0}
     assert trial_resources(FinetuneConfig(cpus_per_trial=4, gpus_per_trial=0.25)) == {"cpu": 4, "gpu": 0.25}
@@ -151,7 +152,7 @@ def test_trial_resources_follow_the_finetune_settings():
     assert trial_settings(FinetuneConfig(gpus_per_trial=0.5)) != base != trial_settings(FinetuneConfig(max_len=512))
     assert trial_settings(FinetuneConfig(max_eval_examples=800)) != base
     assert trial_settings(FinetuneConfig(tc_labels="first_subtoken")) != base
-    # pinned: a digest changes only on purpose (fanout.PROTOCOL 2, issue 27: records of the old protocol are redone)
+    # pinned: a digest changes only on purpose (records.PROTOCOL 2, issue 27: records of the old protocol are redone)
     assert base == "34460b9a"
 
 

@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 
 from raybiphase.config import SweepSpec, from_dict, load
+from raybiphase.finetune import records
 from raybiphase.results.rows import FinetuneSource
 from raybiphase.sweep.plan import make_plan
 from tests.finetune.test_finetune import make_tiny_checkpoint
@@ -25,7 +26,7 @@ def _recording_launch(fanout, launched: list):
         rows = [dataclasses.replace(t, val_score=0.6 + t.lr, test_score=0.5 + t.seed / 10, steps=9, steps_run=9)
                 for t in trials]
         for row in rows:
-            fanout._write(fanout.record_path(experiment, row.key, fanout.trial_settings(cfg.finetune)), row)
+            records.write_record(records.record_path(experiment, row.key, records.trial_settings(cfg.finetune)), row)
         return rows
     return launch
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from raybiphase.errors import UserError
 from raybiphase.config import FinetuneConfig, SweepSpec, from_dict
+from raybiphase.errors import UserError
+from raybiphase.finetune import records
 from raybiphase.results.rows import FinetuneSource
 from tests.finetune.test_finetune import make_tiny_checkpoint
 
@@ -87,7 +88,7 @@ def _recording_launch(fanout, launched: list, stop=frozenset()):
                 "test_secondary": score / 2, "steps": 9, "seconds": 1.0, "diverged": False}
 
     def launch(trials, cfg, *, experiment, asha, **kwargs):
-        rows, settings = [], fanout.trial_settings(cfg.finetune)
+        rows, settings = [], records.trial_settings(cfg.finetune)
         for trial in trials:
             config = fanout.TrialInput.of(trial, cfg.finetune.tasks, experiment, settings).to_config()
             launched.append(config)  # what Tune's config carries; the trainable reads it back as a TrialInput
@@ -134,8 +135,8 @@ def test_one_trial_per_checkpoint_lr_and_seed_trains_for_the_group_and_every_tas
     again = fanout.run_fanout([source], fanout.Fanout.of(_spec(tasks)), storage=str(tmp_path), name="ft")
     assert launched == [] and sorted(map(_key, again)) == sorted(map(_key, rows))
     # a rider's row alone missing from the table reruns the trial that trains its model, and only its row returns
-    settings = fanout.trial_settings(_spec(tasks).finetune)
-    Path(fanout.record_path(str(tmp_path / "ft"), ("a", 8, riders[0], 1e-4, 0), settings)).unlink()
+    settings = records.trial_settings(_spec(tasks).finetune)
+    Path(records.record_path(str(tmp_path / "ft"), ("a", 8, riders[0], 1e-4, 0), settings)).unlink()
     done = {_key(r)[:5] for r in rows} - {(run, 8, riders[0], 1e-4, 0) for run in "ab"}
     again = fanout.run_fanout([source], fanout.Fanout.of(_spec(tasks)), storage=str(tmp_path), name="ft", done=done)
     assert [(c["row"]["task"], c["row"]["lr"], c["row"]["seed"]) for c in launched] == [(trained, 1e-4, 0)]

@@ -26,16 +26,26 @@ def test_trials_take_only_the_slots_segments_leave_free(trials, slots, running, 
     assert trial_capacity(trials, slots, running, pretraining) == expected
 
 
-def test_the_grid_starts_trials_only_while_its_bound_allows_and_follows_it_as_it_changes(tmp_path):
-    from ray import cloudpickle, tune
+def _grid(claim, values, tmp_path):
+    from ray import tune
     from ray.tune.experiment import Experiment
 
     from raybiphase.finetune.scheduling import CappedGrid
 
-    bound, lock = [0], threading.Lock()
-    grid = CappedGrid(lambda: bound[0] if lock else 0, fallback=2)
-    grid.add_configurations([Experiment("x", lambda config: None, config={"a": tune.grid_search([1, 2, 3])},
+    grid = CappedGrid(claim, fallback=2)
+    grid.add_configurations([Experiment("x", lambda config: None, config={"a": tune.grid_search(values)},
                                         storage_path=str(tmp_path))])
+    return grid
+
+
+def test_the_grid_starts_trials_only_while_its_bound_allows_and_follows_it_as_it_changes(tmp_path):
+    from ray import cloudpickle
+
+    from raybiphase.finetune.scheduling import TrialSlots
+
+    bound = [0]
+    slots = TrialSlots(lambda: bound[0])
+    grid = _grid(slots.claim(3), [1, 2, 3], tmp_path)
     # held back with none of its trials running: it says it is finished, so its Tuner ends (and frees what its
     # trials held) rather than wait; fan-out's _launch starts another Tuner for the rest
     assert grid.next_trial() is None and grid.is_finished()
@@ -50,9 +60,34 @@ def test_the_grid_starts_trials_only_while_its_bound_allows_and_follows_it_as_it
     bound[0] = 0
     grid.on_trial_complete(second.trial_id)
     assert not grid.is_finished()  # the third still runs
-    # Tune pickles its search algorithm with the experiment: the live bound (and the lock it reads) stays out
+    # Tune pickles its search algorithm with the experiment: the claim (and the slots' lock) stays out
     restored = cloudpickle.loads(cloudpickle.dumps(grid))
-    assert restored._capacity is None and restored._fallback == 2
+    assert restored._claim is None and restored._fallback == 2
+
+
+def test_a_later_fanout_takes_the_slots_an_earlier_ones_tail_leaves_idle_and_never_more(tmp_path):
+    """Two fan-outs on shared slots (the sweep's batches of ready checkpoints): the earlier one's trials start
+    first; once it has none left to start, the later one fills what its last trials leave free; together they
+    never run more trials than the bound."""
+    from raybiphase.finetune.scheduling import TrialSlots
+
+    slots = TrialSlots(lambda: 2)
+    early_claim, late_claim = slots.claim(3), slots.claim(2)
+    early, late = _grid(early_claim, [1, 2, 3], tmp_path), _grid(late_claim, [4, 5], tmp_path)
+    running = [early.next_trial(), early.next_trial()]
+    assert all(running) and late.next_trial() is None and early.next_trial() is None  # the bound: 2 in all
+    assert late.is_finished()  # held back with none of its own running: its Tuner ends, a later one starts
+    early.on_trial_complete(running.pop(0).trial_id)
+    assert late.next_trial() is None  # a slot frees, but the earlier fan-out still has a trial to start
+    running.append(early.next_trial())
+    assert running[-1].config["a"] == 3 and early.next_trial() is None
+    early.on_trial_complete(running.pop(0).trial_id)  # the earlier one's tail: one trial, two slots
+    tail = late.next_trial()
+    assert tail is not None and tail.config["a"] == 4 and late.next_trial() is None
+    assert (early_claim.running, late_claim.running, late_claim.waiting) == (1, 1, 1)
+    early.on_trial_complete(running.pop(0).trial_id)
+    slots.release(early_claim)  # its launch ended
+    assert late.next_trial().config["a"] == 5 and late_claim.waiting == 0
 
 
 class _Paths:
@@ -66,8 +101,11 @@ class _Paths:
         return f"{self.root}/runs/{segment}/step-{step:08d}"
 
 
-def test_the_stream_fine_tunes_the_controls_first_then_each_checkpoint_once_as_its_segment_ends(tmp_path,
-                                                                                              monkeypatch):
+def test_the_stream_fine_tunes_each_checkpoint_once_as_its_segment_ends_without_waiting_for_a_running_batch(
+        tmp_path, monkeypatch):
+    """The controls' batch starts at once; each checkpoint is queued once, when its segment ends, and its batch
+    starts beside the batches still running (a batch's last trials and its completion pass no longer hold the
+    checkpoints ready meanwhile: issue 29). Every batch shares one set of trial slots, bounded by the segments."""
     from raybiphase.sweep import finetuning
     from raybiphase.sweep.context import SweepContext
     from raybiphase.sweep.plan import make_plan
@@ -78,13 +116,18 @@ def test_the_stream_fine_tunes_the_controls_first_then_each_checkpoint_once_as_i
                                  "resources": {"max_concurrent": 2},
                                  "finetune": {"tasks": ["tweets"], "lrs": [1e-3], "seeds": [0]}})
     plan = make_plan(spec)
-    ctx = SweepContext(spec, plan, _Paths(tmp_path / "s"), out=io.StringIO())
-    batches, release = [], threading.Event()
+    out = io.StringIO()
+    ctx = SweepContext(spec, plan, _Paths(tmp_path / "s"), out=out)
+    batches, slots, release, both_ran = [], set(), threading.Event(), threading.Event()
 
     def fanout(sources, cfg, **kwargs):
         batches.append(sorted((s.run, s.pretrain_step) for s in sources))
-        assert cfg.capacity() == trial_capacity(2, 2, stream.running, stream.pretraining)
-        release.wait(10)  # the first batch runs while segments end: what ends meanwhile goes in the next one
+        slots.add(id(cfg.slots))
+        assert cfg.slots.bound() == trial_capacity(2, 2, stream.running, stream.pretraining)
+        if sources[0].run == "init":
+            release.wait(30)  # the controls' batch is still running while the segments end
+        elif sum(len(batch) for batch in batches if batch != [("init", 0)]) == 2:  # both runs' final checkpoints
+            both_ran.set()
         return []
 
     monkeypatch.setattr(finetuning, "run_fanout", fanout)
@@ -96,13 +139,15 @@ def test_the_stream_fine_tunes_the_controls_first_then_each_checkpoint_once_as_i
     stream.segments_done({prefix})  # holds no checkpoint a run fine-tunes
     stream.segments_done({prefix, tails[0]})
     stream.segments_done({prefix, tails[0]})  # told again: queued once
-    release.set()
     stream.segments_done({prefix, *tails})
+    ran_beside = both_ran.wait(30)  # before the controls' batch has ended
+    release.set()
     stream.close()
     assert stream.join() == [] and stream.error is None
+    assert ran_beside, f"a checkpoint waited for the batch running before it: {batches}"
     finals = {(plan.segments[s].runs[0], plan.segments[s].end) for s in tails}
-    assert batches[0] == [("init", 0)]
-    assert sorted(sum(batches[1:], [])) == sorted(finals) and len(sum(batches[1:], [])) == 2
+    assert sorted(sum(batches, [])) == sorted([("init", 0), *finals]) and len(slots) == 1
+    assert "fine-tuning: batch 1, 1 checkpoint(s) ready: init@0" in out.getvalue()
 
 
 def test_a_fine_tuning_failure_is_said_at_once_and_raised_when_pretraining_ends(tmp_path, monkeypatch):

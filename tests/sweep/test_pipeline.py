@@ -57,6 +57,6 @@ def test_a_short_branch_is_fine_tuned_while_a_long_run_still_trains(small_data, 
     shown = "\n".join(line for line in lines if "/100000, " not in line)[-4000:]  # not the long run's progress
     assert len(fine_tuned) == 1, shown  # the short run's final checkpoint
     assert len(long_run) == 1 and not long_ended, shown
-    ready = [line for line in lines if line.startswith("fine-tuning: 1 checkpoint(s) ready: tiny-clm-4-mlm40-8-")]
+    ready = [line for line in lines if line.startswith("fine-tuning: batch 1, 1 checkpoint(s) ready: tiny-clm-4-mlm40-8-")]
     assert len(ready) == 1 and ready[0].endswith("(1 segment(s) still training)"), shown
     assert not any(line.startswith("pretraining: 3/3 segments") for line in lines), shown
