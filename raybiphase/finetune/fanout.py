@@ -101,6 +101,8 @@ class Fanout:
     """The trial slots this fan-out shares with others running at once, their bound asked before each trial
     starts; None: its own, `max_concurrent`. The sweep's driver gives fine-tuning the slots its segments leave free
     (raybiphase.sweep.finetuning)."""
+    priority: int = 0
+    """On shared slots, trials of a fan-out of lower priority start first (the sweep: its batches in order)."""
 
     @classmethod
     def of(cls, spec: SweepSpec) -> Fanout:
@@ -246,7 +248,7 @@ def _launch(trials: list[FinetuneRow], cfg: Fanout, *, experiment: str, name: st
 
     ensure_ray()
     slots = cfg.slots or TrialSlots(lambda: cfg.max_concurrent)
-    claim = slots.claim(len(trials))
+    claim = slots.claim(len(trials), cfg.priority)
     try:
         return _tune(trials, cfg, claim, experiment=experiment, name=name, asha=asha, grace_period=grace_period,
                      reduction_factor=reduction_factor, verbose=verbose, out=out, label=label)

@@ -17,22 +17,25 @@ class TrialSlots:
     raybiphase.sweep.finetuning). `bound()` says how many trials may run in all now (beside pretraining, the share
     of the slots that segments leave free); it is read each time a grid asks to start a trial.
 
-    Each fan-out's launch holds a `Claim` on the slots. A claim may start a trial while the trials of every claim
-    stay under the bound and no earlier claim still has trials waiting to start: earlier checkpoints come first,
-    and a later batch takes the slots an earlier one's tail leaves idle (its last trials, fewer than the slots, and
-    the wait before its completion pass) instead of waiting for that batch to end (issue 29)."""
+    Each fan-out's launch holds a `Claim` on the slots, ranked by its fan-out's `priority`, then by when it was
+    made. A claim may start a trial while the trials of every claim stay under the bound and no claim ranked before
+    it still has trials waiting to start: earlier checkpoints come first (their completion pass included), and a
+    later batch takes only the slots an earlier one leaves idle (its last trials, fewer than the slots, and the wait
+    before its completion pass) instead of waiting for that batch to end (issue 29)."""
 
     def __init__(self, bound: Callable[[], int]):
         self.bound = bound
         self.lock = threading.RLock()  # re-entered: a grid's next_trial, holding it, asks its own is_finished
         self._claims: list[Claim] = []
         self._numbers = itertools.count()
+        self._claimants: set[threading.Thread] = set()  # the threads that made a claim
 
-    def claim(self, trials: int) -> Claim:
-        """A claim for `trials` trials, after every claim made before it."""
+    def claim(self, trials: int, priority: int = 0) -> Claim:
+        """A claim for `trials` trials, ranked after every claim of a lower `priority` or made before it."""
         with self.lock:
-            claim = Claim(self, next(self._numbers), waiting=trials)
-            self._claims.append(claim)
+            claim = Claim(self, (priority, next(self._numbers)), waiting=trials)
+            self._claims = sorted([*self._claims, claim], key=lambda c: c.rank)
+            self._claimants.add(threading.current_thread())
             return claim
 
     def release(self, claim: Claim) -> None:
@@ -42,16 +45,33 @@ class TrialSlots:
     def admits(self, claim: Claim) -> bool:
         """Whether `claim` may start a trial now (the caller holds `lock`)."""
         earlier = self._claims[:self._claims.index(claim)]
-        return (not any(c.waiting for c in earlier)
-                and sum(c.running for c in self._claims) < self.bound())
+        return not any(c.waiting for c in earlier) and self._running() < self.bound()
+
+    def idle(self) -> bool:
+        """Whether a slot is free that no claim's waiting trial will take: a new fan-out would use it."""
+        with self.lock:
+            return not any(c.waiting for c in self._claims) and self._running() < self.bound()
+
+    def claimed_by(self, thread: threading.Thread) -> bool:
+        """Whether `thread` has made a claim (a fan-out still planning has not)."""
+        with self.lock:
+            return thread in self._claimants
+
+    def _running(self) -> int:
+        return sum(c.running for c in self._claims)
 
 
 class Claim:
     """One launch's hold on `TrialSlots`: its trials still `waiting` to start and those `running` (started, not yet
-    ended, pending resources included). `number` orders the claims (0 for the first)."""
+    ended, pending resources included). `rank` orders the claims: (its fan-out's priority, when it was made)."""
 
-    def __init__(self, slots: TrialSlots, number: int, *, waiting: int):
-        self.slots, self.number, self.waiting, self.running = slots, number, waiting, 0
+    def __init__(self, slots: TrialSlots, rank: tuple[int, int], *, waiting: int):
+        self.slots, self.rank, self.waiting, self.running = slots, rank, waiting, 0
+
+    @property
+    def number(self) -> int:
+        """0 for the first claim on its slots, then 1, 2, ..."""
+        return self.rank[1]
 
     def may_start(self) -> bool:
         with self.slots.lock:

@@ -5,9 +5,11 @@ fine-tuned at once, and each distinct checkpoint (plan.checkpoints) is queued as
 has ended. A thread of the driver (`FinetuneStream`) starts what is queued as one batch: a fan-out in a thread of
 its own (raybiphase.finetune.fanout.run_fanout: ASHA and the completion pass per checkpoint and task) that
 appends its rows to finetune.parquet when it ends. Batches run at once on shared trial slots
-(raybiphase.finetune.scheduling.TrialSlots): an earlier batch's trials start first, and a checkpoint ready while
-a batch runs does not wait for that batch's last trials or its completion pass, but takes the slots they leave
-idle (issue 29).
+(raybiphase.finetune.scheduling.TrialSlots), an earlier batch's trials first: checkpoints ready while a batch
+runs do not wait for that batch's last trials or its completion pass (issue 29), but they wait while its
+trials still fill every slot, so they start together as one batch, once a slot would otherwise be idle. (A batch
+per checkpoint at once would start a Tuner each, and trial processes that Tune reuses only within a Tuner: on the
+2-core quickstart that cost more than the idle slots it filled.)
 
 Segments come first, as the dry run's timeline assumes (raybiphase.sweep.timeline: fine-tuning fills the GPUs
 segments leave idle): of `finetune.max_concurrent` trials (default `resources.max_concurrent`), only the share of
@@ -154,8 +156,9 @@ class FinetuneStream:
             self._start(control_sources(self.ctx))  # the controls need no pretraining: first
             while True:
                 with self.changed:
-                    while not self.ready and self.pretraining and self.error is None:
-                        self.changed.wait()
+                    while self.error is None and not (self.ready and self._slot_idle()) and (
+                            self.ready or self.pretraining):
+                        self.changed.wait(timeout=1)  # slots free up without a notice: looked at every second
                     if not self.ready or self.error is not None:
                         break
                     batch, self.ready = self.ready, []
@@ -166,6 +169,13 @@ class FinetuneStream:
             for thread in self.batches:
                 thread.join()
             self.seconds = time.perf_counter() - self.started
+
+    def _slot_idle(self) -> bool:
+        """Whether a new batch would run now: no batch is still planning its trials, and a trial slot is free that
+        no batch's waiting trial will take."""
+        slots = self.fanout.slots
+        planning = [t for t in self.batches if t.is_alive() and not slots.claimed_by(t)]
+        return not planning and slots.idle()
 
     def _start(self, sources: list[result_rows.FinetuneSource]) -> None:
         """Run one batch in a thread of its own, beside the batches already running."""
@@ -181,8 +191,9 @@ class FinetuneStream:
         ctx.say(f"fine-tuning: batch {number}, {len(sources)} checkpoint(s) ready: {names}"
                 + (f" ({self.running} segment(s) still training)" if self.pretraining else ""))
         try:
-            rows = run_fanout(sources, self.fanout, storage=ctx.paths.root, name="finetune", done=_trials_done(path),
-                              out=ctx.out, label=f"fine-tuning (batch {number})")
+            rows = run_fanout(sources, dataclasses.replace(self.fanout, priority=number), storage=ctx.paths.root,
+                              name="finetune", done=_trials_done(path), out=ctx.out,
+                              label=f"fine-tuning (batch {number})")
             with self.appending:
                 if rows:
                     store.append_rows(path, rows, key=result_rows.FINETUNE_KEY)

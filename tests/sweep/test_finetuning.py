@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 
 import pytest
 
@@ -101,11 +102,29 @@ class _Paths:
         return f"{self.root}/runs/{segment}/step-{step:08d}"
 
 
-def test_the_stream_fine_tunes_each_checkpoint_once_as_its_segment_ends_without_waiting_for_a_running_batch(
+def test_an_earlier_batchs_completion_pass_ranks_before_a_later_batch_and_idle_slots_are_told():
+    """A claim ranks by its fan-out's priority (the sweep's batch number), then by when it was made: the completion
+    pass of batch 1, claimed after batch 2's trials, still starts first. `idle` says whether a free slot would go
+    unused by every waiting trial (the stream then starts the next batch)."""
+    from raybiphase.finetune.scheduling import TrialSlots
+
+    slots = TrialSlots(lambda: 1)
+    assert slots.idle()
+    second = slots.claim(2, priority=2)
+    assert not slots.idle()  # batch 2 has trials waiting for the free slot
+    completion = slots.claim(1, priority=1)
+    assert completion.may_start() and not second.may_start()
+    assert slots.claimed_by(threading.current_thread()) and [c.number for c in (second, completion)] == [0, 1]
+    slots.release(completion)
+    assert second.may_start()
+
+
+def test_the_stream_starts_checkpoints_ready_meanwhile_as_one_batch_once_a_running_batch_leaves_a_slot_idle(
         tmp_path, monkeypatch):
-    """The controls' batch starts at once; each checkpoint is queued once, when its segment ends, and its batch
-    starts beside the batches still running (a batch's last trials and its completion pass no longer hold the
-    checkpoints ready meanwhile: issue 29). Every batch shares one set of trial slots, bounded by the segments."""
+    """The controls' batch starts at once; each checkpoint is queued once, when its segment ends. Checkpoints
+    ready while a running batch still has trials to start wait, and start together as one batch as soon as that
+    batch's tail leaves a slot idle, not when it ends (issue 29). Every batch shares one set of trial slots,
+    bounded by the segments, and a later batch ranks after an earlier one."""
     from raybiphase.sweep import finetuning
     from raybiphase.sweep.context import SweepContext
     from raybiphase.sweep.plan import make_plan
@@ -118,36 +137,49 @@ def test_the_stream_fine_tunes_each_checkpoint_once_as_its_segment_ends_without_
     plan = make_plan(spec)
     out = io.StringIO()
     ctx = SweepContext(spec, plan, _Paths(tmp_path / "s"), out=out)
-    batches, slots, release, both_ran = [], set(), threading.Event(), threading.Event()
+    batches, slots, priorities = [], set(), []
+    controls_claimed, trial_started, release, checkpoints_ran = (threading.Event() for _ in range(4))
 
-    def fanout(sources, cfg, **kwargs):
+    def fanout(sources, cfg, **kwargs):  # a launch's claim on the shared slots, as _launch makes it
         batches.append(sorted((s.run, s.pretrain_step) for s in sources))
         slots.add(id(cfg.slots))
+        priorities.append(cfg.priority)
         assert cfg.slots.bound() == trial_capacity(2, 2, stream.running, stream.pretraining)
-        if sources[0].run == "init":
-            release.wait(30)  # the controls' batch is still running while the segments end
-        elif sum(len(batch) for batch in batches if batch != [("init", 0)]) == 2:  # both runs' final checkpoints
-            both_ran.set()
+        claim = cfg.slots.claim(1, cfg.priority)
+        if sources[0].run == "init":  # the controls: one trial, waiting for a slot, then running until released
+            controls_claimed.set()
+            trial_started.wait(30)
+            with cfg.slots.lock:
+                claim.waiting, claim.running = 0, 1
+            release.wait(30)
+        else:
+            checkpoints_ran.set()
+        cfg.slots.release(claim)
         return []
 
     monkeypatch.setattr(finetuning, "run_fanout", fanout)
     monkeypatch.setattr(finetuning, "control_sources", lambda ctx: [finetuning.result_rows.FinetuneSource("init", 0, "")])
     stream = finetuning.FinetuneStream(ctx)
+    stream.segments_running(1)
     stream.start()
+    assert controls_claimed.wait(10)
     prefix, *tails = plan.segments  # the shared CLM prefix, then the two runs' tails
-    stream.segments_running(2)
     stream.segments_done({prefix})  # holds no checkpoint a run fine-tunes
     stream.segments_done({prefix, tails[0]})
     stream.segments_done({prefix, tails[0]})  # told again: queued once
     stream.segments_done({prefix, *tails})
-    ran_beside = both_ran.wait(30)  # before the controls' batch has ended
+    stream.segments_running(0)
+    time.sleep(1.5)  # the controls' trial still waits for a slot: the checkpoints wait with it
+    held = not checkpoints_ran.is_set()
+    trial_started.set()  # the controls' batch has no trial left to start, a slot is idle: the checkpoints go
+    ran_beside = checkpoints_ran.wait(10)  # before the controls' batch has ended
     release.set()
     stream.close()
     assert stream.join() == [] and stream.error is None
-    assert ran_beside, f"a checkpoint waited for the batch running before it: {batches}"
-    finals = {(plan.segments[s].runs[0], plan.segments[s].end) for s in tails}
-    assert sorted(sum(batches, [])) == sorted([("init", 0), *finals]) and len(slots) == 1
-    assert "fine-tuning: batch 1, 1 checkpoint(s) ready: init@0" in out.getvalue()
+    assert held and ran_beside, f"held {held}, ran beside the running batch {ran_beside}: {batches}"
+    finals = sorted((plan.segments[s].runs[0], plan.segments[s].end) for s in tails)
+    assert batches == [[("init", 0)], finals] and priorities == [1, 2] and len(slots) == 1
+    assert "fine-tuning: batch 2, 2 checkpoint(s) ready:" in out.getvalue()
 
 
 def test_a_fine_tuning_failure_is_said_at_once_and_raised_when_pretraining_ends(tmp_path, monkeypatch):
