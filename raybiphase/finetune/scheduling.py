@@ -52,10 +52,12 @@ class TrialSlots:
         with self.lock:
             return not any(c.waiting for c in self._claims) and self._running() < self.bound()
 
-    def claimed_by(self, thread: threading.Thread) -> bool:
-        """Whether `thread` has made a claim (a fan-out still planning has not)."""
+    def room_for_another(self, fanouts: list[threading.Thread]) -> bool:
+        """Whether another fan-out would start a trial now, beside `fanouts` (the threads running fan-outs on these
+        slots): none of them is still planning its trials (it has made a claim, or ended), and a slot is `idle`."""
         with self.lock:
-            return thread in self._claimants
+            planning = [t for t in fanouts if t.is_alive() and t not in self._claimants]
+            return not planning and self.idle()
 
     def _running(self) -> int:
         return sum(c.running for c in self._claims)

@@ -152,11 +152,12 @@ class FinetuneStream:
         return self.rows
 
     def _work(self) -> None:
+        slots = self.fanout.slots
         try:
             self._start(control_sources(self.ctx))  # the controls need no pretraining: first
             while True:
                 with self.changed:
-                    while self.error is None and not (self.ready and self._slot_idle()) and (
+                    while self.error is None and not (self.ready and slots.room_for_another(self.batches)) and (
                             self.ready or self.pretraining):
                         self.changed.wait(timeout=1)  # slots free up without a notice: looked at every second
                     if not self.ready or self.error is not None:
@@ -169,13 +170,6 @@ class FinetuneStream:
             for thread in self.batches:
                 thread.join()
             self.seconds = time.perf_counter() - self.started
-
-    def _slot_idle(self) -> bool:
-        """Whether a new batch would run now: no batch is still planning its trials, and a trial slot is free that
-        no batch's waiting trial will take."""
-        slots = self.fanout.slots
-        planning = [t for t in self.batches if t.is_alive() and not slots.claimed_by(t)]
-        return not planning and slots.idle()
 
     def _start(self, sources: list[result_rows.FinetuneSource]) -> None:
         """Run one batch in a thread of its own, beside the batches already running."""

@@ -218,7 +218,7 @@ def test_a_trial_tests_the_model_it_trained_on_each_extra_test_split(checkpoint,
               "record": "unused", "riders": [{"row": {"run": "r", "pretrain_step": 8, "task": "wiki_retrieval",
                                                        "lr": 1e-3, "seed": 0}, "record": "unused"}]}
     written = {}
-    monkeypatch.setattr(fanout, "_write", lambda location, row: written.setdefault(row.task, row))
+    monkeypatch.setattr(fanout, "write_record", lambda location, row: written.setdefault(row.task, row))
     fanout.record_final(fanout.TrialInput.from_config(config), reports[-1]["final"])
     assert list(written) == ["wiki_retrieval", "squad_retrieval"]  # the riders' first: the trial's own last
     assert written["wiki_retrieval"].test_score == evaluation.score

@@ -114,9 +114,14 @@ def test_an_earlier_batchs_completion_pass_ranks_before_a_later_batch_and_idle_s
     assert not slots.idle()  # batch 2 has trials waiting for the free slot
     completion = slots.claim(1, priority=1)
     assert completion.may_start() and not second.may_start()
-    assert slots.claimed_by(threading.current_thread()) and [c.number for c in (second, completion)] == [0, 1]
+    assert [c.number for c in (second, completion)] == [0, 1]
+    planning = threading.Thread(target=threading.Event().wait, args=(5,), daemon=True)
+    planning.start()  # a fan-out that has not claimed yet: no room for another until it has
+    assert not slots.room_for_another([planning, threading.current_thread()])
     slots.release(completion)
     assert second.may_start()
+    slots.release(second)
+    assert slots.room_for_another([threading.current_thread()])  # it made its claims, and the slot is free
 
 
 def test_the_stream_starts_checkpoints_ready_meanwhile_as_one_batch_once_a_running_batch_leaves_a_slot_idle(
