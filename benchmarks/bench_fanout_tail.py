@@ -30,11 +30,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 from benchmarks.bench_asha import tiny_checkpoint  # noqa: E402
-from raybiphase import __version__  # noqa: E402
 from raybiphase.config import SweepSpec, from_dict  # noqa: E402
 from raybiphase.finetune.fanout import Fanout, run_fanout  # noqa: E402
 from raybiphase.finetune.scheduling import TrialSlots  # noqa: E402
 from raybiphase.results.rows import FinetuneSource, trial_key  # noqa: E402
+from raybiphase.telemetry.provenance import code_version  # noqa: E402
 
 SLOTS = 2
 
@@ -72,6 +72,9 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--max-steps", type=int, default=30)
     parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--max-examples", type=int, default=480, help="training examples (steps past them repeat)")
+    parser.add_argument("--asha", action=argparse.BooleanOptionalAction, default=True,
+                        help="ASHA and its completion pass (off: the full grid, no completion pass)")
     parser.add_argument("--out", help="write the record (JSON) here")
     args = parser.parse_args()
 
@@ -83,7 +86,8 @@ def main() -> None:
     fanouts = [(f"ckpt-{c}", [FinetuneSource(f"ckpt-{c}", 0, hf)]) for c in "ab"]  # one folder, two checkpoints' keys
     spec = from_dict(SweepSpec, {"finetune": {"tasks": ["tweets"], "lrs": args.lrs, "seeds": args.seeds,
                                               "batch_size": 16, "max_steps": args.max_steps,
-                                              "eval_every": args.eval_every, "max_examples": 480, "asha": True},
+                                              "eval_every": args.eval_every, "max_examples": args.max_examples,
+                                              "asha": args.asha},
                                  "resources": {"max_concurrent": SLOTS}})
     cfg = Fanout.of(spec)
     run_fanout(fanouts[0][1], cfg, storage=str(work / "warm-up"), name="warm-up")  # imports, caches: not timed
@@ -106,10 +110,11 @@ def main() -> None:
     if args.out:
         record = {"benchmark": "bench_fanout_tail", "date": datetime.date.today().isoformat(),
                   "command": " ".join(["python", "benchmarks/bench_fanout_tail.py", *sys.argv[1:]]),
-                  "code": __version__, "machine": {"cpu": platform.processor() or platform.machine(),
+                  "code": code_version(), "machine": {"cpu": platform.processor() or platform.machine(),
                                                    "ray_cpus": 2, "slots": SLOTS},
                   "grid": {"checkpoints": 2, "tasks": ["tweets"], "lrs": args.lrs, "seeds": args.seeds,
-                           "max_steps": args.max_steps, "eval_every": args.eval_every, "asha": True},
+                           "max_steps": args.max_steps, "eval_every": args.eval_every,
+                           "max_examples": args.max_examples, "asha": args.asha},
                   **{mode: {k: v for k, v in m.items() if k != "rows"} for mode, m in measured.items()},
                   "wall_ratio": round(ratio, 3), "same_scores": [same, len(both)]}
         Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
