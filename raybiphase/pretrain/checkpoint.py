@@ -13,6 +13,7 @@ runs arbitrary code. Tensors are loaded with `weights_only=True` by DCP itself.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import io
 import json
@@ -88,10 +89,21 @@ class CheckpointMeta:
         return self.step > Schedule.from_config(self.config).decay_start
 
 
+def _enum_member(cls, name: str):
+    """The one use of `getattr` a metadata pickle may make: Python 3.11.0-3.11.4 pickle an Enum member as
+    getattr(its class, its name) (DCP's WriteItemType, LoadItemType...); seen failing under Debian's 3.11.2."""
+    if not (isinstance(cls, type) and issubclass(cls, enum.Enum) and name in cls.__members__):
+        raise pickle.UnpicklingError(f"checkpoint metadata asks for {getattr(cls, '__name__', cls)!r}.{name}, "
+                                     "which is not a member of an allowed Enum")
+    return cls[name]
+
+
 class _AllowListUnpickler(pickle.Unpickler):
     """Unpickles DCP's metadata classes and torch's plain value types; anything else is refused."""
 
     def find_class(self, module: str, name: str):
+        if module == "builtins" and name == "getattr":  # only for an allowed class's Enum members
+            return _enum_member
         allowed = (
             module.startswith("torch.distributed.checkpoint.")
             or (module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)))

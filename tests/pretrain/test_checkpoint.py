@@ -1,5 +1,7 @@
 """Checkpoints: a save -> load round trip in process resumes bit for bit; loading never unpickles arbitrary objects."""
 
+import enum
+import io
 import os
 import pickle
 
@@ -19,6 +21,42 @@ class _Exploit:
 def test_metadata_with_a_foreign_global_is_refused(tmp_path):
     (tmp_path / ".metadata").write_bytes(pickle.dumps(_Exploit()))
     with pytest.raises(pickle.UnpicklingError, match="not allowed"):
+        SafeReader(str(tmp_path)).read_metadata()
+
+
+class _AsPython3112Pickles(pickle.Pickler):
+    """Pickles an Enum member as Python 3.11.0-3.11.4 do: getattr(its class, its name)."""
+
+    def reducer_override(self, obj):
+        return (getattr, (type(obj), obj.name)) if isinstance(obj, enum.Enum) else NotImplemented
+
+
+def _pickled_as_3112(obj) -> bytes:
+    buffer = io.BytesIO()
+    _AsPython3112Pickles(buffer).dump(obj)
+    return buffer.getvalue()
+
+
+def test_metadata_pickled_by_python_3_11_2_loads_its_enum_members_and_nothing_else(tmp_path):
+    """Debian's Python 3.11.2 pickles DCP's metadata enums through getattr; the reader takes those (a real
+    checkpoint's metadata, pickled that way, reads back equal) and refuses any other getattr."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.planner import WriteItemType
+
+    dcp.save({"w": torch.arange(6.0).reshape(2, 3)}, storage_writer=dcp.FileSystemWriter(str(tmp_path / "ckpt")))
+    metadata = pickle.loads((tmp_path / "ckpt" / ".metadata").read_bytes())
+    assert b"getattr" in _pickled_as_3112(metadata)  # its tensor properties hold an Enum member
+    (tmp_path / "ckpt" / ".metadata").write_bytes(_pickled_as_3112(metadata))
+    read = SafeReader(str(tmp_path / "ckpt")).read_metadata()
+    assert read.state_dict_metadata == metadata.state_dict_metadata
+
+    class _Sneaky:
+        def __reduce__(self):
+            return (getattr, (WriteItemType, "__class__"))
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(_Sneaky()))
+    with pytest.raises(pickle.UnpicklingError, match="not a member of an allowed Enum"):
         SafeReader(str(tmp_path)).read_metadata()
 
 
