@@ -80,10 +80,11 @@ TRIAL_RETRIES = 2
 """Times a failed trial runs again from its start (a trial whose node was lost; a deterministic failure costs
 three attempts before the fan-out reports it)."""
 _REGISTRY_LOCK = threading.Lock()
-"""Held while a trainable is registered with Tune (and while W&B runs are started): fan-outs run in threads at once
-(raybiphase.sweep.finetuning), and Tune 2.60's registry is not thread-safe (two Tuners each registering their
-trainable failed with 'dictionary changed size during iteration'), so a launch registers its trainable under this
-lock and hands Tune its name."""
+"""Held while a trainable is registered with Tune: fan-outs run in threads at once (raybiphase.sweep.finetuning),
+and Tune 2.60's registry is not thread-safe (two Tuners each registering their trainable failed with 'dictionary
+changed size during iteration'), so a launch registers its trainable under this lock and hands Tune its name."""
+_WANDB_LOCK = threading.Lock()
+"""Held while a fan-out writes its W&B runs: one thread at a time starts and finishes them."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,20 +247,28 @@ def _launch(trials: list[FinetuneRow], cfg: Fanout, *, experiment: str, name: st
     own. One Tuner, or several in turn when the claim holds every trial back for a while: a Tuner ends then
     (CappedGrid), and the next one starts with the trials not yet run once the claim may start one again."""
 
+    from ray import tune
+    from ray.tune import register_trainable
+
     ensure_ray()
+    trainable = f"raybiphase-finetune-{uuid.uuid4().hex[:12]}"  # registered by name: Tuners then register nothing
+    with _REGISTRY_LOCK:  # before the claim: a claim waiting on this lock would hold later claims back
+        register_trainable(trainable, tune.with_resources(tune.with_parameters(_trainable, finetune=cfg.finetune),
+                                                          trial_resources(cfg.finetune)))
     slots = cfg.slots or TrialSlots(lambda: cfg.max_concurrent)
     claim = slots.claim(len(trials), cfg.priority)
     try:
-        return _tune(trials, cfg, claim, experiment=experiment, name=name, asha=asha, grace_period=grace_period,
-                     reduction_factor=reduction_factor, verbose=verbose, out=out, label=label)
+        return _tune(trials, cfg, claim, trainable, experiment=experiment, name=name, asha=asha,
+                     grace_period=grace_period, reduction_factor=reduction_factor, verbose=verbose, out=out,
+                     label=label)
     finally:
         slots.release(claim)
 
 
-def _tune(trials: list[FinetuneRow], cfg: Fanout, claim: Claim, *, experiment: str, name: str, asha: bool,
-          grace_period: int | None, reduction_factor: float, verbose: int, out, label: str) -> list[FinetuneRow]:
+def _tune(trials: list[FinetuneRow], cfg: Fanout, claim: Claim, trainable: str, *, experiment: str, name: str,
+          asha: bool, grace_period: int | None, reduction_factor: float, verbose: int, out,
+          label: str) -> list[FinetuneRow]:
     from ray import tune
-    from ray.tune import register_trainable
 
     ft = cfg.finetune
     settings = trial_settings(ft)
@@ -268,10 +277,6 @@ def _tune(trials: list[FinetuneRow], cfg: Fanout, claim: Claim, *, experiment: s
         scheduler = GroupedASHA(functools.partial(
             ASHAScheduler, time_attr="step", metric="val_score", mode="max", max_t=ft.max_steps,
             grace_period=grace_period or ft.eval_every, reduction_factor=reduction_factor))
-    trainable = f"raybiphase-finetune-{uuid.uuid4().hex[:12]}"  # registered by name: Tuners then register nothing
-    with _REGISTRY_LOCK:
-        register_trainable(trainable, tune.with_resources(tune.with_parameters(_trainable, finetune=ft),
-                                                          trial_resources(ft)))
     progress = trial_progress(len(trials), out=out, label=label)
     tune_name = name if claim.number == 0 else f"{name}-{claim.number}"  # fan-outs at once: a folder each
     remaining, results = list(trials), []
@@ -364,7 +369,7 @@ def run_fanout(sources: list[FinetuneSource], cfg: Fanout, *, storage: str, name
             continue
         shared = [result_rows.shared_row(record, other) for other in copies[(trial.run, trial.pretrain_step)]]
         rows += [{**row.record(), SETTINGS_COLUMN: settings} for row in [record, *shared] if row.key not in done]
-    with _REGISTRY_LOCK:  # one thread at a time starts W&B runs
+    with _WANDB_LOCK:
         _log_groups(rows, new, cfg.wandb)
     return rows
 

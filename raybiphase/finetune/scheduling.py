@@ -86,10 +86,12 @@ class CappedGrid(BasicVariantGenerator):
     pickles its search algorithm with the experiment's state; the claim stays out of it (a restored grid runs at
     most `fallback` trials at once).
 
-    Refused with none of its trials running, the grid says it is finished and the Tuner ends, its trials not yet
-    created left for a later Tuner (raybiphase.finetune.fanout._launch). A Tuner left waiting would not free what
-    its ended trials held: Tune 2.60 waits for the next trial without handling events, so their actors (one kept
-    idle for reuse, the others being stopped) keep their CPUs and GPU shares from the segments holding the slots."""
+    While refused, the grid says it is finished: Tune asks it for no trial and keeps no ended trial's process idle
+    for reuse (that process would hold CPUs or a GPU share that a segment, or another fan-out's trial given the
+    slot, waits for). Refused with none of its trials running, the Tuner ends, its trials not yet created left for
+    a later Tuner (raybiphase.finetune.fanout._launch). A Tuner left waiting would not free what its ended trials
+    held: Tune 2.60 waits for the next trial without handling events, so their actors keep their CPUs and GPU
+    shares from the segments holding the slots."""
 
     def __init__(self, claim: Claim | None, fallback: int):
         super().__init__()
@@ -115,8 +117,11 @@ class CappedGrid(BasicVariantGenerator):
         super().on_trial_complete(trial_id, result=result, error=error)
 
     def is_finished(self) -> bool:
+        """Also while its claim may not start a trial (Tune re-reads this every step): Tune then keeps no idle
+        trial process for reuse, whose CPUs or GPU share another claim's trial (or a segment) would wait for, and
+        with none of its trials running the Tuner ends."""
         claim = self._claim
-        return super().is_finished() or (not self._live_trials and claim is not None and not claim.may_start())
+        return super().is_finished() or (claim is not None and (claim.waiting == 0 or not claim.may_start()))
 
     def get_state(self):
         state = super().get_state()

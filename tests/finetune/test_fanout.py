@@ -255,8 +255,8 @@ def test_a_later_fanout_runs_in_the_slot_an_earlier_ones_tail_leaves_free(ray_cl
     """Two fan-outs at once in threads of one driver, on shared slots (the sweep's batches of ready checkpoints):
     the earlier one's last trial holds one of two slots, waiting for CPUs that a stand-in segment keeps until the
     later fan-out has finished; the later one's trial takes the free slot and ends first. (Run one after the other,
-    as batches were, the later fan-out would wait for the earlier one, which waits for it: neither ends.) Both
-    register their trainable with Tune at once, which Tune's registry alone does not survive."""
+    as batches were, the later fan-out would wait for the earlier one, which waits for it: neither ends.) Two
+    Tuners run at once in one driver."""
     import threading
 
     import ray
@@ -284,8 +284,10 @@ def test_a_later_fanout_runs_in_the_slot_an_earlier_ones_tail_leaves_free(ray_cl
 
     early = threading.Thread(target=run, args=("early", early_cfg), daemon=True)
     early.start()
-    while not slots._claims or slots._claims[0].waiting:  # the earlier fan-out's trial has started (pending CPUs)
-        time.sleep(0.1)
+    deadline = time.time() + 120
+    while (not slots._claims or slots._claims[0].waiting) and early.is_alive() and time.time() < deadline:
+        time.sleep(0.1)  # until the earlier fan-out's trial has started (pending CPUs)
+    assert early.is_alive() and slots._claims and not slots._claims[0].waiting
     late = threading.Thread(target=run, args=("late", late_cfg), daemon=True)
     late.start()
     late.join(timeout=120)

@@ -40,27 +40,33 @@ def _grid(claim, values, tmp_path):
 
 
 def test_the_grid_starts_trials_only_while_its_bound_allows_and_follows_it_as_it_changes(tmp_path):
+    """While refused, the grid says it is finished: Tune then asks it for nothing and keeps no ended trial's
+    process idle (it would hold what a segment or another fan-out's trial waits for); with none of its trials
+    running, the Tuner ends. Tune re-reads it every step, so a slot freed makes it unfinished again."""
     from ray import cloudpickle
 
     from raybiphase.finetune.scheduling import TrialSlots
 
     bound = [0]
     slots = TrialSlots(lambda: bound[0])
-    grid = _grid(slots.claim(3), [1, 2, 3], tmp_path)
-    # held back with none of its trials running: it says it is finished, so its Tuner ends (and frees what its
-    # trials held) rather than wait; fan-out's _launch starts another Tuner for the rest
-    assert grid.next_trial() is None and grid.is_finished()
+    claim = slots.claim(3)
+    grid = _grid(claim, [1, 2, 3], tmp_path)
+    assert grid.next_trial() is None and grid.is_finished()  # held back, none running: its Tuner ends
     bound[0] = 2
+    assert not grid.is_finished()
     first, second = grid.next_trial(), grid.next_trial()
-    assert first and second and grid.next_trial() is None and not grid.is_finished()
-    bound[0] = 0  # held back while its trials run: not finished until they end
+    assert first and second and grid.next_trial() is None
+    assert grid.is_finished()  # its own trials fill the bound: an ended one's process is not kept idle...
     grid.on_trial_complete(first.trial_id)
-    assert grid.next_trial() is None and not grid.is_finished()
-    bound[0] = 2
-    assert grid.next_trial().config["a"] == 3
+    assert not grid.is_finished()  # ...unless the grid may start its next trial on the freed slot
     bound[0] = 0
-    grid.on_trial_complete(second.trial_id)
-    assert not grid.is_finished()  # the third still runs
+    assert grid.next_trial() is None and grid.is_finished()  # a segment took the slot
+    bound[0] = 2
+    third = grid.next_trial()
+    assert third.config["a"] == 3 and grid.is_finished()  # every trial started: nothing left to ask for
+    grid.on_trial_complete(second.trial_id, error=True)  # a trial that failed for good frees its slot, once
+    grid.on_trial_complete(second.trial_id, error=True)
+    assert (claim.waiting, claim.running) == (0, 1)
     # Tune pickles its search algorithm with the experiment: the claim (and the slots' lock) stays out
     restored = cloudpickle.loads(cloudpickle.dumps(grid))
     assert restored._claim is None and restored._fallback == 2
@@ -204,3 +210,48 @@ def test_a_fine_tuning_failure_is_said_at_once_and_raised_when_pretraining_ends(
     stream.close()
     with pytest.raises(OSError, match="bucket gone"):
         stream.join()
+
+
+def test_a_failed_batch_is_said_at_once_the_running_ones_finish_and_none_starts_after_it(tmp_path, monkeypatch):
+    from raybiphase.sweep import finetuning
+    from raybiphase.sweep.context import SweepContext
+    from raybiphase.sweep.plan import make_plan
+
+    spec = from_dict(SweepSpec, {"sweep": {"name": "s", "storage": str(tmp_path), "grid": {"phases.clm_share": [0.5, 1.0]}},
+                                 "model": {"size": "tiny"}, "phases": {"steps": 8},
+                                 "optim": {"warmup_steps": 2, "decay_steps": 2},
+                                 "resources": {"max_concurrent": 2},
+                                 "finetune": {"tasks": ["tweets"], "lrs": [1e-3], "seeds": [0]}})
+    plan = make_plan(spec)
+    out = io.StringIO()
+    ctx = SweepContext(spec, plan, _Paths(tmp_path / "s"), out=out)
+    failed, batches = threading.Event(), []
+    row = {"run": "init", "pretrain_step": 0, "task": "tweets", "lr": 1e-3, "seed": 0, "source": "raybiphase"}
+
+    def fanout(sources, cfg, **kwargs):
+        batches.append([s.run for s in sources])
+        if sources[0].run == "init":  # the controls: one trial running (a slot left free) when the next batch fails
+            claim = cfg.slots.claim(1, cfg.priority)
+            with cfg.slots.lock:
+                claim.waiting, claim.running = 0, 1
+            assert failed.wait(30)
+            cfg.slots.release(claim)
+            return [row]
+        raise RuntimeError("1 of 1 fine-tuning trials failed; first: bad checkpoint")
+
+    monkeypatch.setattr(finetuning, "run_fanout", fanout)
+    monkeypatch.setattr(finetuning, "control_sources", lambda ctx: [finetuning.result_rows.FinetuneSource("init", 0, "")])
+    stream = finetuning.FinetuneStream(ctx)
+    stream.start()
+    prefix, *tails = plan.segments
+    stream.segments_done({prefix, tails[0]})
+    deadline = time.time() + 30
+    while "fine-tuning: failed (RuntimeError" not in out.getvalue() and time.time() < deadline:
+        time.sleep(0.1)
+    failed.set()
+    stream.segments_done({prefix, *tails})  # ready after the failure: not started
+    stream.close()
+    with pytest.raises(RuntimeError, match="bad checkpoint"):
+        stream.join()
+    assert len(batches) == 2 and stream.rows == [row]  # the controls' batch finished and recorded its row
+    assert "fine-tuning: failed (RuntimeError: 1 of 1 fine-tuning trials failed" in out.getvalue()
