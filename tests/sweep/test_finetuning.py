@@ -108,6 +108,21 @@ class _Paths:
         return f"{self.root}/runs/{segment}/step-{step:08d}"
 
 
+def _two_runs(tmp_path):
+    """A two-run sweep sharing its CLM prefix (2 segment slots, one fine-tuning task): its plan, a context whose
+    lines go to the returned buffer."""
+    from raybiphase.sweep.context import SweepContext
+    from raybiphase.sweep.plan import make_plan
+
+    spec = from_dict(SweepSpec, {"sweep": {"name": "s", "storage": str(tmp_path), "grid": {"phases.clm_share": [0.5, 1.0]}},
+                                 "model": {"size": "tiny"}, "phases": {"steps": 8},
+                                 "optim": {"warmup_steps": 2, "decay_steps": 2},
+                                 "resources": {"max_concurrent": 2},
+                                 "finetune": {"tasks": ["tweets"], "lrs": [1e-3], "seeds": [0]}})
+    plan, out = make_plan(spec), io.StringIO()
+    return plan, SweepContext(spec, plan, _Paths(tmp_path / "s"), out=out), out
+
+
 def test_an_earlier_batchs_completion_pass_ranks_before_a_later_batch_and_idle_slots_are_told():
     """A claim ranks by its fan-out's priority (the sweep's batch number), then by when it was made: the completion
     pass of batch 1, claimed after batch 2's trials, still starts first. `idle` says whether a free slot would go
@@ -137,17 +152,8 @@ def test_the_stream_starts_checkpoints_ready_meanwhile_as_one_batch_once_a_runni
     batch's tail leaves a slot idle, not when it ends (issue 29). Every batch shares one set of trial slots,
     bounded by the segments, and a later batch ranks after an earlier one."""
     from raybiphase.sweep import finetuning
-    from raybiphase.sweep.context import SweepContext
-    from raybiphase.sweep.plan import make_plan
 
-    spec = from_dict(SweepSpec, {"sweep": {"name": "s", "storage": str(tmp_path), "grid": {"phases.clm_share": [0.5, 1.0]}},
-                                 "model": {"size": "tiny"}, "phases": {"steps": 8},
-                                 "optim": {"warmup_steps": 2, "decay_steps": 2},
-                                 "resources": {"max_concurrent": 2},
-                                 "finetune": {"tasks": ["tweets"], "lrs": [1e-3], "seeds": [0]}})
-    plan = make_plan(spec)
-    out = io.StringIO()
-    ctx = SweepContext(spec, plan, _Paths(tmp_path / "s"), out=out)
+    plan, ctx, out = _two_runs(tmp_path)
     batches, slots, priorities = [], set(), []
     controls_claimed, trial_started, release, checkpoints_ran = (threading.Event() for _ in range(4))
 
@@ -214,17 +220,8 @@ def test_a_fine_tuning_failure_is_said_at_once_and_raised_when_pretraining_ends(
 
 def test_a_failed_batch_is_said_at_once_the_running_ones_finish_and_none_starts_after_it(tmp_path, monkeypatch):
     from raybiphase.sweep import finetuning
-    from raybiphase.sweep.context import SweepContext
-    from raybiphase.sweep.plan import make_plan
 
-    spec = from_dict(SweepSpec, {"sweep": {"name": "s", "storage": str(tmp_path), "grid": {"phases.clm_share": [0.5, 1.0]}},
-                                 "model": {"size": "tiny"}, "phases": {"steps": 8},
-                                 "optim": {"warmup_steps": 2, "decay_steps": 2},
-                                 "resources": {"max_concurrent": 2},
-                                 "finetune": {"tasks": ["tweets"], "lrs": [1e-3], "seeds": [0]}})
-    plan = make_plan(spec)
-    out = io.StringIO()
-    ctx = SweepContext(spec, plan, _Paths(tmp_path / "s"), out=out)
+    plan, ctx, out = _two_runs(tmp_path)
     failed, batches = threading.Event(), []
     row = {"run": "init", "pretrain_step": 0, "task": "tweets", "lr": 1e-3, "seed": 0, "source": "raybiphase"}
 
