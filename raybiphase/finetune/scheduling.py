@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from collections.abc import Callable
 
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
@@ -28,7 +29,7 @@ class TrialSlots:
         self.lock = threading.RLock()  # re-entered: a grid's next_trial, holding it, asks its own is_finished
         self._claims: list[Claim] = []
         self._numbers = itertools.count()
-        self._claimants: set[threading.Thread] = set()  # the threads that made a claim
+        self._claimants: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # the threads that made a claim
 
     def claim(self, trials: int, priority: int = 0) -> Claim:
         """A claim for `trials` trials, ranked after every claim of a lower `priority` or made before it."""
@@ -44,13 +45,12 @@ class TrialSlots:
 
     def admits(self, claim: Claim) -> bool:
         """Whether `claim` may start a trial now (the caller holds `lock`)."""
-        earlier = self._claims[:self._claims.index(claim)]
-        return not any(c.waiting for c in earlier) and self._running() < self.bound()
+        return self._free_after(self._claims[:self._claims.index(claim)])
 
     def idle(self) -> bool:
         """Whether a slot is free that no claim's waiting trial will take: a new fan-out would use it."""
         with self.lock:
-            return not any(c.waiting for c in self._claims) and self._running() < self.bound()
+            return self._free_after(self._claims)
 
     def room_for_another(self, fanouts: list[threading.Thread]) -> bool:
         """Whether another fan-out would start a trial now, beside `fanouts` (the threads running fan-outs on these
@@ -59,8 +59,9 @@ class TrialSlots:
             planning = [t for t in fanouts if t.is_alive() and t not in self._claimants]
             return not planning and self.idle()
 
-    def _running(self) -> int:
-        return sum(c.running for c in self._claims)
+    def _free_after(self, ahead: list[Claim]) -> bool:
+        """A slot is free and none of the claims `ahead` has a trial waiting for it."""
+        return not any(c.waiting for c in ahead) and sum(c.running for c in self._claims) < self.bound()
 
 
 class Claim:

@@ -108,7 +108,7 @@ class FinetuneStream:
         self.rows: list[dict] = []
         self.running, self.pretraining = 0, True
         self.error: BaseException | None = None
-        self.changed = threading.Condition()  # guards ready, pretraining, error and batches
+        self.changed = threading.Condition()  # guards ready, pretraining and error
         self.appending = threading.Lock()  # one batch at a time appends to finetune.parquet
         self.thread = threading.Thread(target=self._work, name="fine-tuning", daemon=True)
         self.batches: list[threading.Thread] = []
@@ -152,17 +152,9 @@ class FinetuneStream:
         return self.rows
 
     def _work(self) -> None:
-        slots = self.fanout.slots
         try:
             self._start(control_sources(self.ctx))  # the controls need no pretraining: first
-            while True:
-                with self.changed:
-                    while self.error is None and not (self.ready and slots.room_for_another(self.batches)) and (
-                            self.ready or self.pretraining):
-                        self.changed.wait(timeout=1)  # slots free up without a notice: looked at every second
-                    if not self.ready or self.error is not None:
-                        break
-                    batch, self.ready = self.ready, []
+            while (batch := self._next_batch()) is not None:
                 self._start(batch)
         except BaseException as err:
             self._failed(err)
@@ -170,6 +162,17 @@ class FinetuneStream:
             for thread in self.batches:
                 thread.join()
             self.seconds = time.perf_counter() - self.started
+
+    def _next_batch(self) -> list[result_rows.FinetuneSource] | None:
+        """The checkpoints ready, once another batch would start a trial now; None once a batch failed, or
+        pretraining is over with nothing ready."""
+        with self.changed:
+            while self.error is None and (self.ready or self.pretraining):
+                if self.ready and self.fanout.slots.room_for_another(self.batches):
+                    batch, self.ready = self.ready, []
+                    return batch
+                self.changed.wait(timeout=1)  # slots free up without a notice: looked at every second
+            return None
 
     def _start(self, sources: list[result_rows.FinetuneSource]) -> None:
         """Run one batch in a thread of its own, beside the batches already running."""
