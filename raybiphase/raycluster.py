@@ -1,7 +1,7 @@
 """Starting or joining Ray, sized honestly for the machine (see ../shared/design.md, "Ray 2.60 on a 2-core machine").
 
-`ensure_ray()` joins the cluster named by RAY_ADDRESS (as under `ray job submit`) or starts a local one with the
-machine's CPUs, a 1 GiB object store (keeps /dev/shm small) and Ray's own logs kept off the console
+`ensure_ray()` joins the cluster named by RAY_ADDRESS (as under `ray job submit`; `auto`: the one `ray start` left
+on this machine) or starts a local one of its own with the machine's CPUs, a 1 GiB object store (keeps /dev/shm small) and Ray's own logs kept off the console
 (RAYBIPHASE_VERBOSE=1 shows every worker's output; the logs are always under /tmp/ray/session_latest/logs).
 """
 
@@ -50,8 +50,9 @@ def ensure_ray(num_cpus: int | None = None) -> None:
     if os.environ.get("RAY_ADDRESS"):
         context = ray.init(address=os.environ["RAY_ADDRESS"], logging_level=logging.WARNING, log_to_driver=verbose,
                            runtime_env=runtime_env)
-    else:
+    else:  # a Ray of our own even where `ray start` left one on this machine (RAY_ADDRESS=auto joins that one)
         context = ray.init(
+            address="local",
             num_cpus=num_cpus or int(os.environ.get("RAYBIPHASE_NUM_CPUS", os.cpu_count() or 2)),
             object_store_memory=1 << 30,
             include_dashboard=True,

@@ -87,10 +87,34 @@ def _processes_in(namespace: str) -> list[int]:
     return out
 
 
+def _new_raylet_namespace(before: set[int]) -> str:
+    """The mount namespace of the one raylet started since `before`, which must not be this process's."""
+    ours = _mount_namespace(os.getpid())
+    started = [pid for pid in set(_raylets()) - before if _mount_namespace(pid) != ours]
+    assert len(started) == 1, "the node's raylet does not run in its own mount namespace"
+    return _mount_namespace(started[0])
+
+
+def _kill_namespace(namespace: str) -> int:
+    """SIGKILL every process of a mount namespace until none is left; returns how many there were."""
+    killed = set()
+    for _ in range(50):
+        pids = _processes_in(namespace)
+        if not pids:
+            return len(killed)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+        time.sleep(0.1)
+    raise AssertionError(f"the node's processes outlived SIGKILL: {_processes_in(namespace)}")
+
+
 class TwoNodes:
-    """A head with no CPU and one isolated worker node (2 CPUs); `lose_worker()` SIGKILLs every process of the
-    worker node at once (a preempted VM), `add_worker()` starts a fresh one (new mount namespace: empty temp dir
-    and caches)."""
+    """A head with no CPU and one isolated worker node (2 CPUs), each node's processes in a mount namespace of its
+    own; `lose_worker()` SIGKILLs every process of the worker node at once (a preempted VM), `add_worker()` starts a
+    fresh one (new mount namespace: empty temp dir and caches), `stop()` kills both nodes and nothing else: a Ray
+    of the user's on the same machine (a sweep under way) is left alone, where `ray stop` would stop it too."""
 
     def __init__(self):
         self.env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -98,12 +122,15 @@ class TwoNodes:
         self.ray_bin = str(Path(sys.executable).parent / "ray")
         self.port, self.dashboard = _free_port(), _free_port()
         self.keeps: list[Path] = []
-        self.worker_namespace = ""
+        self.head_namespace = self.worker_namespace = ""
 
     def start(self) -> None:
         head = [self.ray_bin, "start", "--head", f"--port={self.port}", "--num-cpus=0", "--include-dashboard=true",
                 f"--dashboard-port={self.dashboard}", f"--object-store-memory={300 << 20}", "--disable-usage-stats"]
-        subprocess.run(head, env=self.env, check=True, capture_output=True, timeout=120)
+        before = set(_raylets())
+        subprocess.run(["unshare", "-m", "--propagation", "private", *head], env=self.env, check=True,
+                       capture_output=True, timeout=120)
+        self.head_namespace = _new_raylet_namespace(before)
         self.add_worker()
 
     def add_worker(self) -> None:
@@ -113,26 +140,14 @@ class TwoNodes:
         worker = subprocess.run(isolated_worker_command(self.ray_bin, f"127.0.0.1:{self.port}", keep), env=self.env,
                                 capture_output=True, text=True, timeout=120)
         assert worker.returncode == 0, worker.stderr[-2000:]
-        ours = _mount_namespace(os.getpid())
-        isolated = [pid for pid in set(_raylets()) - before if _mount_namespace(pid) != ours]
-        assert len(isolated) == 1, "the worker node's raylet does not run in its own mount namespace"
-        self.worker_namespace = _mount_namespace(isolated[0])
-        seen = Path(f"/proc/{isolated[0]}/root{REPO}")  # the checkout as the worker node sees it
+        self.worker_namespace = _new_raylet_namespace(before)
+        raylet = next(pid for pid in _processes_in(self.worker_namespace) if pid in _raylets())
+        seen = Path(f"/proc/{raylet}/root{REPO}")  # the checkout as the worker node sees it
         assert not (seen / "README.md").exists() and not (seen / "raybiphase").exists(), "the worker node sees the checkout"
 
     def lose_worker(self) -> int:
         """SIGKILL every process of the worker node until none is left; returns how many there were."""
-        killed = set()
-        for _ in range(50):
-            pids = _processes_in(self.worker_namespace)
-            if not pids:
-                return len(killed)
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
-            time.sleep(0.1)
-        raise AssertionError(f"the worker node's processes outlived SIGKILL: {_processes_in(self.worker_namespace)}")
+        return _kill_namespace(self.worker_namespace)
 
     def submit(self, overrides: list[str]) -> subprocess.Popen:
         command = [self.ray_bin, "job", "submit", f"--address=http://127.0.0.1:{self.dashboard}", "--working-dir",
@@ -155,9 +170,9 @@ class TwoNodes:
         return output
 
     def stop(self) -> None:
-        subprocess.run([self.ray_bin, "stop", "--force"], env=self.env, capture_output=True, timeout=120)
-        if self.worker_namespace:
-            self.lose_worker()
+        for namespace in (self.worker_namespace, self.head_namespace):
+            if namespace:
+                _kill_namespace(namespace)
         for keep in self.keeps:
             shutil.rmtree(keep, ignore_errors=True)
 
@@ -272,3 +287,26 @@ def test_a_worker_node_lost_whole_mid_segment_costs_only_the_steps_since_its_che
     assert losses and (both["_merge"] == "both").all(), both[["run", "step", "_merge"]]
     for loss in losses:
         assert both[loss].fillna(-1.0).equals(both[f"{loss}_lost"].fillna(-1.0)), both[["run", "step", loss]]
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_driver_without_ray_address_starts_its_own_ray_beside_a_ray_start_cluster(two_nodes):
+    """`ray start` left a cluster on this machine (the two nodes): a driver without RAY_ADDRESS starts a local Ray of
+    its own, sized by this machine's CPUs (Ray would join the other one, and refuse its size with a ValueError);
+    with RAY_ADDRESS it joins that one instead."""
+    probe = ("from raybiphase.raycluster import ensure_ray; import ray; ensure_ray(num_cpus=1); "
+             "print('cluster', ray.get_runtime_context().gcs_address, ray.cluster_resources().get('CPU'))")
+
+    def cluster(env) -> tuple[str, float]:
+        done = subprocess.run([sys.executable, "-c", probe], env=env, cwd=REPO, capture_output=True, text=True,
+                              timeout=120)
+        line = next((line for line in done.stdout.splitlines() if line.startswith("cluster ")), None)
+        assert done.returncode == 0 and line, done.stderr[-2000:]
+        address, cpus = line.split()[1:]
+        return address, float(cpus)
+
+    own, cpus = cluster(two_nodes.env)
+    assert not own.endswith(f":{two_nodes.port}") and cpus == 1.0
+    joined, cpus = cluster({**two_nodes.env, "RAY_ADDRESS": f"127.0.0.1:{two_nodes.port}"})
+    assert joined.endswith(f":{two_nodes.port}") and cpus == 2.0  # the worker node's CPUs (the head offers none)

@@ -106,10 +106,16 @@ def finish_finetuning(ctx: SweepContext, clock: Clock) -> None:
     baselines = baseline_rows(ctx.spec)
     if baselines:
         store.append_rows(ctx.paths.table(storage.FINETUNE_FILE), baselines, key=result_rows.FINETUNE_KEY)
-    ctx.say(f"fine-tuning: {len(rows) + len(baselines)} trials recorded")
+    ctx.say(f"fine-tuning: {len(rows) + len(baselines)} rows recorded")
     clock.spans["fine-tuning"] = stream.seconds
-    ours = [r for r in rows if r["source"] == result_rows.OURS]
-    clock.trials, clock.in_trials = len(ours), sum(r.get("seconds") or 0.0 for r in ours)
+    ran = trials_run(rows)
+    clock.trials, clock.in_trials = len(ran), sum(r.get("seconds") or 0.0 for r in ran)
+
+
+def trials_run(rows: list[dict]) -> list[dict]:
+    """The fan-out's rows of trials that ran: not the copies given to runs sharing a checkpoint (`trials_of`),
+    which would count a trial, and its seconds, once per run."""
+    return [r for r in rows if r["source"] == result_rows.OURS and not r.get("trials_of")]
 
 
 def pretrain_all(ctx: SweepContext, clock: Clock) -> None:

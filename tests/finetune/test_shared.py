@@ -48,6 +48,9 @@ def test_a_shared_checkpoint_is_fine_tuned_once_and_every_run_sharing_it_gets_it
     assert {r["trials_of"] for r in rows if r["run"] == "b"} == {"a"}
     assert {r["trials_of"] for r in rows if r["run"] == "a"} == {""}
     assert {r["phases.steps"] for r in rows if r["run"] == "b"} == {16}  # the sharer's own settings
+    from raybiphase.sweep.driver import trials_run
+
+    assert len(trials_run(rows)) == 4  # the sweep's time line counts the trials run, not their copies
     # a rerun where only the sharer's rows are missing (say, a run added to the spec) copies them, runs nothing
     launched.clear()
     done = {(r["run"], r["pretrain_step"], r["task"], r["lr"], r["seed"]) for r in rows if r["run"] == "a"}
