@@ -1,5 +1,11 @@
 """The two kinds of bad input, at the bottom of the import order so every layer can raise them; the commands turn
-either into one line on stderr and exit code 2 (raybiphase.commands.run_main)."""
+either into one line on stderr and exit code 2 (raybiphase.commands.run_main); and the one reader of numeric
+settings from the environment, which says a bad one the same way."""
+
+from __future__ import annotations
+
+import math
+import os
 
 
 class UserError(RuntimeError):
@@ -8,3 +14,18 @@ class UserError(RuntimeError):
 
 class ConfigError(ValueError):
     """A configuration problem, reported as one line that names the dotted key."""
+
+
+def env_number(name: str, default: float, *, minimum: float = 0.0) -> float:
+    """The environment variable `name` as a finite number >= `minimum`, `default` when unset or empty; a UserError
+    naming the variable otherwise (read when used, so a bad value is said by the command, in one line)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= minimum):
+        raise UserError(f"{name}: {raw!r} is not a number >= {minimum:g}")
+    return value

@@ -11,6 +11,8 @@ import json
 import logging
 import os
 
+from raybiphase.errors import env_number
+
 FORWARDED_ENV = (
     "HF_HUB_OFFLINE",  # tests and the offline quickstart set it; production may download
     "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION",  # an S3-compatible store
@@ -53,7 +55,7 @@ def ensure_ray(num_cpus: int | None = None) -> None:
     else:  # a Ray of our own even where `ray start` left one on this machine (RAY_ADDRESS=auto joins that one)
         context = ray.init(
             address="local",
-            num_cpus=num_cpus or int(os.environ.get("RAYBIPHASE_NUM_CPUS", os.cpu_count() or 2)),
+            num_cpus=num_cpus or int(env_number("RAYBIPHASE_NUM_CPUS", os.cpu_count() or 2, minimum=1)),
             object_store_memory=1 << 30,
             include_dashboard=True,
             logging_level=logging.WARNING,

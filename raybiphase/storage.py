@@ -15,6 +15,7 @@ by name outside this module. The layout of a sweep, under `<sweep.storage>/<swee
 
 from __future__ import annotations
 
+import datetime
 import functools
 import hashlib
 import json
@@ -30,7 +31,7 @@ from typing import Any, Callable, TypeVar
 
 import pyarrow.fs as pafs
 
-from raybiphase.errors import UserError
+from raybiphase.errors import UserError, env_number
 
 META = "meta.json"
 HF_DIR = "hf"
@@ -45,15 +46,20 @@ CONTROLS, EXPORTED = "controls", "exported.json"  # the untrained controls' expo
 
 Location = str | os.PathLike
 T = TypeVar("T")
-RETRY_SECONDS = float(os.environ.get("RAYBIPHASE_STORAGE_RETRY_S", "120"))
+RETRY_SECONDS: float | None = None
 """How long a bucket operation keeps retrying a transient failure (a dropped connection, a server restarting, a
-5xx), with exponential backoff from 0.5 s; RAYBIPHASE_STORAGE_RETRY_S sets it (0: no retry)."""
+5xx), with exponential backoff from 0.5 s: RAYBIPHASE_STORAGE_RETRY_S (default 120; 0: no retry) unless set here."""
 _PERMANENT = ("NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "NoSuchKey",
-              "Path does not exist", "not found", "HTTP status 403", "HTTP status 404", "HTTP status 400")
+              "Path does not exist", "not found", "HTTP status 403", "HTTP status 404", "HTTP status 400",
+              "Could not create a OAuth2 access token")  # GCS without credentials
 log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------------------------ retries
+
+
+def retry_seconds() -> float:
+    return RETRY_SECONDS if RETRY_SECONDS is not None else env_number("RAYBIPHASE_STORAGE_RETRY_S", 120.0)
 
 
 def transient(err: BaseException) -> bool:
@@ -66,15 +72,16 @@ def transient(err: BaseException) -> bool:
     return not any(marker in text for marker in _PERMANENT)
 
 
-def retrying(seconds: float | None = None) -> Callable[[Callable[..., T]], Callable[..., T]]:
+def retrying(seconds: float | None = None, *, quiet: bool = False) -> Callable[[Callable[..., T]], Callable[..., T]]:
     """Retry a function whose first argument is a location, when that is a URI and the failure is `transient`:
-    backoff 0.5, 1, 2, 4 ... s (at most 16 s a wait) for up to `seconds` (default RETRY_SECONDS) in all; then the
-    last error. Local paths are never retried."""
+    backoff 0.5, 1, 2, 4 ... s (at most 16 s a wait) for up to `seconds` (default `retry_seconds()`) in all; then the
+    last error. Local paths are never retried. Each retry is logged unless `quiet` (a check that ends in one line of
+    its own)."""
 
     def decorate(fn: Callable[..., T]) -> Callable[..., T]:
         @functools.wraps(fn)
         def wrapper(location, *args, **kwargs):
-            budget = RETRY_SECONDS if seconds is None else seconds
+            budget = retry_seconds() if seconds is None else seconds
             deadline, wait = time.monotonic() + budget, 0.5
             remote = any(isinstance(a, (str, os.PathLike)) and is_uri(a) for a in (location, *args))
             while True:
@@ -83,8 +90,9 @@ def retrying(seconds: float | None = None) -> Callable[[Callable[..., T]], Calla
                 except OSError as err:
                     if not (remote and transient(err)) or time.monotonic() + wait > deadline:
                         raise
-                    log.warning("storage: %s on %s failed (%s); retrying in %.1f s", fn.__name__, location,
-                                " ".join(str(err).split())[:200], wait)
+                    if not quiet:
+                        log.warning("storage: %s on %s failed (%s); retrying in %.1f s", fn.__name__, location,
+                                    " ".join(str(err).split())[:200], wait)
                     time.sleep(wait)
                     wait = min(wait * 2, 16.0)
 
@@ -124,6 +132,10 @@ def filesystem(location: Location) -> tuple[pafs.FileSystem, str]:
     if isinstance(fs, pafs.S3FileSystem):
         _, (settings,) = fs.__reduce__()
         fs = pafs.S3FileSystem(**settings, retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1))
+    elif isinstance(fs, pafs.GcsFileSystem):  # its own default retries for 15 minutes, silently
+        _, (settings,) = fs.__reduce__()
+        settings = {key: value for key, value in settings.items() if value not in ("", None)}
+        fs = pafs.GcsFileSystem(**{**settings, "retry_time_limit": datetime.timedelta(seconds=1)})
     return fs, path
 
 
@@ -208,13 +220,28 @@ def upload(folder: Path, location: Location) -> None:
     pafs.copy_files(str(folder), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
 
 
+def check_reachable(location: Location, key: str) -> None:
+    """Look up the bucket of a URI once, failing fast as `check_writable` does; a UserError naming `key` when it
+    cannot be reached or does not exist. Writes nothing (what a dry run checks). A local path passes."""
+    if not is_uri(location):
+        return
+    scheme, rest = str(location).split("://", 1)
+    bucket = f"{scheme}://{rest.split('/', 1)[0]}"
+    try:
+        found = retrying(min(retry_seconds(), 10.0), quiet=True)(exists.__wrapped__)(bucket)
+    except OSError as err:
+        raise UserError(f"{key}: cannot reach {location}: {' '.join(str(err).split())[:300]}") from None
+    if not found:
+        raise UserError(f"{key}: cannot reach {location}: bucket {bucket} does not exist")
+
+
 def check_writable(location: Location, key: str) -> None:
     """Write and remove a probe under `location`; a UserError naming `key` when that fails (a bucket that does not
     exist or denies access, missing credentials), before anything else is written."""
 
     probe = join(location, f".probe-{uuid.uuid4().hex[:8]}")
     try:
-        retrying(min(RETRY_SECONDS, 10.0))(write_bytes.__wrapped__)(probe, b"")  # a down endpoint fails fast
+        retrying(min(retry_seconds(), 10.0), quiet=True)(write_bytes.__wrapped__)(probe, b"")  # a down endpoint fails fast
         fs, path = filesystem(probe)
         fs.delete_file(path)
     except OSError as err:

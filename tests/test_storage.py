@@ -68,7 +68,8 @@ def test_a_sweep_to_a_missing_bucket_stops_with_one_line_before_any_work(s3_buck
                           cwd=repo, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: sweep.storage: cannot write to s3://no-such-bucket/results")
+    assert len(lines) == 1 and lines[0] == ("error: sweep.storage: cannot reach s3://no-such-bucket/results: bucket "
+                                            "s3://no-such-bucket does not exist")
     assert "pretraining:" not in proc.stdout  # nothing ran
 
 
@@ -82,3 +83,17 @@ def test_check_writable_names_the_setting(s3_bucket, tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(UserError, match="sweep.storage: cannot write to"):
         storage.check_writable(str(tmp_path / "file" / "below"), "sweep.storage")
+
+
+def test_check_reachable_says_in_one_line_what_a_dry_run_cannot_reach(s3_bucket, monkeypatch, caplog):
+    from raybiphase.errors import UserError
+
+    storage.check_reachable(f"{s3_bucket}/not-yet-written", "sweep.storage")  # the bucket is there: fine
+    with pytest.raises(UserError, match="^data.dir: cannot reach s3://no-such-bucket/x: bucket s3://no-such-bucket "
+                                        "does not exist$"):
+        storage.check_reachable("s3://no-such-bucket/x", "data.dir")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens: fails within the short budget
+    monkeypatch.setattr(storage, "RETRY_SECONDS", 1.0)
+    with pytest.raises(UserError, match="^sweep.storage: cannot reach s3://raybiphase-test/x: .*connect"):
+        storage.check_reachable(f"{s3_bucket}/x", "sweep.storage")
+    assert not [r for r in caplog.records if "retrying" in r.getMessage()]  # no retry lines before the error

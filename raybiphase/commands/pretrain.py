@@ -6,17 +6,21 @@ run's latest checkpoint, and a finished run is not recomputed.
 
 from __future__ import annotations
 
-import os
-
 from raybiphase.commands import config_parser
 from raybiphase.config import SweepSpec, load
+from raybiphase.errors import UserError, env_number
 
 
 def main() -> int:
     parser = config_parser("raybiphase pretrain", "Pretrain one encoder on Ray Train.")
     parser.add_argument("--resume-from", help="checkpoint directory to continue from (same schedule)")
-    parser.add_argument("--max-failures", type=int, default=int(os.environ.get("RAYBIPHASE_MAX_FAILURES", 2)))
+    parser.add_argument("--max-failures", type=int, help="restarts of a failed worker group (-1: no limit; default: "
+                        "RAYBIPHASE_MAX_FAILURES, else 2)")
     args = parser.parse_args()
+    if args.max_failures is None:
+        args.max_failures = int(env_number("RAYBIPHASE_MAX_FAILURES", 2, minimum=-1))
+    if args.max_failures < -1:
+        raise UserError(f"--max-failures: {args.max_failures} is below -1 (no limit)")
     spec = load(SweepSpec, args.config, args.overrides)
     from raybiphase.pretrain.trainer import run_pretrain  # lazy: --help and a bad config answer before torch loads
 

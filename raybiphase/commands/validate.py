@@ -1,6 +1,7 @@
 """Check a config or sweep spec without running anything: `python -m raybiphase validate CONFIG [--set k=v]`.
 
-Prints the resolved settings as dotted names (the names overrides, Tune, Parquet and W&B use), or one error line.
+Prints the resolved settings as dotted names (the names overrides, Tune, Parquet and W&B use), or one error line:
+the base run's settings, and every run that sweep.grid and sweep.runs make from it.
 """
 
 from raybiphase.commands import config_parser
@@ -12,8 +13,11 @@ def main() -> int:
     cfg = load(SweepSpec, args.config, args.overrides)
     from raybiphase.finetune.tasks import get_task  # lazy: --help answers before the task loaders import
 
+    from raybiphase.sweep.plan import make_plan
+
     for task in cfg.finetune.tasks:
         get_task(task)
+    make_plan(cfg)  # every run of sweep.grid and sweep.runs, checked as the sweep would build it
     for key, value in flatten(cfg).items():
         print(f"{key} = {value}")
     return 0

@@ -2,7 +2,8 @@
 
 `from_dict(cls, data, overrides)` builds `cls` (a RunConfig or a SweepSpec) strictly: an unknown key (with the
 closest known one suggested), a wrong type, a value out of range or inconsistent values raise `ConfigError` with
-one line that names the dotted key. The same dotted names (`phases.mask_ratio`) are used by `--set` overrides,
+one line that names the dotted key; `read_yaml` also rejects a key given twice in one mapping (PyYAML would keep
+the last). The same dotted names (`phases.mask_ratio`) are used by `--set` overrides,
 the sweep grid, Tune's search space, Parquet columns and W&B (`flatten`).
 
 A field whose value never changes a run's weights says so once, on the field: `field(..., metadata=NOT_WEIGHTS)`
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -46,11 +48,18 @@ def share(value: float, key: str) -> None:
 
 
 def positive(value: float, key: str) -> None:
-    check(value > 0, key, f"{value} is out of range; allowed: a positive number")
+    check(0 < value < math.inf, key, f"{value} is out of range; allowed: a positive number")
 
 
 def non_negative(value: float, key: str) -> None:
-    check(value >= 0, key, f"{value} is out of range; allowed: zero or more")
+    check(0 <= value < math.inf, key, f"{value} is out of range; allowed: zero or more")
+
+
+def distinct(values: Any, key: str) -> None:
+    """Each value once: a repeated seed, learning rate, task or grid value would silently run as one."""
+    values = list(values)
+    for i, value in enumerate(values):
+        check(value not in values[:i], key, f"{value!r} is listed twice; give each value once")
 
 
 URI_SCHEMES = ("s3", "gs", "gcs", "file")
@@ -163,12 +172,48 @@ def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
         raise ConfigError(f"{prefix or 'config'}: {err}") from None
 
 
+class DuplicateKey(yaml.YAMLError):
+    """A key given twice in one mapping: PyYAML would silently keep the last."""
+
+    def __init__(self, key: Any, line: int, first: int) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key, self.line, self.first, self.problem = key, line, first, str(self)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key repeated within one mapping (merge keys `<<` may still be overridden)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise DuplicateKey(key, line, seen[key])
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _strict_load(text: str) -> Any:
+    return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: plain data only
+
+
 def parse_override(text: str) -> tuple[str, Any]:
-    """'phases.mask_ratio=0.3' -> ('phases.mask_ratio', 0.3); the value is read as YAML."""
+    """'phases.mask_ratio=0.3' -> ('phases.mask_ratio', 0.3); the value is read as YAML, except that a value YAML
+    cannot read starting with '@' is the `@NAME` run reference as written (`model.init_from=@610m-clm-42k`)."""
     key, sep, raw = text.partition("=")
     if not sep or not key:
         raise ConfigError(f"{text}: an override is dotted.key=value")
-    return key.strip(), yaml.safe_load(raw)
+    key = key.strip()
+    try:
+        return key, _strict_load(raw)
+    except yaml.YAMLError as err:
+        if raw.strip().startswith("@"):
+            return key, raw.strip()
+        problem = " ".join(str(getattr(err, "problem", None) or err).split())
+        raise ConfigError(f"{key}: {raw!r} is not valid YAML ({problem})") from None
 
 
 def apply_overrides(root: type, data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -207,7 +252,10 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = _strict_load(path.read_text())
+    except DuplicateKey as err:
+        raise ConfigError(f"{path}: line {err.line}: duplicate key {err.key!r} (first on line {err.first}); give "
+                          "each key once") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

@@ -46,6 +46,13 @@ class ModelConfig:
             location(self.init_from, "model.init_from")
 
 
+BPE_SPECIAL_TOKENS = 4
+"""bos, eos, pad and mask: raybiphase.data.prepare.SPECIAL_TOKENS, which a test holds equal (the config layer comes
+before the data layer, so it cannot import them)."""
+BPE_MIN_VOCAB = 256 + BPE_SPECIAL_TOKENS
+"""The smallest 'train-bpe' vocabulary: every byte plus the special tokens, before any merge."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
     source: str = "offline"
@@ -85,6 +92,9 @@ class DataConfig:
     def __post_init__(self) -> None:
         for key in ("vocab_size", "seq_len", "shard_rows", "piece_documents", "tokenizer_documents", "max_epochs"):
             positive(getattr(self, key), f"data.{key}")
+        if self.tokenizer == "train-bpe":  # below this the trainer silently returns BPE_MIN_VOCAB tokens anyway
+            check(self.vocab_size >= BPE_MIN_VOCAB, "data.vocab_size", f"{self.vocab_size} is too small for the "
+                  f"byte-level BPE; allowed: {BPE_MIN_VOCAB} or more (256 bytes + {BPE_SPECIAL_TOKENS} special tokens)")
         non_negative(self.max_documents, "data.max_documents")
         non_negative(self.val_blocks, "data.val_blocks")
         location(self.dir, "data.dir")

@@ -11,12 +11,14 @@ RunConfigs, and only those travel to Ray Train workers.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from raybiphase.config.load import (
     NOT_WEIGHTS,
     check,
+    distinct,
     field_type,
     from_dict,
     location,
@@ -27,8 +29,11 @@ from raybiphase.config.load import (
 )
 from raybiphase.config.run import RUN_SECTIONS, RunConfig
 from raybiphase.config.sizes import PEAK_BF16_TFLOPS
+from raybiphase.errors import ConfigError
 
 TcLabels = Literal["all_subtokens", "first_subtoken"]
+_FOLDER = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+"""A sweep name: one plain folder under sweep.storage (no separators, no '..', not hidden)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +84,8 @@ class FinetuneConfig:
             positive(lr, f"finetune.lrs.{i}")
         check(len(self.lrs) > 0, "finetune.lrs", "at least one learning rate is needed")
         check(len(self.seeds) > 0, "finetune.seeds", "at least one seed is needed")
+        for key in ("tasks", "lrs", "seeds"):
+            distinct(getattr(self, key), f"finetune.{key}")
         positive(self.batch_size, "finetune.batch_size")
         positive(self.max_steps, "finetune.max_steps")
         check(0.0 <= self.warmup_ratio < 1.0, "finetune.warmup_ratio", f"{self.warmup_ratio} is out of range; allowed: [0, 1)")
@@ -126,14 +133,18 @@ class SweepSpec(RunConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         location(self.sweep.storage, "sweep.storage")
+        check(_FOLDER.fullmatch(self.sweep.name) is not None and ".." not in self.sweep.name, "sweep.name",
+              f"{self.sweep.name!r} is not a plain folder name; allowed: letters, digits, '.', '_' and '-', not "
+              "starting with '.' (results go to <sweep.storage>/<sweep.name>/)")
         ratio(self.sweep.mfu, "sweep.mfu")
         positive(self.sweep.gpu_peak_tflops, "sweep.gpu_peak_tflops")
         for key, values in self.sweep.grid.items():
-            _run_key(key, f"sweep.grid.{key}")
+            _run_key(key, "sweep.grid")
             check(isinstance(values, list) and len(values) > 0, f"sweep.grid.{key}", "expected a non-empty list of values")
+            distinct(values, f"sweep.grid.{key}")
         for i, run in enumerate(self.sweep.runs):
             for key in run:
-                _run_key(key, f"sweep.runs.{i}.{key}")
+                _run_key(key, f"sweep.runs.{i}")
 
     @property
     def run(self) -> RunConfig:
@@ -144,6 +155,9 @@ class SweepSpec(RunConfig):
 
 def _run_key(key: str, where: str) -> None:
     """Only run settings vary across runs: fine-tuning and the sweep's own settings are the same for all."""
-    check(key.split(".")[0] in RUN_SECTIONS, where,
+    check(key.split(".")[0] in RUN_SECTIONS, f"{where}.{key}",
           f"only run settings ({', '.join(RUN_SECTIONS)}) can vary across runs")
-    field_type(RunConfig, key)  # raises for unknown keys, naming the closest one
+    try:
+        field_type(RunConfig, key)  # raises for unknown keys, naming the closest one
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None

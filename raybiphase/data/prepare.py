@@ -40,7 +40,7 @@ from raybiphase.config import DataConfig
 from raybiphase.data import sources
 from raybiphase.data.assets import cache_dir
 from raybiphase.data.pieces import Piece, piece_texts, plan_pieces, windows
-from raybiphase.data.stream import FORMAT_VERSION, MANIFEST
+from raybiphase.data.stream import FORMAT_VERSION, MANIFEST, open_dataset
 from raybiphase.errors import UserError
 from raybiphase.raycluster import ensure_ray, quiet_data
 
@@ -339,6 +339,24 @@ def _manifest(data: DataConfig, pieces: list[Piece], records: dict[int, dict], v
         "val": val,
         "unigram_entropy": unigram_entropy(out, pieces),
     }
+
+
+def check_data(data: DataConfig, *, storage_root: str | None = None) -> str:
+    """What a sweep or a run checks before Ray starts; returns the dataset's location. Prepared shards are read
+    back as training will read them (open_dataset: a missing or corrupt shard, a corrupt manifest); otherwise the
+    source must be readable (its pieces are planned), the tokenizer must exist, and data.dir must be writable."""
+    out = dataset_location(data, storage_root)
+    if storage.is_file(storage.join(out, MANIFEST)):
+        open_dataset(out, seq_len=data.seq_len)
+        return out
+    plan_pieces(data)
+    if data.tokenizer != "train-bpe" and not Path(data.tokenizer).expanduser().exists():
+        raise UserError(f"data.tokenizer: {data.tokenizer!r} is neither 'train-bpe' nor an existing folder")
+    created = not storage.exists(out)
+    storage.check_writable(out, "data.dir")
+    if created:  # the probe's folder: prepare() tells a dataset it made from one it found by whether it exists
+        storage.delete(out)
+    return out
 
 
 def prepare(data: DataConfig, *, quiet: bool = False, on_ray: bool = True, storage_root: str | None = None) -> str:

@@ -185,11 +185,33 @@ def latest_committed(run_dir: storage.Location) -> str | None:
 
 def read_meta(path: storage.Location) -> CheckpointMeta:
     """The meta of a checkpoint, local or in a bucket; UserError when `path` is not a raybiphase checkpoint."""
-    document = storage.read_json(storage.meta_path(path))
+    try:
+        document = storage.read_json(storage.meta_path(path))
+    except json.JSONDecodeError:
+        raise UserError(f"checkpoint: {storage.meta_path(path)} is corrupt (not JSON)") from None
     if document is None:
         raise UserError(f"checkpoint: {path} is not a raybiphase checkpoint (no {storage.META})")
-    known = {f.name for f in dataclasses.fields(CheckpointMeta)}
-    return CheckpointMeta(**{k: v for k, v in document.items() if k in known})
+    fields = {f.name: f for f in dataclasses.fields(CheckpointMeta)}
+    required = [name for name, f in fields.items()
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [name for name in required if not isinstance(document, dict) or name not in document]
+    if missing:
+        raise UserError(f"checkpoint: {storage.meta_path(path)} is incomplete (no {', '.join(missing)})")
+    return CheckpointMeta(**{k: v for k, v in document.items() if k in fields})
+
+
+def source_end(init_from: str) -> int:
+    """model.init_from, checked before anything runs: the sample a run continuing it starts at (a raybiphase
+    checkpoint's data end; 0 for an HF decoder's weights); a UserError when it is neither, or cannot be read."""
+    try:
+        if storage.is_checkpoint(init_from):
+            return read_meta(init_from).data_end
+        if storage.is_file(storage.join(init_from, "config.json")):
+            return 0
+    except OSError as err:
+        raise UserError(f"model.init_from: cannot read {init_from}: {' '.join(str(err).split())[:200]}") from None
+    raise UserError(f"model.init_from: {init_from} is neither a raybiphase checkpoint (no {storage.META}) nor an HF "
+                    f"model folder (no config.json)")
 
 
 def load(path: str | Path, model, optimizer=None) -> CheckpointMeta:

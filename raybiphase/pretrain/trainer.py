@@ -11,9 +11,10 @@ from __future__ import annotations
 from raybiphase import storage
 from raybiphase.config import SweepSpec
 from raybiphase.data import assets
-from raybiphase.data.prepare import prepare
+from raybiphase.data.prepare import check_data, prepare
 from raybiphase.errors import UserError
 from raybiphase.naming import run_name
+from raybiphase.pretrain.checkpoint import source_end
 from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.loop import train_loop
 from raybiphase.raycluster import ensure_ray
@@ -54,6 +55,11 @@ def run_pretrain(spec: SweepSpec, *, resume_from: str | None = None, max_failure
 
     run = spec.run
     storage.check_writable(storage.absolute(spec.sweep.storage), "sweep.storage")
+    check_data(run.data, storage_root=storage.absolute(spec.sweep.storage))  # before Ray starts, as are these
+    if run.model.init_from:
+        source_end(run.model.init_from)
+    if resume_from and not storage.is_checkpoint(resume_from):
+        raise UserError(f"--resume-from: {resume_from} is not a raybiphase checkpoint (no {storage.META})")
     assets.use_mirror(storage.absolute(spec.sweep.storage))
     ensure_ray()
     data_dir = prepare(run.data, storage_root=storage.absolute(spec.sweep.storage))

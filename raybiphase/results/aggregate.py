@@ -36,6 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from raybiphase.errors import UserError
+
 GROUP = ("source", "run", "pretrain_step", "task")
 SUMMARY_KEY = GROUP
 PER_TRIAL = frozenset(
@@ -103,7 +105,7 @@ def _prepare(trials: pd.DataFrame) -> pd.DataFrame:
     trials["source"] = trials["source"].fillna("raybiphase")
     missing = [c for c in (*GROUP, "lr", "val_score", "test_score") if c not in trials]
     if missing:
-        raise ValueError(f"fine-tuning rows lack the column(s) {missing}")
+        raise UserError(f"fine-tuning rows lack the column(s) {missing}: not a raybiphase finetune table")
     return trials
 
 

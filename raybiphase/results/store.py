@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raybiphase import storage
+from raybiphase.errors import UserError
 from raybiphase.results.aggregate import SUMMARY_KEY, summarize
 
 SCHEMA_VERSION = 1
@@ -49,17 +50,31 @@ Rows = Sequence[Mapping[str, Any]] | pd.DataFrame
 
 
 @storage.retrying()
-def _read_table(path: str | os.PathLike, columns: Sequence[str] | None = None) -> pa.Table | None:
+def _read_parquet(path: str | os.PathLike, columns: Sequence[str] | None) -> pa.Table | None:
     if not storage.is_file(path):
         return None
     fs, inner = storage.filesystem(path)
     if columns is not None:
         present = set(pq.read_schema(inner, filesystem=fs).names)
         columns = [c for c in columns if c in present]
-    table = pq.read_table(inner, filesystem=fs, columns=columns)
+    return pq.read_table(inner, filesystem=fs, columns=columns)
+
+
+def _read_table(path: str | os.PathLike, columns: Sequence[str] | None = None) -> pa.Table | None:
+    """The table at `path` (None when there is none); a UserError naming the file when it is not a Parquet file
+    (truncated, overwritten) or was written by a newer raybiphase."""
+    try:
+        table = _read_parquet(path, columns)
+    except (pa.ArrowInvalid, OSError) as err:
+        reason = " ".join(str(err).split())[:200]
+        if isinstance(err, OSError) and storage.is_uri(path) and storage.transient(err):  # retried, still down
+            raise UserError(f"{path}: cannot read it ({reason})") from None
+        raise UserError(f"{path}: not a readable Parquet table ({reason})") from None
+    if table is None:
+        return None
     version = int((table.schema.metadata or {}).get(VERSION_KEY, b"0"))
     if version > SCHEMA_VERSION:
-        raise RuntimeError(f"{path} has schema version {version}; this raybiphase reads up to {SCHEMA_VERSION}")
+        raise UserError(f"{path} has schema version {version}; this raybiphase reads up to {SCHEMA_VERSION}")
     return table
 
 

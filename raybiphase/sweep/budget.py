@@ -25,7 +25,7 @@ from raybiphase import storage
 from raybiphase.config import ConfigError, DataConfig, RunConfig, SweepSpec, to_dict
 from raybiphase.data.prepare import dataset_location
 from raybiphase.data.stream import MANIFEST, epochs_read
-from raybiphase.pretrain.checkpoint import CheckpointMeta, read_meta
+from raybiphase.pretrain.checkpoint import CheckpointMeta, source_end
 
 STATED_TOKENS = {
     ("HuggingFaceFW/fineweb-edu", "sample-10BT"): 10 * 10**9,
@@ -96,12 +96,7 @@ def _stated_blocks(data: DataConfig) -> int | None:
 def _checkpoint_end(init_from: str | None) -> int:
     """Where a run initialised from a raybiphase checkpoint outside the sweep starts reading (the loop's rule:
     its data end; a decoder's weights or a fresh model start at sample 0)."""
-    if not init_from:
-        return 0
-    try:
-        return read_meta(init_from).data_end if storage.is_checkpoint(init_from) else 0
-    except OSError:
-        return 0
+    return source_end(init_from) if init_from else 0
 
 
 def _data_end(config: RunConfig, steps: int, data_start: int) -> int:

@@ -24,7 +24,7 @@ import time
 from raybiphase import storage
 from raybiphase.config import SweepSpec, flatten
 from raybiphase.data import assets
-from raybiphase.data.prepare import fingerprint, prepare
+from raybiphase.data.prepare import check_data, fingerprint, prepare
 from raybiphase.errors import UserError
 from raybiphase.finetune.records import check_settings
 from raybiphase.pretrain.checkpoint import read_meta
@@ -86,16 +86,18 @@ def start(ctx: SweepContext, clock: Clock, spec_path: str) -> None:
     storage.check_writable(paths.root, "sweep.storage")  # an unreachable bucket fails here, before any work
     if spec.finetune.tasks:
         check_settings(paths.table(storage.FINETUNE_FILE), spec.finetune)
+    interval()  # a bad RAYBIPHASE_PROGRESS_S is said now, not once segments run
+    corpora = {fingerprint(run.config.data): run.config.data for run in ctx.plan.runs.values()}
+    for data in corpora.values():  # a bad source or tokenizer, a missing or corrupt shard: said before Ray starts
+        check_data(data, storage_root=spec.sweep.storage)
     assets.use_mirror(spec.sweep.storage)  # nodes without the offline assets copy them from the bucket
     with clock.span("Ray start"):
         ensure_ray()
-    storage.write_json(paths.run_info, run_info(spec_path, spec.finetune))  # the report's header
     with clock.span("data"):
-        for run in ctx.plan.runs.values():
-            key = fingerprint(run.config.data)
-            if key not in ctx.data_dirs:
-                ctx.data_dirs[key] = prepare(run.config.data, storage_root=spec.sweep.storage)
+        for key, data in corpora.items():
+            ctx.data_dirs[key] = prepare(data, storage_root=spec.sweep.storage)
     check_budget(data_budget(ctx.plan, spec))  # again on the prepared manifests: a stated size is an estimate
+    storage.write_json(paths.run_info, run_info(spec_path, spec.finetune))  # the report's header
 
 
 def finish_finetuning(ctx: SweepContext, clock: Clock) -> None:

@@ -10,7 +10,8 @@ chain of segments gives the same weights as running it alone (tests/sweep/test_d
 base and the whole signature up to its end, so a changed spec finds the segments it already has.
 
 Continued pretraining: `model.init_from: "@NAME"` names another run of the sweep (by its name without the hash,
-e.g. `@610m-clm-42k`); the continuing run's tree hangs below that run's last segment.
+e.g. `@610m-clm-42k`, or by its full name where several runs share that); the continuing run's tree hangs below that
+run's last segment.
 
     plan = make_plan(load(SweepSpec, "sweeps/split_grid.yaml"))
     plan.naive_steps, plan.planned_steps   # 380000, 206000
@@ -150,15 +151,22 @@ def expand(spec: SweepSpec) -> list[RunConfig]:
     base = to_dict(spec.run)
     keys = list(spec.sweep.grid)
     combos = [dict(zip(keys, values)) for values in itertools.product(*spec.sweep.grid.values())] if keys else [{}]
-    combos += [dict(run) for run in spec.sweep.runs]
     configs = []
-    for combo in combos:
+    for combo, origin in zip(combos + [dict(run) for run in spec.sweep.runs], origins(spec)):
         try:
             configs.append(from_dict(RunConfig, base, _with_shorthand(combo, base)))
         except ConfigError as err:
-            where = ", ".join(f"{k}={v}" for k, v in combo.items())
-            raise ConfigError(f"sweep.grid ({where}): {err}") from None
+            where = origin or "sweep.grid (" + ", ".join(f"{k}={v}" for k, v in combo.items()) + ")"
+            raise ConfigError(f"{where}: {err}") from None
     return configs
+
+
+def origins(spec: SweepSpec) -> list[str | None]:
+    """Where each of `expand`'s runs comes from: None for the grid (or the base run), 'sweep.runs.<i>' for a run."""
+    grid = 1
+    for values in spec.sweep.grid.values():
+        grid *= len(values)
+    return [None] * grid + [f"sweep.runs.{i}" for i in range(len(spec.sweep.runs))]
 
 
 def _with_shorthand(combo: dict, base: dict) -> dict:
@@ -266,7 +274,8 @@ def _short(name: str) -> str:
 
 def make_plan(spec: SweepSpec) -> Plan:
     """The sweep's runs and the tree of segments they share (module docstring), in dependency order."""
-    runs = plan_runs(expand(spec))
+    runs = plan_runs(expand(spec), origins(spec))
+    _check_exports(runs)
     segments: dict[str, Segment] = {}
     for continued in (False, True):  # runs from scratch first: a continued run hangs below its source's last segment
         group = [r for r in runs.values() if (r.source is not None) == continued]
@@ -277,28 +286,66 @@ def make_plan(spec: SweepSpec) -> Plan:
     return Plan(runs=runs, segments=ordered, controls=plan_controls(runs) if spec.finetune.control else {})
 
 
-def plan_runs(configs: list[RunConfig]) -> dict[str, Run]:
+def plan_runs(configs: list[RunConfig], origin: list[str | None] | None = None) -> dict[str, Run]:
     """Each distinct run under its name; a run continued from another (`model.init_from: "@<run>"`) is named after
-    its source's last phase and steps, and knows its source."""
+    its source's last phase and steps, and knows its source. `origin` (from `origins`) names where each config comes
+    from: two sweep.runs entries that make the same run are an error (the grid may repeat a run: pure CLM at two
+    mask ratios is one run)."""
+    origin = origin or [None] * len(configs)
     runs: dict[str, Run] = {}
-    by_short: dict[str, str] = {}
+    entries: dict[str, str] = {}  # run name -> the sweep.runs entry that made it
+    by_short: dict[str, list[str]] = {}
     pending = []
-    for cfg in configs:
+    for cfg, where in zip(configs, origin):
         if cfg.model.init_from and cfg.model.init_from.startswith("@"):
-            pending.append(cfg)
+            pending.append((cfg, where))
             continue
         run = Run(run_name(cfg), cfg, signature(cfg), base_key(cfg, None))
-        runs.setdefault(run.name, run)
-        by_short[_short(run.name)] = run.name
-    for cfg in pending:
-        source_short = cfg.model.init_from[1:]
-        if source_short not in by_short:
-            known = ", ".join(sorted(by_short)) or "none"
-            raise ConfigError(f"model.init_from: '@{source_short}' names no run of this sweep; runs: {known}")
-        source = runs[by_short[source_short]]
+        if _add(runs, entries, run, where):
+            by_short.setdefault(_short(run.name), []).append(run.name)
+    for cfg, where in pending:
+        source = runs[_source(cfg.model.init_from[1:], runs, by_short, where)]
         name = run_name(cfg, source_label=signature_tag(source.signature[-1]), source_steps=source.steps)
-        runs.setdefault(name, Run(name, cfg, signature(cfg), base_key(cfg, source.name), source=source.name))
+        _add(runs, entries, Run(name, cfg, signature(cfg), base_key(cfg, source.name), source=source.name), where)
     return runs
+
+
+def _add(runs: dict[str, Run], entries: dict[str, str], run: Run, where: str | None) -> bool:
+    """Add `run` unless it is planned already (False); two sweep.runs entries making one run are an error."""
+    if where is not None:
+        if run.name in entries:
+            raise ConfigError(f"{where}: the same run as {entries[run.name]} ({run.name}): they differ only in "
+                              "settings that do not change the weights; merge the two entries")
+        entries[run.name] = where
+    if run.name in runs:
+        return False
+    runs[run.name] = run
+    return True
+
+
+def _source(short: str, runs: dict[str, Run], by_short: dict[str, list[str]], where: str | None) -> str:
+    """The run from scratch an `@NAME` reference names: by its name without the hash, or by its full name."""
+    prefix = f"{where}: " if where else ""
+    if short in runs and runs[short].source is None:
+        return short
+    if short not in by_short:
+        known = ", ".join(sorted(by_short)) or "none"
+        raise ConfigError(f"{prefix}model.init_from: '@{short}' names no run of this sweep; runs: {known}")
+    if len(by_short[short]) > 1:
+        raise ConfigError(f"{prefix}model.init_from: '@{short}' matches {len(by_short[short])} runs of this sweep: "
+                          f"{', '.join(by_short[short])}; name one in full (with its hash)")
+    return by_short[short][0]
+
+
+def _check_exports(runs: dict[str, Run]) -> None:
+    """train.export_steps apply to the runs that reach them (a sweep's short runs skip the later ones), but a step
+    no run reaches is a mistake."""
+    longest = max(r.steps for r in runs.values())
+    for run in runs.values():
+        for i, step in enumerate(run.config.train.export_steps):
+            if step > longest:
+                raise ConfigError(f"train.export_steps.{i}: {step} is beyond the last step of every run (phases.steps"
+                                  f" of the longest: {longest})")
 
 
 def _share(group: list[Run], start: int, parent: str | None, after_run: str | None,

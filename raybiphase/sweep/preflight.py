@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 from raybiphase import storage
-from raybiphase.config import SweepSpec, replace
+from raybiphase.config import ConfigError, SweepSpec, replace
 from raybiphase.finetune.tasks import get_task
 from raybiphase.sweep.budget import check_budget, data_budget
 from raybiphase.sweep.plan import Plan, describe, make_plan
@@ -19,10 +19,26 @@ def plan_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> tup
     prints the whole plan on a dry run, its first line and step counts otherwise."""
     for task in spec.finetune.tasks:  # an unknown name fails here, dry run included, before anything runs
         get_task(task)
+    data = spec.run.data  # an unreachable or missing bucket: one line within seconds, before the plan reads it
+    for key, location in (("sweep.storage", spec.sweep.storage), ("data.dir", data.dir), ("data.source", data.source)):
+        if location:
+            storage.check_reachable(location, key)
     spec = replace(spec, {"sweep.storage": storage.absolute(spec.sweep.storage)})
     plan = make_plan(spec)
+    check_finetune_length(plan, spec)
     text = "\n".join([describe(plan, spec), *timeline_lines(plan, spec)])
     lines = text.splitlines()
     print(text if dry_run else "\n".join([lines[0], *(x for x in lines if x.startswith("steps:"))]), file=out)
     check_budget(data_budget(plan, spec))  # a run that would repeat data stops here, dry run included
     return spec, plan
+
+
+def check_finetune_length(plan: Plan, spec: SweepSpec) -> None:
+    """No checkpoint is fine-tuned on sequences longer than its run pretrained on (its exports have that many
+    positions); said before anything runs, not by every trial."""
+    if not spec.finetune.tasks:
+        return
+    for run in plan.runs.values():
+        if spec.finetune.max_len > run.config.data.seq_len:
+            raise ConfigError(f"finetune.max_len: {spec.finetune.max_len} exceeds the {run.config.data.seq_len}-token "
+                              f"blocks run {run.name} pretrains on; set finetune.max_len <= {run.config.data.seq_len}")

@@ -14,18 +14,18 @@ interval (default 10 s; 0 turns the lines off).
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 
 from raybiphase import storage
+from raybiphase.errors import env_number
 from raybiphase.telemetry.clock import duration
 
 
 def interval() -> float:
     """Seconds between progress lines (RAYBIPHASE_PROGRESS_S; 0 = no progress lines)."""
-    return float(os.environ.get("RAYBIPHASE_PROGRESS_S", "10"))
+    return env_number("RAYBIPHASE_PROGRESS_S", 10.0)
 
 
 def rate(tokens_per_s: float) -> str:

@@ -1,12 +1,15 @@
 """Strict config loading: bad input names its dotted key; the same names serve overrides, Tune and Parquet."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
 from raybiphase.config import ConfigError, SweepSpec, flatten, from_dict, load, replace, to_dict
+from raybiphase.config.load import field_type, parse_override
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,7 +61,14 @@ def test_overrides_use_the_dotted_names_that_flatten_reports():
         ({"optim": {"decay_steps": 500}}, {}, "optim.decay_steps: decay of 500 steps is longer than the run"),
         ({"optim": {"warmup_steps": 60, "decay_steps": 60}}, {}, "optim.warmup_steps: warmup + decay = 120 steps"),
         ({"model": {"size": "7b"}}, {}, "model.size: unknown size '7b'; allowed: tiny, mini, 210m, 610m, 1b"),
-        ({"sweep": {"grid": {"phases.clm_shar": [0.5]}}}, {}, "phases.clm_shar: unknown key"),
+        ({"sweep": {"grid": {"phases.clm_shar": [0.5]}}}, {}, "sweep.grid: phases.clm_shar: unknown key"),
+        ({"sweep": {"runs": [{}, {"phases.clm_shar": 0.5}]}}, {}, "sweep.runs.1: phases.clm_shar: unknown key"),
+        ({"sweep": {"grid": {"phases.clm_share": [0.5, 0.5]}}}, {}, "sweep.grid.phases.clm_share: 0.5 is listed twice"),
+        ({}, {"finetune.seeds": [0, 0, 0]}, "finetune.seeds: 0 is listed twice; give each value once"),
+        ({}, {"finetune.lrs": [2e-3, 2e-3]}, "finetune.lrs: 0.002 is listed twice"),
+        ({}, {"finetune.tasks": ["tweets", "tweets"]}, "finetune.tasks: 'tweets' is listed twice"),
+        ({}, {"optim.lr": float("inf")}, "optim.lr: inf is out of range; allowed: a positive number"),
+        ({"data": {"vocab_size": 10}}, {}, "data.vocab_size: 10 is too small for the byte-level BPE; allowed: 260 or more"),
         ({"train": {"global_batch_tokens": 1000}}, {}, "train.global_batch_tokens: 1000 is not a multiple"),
         ({"phases": {"clm_share": 0.5, "clm_steps": 10}}, {}, "phases.clm_steps: give clm_steps or clm_share, not both"),
         ({"finetune": {"gpus_per_trial": 1.5}}, {}, "finetune.gpus_per_trial: 1.5 is out of range; allowed: a fraction"),
@@ -92,6 +102,49 @@ def test_bad_yaml_file(tmp_path):
     empty.write_text("- a list\n")
     with pytest.raises(ConfigError, match="expected settings .* got a list"):
         load(SweepSpec, empty)
+
+
+def test_a_key_given_twice_in_a_file_is_an_error(tmp_path):
+    path = tmp_path / "twice.yaml"  # PyYAML alone keeps the last value silently
+    path.write_text("phases:\n  steps: 100\n  clm_share: 0.5\n  steps: 200\n")
+    with pytest.raises(ConfigError, match=r"twice.yaml: line 4: duplicate key 'steps' \(first on line 2\)"):
+        load(SweepSpec, path)
+    path.write_text("sweep:\n  name: a\nphases:\n  steps: 100\nsweep:\n  name: b\n")
+    with pytest.raises(ConfigError, match="line 5: duplicate key 'sweep' \\(first on line 1\\)"):
+        load(SweepSpec, path)
+
+
+def test_a_set_value_that_is_not_yaml_is_one_line_but_an_at_reference_is_text():
+    with pytest.raises(ConfigError) as err:
+        load(SweepSpec, "sweeps/quickstart.yaml", ["finetune.lrs=[1e-3,"])
+    assert str(err.value).startswith("finetune.lrs: '[1e-3,' is not valid YAML (") and "\n" not in str(err.value)
+    assert parse_override("model.init_from=@610m-clm-42k") == ("model.init_from", "@610m-clm-42k")  # the README's form
+
+
+def test_every_float_setting_rejects_inf_and_nan():
+    floats = [key for key in flatten(SweepSpec()) if float in (field_type(SweepSpec, key), *get_args(field_type(SweepSpec, key)))]
+    assert {"optim.lr", "optim.weight_decay", "phases.clm_share", "data.max_epochs", "sweep.mfu", "finetune.lrs"} <= set(floats)
+    for key in floats:
+        for bad in (float("inf"), float("nan")):
+            value = [bad, 0.9] if key == "optim.betas" else [bad] if key == "finetune.lrs" else bad
+            with pytest.raises(ConfigError, match=f"^{key}"):
+                from_dict(SweepSpec, {}, {key: value})
+
+
+@pytest.mark.parametrize("name", ["../esc", "a/b", "a\\b", "..", ".hidden", "", "a b", "run:1"])
+def test_the_sweep_name_is_one_plain_folder(name):
+    with pytest.raises(ConfigError, match=f"^sweep.name: {re.escape(repr(name))} is not a plain folder name"):
+        from_dict(SweepSpec, {"sweep": {"name": name}})
+    assert from_dict(SweepSpec, {"sweep": {"name": "split_grid-v2.1"}}).sweep.name == "split_grid-v2.1"
+
+
+def test_the_bpe_minimum_is_every_byte_plus_the_special_tokens():
+    from raybiphase.config.run import BPE_MIN_VOCAB
+    from raybiphase.data.prepare import SPECIAL_TOKENS
+
+    assert BPE_MIN_VOCAB == 256 + len(SPECIAL_TOKENS)
+    from_dict(SweepSpec, {"data": {"vocab_size": BPE_MIN_VOCAB}})
+    from_dict(SweepSpec, {"data": {"tokenizer": "meta-llama/Meta-Llama-3-8B", "vocab_size": 10}})  # not trained: unused
 
 
 @pytest.mark.slow  # a `raybiphase sweep` process

@@ -114,6 +114,14 @@ def test_cli(tmp_path, monkeypatch, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         run_main(import_results.main)
     assert exit_info.value.code == 2
+    capsys.readouterr()
+    (tmp_path / "a-file").write_text("")  # results_dir is a file: one line, nothing written
+    monkeypatch.setattr(sys, "argv", ["importer", str(PAPER_TREE), str(tmp_path / "a-file")])
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(import_results.main)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: results_dir: cannot write to {tmp_path / 'a-file'}") and err.count("\n") == 1
 
 
 def _authors_file(root: Path, relative: str, val: list, test: list) -> None:

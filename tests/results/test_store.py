@@ -10,6 +10,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+from raybiphase.errors import UserError
 from raybiphase.results import store as results
 from raybiphase.results.rows import FINETUNE_KEY, PRETRAIN_KEY
 from raybiphase.results.store import append_rows, done_keys, read_rows
@@ -97,8 +98,22 @@ def test_a_file_from_a_newer_schema_is_refused(tmp_path) -> None:
     append_rows(path, [_trial("r", 1e-4, 0)], key=FINETUNE_KEY)
     table = pq.read_table(path)
     pq.write_table(table.replace_schema_metadata({b"raybiphase.schema_version": b"99"}), path)
-    with pytest.raises(RuntimeError, match="schema version 99"):
+    with pytest.raises(UserError, match="schema version 99"):
         read_rows(path)
+
+
+def test_a_damaged_table_is_named_in_one_line_and_nothing_is_appended(tmp_path) -> None:
+    path = tmp_path / "finetune.parquet"
+    append_rows(path, [_trial("r", 1e-4, seed) for seed in range(3)], key=FINETUNE_KEY)
+    whole = path.read_bytes()
+    for damaged in (whole[: len(whole) // 2], b"not parquet at all"):  # a copy cut short, a file overwritten
+        path.write_bytes(damaged)
+        for read in (lambda: read_rows(path), lambda: done_keys(path, FINETUNE_KEY),
+                     lambda: append_rows(path, [_trial("r", 1e-4, 9)], key=FINETUNE_KEY)):
+            with pytest.raises(UserError, match=f"^{path}: not a readable Parquet table \\(") as err:
+                read()
+            assert "\n" not in str(err.value)
+        assert path.read_bytes() == damaged  # left as it was found, for the user to look at
 
 
 def test_readable_by_pyarrow_pandas_and_duckdb(tmp_path) -> None:

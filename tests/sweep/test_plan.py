@@ -64,8 +64,34 @@ def test_bad_grid_values_name_the_key():
     spec = load(SweepSpec, "sweeps/quickstart.yaml", ["sweep.grid={phases.mask_ratio: [0.3, 1.5]}"])
     with pytest.raises(ConfigError, match=r"sweep.grid \(phases.mask_ratio=1.5\): phases.mask_ratio: 1.5 is out of range"):
         expand(spec)
-    with pytest.raises(ConfigError, match="phases.mask_ration: unknown key"):
+    with pytest.raises(ConfigError, match="^sweep.grid: phases.mask_ration: unknown key"):
         load(SweepSpec, "sweeps/quickstart.yaml", ["sweep.grid={phases.mask_ration: [0.3]}"])
+    spec = load(SweepSpec, "sweeps/quickstart.yaml", ["sweep.runs=[{phases.steps: 800}, {optim.lr: -1}]"])
+    with pytest.raises(ConfigError, match=r"^sweep.runs.1: optim.lr: -1.0 is out of range"):  # not "sweep.grid"
+        expand(spec)
+
+
+def test_two_run_entries_making_one_run_are_an_error():
+    # eval_every and checkpoint_every leave the weights alone: one run, and the second entry's setting would be lost
+    spec = load(SweepSpec, "sweeps/quickstart.yaml",
+                ["sweep.runs=[{train.eval_every: 50}, {train.checkpoint_every: 100}]"])
+    with pytest.raises(ConfigError, match=r"^sweep.runs.1: the same run as sweep.runs.0 \(tiny-mlm40-800-"):
+        make_plan(spec)
+
+
+def test_an_ambiguous_run_reference_lists_the_candidates():
+    runs = "sweep.runs=[{optim.lr: 1e-4}, {model.init_from: '@%s', phases.steps: 22000, phases.clm_share: 0.0}]"
+    with pytest.raises(ConfigError, match=r"^sweep.runs.1: model.init_from: '@610m-mlm40-42k' matches 2 runs of this "
+                                          r"sweep: 610m-mlm40-42k-\w{6}, 610m-mlm40-42k-\w{6}; name one in full"):
+        make_plan(load(SweepSpec, "sweeps/cpt.yaml", [runs % "610m-mlm40-42k"]))
+    full = next(n for n in make_plan(load(SweepSpec, "sweeps/cpt.yaml")).runs if n.startswith("610m-mlm40-42k-"))
+    plan = make_plan(load(SweepSpec, "sweeps/cpt.yaml", [runs % full]))
+    assert any(run.source == full for run in plan.runs.values())
+
+
+def test_an_export_step_no_run_reaches_is_an_error():
+    with pytest.raises(ConfigError, match=r"^train.export_steps.0: 99999 is beyond the last step of every run"):
+        make_plan(load(SweepSpec, "sweeps/quickstart.yaml", ["train.export_steps=[99999]"]))
 
 
 def test_continued_pretraining_hangs_below_its_source():

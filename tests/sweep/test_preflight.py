@@ -1,0 +1,118 @@
+"""Bad data stops a sweep in one line before Ray starts (the unit layer refuses `ray.init`), and leaves nothing
+behind: a missing or corrupt shard, a corrupt manifest, a source or tokenizer that does not exist."""
+
+from __future__ import annotations
+
+import io
+import shutil
+
+import pytest
+
+from raybiphase.data.prepare import shard_name
+from raybiphase.errors import UserError
+from tests.conftest import SMALL_DATA, TINY_BASE
+
+
+def _sweep(tmp_path, data_dir, **data):
+    from raybiphase.config import SweepSpec, from_dict
+    from raybiphase.sweep.driver import run_sweep
+
+    spec = {**TINY_BASE, "sweep": {"name": "bad-data", "storage": str(tmp_path / "results")},
+            "data": {**SMALL_DATA, "dir": str(data_dir), **data}}
+    out = io.StringIO()
+    with pytest.raises(UserError) as err:
+        run_sweep(from_dict(SweepSpec, spec), out=out)
+    assert "\n" not in str(err.value) and "pretraining:" not in out.getvalue()
+    assert not (tmp_path / "results" / "bad-data" / "sweep.json").exists()  # no report header of a sweep never run
+    return str(err.value)
+
+
+@pytest.fixture
+def shards(small_shards, tmp_path):
+    target = tmp_path / "shards"
+    shutil.copytree(small_shards[1].dir, target)
+    return target
+
+
+def test_a_corrupt_shard_stops_the_sweep_before_ray(shards, tmp_path):
+    path = shards / shard_name(0, 1)
+    damaged = bytearray(path.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    path.write_bytes(bytes(damaged))
+    assert _sweep(tmp_path, shards).endswith(f"{shard_name(0, 1)} is corrupt (its sha256 differs from the manifest)")
+
+
+def test_a_missing_shard_or_a_corrupt_manifest_stops_the_sweep_before_ray(shards, tmp_path):
+    (shards / shard_name(0, 2)).unlink()
+    assert f"shard {shard_name(0, 2)} listed in the manifest is missing" in _sweep(tmp_path, shards)
+    (shards / "manifest.json").write_text("{not json")
+    assert _sweep(tmp_path, shards).endswith("manifest.json is corrupt (not JSON)")
+
+
+def test_an_unknown_source_or_tokenizer_stops_the_sweep_before_ray(tmp_path):
+    assert _sweep(tmp_path, tmp_path / "new", source="no-such-source").startswith("data.source: 'no-such-source'")
+    message = _sweep(tmp_path, tmp_path / "new", tokenizer="no-such-tokenizer")
+    assert message.startswith("data.tokenizer: 'no-such-tokenizer' is neither 'train-bpe' nor an existing folder")
+    assert not (tmp_path / "new").exists()  # no half-made dataset
+
+
+def test_a_bad_number_in_the_environment_is_one_line_before_ray(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from raybiphase.commands import run_main, sweep
+
+    for name, storage in (("RAYBIPHASE_STORAGE_RETRY_S", "s3://some-bucket/results"),  # read by the bucket check
+                          ("RAYBIPHASE_PROGRESS_S", str(tmp_path / "results"))):  # read as the sweep starts
+        monkeypatch.setenv(name, "ten")
+        monkeypatch.setattr(sys, "argv", ["raybiphase sweep", "sweeps/quickstart.yaml", "--set",
+                                          f"sweep.storage={storage}"])
+        with pytest.raises(SystemExit) as exit_info:
+            run_main(sweep.main)
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err == f"error: {name}: 'ten' is not a number >= 0\n"
+        monkeypatch.delenv(name)
+
+
+def test_pretrain_checks_its_starting_points_before_ray(small_shards, tmp_path):
+    from raybiphase.config import SweepSpec, from_dict
+    from raybiphase.pretrain.trainer import run_pretrain
+
+    spec = {**TINY_BASE, "sweep": {"name": "alone", "storage": str(tmp_path)},
+            "data": {**SMALL_DATA, "dir": small_shards[1].dir}}
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="^model.init_from: .*/empty is neither a raybiphase checkpoint"):
+        run_pretrain(from_dict(SweepSpec, spec, {"model.init_from": str(tmp_path / "empty")}))
+    with pytest.raises(UserError, match="^--resume-from: .*/empty is not a raybiphase checkpoint"):
+        run_pretrain(from_dict(SweepSpec, spec), resume_from=str(tmp_path / "empty"))
+    (tmp_path / "empty" / "meta.json").write_text("{")
+    with pytest.raises(UserError, match="^checkpoint: .*/empty/meta.json is corrupt \\(not JSON\\)$"):
+        run_pretrain(from_dict(SweepSpec, spec, {"model.init_from": str(tmp_path / "empty")}))
+    (tmp_path / "empty" / "meta.json").write_text("{}")
+    with pytest.raises(UserError, match="^checkpoint: .*/empty/meta.json is incomplete \\(no "):
+        run_pretrain(from_dict(SweepSpec, spec, {"model.init_from": str(tmp_path / "empty")}))
+
+
+def test_validate_refuses_what_the_sweep_would_refuse_in_its_grid_and_runs(tmp_path, monkeypatch, capsys):
+    import sys
+
+    import yaml
+
+    from raybiphase.commands import run_main, validate
+
+    for sweep in ({"grid": {"phases.mask_ratio": [0.3, 1.5]}}, {"runs": [{"model.init_from": "@no-such-run"}]}):
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(yaml.safe_dump({"sweep": {"name": "v", "storage": str(tmp_path), **sweep}}))
+        monkeypatch.setattr(sys, "argv", ["raybiphase validate", str(spec)])
+        with pytest.raises(SystemExit) as exit_info:
+            run_main(validate.main)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+
+
+def test_fine_tuning_longer_than_pretraining_is_refused_before_anything_runs():
+    from raybiphase.config import ConfigError, SweepSpec, load
+    from raybiphase.sweep.preflight import plan_sweep
+
+    spec = load(SweepSpec, "sweeps/quickstart.yaml", ["finetune.max_len=4096"])
+    with pytest.raises(ConfigError, match="^finetune.max_len: 4096 exceeds the 128-token blocks run tiny-"):
+        plan_sweep(spec, dry_run=True, out=io.StringIO())
