@@ -53,6 +53,7 @@ def ensure_ray(num_cpus: int | None = None) -> None:
         context = ray.init(address=os.environ["RAY_ADDRESS"], logging_level=logging.WARNING, log_to_driver=verbose,
                            runtime_env=runtime_env)
     else:  # a Ray of our own even where `ray start` left one on this machine (RAY_ADDRESS=auto joins that one)
+        say_other_clusters()
         context = ray.init(
             address="local",
             num_cpus=num_cpus or int(env_number("RAYBIPHASE_NUM_CPUS", os.cpu_count() or 2, minimum=1)),
@@ -67,6 +68,24 @@ def ensure_ray(num_cpus: int | None = None) -> None:
         print(f"Ray dashboard: http://{dashboard}" if "://" not in dashboard else f"Ray dashboard: {dashboard}",
               flush=True)
     quiet_data()
+
+
+def say_other_clusters() -> None:
+    """One line when a Ray cluster (`ray start`) already runs on this machine: this process starts its own beside
+    it, which a user on a cluster's head node would not expect."""
+    try:  # Ray's own lookups: live GCS processes, and the cluster `ray start` last recorded as this machine's
+        from ray._private.services import find_gcs_addresses
+        from ray._private.utils import read_ray_address
+
+        running, recorded = sorted(find_gcs_addresses()), read_ray_address()
+    except Exception:  # private helpers: when Ray moves them, say nothing rather than fail
+        return
+    if running:
+        print(f"Ray: a cluster already runs on this machine ({', '.join(running)}); starting a local one of its own "
+              "(RAY_ADDRESS=auto uses that one)", flush=True)
+    elif recorded:  # measured: every Ray Train fit then waits about 11 s more, on Ray's state API looking there
+        print(f"Ray: this machine's record of a `ray start` cluster names one that no longer runs ({recorded}); "
+              "`ray stop` clears it", flush=True)
 
 
 def quiet_data() -> None:

@@ -173,6 +173,12 @@ class TwoNodes:
         for namespace in (self.worker_namespace, self.head_namespace):
             if namespace:
                 _kill_namespace(namespace)
+        # as `ray stop` does: forget the head as this machine's current cluster, else every later ray.init() without
+        # an address tries to join it (and hangs), and Ray's state API in every later local cluster waits on it
+        current = Path(tempfile.gettempdir(), "ray", "ray_current_cluster")
+        with contextlib.suppress(OSError):
+            if current.read_text().strip().endswith(f":{self.port}"):
+                current.unlink()
         for keep in self.keeps:
             shutil.rmtree(keep, ignore_errors=True)
 
@@ -303,10 +309,13 @@ def test_a_driver_without_ray_address_starts_its_own_ray_beside_a_ray_start_clus
                               timeout=120)
         line = next((line for line in done.stdout.splitlines() if line.startswith("cluster ")), None)
         assert done.returncode == 0 and line, done.stderr[-2000:]
+        said.append(done.stdout)
         address, cpus = line.split()[1:]
         return address, float(cpus)
 
+    said: list[str] = []
     own, cpus = cluster(two_nodes.env)
     assert not own.endswith(f":{two_nodes.port}") and cpus == 1.0
+    assert "Ray: a cluster already runs on this machine (" in said[0] and f":{two_nodes.port}" in said[0]  # said so
     joined, cpus = cluster({**two_nodes.env, "RAY_ADDRESS": f"127.0.0.1:{two_nodes.port}"})
     assert joined.endswith(f":{two_nodes.port}") and cpus == 2.0  # the worker node's CPUs (the head offers none)

@@ -116,3 +116,22 @@ def test_fine_tuning_longer_than_pretraining_is_refused_before_anything_runs():
     spec = load(SweepSpec, "sweeps/quickstart.yaml", ["finetune.max_len=4096"])
     with pytest.raises(ConfigError, match="^finetune.max_len: 4096 exceeds the 128-token blocks run tiny-"):
         plan_sweep(spec, dry_run=True, out=io.StringIO())
+
+
+def test_a_stale_record_of_a_ray_start_cluster_is_said_before_ray_starts(tmp_path, monkeypatch, capsys):
+    """Ray reads this machine's record of the last `ray start` cluster (under RAY_TMPDIR): a plain ray.init() then
+    hangs on it, and a local cluster's Train fits wait on it; the driver says so, with the fix."""
+    from ray._private.services import find_gcs_addresses
+
+    from raybiphase.raycluster import say_other_clusters
+
+    if find_gcs_addresses():
+        pytest.skip("a Ray cluster runs on this machine")
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    say_other_clusters()
+    assert capsys.readouterr().out == ""  # no record: nothing to say
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("10.0.0.9:6379")
+    say_other_clusters()
+    assert capsys.readouterr().out == ("Ray: this machine's record of a `ray start` cluster names one that no longer "
+                                       "runs (10.0.0.9:6379); `ray stop` clears it\n")
