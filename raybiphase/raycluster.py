@@ -83,7 +83,7 @@ def say_other_clusters() -> None:
     if running:
         print(f"Ray: a cluster already runs on this machine ({', '.join(running)}); starting a local one of its own "
               "(RAY_ADDRESS=auto uses that one)", flush=True)
-    elif recorded:  # measured: every Ray Train fit then waits about 11 s more, on Ray's state API looking there
+    if recorded and recorded not in running:  # measured: each Ray Train fit then waits ~11 s more on Ray's state API
         print(f"Ray: this machine's record of a `ray start` cluster names one that no longer runs ({recorded}); "
               "`ray stop` clears it", flush=True)
 

@@ -12,7 +12,7 @@ RunConfigs, and only those travel to Ray Train workers.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal, get_args
 
 from raybiphase.config.load import (
@@ -142,6 +142,8 @@ class SweepSpec(RunConfig):
             _run_key(key, "sweep.grid")
             check(isinstance(values, list) and len(values) > 0, f"sweep.grid.{key}", "expected a non-empty list of values")
             distinct(values, f"sweep.grid.{key}")
+            check(len(values) == 1 or _shapes_weights(key), f"sweep.grid.{key}", "never changes a run's weights, so "
+                  f"every value would make the same run; set it once (--set {key}=...)")
         for i, run in enumerate(self.sweep.runs):
             for key in run:
                 _run_key(key, f"sweep.runs.{i}")
@@ -151,6 +153,19 @@ class SweepSpec(RunConfig):
         """The base run, without the sweep's own sections."""
         plain = to_dict(self)
         return from_dict(RunConfig, {name: plain[name] for name in RUN_SECTIONS})
+
+
+def _shapes_weights(key: str) -> bool:
+    """Whether a run setting can change the weights: no field on its dotted path is marked NOT_WEIGHTS."""
+    cls: Any = RunConfig
+    for part in key.split("."):
+        found = {f.name: f for f in fields(cls)}[part]
+        if found.metadata.get("weights") is False:
+            return False
+        cls = field_type(cls, part)
+        if not is_dataclass(cls):
+            return True
+    return True
 
 
 def _run_key(key: str, where: str) -> None:
