@@ -289,8 +289,8 @@ def make_plan(spec: SweepSpec) -> Plan:
 def plan_runs(configs: list[RunConfig], origin: list[str | None] | None = None) -> dict[str, Run]:
     """Each distinct run under its name; a run continued from another (`model.init_from: "@<run>"`) is named after
     its source's last phase and steps, and knows its source. `origin` (from `origins`) names where each config comes
-    from: two sweep.runs entries that make the same run are an error (the grid may repeat a run: pure CLM at two
-    mask ratios is one run)."""
+    from: two sweep.runs entries that make the same run are an error (`_add`; the grid may repeat a run: pure CLM at
+    two mask ratios is one run)."""
     origin = origin or [None] * len(configs)
     runs: dict[str, Run] = {}
     entries: dict[str, str] = {}  # run name -> the sweep.runs entry that made it
@@ -311,11 +311,15 @@ def plan_runs(configs: list[RunConfig], origin: list[str | None] | None = None) 
 
 
 def _add(runs: dict[str, Run], entries: dict[str, str], run: Run, where: str | None) -> bool:
-    """Add `run` unless it is planned already (False); two sweep.runs entries making one run are an error."""
+    """Add `run` unless it is planned already (False). A sweep.runs entry making a run another entry made is an
+    error, and so is one repeating a run of the grid (or the base run) with other settings: those would be lost."""
     if where is not None:
         if run.name in entries:
             raise ConfigError(f"{where}: the same run as {entries[run.name]} ({run.name}): they differ only in "
                               "settings that do not change the weights; merge the two entries")
+        if run.name in runs and runs[run.name].config != run.config:
+            raise ConfigError(f"{where}: the same run as one of sweep.grid or the base run ({run.name}), with "
+                              "settings that do not change the weights: they would be lost; set them on the base run")
         entries[run.name] = where
     if run.name in runs:
         return False

@@ -74,9 +74,15 @@ def test_bad_grid_values_name_the_key():
 def test_two_run_entries_making_one_run_are_an_error():
     # eval_every and checkpoint_every leave the weights alone: one run, and the second entry's setting would be lost
     spec = load(SweepSpec, "sweeps/quickstart.yaml",
-                ["sweep.runs=[{train.eval_every: 50}, {train.checkpoint_every: 100}]"])
+                ["sweep.runs=[{optim.lr: 1e-3, train.eval_every: 50}, {optim.lr: 1e-3, train.checkpoint_every: 100}]"])
     with pytest.raises(ConfigError, match=r"^sweep.runs.1: the same run as sweep.runs.0 \(tiny-mlm40-800-"):
         make_plan(spec)
+    # so is an entry repeating a run of the grid (the quickstart's MLM-only run) with a setting it would lose
+    spec = load(SweepSpec, "sweeps/quickstart.yaml", ["sweep.runs=[{train.eval_every: 50}]"])
+    with pytest.raises(ConfigError, match=r"^sweep.runs.0: the same run as one of sweep.grid or the base run "
+                                          r"\(tiny-mlm40-800-\w{6}\), with settings that do not change the weights"):
+        make_plan(spec)
+    assert len(make_plan(load(SweepSpec, "sweeps/quickstart.yaml", ["sweep.runs=[{}]"])).runs) == 3  # as it is: fine
 
 
 def test_an_ambiguous_run_reference_lists_the_candidates():
