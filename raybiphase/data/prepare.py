@@ -80,6 +80,14 @@ def shard_name(piece: int, shard: int) -> str:
 # ------------------------------------------------------------------------------------------------- tokenizer
 
 
+def tokenizer_folder(data: DataConfig) -> Path:
+    """The folder of a given (not trained) tokenizer; a UserError when it does not exist."""
+    path = Path(data.tokenizer).expanduser()
+    if not path.exists():
+        raise UserError(f"data.tokenizer: {data.tokenizer!r} is neither 'train-bpe' nor an existing folder")
+    return path
+
+
 def build_tokenizer(data: DataConfig, docs: list[str], out_dir: Path):
     """Train a byte-level BPE on `docs`, or load the given tokenizer; either way it has bos/eos/pad/mask."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -93,10 +101,7 @@ def build_tokenizer(data: DataConfig, docs: list[str], out_dir: Path):
         )
         tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, **SPECIAL_TOKENS)
     else:
-        path = Path(data.tokenizer).expanduser()
-        if not path.exists():
-            raise UserError(f"data.tokenizer: {data.tokenizer!r} is neither 'train-bpe' nor an existing folder")
-        tok = AutoTokenizer.from_pretrained(str(path))
+        tok = AutoTokenizer.from_pretrained(str(tokenizer_folder(data)))
         missing = {k: v for k, v in SPECIAL_TOKENS.items() if getattr(tok, k) is None}
         if "pad_token" in missing and tok.eos_token is not None:  # Llama-3 convention: pad = eos
             tok.pad_token = tok.eos_token
@@ -350,8 +355,8 @@ def check_data(data: DataConfig, *, storage_root: str | None = None) -> str:
         open_dataset(out, seq_len=data.seq_len)
         return out
     plan_pieces(data)
-    if data.tokenizer != "train-bpe" and not Path(data.tokenizer).expanduser().exists():
-        raise UserError(f"data.tokenizer: {data.tokenizer!r} is neither 'train-bpe' nor an existing folder")
+    if data.tokenizer != "train-bpe":
+        tokenizer_folder(data)
     created = not storage.exists(out)
     storage.check_writable(out, "data.dir")
     if created:  # the probe's folder: prepare() tells a dataset it made from one it found by whether it exists

@@ -53,16 +53,16 @@ def run_pretrain(spec: SweepSpec, *, resume_from: str | None = None, max_failure
     if spec.sweep.grid or spec.sweep.runs:
         raise UserError("sweep.grid: this config is a sweep; run it with raybiphase sweep")
 
-    run = spec.run
-    storage.check_writable(storage.absolute(spec.sweep.storage), "sweep.storage")
-    check_data(run.data, storage_root=storage.absolute(spec.sweep.storage))  # before Ray starts, as are these
+    run, root = spec.run, storage.absolute(spec.sweep.storage)
+    storage.check_writable(root, "sweep.storage")
+    check_data(run.data, storage_root=root)  # before Ray starts, as are these
     if run.model.init_from:
         source_end(run.model.init_from)
     if resume_from and not storage.is_checkpoint(resume_from):
         raise UserError(f"--resume-from: {resume_from} is not a raybiphase checkpoint (no {storage.META})")
-    assets.use_mirror(storage.absolute(spec.sweep.storage))
+    assets.use_mirror(root)
     ensure_ray()
-    data_dir = prepare(run.data, storage_root=storage.absolute(spec.sweep.storage))
+    data_dir = prepare(run.data, storage_root=root)
     name, paths = run_name(run), storage.SweepPaths.of(spec.sweep.storage, spec.sweep.name)
     job = SegmentJob(run=run, name=name, run_dir=paths.run_dir(name), data_dir=data_dir, resume_from=resume_from,
                      wandb=sweep_settings(spec), progress_every=interval())

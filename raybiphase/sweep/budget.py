@@ -93,12 +93,6 @@ def _stated_blocks(data: DataConfig) -> int | None:
     return tokens // data.seq_len
 
 
-def _checkpoint_end(init_from: str | None) -> int:
-    """Where a run initialised from a raybiphase checkpoint outside the sweep starts reading (the loop's rule:
-    its data end; a decoder's weights or a fresh model start at sample 0)."""
-    return source_end(init_from) if init_from else 0
-
-
 def _data_end(config: RunConfig, steps: int, data_start: int) -> int:
     return CheckpointMeta(run=to_dict(config), step=steps, data_start=data_start, metrics={}).data_end
 
@@ -112,7 +106,8 @@ def data_budget(plan, spec: SweepSpec, train_blocks: Mapping[str, int] | None = 
     def start_of(name: str) -> int:
         if name not in starts:
             run = plan.runs[name]
-            starts[name] = end_of(run.source) if run.source else _checkpoint_end(run.config.model.init_from)
+            init_from = run.config.model.init_from  # outside the sweep: a checkpoint's data end, else sample 0
+            starts[name] = end_of(run.source) if run.source else source_end(init_from) if init_from else 0
         return starts[name]
 
     def end_of(name: str) -> int:
