@@ -15,10 +15,10 @@ from raybiphase.config.run import (
     run_hash,
     weights_settings,
 )
-from raybiphase.config.sweep import FinetuneConfig, SweepConfig, SweepSpec
+from raybiphase.config.sweep import FinetuneConfig, SweepConfig, SweepSpec, shapes_weights
 
 __all__ = [
     "MASKED", "ConfigError", "DataConfig", "FinetuneConfig", "ModelConfig", "OptimConfig", "Phase", "PhasesConfig",
     "ResourcesConfig", "RunConfig", "SweepConfig", "SweepSpec", "TrainConfig", "flatten", "from_dict", "load",
-    "replace", "run_hash", "to_dict", "weights_settings",
+    "replace", "run_hash", "shapes_weights", "to_dict", "weights_settings",
 ]

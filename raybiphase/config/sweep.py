@@ -142,7 +142,7 @@ class SweepSpec(RunConfig):
             _run_key(key, "sweep.grid")
             check(isinstance(values, list) and len(values) > 0, f"sweep.grid.{key}", "expected a non-empty list of values")
             distinct(values, f"sweep.grid.{key}")
-            check(len(values) == 1 or _shapes_weights(key), f"sweep.grid.{key}", "never changes a run's weights, so "
+            check(len(values) == 1 or shapes_weights(key), f"sweep.grid.{key}", "never changes a run's weights, so "
                   f"every value would make the same run; set it once (--set {key}=...)")
         for i, run in enumerate(self.sweep.runs):
             for key in run:
@@ -155,12 +155,13 @@ class SweepSpec(RunConfig):
         return from_dict(RunConfig, {name: plain[name] for name in RUN_SECTIONS})
 
 
-def _shapes_weights(key: str) -> bool:
-    """Whether a run setting can change the weights: no field on its dotted path is marked NOT_WEIGHTS."""
+def shapes_weights(key: str) -> bool:
+    """Whether the dotted run setting `key` can change a run's weights: it names a RunConfig field and no field
+    on its path is marked NOT_WEIGHTS. Names that are not run settings (a result column, a typo) are False."""
     cls: Any = RunConfig
     for part in key.split("."):
-        found = {f.name: f for f in fields(cls)}[part]
-        if found.metadata.get("weights") is False:
+        found = {f.name: f for f in fields(cls)}.get(part) if is_dataclass(cls) else None
+        if found is None or found.metadata.get("weights") is False:
             return False
         cls = field_type(cls, part)
         if not is_dataclass(cls):

@@ -1,4 +1,4 @@
-"""Questions beyond the paper (issue 30), answered when a sweep has their runs (sweeps/beyond.yaml): each run
+"""Questions beyond the paper, answered when a sweep has their runs (sweeps/beyond.yaml): each run
 whose name shows a knob (an optimizer reset `r`, a ratio schedule `to15`, per-sequence rates `u15to60`, MNTP,
 frozen blocks `f6`) is paired, per task, with the run that differs from it only by not having it, and each
 question is judged by the paper findings' interval rule (raybiphase.results.verdicts): held, not held, mixed or
@@ -20,7 +20,7 @@ from raybiphase.results.verdicts import UNTRAINED, compare, judge
 
 @dataclass(frozen=True)
 class Question:
-    """A question beyond the paper (issue 30): runs whose name shows `knob` (side a) against the run that differs
+    """A question beyond the paper: runs whose name shows `knob` (side a) against the run that differs
     from each only by not having it (side b, `counterpart`: a pattern over the name without its hash); `claim` is
     the literature's answer, `expected` the side it says wins."""
 
@@ -105,7 +105,7 @@ def question_pairs(s: pd.DataFrame, question: Question) -> pd.DataFrame:
 
 def question_verdict(pairs: pd.DataFrame, question: Question) -> tuple[str, str]:
     """(verdict, tally) of a question over its pairs, by the paper findings' interval rule."""
-    return judge([(t, side) for t, side in zip(pairs["task"], pairs["better"])], question.expected, "the claim's")
+    return judge(list(pairs["better"]), question.expected, "the claim's")
 
 
 def beyond_sections(s: pd.DataFrame) -> list[Section]:

@@ -62,6 +62,7 @@ def _enrich(summary: pd.DataFrame) -> pd.DataFrame:
     s["objective"] = [UNTRAINED if budget == 0 else _objective(a, b)
                       for a, b, budget in zip(s["clm_share"], s["init_from"], s["budget"])]
     s["mask_ratio"] = pd.to_numeric(_col(s, "phases.mask_ratio"), errors="coerce")
+    s["size"] = _col(s, "model.size").map(lambda v: "" if pd.isna(v) else str(v))
     s["family"] = _col(s, "family").fillna("?")
     s["metric"] = _col(s, "metric").fillna("score")
     s["final"] = s["pretrain_step"] == s.groupby(["source", "run"])["pretrain_step"].transform("max")
@@ -87,12 +88,15 @@ def _budget(value: float) -> str:
 
 def _task_grid(points: pd.DataFrame, x: str, series: str, title: str, xlabel: str, *, logx: bool = False,
                color_by: str | None = None) -> Figure:
-    """One panel per task (family in its title), one line per series with 95% CI error bars; paper dashed.
+    """One panel per task (family in its title) and model size, one line per series with 95% CI error bars; paper
+    dashed. A line never joins two sizes: each size has its own panel (its size in the title) when there are several.
 
     Colours: by the objective when color_by="objective", else one per series, the same in every panel. One legend
     for the whole figure, outside the panels on the right, so that no line hides under it.
     """
-    tasks = points[["family", "task"]].drop_duplicates().sort_values(["family", "task"])
+    points = points.assign(size=_col(points, "size").fillna(""))
+    tasks = points[["family", "task", "size"]].drop_duplicates().sort_values(["family", "task", "size"])
+    several = points["size"].nunique() > 1
     cols = min(len(tasks), 3)
     rows = math.ceil(len(tasks) / cols)
     fig = Figure(figsize=(4.6 * cols + 3.2, 3.7 * rows + 0.5), layout="constrained")
@@ -102,8 +106,8 @@ def _task_grid(points: pd.DataFrame, x: str, series: str, title: str, xlabel: st
     palette = _palette(points[series].nunique())
     series_colors: dict[str, object] = {}  # a series keeps its colour across panels
     legend: dict[str, object] = {}
-    for ax, (family, task) in zip(axes.flat, tasks.itertuples(index=False)):
-        panel = points[points["task"] == task]
+    for ax, (family, task, size) in zip(axes.flat, tasks.itertuples(index=False)):
+        panel = points[(points["task"] == task) & (points["size"] == size)]
         for label, line in panel.groupby(series, sort=True):
             label = str(label)
             if label not in series_colors:
@@ -113,7 +117,7 @@ def _task_grid(points: pd.DataFrame, x: str, series: str, title: str, xlabel: st
             xs = [categories.index(v) for v in line[x]] if categories else line[x]
             legend[label] = ax.errorbar(xs, line["score"], yerr=line["ci"].fillna(0), capsize=3, marker="o",
                                         markersize=5, linestyle=style, label=label, color=series_colors[label])
-        ax.set_title(f"{family} · {task}")
+        ax.set_title(f"{family} · {task}" + (f" · {size}" if several else ""))
         ax.set_xlabel(xlabel)
         if categories:
             ax.set_xticks(range(len(categories)), categories)
@@ -130,12 +134,15 @@ def _task_grid(points: pd.DataFrame, x: str, series: str, title: str, xlabel: st
 
 
 def _score_table(points: pd.DataFrame, index: list[str]) -> str:
-    """Markdown table: one row per `index` value, one column per task, cells 'mean ± CI (LR)'."""
-    cells = points.assign(cell=[f"{mean_ci(m, c, n)} (lr {lr:.0e})" if pd.notna(m) else "n/a"
-                                for m, c, n, lr in zip(points["score"], points["ci"], points["n_seeds"],
-                                                       points["best_lr"])])
-    table = cells.pivot_table(index=index, columns="task", values="cell", aggfunc="first").reset_index()
-    return markdown(table)
+    """Markdown table: one row per `index` value, one column per task (per task and model size when the points
+    hold several sizes), cells 'mean ± CI (LR)'. Rows that share a cell are all shown in it, never one of them."""
+    size = _col(points, "size").fillna("")
+    column = points["task"] + (" · " + size if size.nunique() > 1 else "")
+    cells = points.assign(column=column, cell=[f"{mean_ci(m, c, n)} (lr {lr:.0e})" if pd.notna(m) else "n/a"
+                                               for m, c, n, lr in zip(points["score"], points["ci"],
+                                                                      points["n_seeds"], points["best_lr"])])
+    table = cells.pivot_table(index=index, columns="column", values="cell", aggfunc="; ".join).reset_index()
+    return markdown(table.rename_axis(columns=None))
 
 
 def clm_share_section(s: pd.DataFrame) -> Section:
@@ -262,7 +269,7 @@ def summary_section(s: pd.DataFrame) -> Section:
     """Every (run, task) at its final checkpoint: the table behind all the figures."""
     final = s[s["final"]].sort_values(["source", "task", "run"])
     table = pd.DataFrame({
-        "source": final["source"], "run": final["run"], "objective": final["objective"],
+        "source": final["source"], "run": final["run"], "size": final["size"], "objective": final["objective"],
         "CLM share (%)": (final["clm_share"] * 100).round(1), "task": final["task"],
         "best LR": final["best_lr"].map(lambda v: f"{v:.0e}"),
         "test (%)": [mean_ci(m, c, n) for m, c, n in zip(final["score"], final["ci"], final["n_seeds"])],

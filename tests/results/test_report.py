@@ -102,7 +102,7 @@ def test_report_draws_every_figure_with_titles_labels_and_paper_rows(written) ->
     _, _, by_name = written
     assert set(by_name) == {*FIGURES, "summary", "control", "findings"}
     assert "| 5. Continued MLM from a CLM checkpoint" in by_name.pop("findings").table
-    assert "| paper | 610m-mlm40-42k | MLM | 0 | sst2 | 1e-04 | 91.74 ± 0.35 | 5 |" in by_name.pop("summary").table
+    assert "| paper | 610m-mlm40-42k | 610m | MLM | 0 | sst2 | 1e-04 | 91.74 ± 0.35 | 5 |" in by_name.pop("summary").table
     control = by_name.pop("control")  # a table: two seeds give no intervals, so nothing is decided
     assert "tiny-init-abc123" not in control.table and "| not resolved |" in control.table
     assert "**SC**: not resolved: fewer than 3 seeds" in control.note
@@ -296,7 +296,8 @@ def test_the_papers_five_findings_are_judged_from_the_intervals() -> None:
                  row("t-clm-dec400-mlm40-600", "continued", task, family, 75, budget=200, init="/c/clm"),  # 5 held
                  row("t-mlm40-dec400-mlm40-600", "continued", task, family, 65, budget=200, init="/c/mlm")]
     verdicts = {claim[:2]: (verdict, evidence) for claim, verdict, evidence in findings(pd.DataFrame(rows))}
-    assert verdicts["1."][0] == "held" and verdicts["1."][1].startswith("2 of 2 comparisons the paper's way")
+    # every MLM ratio is matched with the CLM run (its masking ratio is not a CLM setting): 4 pairs, each counted
+    assert verdicts["1."][0] == "held" and verdicts["1."][1].startswith("3 of 4 comparisons the paper's way")
     assert verdicts["2."][0] == "not held"
     assert verdicts["3."] == ("held", "masking 20% vs 40% (task, budget): 20% better on tweets 400; 40% better on "
                                       "squad 400; 0 of 2 undecided")

@@ -1,0 +1,111 @@
+"""Findings at the paper's scale: a sweep of three model sizes, where the best-of-each-side answer and the
+matched-arms answer differ. Every comparison is between arms that differ only in the compared factor, every
+matched pair counts once, and each size has its own control, panel and tally."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from raybiphase.results import report
+from raybiphase.results.verdicts import UNTRAINED, findings, matched_pairs, versus_control
+
+
+def _row(size: str, objective: str, task: str, score: float, *, budget: int = 42000, share: float = 0.0,
+         ratio: float = 0.4, step: int | None = None, final: bool = True, ci: float = 0.2, **settings) -> dict:
+    clm = 0 if math.isnan(share) else round(share * budget)
+    name = f"{size}-" + ("init" if objective == UNTRAINED else f"clm{clm}-r{ratio}-{budget}")
+    return {"source": "raybiphase", "run": name, "objective": objective, "task": task, "family": "SC",
+            "score": score, "ci": ci, "n_seeds": 5, "size": size, "budget": 0 if objective == UNTRAINED else budget,
+            "mask_ratio": ratio, "pretrain_step": budget if step is None else step, "final": final,
+            "init_from": None, "model.size": size, "data.seq_len": 2048, "optim.decay_steps": 2000,
+            "phases.clm_share": share, **settings}
+
+
+def _verdicts(rows: list[dict]) -> dict[str, tuple[str, str]]:
+    return {claim[:2]: (verdict, evidence) for claim, verdict, evidence in findings(pd.DataFrame(rows))}
+
+
+def test_a_larger_model_never_stands_in_for_a_smaller_ones_arm() -> None:
+    """610m CLM then MLM (91) beats 610m MLM (90); the best MLM model of the sweep is a 1b (95), which has no
+    two-phase arm. Best-of-each-side said "not held"; the matched pair is 610m against 610m."""
+    rows = [_row("610m", "MLM", "sst2", 90.0), _row("610m", "CLM→MLM", "sst2", 91.0, share=0.25),
+            _row("1b", "MLM", "sst2", 95.0), _row("210m", "MLM", "sst2", 80.0)]
+    verdict, evidence = _verdicts(rows)["4."]
+    assert verdict == "held" and evidence.startswith("1 of 1 comparisons the paper's way")
+
+
+def test_every_matched_pair_counts_once_and_each_size_has_its_tally() -> None:
+    rows = [_row(size, "MLM", "sst2", 90.0) for size in ("210m", "610m")]
+    rows += [_row("610m", "CLM→MLM", "sst2", score, share=share)
+             for share, score in ((0.25, 91.0), (0.5, 91.5), (0.75, 89.0))]  # three splits: three pairs
+    rows += [_row("210m", "CLM→MLM", "sst2", 89.0, share=0.25)]
+    rows += [_row("610m", "MLM", "sst2", 99.0, budget=12000)]  # another budget: matched with nothing here
+    pairs = matched_pairs(pd.DataFrame(rows[2:6]), pd.DataFrame(rows[:2] + rows[6:]), vary=("objective",))
+    assert sorted(zip(pairs["size"], pairs["score_a"])) == [("210m", 89.0), ("610m", 89.0), ("610m", 91.0),
+                                                            ("610m", 91.5)]
+    verdict, evidence = _verdicts(rows)["4."]
+    assert verdict == "mixed"
+    assert evidence == ("2 of 4 comparisons the paper's way, 2 the other way, 0 undecided (210m: 0 of 1 comparisons "
+                        "the paper's way, 1 the other way, 0 undecided; 610m: 2 of 3 comparisons the paper's way, "
+                        "1 the other way, 0 undecided)")
+
+
+def test_arms_that_differ_in_another_setting_are_not_matched() -> None:
+    """The same size and budget, but another sequence length: not a comparison of objectives."""
+    rows = [_row("610m", "MLM", "sst2", 90.0), _row("610m", "CLM→MLM", "sst2", 95.0, share=0.25,
+                                                      **{"data.seq_len": 512})]
+    assert _verdicts(rows)["4."] == ("not resolved", "nothing to compare in this sweep")
+
+
+def test_the_best_masking_ratio_is_judged_per_size() -> None:
+    """Each size alone has one winner on its one task (not held within a size), but the winner changes with the
+    size: 20% at 210m, 50% at 1b. Pooling the sizes' rows compared a 210m model with a 1b model."""
+    rows = [_row("210m", "MLM", "sst2", 82.0, ratio=0.2), _row("210m", "MLM", "sst2", 80.0, ratio=0.5),
+            _row("1b", "MLM", "sst2", 90.0, ratio=0.2), _row("1b", "MLM", "sst2", 93.0, ratio=0.5)]
+    verdict, evidence = _verdicts(rows)["3."]
+    assert verdict == "held"
+    assert evidence == ("1b: masking 20% vs 50% (task, budget): 50% better on sst2 42000; 0 of 1 undecided; "
+                        "210m: masking 20% vs 50% (task, budget): 20% better on sst2 42000; 0 of 1 undecided")
+
+
+def test_each_model_is_judged_against_the_control_of_its_own_size() -> None:
+    rows = [_row("210m", UNTRAINED, "sst2", 60.0, share=math.nan), _row("1b", UNTRAINED, "sst2", 70.0,
+                                                                        share=math.nan),
+            _row("210m", "MLM", "sst2", 65.0), _row("1b", "MLM", "sst2", 66.0)]
+    versus = versus_control(pd.DataFrame(rows))
+    assert list(zip(versus["run"], versus["control"], versus["verdict"])) == [
+        ("1b-clm0-r0.4-42000", 70.0, "below"), ("210m-clm0-r0.4-42000", 60.0, "above")]
+
+
+def test_finding_two_says_where_the_curves_cross_on_undecayed_checkpoints() -> None:
+    """CLM leads at 1k and 2k, MLM from 10k; the final (decayed) 42k checkpoints and a checkpoint inside the decay
+    (41k) are not compared, and a copied row of a shared prefix (`trials_of`) counts once."""
+    rows = []
+    for step, clm, mlm in ((1000, 60.0, 55.0), (2000, 64.0, 60.0), (10000, 70.0, 74.0), (41000, 99.0, 10.0)):
+        rows += [_row("610m", "CLM", "sst2", clm, share=1.0, step=step, final=False),
+                 _row("610m", "MLM", "sst2", mlm, step=step, final=False)]
+    rows.append({**_row("610m", "MLM", "sst2", 55.0, budget=12000, step=1000, final=False),
+                 "trials_of": "610m-clm0-r0.4-42000"})
+    rows += [_row("610m", "CLM", "sst2", 80.0, share=1.0), _row("610m", "MLM", "sst2", 90.0)]
+    verdict, evidence = _verdicts(rows)["2."]
+    assert verdict == "held"
+    assert evidence == ("at the earliest step: 1 of 1 comparisons the paper's way, 0 the other way, 0 undecided; "
+                        "610m: CLM ahead at 1k, 2k, MLM ahead at 10k of 1k, 2k, 10k; the curves cross between "
+                        "steps 2k and 10k")
+
+
+def test_figures_and_tables_have_a_panel_and_a_column_per_size() -> None:
+    rows = []
+    for size, base in (("210m", 70.0), ("610m", 80.0), ("1b", 85.0)):
+        for share in (0.0, 0.5, 1.0):
+            rows.append({**_row(size, "?", "sst2", base + 10 * share * (1 - share), share=share),
+                         "clm_share": share, "metric": "accuracy", "best_lr": 1e-4})
+    s = pd.DataFrame(rows).assign(init_from=None)
+    section = report.clm_share_section(s)
+    titles = sorted(ax.get_title() for ax in section.figure.axes if ax.get_visible())
+    assert titles == ["SC · sst2 · 1b", "SC · sst2 · 210m", "SC · sst2 · 610m"]
+    header = section.table.splitlines()[0]
+    assert all(f"sst2 · {size}" in header for size in ("210m", "610m", "1b"))
+    assert len(section.table.splitlines()) == 2 + 3  # one row per CLM share, a column per size
