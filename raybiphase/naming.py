@@ -1,9 +1,11 @@
-"""Run names in the paper's scheme plus a short hash of the settings that shape the weights (../shared/paper.md).
+"""Run names in the paper's scheme (the authors' published model names) plus a short hash of the settings that
+shape the weights.
 
     610m-clm-42k                 CLM only, 42k steps
     610m-mlm40-42k               MLM at 40%, 42k steps
     610m-clm-10k-mlm40-42k       10k CLM steps, then MLM 40% up to 42k in total
     610m-clm-dec42k-mlm40-64k    continued from a decayed 42k CLM checkpoint with 22k MLM steps (64k in total)
+    610m-mlm40-42k-s1            a pretraining replicate: train.seed 1 (another init and data order)
 """
 
 from __future__ import annotations
@@ -104,4 +106,6 @@ def run_name(cfg: RunConfig, *, source_label: str | None = None, source_steps: i
     for phase in phases:
         done += phase.steps
         parts.append(f"{phase_label(phase)}-{steps_label(done)}")
+    if cfg.train.seed:  # a replicate: the name says which, so the report's rows tell the replicates apart
+        parts.append(f"s{cfg.train.seed}")
     return "-".join(parts) + "-" + run_hash(cfg)

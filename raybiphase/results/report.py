@@ -29,6 +29,7 @@ from raybiphase.naming import source_objective, steps_label
 from raybiphase.results import html
 from raybiphase.results.aggregate import lr_table, summarize
 from raybiphase.results.questions import beyond_sections, knobs
+from raybiphase.results.replicates import replicates_section
 from raybiphase.results.store import read_rows, write_summary
 from raybiphase.results.tables import Section, markdown, mean_ci
 from raybiphase.results.verdicts import MIN_SEEDS, UNTRAINED, family_verdicts, findings, versus_control
@@ -352,7 +353,7 @@ def build_sections(pretrain: pd.DataFrame, trials: pd.DataFrame) -> list[Section
         paper = s[s["knobs"] == ""]  # the paper's figures draw the paper's settings only
         sections = [control_section(s), clm_share_section(paper), mask_ratio_section(paper),
                     data_efficiency_section(paper), lr_section(paper, trials), continued_section(paper),
-                    *beyond_sections(s)]
+                    *filter(None, [replicates_section(paper)]), *beyond_sections(s)]
     else:
         sections = [Section(name, title, None, empty.format("fine-tuning", "finetune"))
                     for name, title in FINETUNE_SECTIONS.items()]

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from raybiphase.config import shapes_weights
+from raybiphase.results.aggregate import t_quantile
 from raybiphase.naming import steps_label
 
 MIN_SEEDS = 3
@@ -237,9 +238,10 @@ def findings(s: pd.DataFrame) -> list[tuple[str, str, str]]:
     """The paper's five findings, each (claim, verdict, evidence), from matched pairs of our checkpoints (the
     enriched summary: objective, size, budget, mask_ratio, init_from, pretrain_step, final, score, ci, family and
     the dotted settings). Every comparison is between arms that differ in the compared factor only, each matched
-    pair counts once, and the evidence gives each model size's tally."""
+    pair counts once, and the evidence gives each model size's tally. An arm pretrained several times is one side,
+    decided on the spread between its pretraining runs (`pool_replicates`)."""
     ours = s[s["source"] == "raybiphase"]
-    ours = ours.assign(size=ours["size"] if "size" in ours else "")
+    ours = pool_replicates(ours.assign(size=ours["size"] if "size" in ours else ""))
     final = ours[ours["final"] & ours["init_from"].isna()]
     sc_qa = final[final["family"].isin(["SC", "QA"])]
     continued = ours[ours["final"] & ours["init_from"].notna()]
@@ -254,3 +256,34 @@ def findings(s: pd.DataFrame) -> list[tuple[str, str, str]]:
         ("5. Continued MLM from a CLM checkpoint beats continued MLM from an MLM checkpoint",
          *judge_by_size(matched_pairs(continued[from_clm], continued[~from_clm], vary=("init_from",)))),
     ]
+
+
+# ------------------------------------------------------------------------------------------------ replicates
+
+REPLICATE = "train.seed"
+"""The setting that makes a pretraining replicate: the init and the data order, together."""
+
+
+def pool_replicates(frame: pd.DataFrame) -> pd.DataFrame:
+    """Arms pretrained more than once (rows equal in every setting but REPLICATE) as one row each, so comparisons
+    are decided on the spread between pretraining runs: `score` is the mean of the replicates' scores and `ci` the
+    t-interval of that mean over the replicates (n-1 degrees of freedom; NaN under MIN_SEEDS replicates). Each
+    replicate's score is already a mean over fine-tuning seeds, so the interval holds both sources of noise; the
+    fine-tuning interval stays beside it as `seed_ci` (the replicates' mean), `n_runs` counts the replicates and
+    `between_sd` is their standard deviation. Arms pretrained once pass through unchanged (n_runs 1)."""
+    out = frame.assign(n_runs=1, seed_ci=frame["ci"] if "ci" in frame else math.nan, between_sd=math.nan)
+    if REPLICATE not in frame or frame[REPLICATE].nunique() < 2:
+        return out
+    columns = [c for c in (*ARM, "objective", "family", *_setting_columns(frame)) if c in frame and c != REPLICATE]
+    keyed = out.assign(_arm=out[columns].map(_key_text).agg("\x1f".join, axis=1))
+    rows = []
+    for _, arm in keyed.groupby("_arm", sort=False):
+        first = arm.sort_values(REPLICATE).iloc[0].copy()
+        if arm[REPLICATE].nunique() > 1:
+            n, sd = len(arm), float(arm["score"].std(ddof=1))
+            first["score"], first["n_runs"], first["between_sd"] = float(arm["score"].mean()), n, sd
+            first["seed_ci"] = float(arm["ci"].mean())
+            first["ci"] = t_quantile(0.975, n - 1) * sd / math.sqrt(n) if n >= MIN_SEEDS else math.nan
+            first["run"] = f"{first['run']} (+{n - 1} replicates)"
+        rows.append(first.drop("_arm"))
+    return pd.DataFrame(rows).reset_index(drop=True)

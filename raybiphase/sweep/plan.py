@@ -32,6 +32,7 @@ from raybiphase.finetune.tasks import training_groups
 from raybiphase.naming import phase_tag, run_name, steps_label
 from raybiphase.pretrain.schedule import Schedule
 from raybiphase.sweep.budget import budget_lines, data_budget
+from raybiphase.sweep.replicates import replicate_lines
 
 # per-step settings: the signature compares them step by step, so they stay out of a run's base
 _PER_STEP = {"phases": {"plan"}, "optim": {"lr", "warmup_steps", "decay_steps"}}
@@ -137,12 +138,16 @@ class Plan:
         """An upper bound on the fan-out's GPU-hours: every trial of the full grid (no ASHA stop), one set per
         distinct checkpoint, running finetune.max_steps steps of finetune.batch_size inputs of finetune.max_len
         tokens (no LM head), at the same MFU as pretraining."""
-        ft = spec.finetune
-        grid = len(training_groups(ft.tasks)) * len(ft.lrs) * len(ft.seeds)
         sizes = [self.runs[runs[0]].config.model.size for runs in self.checkpoints().values()]
         sizes += [c.config.model.size for c in self.controls.values()]
-        flops = sum(SIZES[size].flops_per_token(0, ft.max_len) * ft.max_steps * ft.batch_size * ft.max_len * grid
-                    for size in sizes)
+        return sum(self.checkpoint_finetune_gpu_hours(size, spec) for size in sizes)
+
+    @staticmethod
+    def checkpoint_finetune_gpu_hours(size: str, spec: SweepSpec) -> float:
+        """`finetune_gpu_hours` of one checkpoint of a model of `size`: its full grid of trials."""
+        ft = spec.finetune
+        grid = len(training_groups(ft.tasks)) * len(ft.lrs) * len(ft.seeds)
+        flops = SIZES[size].flops_per_token(0, ft.max_len) * ft.max_steps * ft.batch_size * ft.max_len * grid
         return flops / (spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.mfu) / 3600
 
 
@@ -431,4 +436,5 @@ def describe(plan: Plan, spec: SweepSpec) -> str:
                      f"ones fine-tuned once), {len(plan.controls)} control(s): {plan.finetune_trials(spec):,} trials "
                      f"(full grid; {plan.finetune_trials(spec, distinct=False):,} without de-duplication), at most "
                      f"{plan.finetune_gpu_hours(spec):,.1f} GPU-hours beside pretraining's {plan.gpu_hours(spec):,.0f}")
+    lines += replicate_lines(plan, spec)
     return "\n".join(lines)

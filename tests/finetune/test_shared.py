@@ -58,17 +58,17 @@ def test_a_shared_checkpoint_is_fine_tuned_once_and_every_run_sharing_it_gets_it
     assert launched == [] and sorted(r["run"] for r in again) == ["b"] * 4
 
 
-def test_the_papers_exports_inside_shared_prefixes_are_94_checkpoints_not_144():
+def test_the_papers_exports_inside_shared_prefixes_are_98_checkpoints_not_148():
     spec = load(SweepSpec, "sweeps/paper.yaml")
     plan = make_plan(spec)
     checkpoints = plan.checkpoints()
-    assert len(checkpoints) == 94 and sum(len(runs) for runs in checkpoints.values()) == 144
+    assert len(checkpoints) == 98 and sum(len(runs) for runs in checkpoints.values()) == 148
     # the CLM prefix's step-1000 export is one checkpoint for every run that starts with CLM at 610m
     assert max(len(runs) for runs in checkpoints.values()) >= 10
     per_task = len(spec.finetune.lrs) * len(spec.finetune.seeds)
     # nq and mldr ride on the MS MARCO trial: 10 of the 12 tasks train
-    assert plan.finetune_trials(spec) == (94 + len(plan.controls)) * 10 * per_task
-    assert plan.finetune_trials(spec, distinct=False) == (144 + len(plan.controls)) * 12 * per_task
+    assert plan.finetune_trials(spec) == (98 + len(plan.controls)) * 10 * per_task
+    assert plan.finetune_trials(spec, distinct=False) == (148 + len(plan.controls)) * 12 * per_task
 
 
 def test_the_driver_gives_one_source_per_checkpoint_with_its_sharers(tmp_path):
@@ -78,7 +78,7 @@ def test_the_driver_gives_one_source_per_checkpoint_with_its_sharers(tmp_path):
     spec = load(SweepSpec, "sweeps/paper.yaml")
     plan = make_plan(spec)
     sources = finetune_sources(SweepContext(spec, plan, SweepPaths.of(str(tmp_path), "paper")))
-    assert len(sources) == 94 and len({s.hf_dir for s in sources}) == 94
-    assert sum(1 + len(s.shared_by) for s in sources) == 144
+    assert len(sources) == 98 and len({s.hf_dir for s in sources}) == 98
+    assert sum(1 + len(s.shared_by) for s in sources) == 148
     for source in sources:
         assert all(other.hf_dir == source.hf_dir and other.run != source.run for other in source.shared_by)

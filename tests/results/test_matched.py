@@ -109,3 +109,26 @@ def test_figures_and_tables_have_a_panel_and_a_column_per_size() -> None:
     header = section.table.splitlines()[0]
     assert all(f"sst2 · {size}" in header for size in ("210m", "610m", "1b"))
     assert len(section.table.splitlines()) == 2 + 3  # one row per CLM share, a column per size
+
+
+def test_replicated_arms_are_decided_on_the_spread_between_pretraining_runs() -> None:
+    """The paper's SST-2 gap (92.41 ± 0.55 vs 91.74 ± 0.35 over fine-tuning seeds) with three pretraining runs per
+    arm: the seed intervals are apart in each replicate pair, yet the runs' own spread swallows the gap."""
+    from raybiphase.results.aggregate import t_quantile
+    from raybiphase.results.replicates import replicates_section
+    from raybiphase.results.verdicts import pool_replicates
+
+    rows = []
+    for seed, (two, mlm) in enumerate(((92.41, 91.74), (91.60, 92.30), (92.90, 91.20))):
+        rows += [_row("610m", "CLM→MLM", "sst2", two, share=0.25, ci=0.3, **{"train.seed": seed}),
+                 _row("610m", "MLM", "sst2", mlm, ci=0.3, **{"train.seed": seed})]
+    pooled = pool_replicates(pd.DataFrame(rows)).set_index("objective")
+    scores = [92.41, 91.60, 92.90]
+    sd = float(pd.Series(scores).std(ddof=1))
+    assert pooled.loc["CLM→MLM", "score"] == sum(scores) / 3 and pooled.loc["CLM→MLM", "n_runs"] == 3
+    assert pooled.loc["CLM→MLM", "ci"] == t_quantile(0.975, 2) * sd / math.sqrt(3)
+    assert pooled.loc["CLM→MLM", "seed_ci"] == 0.3 and pooled.loc["CLM→MLM", "between_sd"] == sd
+    assert _verdicts(rows)["4."][0] == "not resolved"  # decided on the replicates: the intervals overlap
+    assert _verdicts(rows[:2])["4."][0] == "held"  # one run per arm: the fine-tuning interval alone
+    section = replicates_section(pd.DataFrame(rows))
+    assert "| 610m-clm0-r0.4-42000 | 610m | sst2 | 3 |" in section.table.replace("610m-clm10500", "610m-clm0")

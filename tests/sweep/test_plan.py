@@ -163,14 +163,18 @@ def test_paper_spec_plans_every_model_of_the_study_under_its_own_name():
     spec = load(SweepSpec, "sweeps/paper.yaml")
     out = io.StringIO()
     plan = run_sweep(spec, dry_run=True, out=out)
-    assert {name.rsplit("-", 1)[0] for name in plan.runs} == STUDY and len(plan.runs) == len(STUDY)
+    replicates = {f"{arm}-s{seed}" for arm in ("610m-mlm40-42k", "610m-clm-10k-mlm40-42k") for seed in (1, 2)}
+    assert {name.rsplit("-", 1)[0] for name in plan.runs} == STUDY | replicates
+    assert len(plan.runs) == len(STUDY) + len(replicates)
     for name, run in plan.runs.items():  # the name says what the run does, read back as the importer reads it
-        parsed = parse_model_name(name.rsplit("-", 1)[0])
+        parsed = parse_model_name(name.rsplit("-", 1)[0].removesuffix(f"-s{run.config.train.seed}"))
         assert parsed["phases.steps"] == run.steps and parsed["model.size"] == run.config.model.size
         assert parsed["phases.clm_steps"] == sum(p.steps for p in run.config.phases.resolved() if p.objective == "clm")
     assert plan.runs[next(n for n in plan.runs if n.startswith("1b-"))].config.model.size == "1b"
     printed = out.getvalue()
-    assert "steps: naive 1,124,000, planned 840,000" in printed and "GPU-hours planned vs" in printed
+    assert "steps: naive 1,292,000, planned 1,008,000" in printed and "GPU-hours planned vs" in printed
+    assert ("replicates: 2 arm(s) pretrained 3 times at most (train.seed 0, 1, 2: init and data order): "
+            "610m-mlm40-42k-") in printed and "the 4 extra run(s) add 1,220 GPU-hours of pretraining" in printed
     assert "fine-tuning: " in printed and "control: 610m-init-" in printed
     assert set(spec.finetune.tasks) == {"sst2", "mnli", "qqp", "conll2003", "ontonotes", "uner", "squad", "squad_v2",
                                         "record", "msmarco", "nq", "mldr"}
@@ -230,3 +234,22 @@ def test_a_shared_segment_exports_what_every_run_through_it_fine_tunes(lengths):
     assert shared[0].exports == [50, 100]
     (tail,) = [s for s in plan.segments.values() if len(s.runs) == 1]
     assert tail.exports == [200]
+
+
+def test_replicates_share_prefixes_only_within_a_seed_and_the_dry_run_prices_them():
+    from raybiphase.sweep.replicates import extra_runs, replicate_arms, replicate_lines
+
+    one = make_plan(load(SweepSpec, "sweeps/quickstart.yaml"))
+    grid = "sweep.grid={phases.clm_share: [0.0, 0.5, 1.0], train.seed: [0, 1, 2]}"
+    spec = load(SweepSpec, "sweeps/quickstart.yaml", [grid])
+    plan = make_plan(spec)
+    assert len(plan.segments) == 3 * len(one.segments)  # no step is shared across seeds: init and data differ
+    arms = replicate_arms(plan)
+    assert len(arms) == len(one.runs) and all(len(names) == 3 for names in arms.values())
+    assert {n.rsplit("-", 2)[1] for n in extra_runs(plan)} == {"s1", "s2"}  # the name says the replicate
+    (line,) = replicate_lines(plan, spec)
+    extra_pretraining = plan.gpu_hours(spec) * 2 / 3
+    assert f"the 6 extra run(s) add {extra_pretraining:,.0f} GPU-hours of pretraining" in line
+    extra_finetuning = plan.finetune_gpu_hours(spec) * 2 / 3  # two of three seeds' checkpoints and controls
+    assert f"at most {extra_finetuning:,.1f} of fine-tuning" in line
+    assert replicate_lines(one, load(SweepSpec, "sweeps/quickstart.yaml")) == []

@@ -1,0 +1,36 @@
+"""The report's section on pretraining replicates: arms pretrained more than once (`train.seed`: another init and
+data order, nothing else) with the spread between their pretraining runs beside the fine-tuning interval.
+
+A fine-tuning interval says how much a score moves with the fine-tuning seed on one set of weights; it says nothing
+of how much it moves when the same recipe is pretrained again. Where a sweep has replicates, the findings are
+decided on the spread between runs (raybiphase.results.verdicts.pool_replicates) and this table shows both.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from raybiphase.naming import strip_hash
+from raybiphase.results.tables import Section, markdown, mean_ci
+from raybiphase.results.verdicts import UNTRAINED, pool_replicates
+
+
+def replicates_section(s: pd.DataFrame) -> Section | None:
+    """Per arm with replicates and task, at the final checkpoint: the replicates' mean with the between-run 95%
+    interval, their standard deviation, and the mean fine-tuning interval; None without replicates."""
+    ours = s[(s["source"] == "raybiphase") & s["final"] & (s["objective"] != UNTRAINED)]
+    pooled = pool_replicates(ours)
+    arms = pooled[pooled["n_runs"] > 1]
+    if arms.empty:
+        return None
+    table = pd.DataFrame({
+        "arm": [strip_hash(r.split(" (+")[0]) for r in arms["run"]], "size": arms["size"], "task": arms["task"],
+        "runs": arms["n_runs"].astype(int),
+        "test (%), between runs": [mean_ci(m, c, n) for m, c, n in zip(arms["score"], arms["ci"], arms["n_runs"])],
+        "between-run SD (pts)": arms["between_sd"].round(2),
+        "fine-tuning 95% CI (pts, mean)": arms["seed_ci"].round(2)})
+    note = ("Arms pretrained more than once (`train.seed`: another init and data order). The interval is Student's t "
+            "over the replicates' scores (each a mean over fine-tuning seeds, so it holds both kinds of noise); the "
+            "findings decide these arms on it. A between-run SD above the fine-tuning interval means one pretraining "
+            "run per arm cannot tell such a gap from pretraining noise.")
+    return Section("replicates", "Pretraining replicates: the spread between runs", None, note, markdown(table))
