@@ -6,7 +6,8 @@ for each (source, run, pretrain_step, task)
 1. per learning rate, the mean validation score over its seeds;
 2. the best LR is the one with the highest such mean among the *complete* LRs, those whose every seed has a score
    (ties: the smaller LR): `choose_best_lr`. A diverged seed scores the metric's floor (the trial records it:
-   `raybiphase.finetune.baselines.floor_scores`, the majority class for accuracy, 0 for F1 and NDCG) and counts
+   `raybiphase.finetune.baselines.FLOORS`: what a model that learned nothing scores, the majority class for
+   accuracy, no entity for entity F1, no answer for QA F1, a random ranking's NDCG@10 for retrieval) and counts
    against its LR like any other seed, as in the authors' harness, where a collapsed run still scores; an LR is
    never chosen on the seeds that happened to survive (issue 27);
 3. the reported score is the mean test score over all the seeds at that LR, with a 95% confidence interval from the
@@ -209,7 +210,9 @@ def summarize(trials: pd.DataFrame, confidence: float = 0.95, bootstrap: bool = 
     `n_trials`, `n_stopped`, `n_diverged` (trials whose loss turned NaN or inf, scored at the metric's floor; per LR
     in `lr_table`) and `n_diverged_best` (those at the best LR), then
     every column constant within the group (config, family, dataset, metric, phases.clm_share). With `bootstrap=True`
-    and per-example scores present, `test_boot_low` / `test_boot_high` too.
+    and per-example scores present, `test_boot_low` / `test_boot_high` too, over every seed at the best LR (a
+    diverged one through its floor's per-example entries); when a seed has none (rows recorded before diverged
+    trials kept them), the interval is left out rather than drawn over the seeds that have.
     """
     if trials is None or len(trials) == 0:
         return pd.DataFrame(columns=[*GROUP, "best_lr", "test_mean", "test_ci95", "n_seeds"])
@@ -236,8 +239,8 @@ def summarize(trials: pd.DataFrame, confidence: float = 0.95, bootstrap: bool = 
                        n_diverged_best=int(best["n_diverged"]))
             if bootstrap and "test_per_example" in group:
                 at_best = group[(group["lr"] == best["lr"]) & group["test_score"].notna()]
-                lists = [s for s in at_best["test_per_example"] if s is not None and len(s)]
-                if lists and len({len(s) for s in lists}) == 1:
+                lists = [[] if s is None else s for s in at_best["test_per_example"]]
+                if lists and all(len(s) for s in lists) and len({len(s) for s in lists}) == 1:  # every seed, or none
                     metric = group["metric"].iloc[0] if "metric" in group else "mean"
                     row["test_boot_low"], row["test_boot_high"] = bootstrap_ci(lists, confidence, metric=metric)
         row.update(first.loc[key][is_constant.loc[key]].to_dict())

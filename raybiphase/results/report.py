@@ -272,8 +272,9 @@ def summary_section(s: pd.DataFrame) -> Section:
     diverged = int(_col(final, "n_diverged").fillna(0).sum())
     return Section("summary", "All results at the final checkpoint", None,
                    "Best LR by mean validation score over all its seeds (only LRs whose every seed has a score); "
-                   "test mean ± 95% CI over those seeds; a diverged seed scores the metric's floor (the majority "
-                   f"class for accuracy, 0 for F1 and NDCG) and counts: {diverged} trial(s) diverged here. LR spread "
+                   "test mean ± 95% CI over those seeds; a diverged seed scores what a model that learned nothing "
+                   "scores (the majority class for accuracy, no entity for entity F1, no answer for QA F1, a random "
+                   f"ranking for NDCG@10) and counts: {diverged} trial(s) diverged here. LR spread "
                    "= max - min of the mean test score across the complete LRs.", markdown(table))
 
 
