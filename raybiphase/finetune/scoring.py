@@ -8,8 +8,9 @@
   an entity starts at B-X, or at an I-X that does not continue an X entity; it is correct only when its type,
   start and end all match. Micro-averaged over the corpus, so it is not a mean of per-sentence scores: per-example
   entries are [true positives, predicted entities, gold entities] and `corpus_score` sums them back.
-* NDCG@10 and MRR@10 with binary relevance (IR), their expectation under a random ranking, and BM25 (`bm25s`, Lucene's variant, k1=0.9 and b=0.4 as in
-  Anserini, lower case, English stopwords removed, Snowball English stems): the baseline row of the retrieval tasks.
+* NDCG@10 and MRR@10 with binary relevance (IR), their expectation under a random ranking, and BM25 (`bm25s`,
+  Lucene's variant, k1=0.9 and b=0.4 as in Anserini, lower case, English stopwords removed, Snowball English stems):
+  the baseline row of the retrieval tasks.
 """
 
 from __future__ import annotations

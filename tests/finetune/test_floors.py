@@ -15,7 +15,8 @@ from raybiphase.finetune.tasks import TASKS, TaskSplits, get_task, load_splits
 
 
 def _question(qid: str, answers: list[str]) -> dict:
-    return {"id": qid, "question": "q?", "context": "a b c", "answers": {"text": answers, "answer_start": [0] * len(answers)}}
+    return {"id": qid, "question": "q?", "context": "a b c",
+            "answers": {"text": answers, "answer_start": [0] * len(answers)}}
 
 
 def test_squad_v2s_floor_is_answering_no_answer_everywhere_not_zero():
