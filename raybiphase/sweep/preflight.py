@@ -9,7 +9,7 @@ import sys
 from raybiphase import storage
 from raybiphase.config import ConfigError, SweepSpec, replace
 from raybiphase.finetune.tasks import get_task
-from raybiphase.sweep.budget import check_budget, data_budget
+from raybiphase.pretrain.budget import check_budget, data_budget
 from raybiphase.sweep.plan import Plan, describe, make_plan
 from raybiphase.sweep.timeline import timeline_lines
 
