@@ -36,6 +36,8 @@ from torch.distributed.checkpoint.state_dict import (
 
 from raybiphase import storage
 from raybiphase.config import RunConfig, from_dict
+from raybiphase.config.run import check_frozen_layers
+from raybiphase.config.sizes import SIZES
 from raybiphase.data.prepare import frame_like_pretraining
 from raybiphase.errors import UserError
 from raybiphase.pretrain.schedule import Schedule
@@ -213,6 +215,19 @@ def source_end(init_from: str) -> int:
         raise UserError(f"model.init_from: cannot read {init_from}: {' '.join(str(err).split())[:200]}") from None
     raise UserError(f"model.init_from: {init_from} is neither a raybiphase checkpoint (no {storage.META}) nor an HF "
                     f"model folder (no config.json)")
+
+
+def check_blocks(run: RunConfig) -> None:
+    """The phases' frozen_layers against the depth of the model the run trains, before anything runs: a decoder's
+    in model.init_from (its config's num_hidden_layers) when it starts from one, else model.size's (a raybiphase
+    checkpoint holds a model of that size); a ConfigError naming the key."""
+    source = run.model.init_from
+    if not source or source.startswith("@") or storage.is_checkpoint(source):
+        check_frozen_layers(run.phases, SIZES[run.model.size].layers, run.model.size)
+        return
+    layers = (storage.read_json(storage.join(source, "config.json")) or {}).get("num_hidden_layers")
+    if layers is not None:  # no config, or not a decoder's: model.init_from's own check says so (`source_end`)
+        check_frozen_layers(run.phases, int(layers), f"the decoder in model.init_from ({source})")
 
 
 def load(path: str | Path, model, optimizer=None) -> CheckpointMeta:

@@ -15,6 +15,7 @@ from raybiphase.data.prepare import check_data, prepare
 from raybiphase.errors import UserError
 from raybiphase.naming import run_name
 from raybiphase.pretrain.budget import check_run_budget
+from raybiphase.pretrain.checkpoint import check_blocks
 from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.loop import train_loop
 from raybiphase.raycluster import ensure_ray
@@ -58,6 +59,7 @@ def run_pretrain(spec: SweepSpec, *, resume_from: str | None = None, max_failure
     storage.check_writable(root, "sweep.storage")
     check_data(run.data, storage_root=root)  # before Ray starts, as are these
     check_run_budget(run, root)  # reads model.init_from; the size stated, or the manifest of data already prepared
+    check_blocks(run)  # frozen_layers against the depth of the model trained (a decoder's own)
     if resume_from and not storage.is_checkpoint(resume_from):
         raise UserError(f"--resume-from: {resume_from} is not a raybiphase checkpoint (no {storage.META})")
     assets.use_mirror(root)
