@@ -237,6 +237,17 @@ class PhasesConfig:
             )
 
 
+def check_frozen_layers(phases: PhasesConfig, layers: int, model: str) -> None:
+    """ConfigError naming phases.plan.N.frozen_layers unless every phase's frozen blocks exist in the model trained,
+    `layers` blocks deep (`model` says which), and leave one block training. RunConfig checks a model.size's depth;
+    a decoder's in model.init_from is read before the run starts (raybiphase.pretrain.checkpoint.check_blocks)."""
+    for i, phase in enumerate(phases.plan):
+        check(all(x < layers for x in phase.frozen_layers), f"phases.plan.{i}.frozen_layers",
+              f"{list(phase.frozen_layers)} is out of range; {model} has blocks 0 to {layers - 1}")
+        check(len(phase.frozen_layers) < layers, f"phases.plan.{i}.frozen_layers",
+              f"all {layers} blocks frozen; leave at least one block training")
+
+
 def _check_masking(end: float | None, bounds: tuple[float, float] | None, key: str) -> None:
     if end is not None:
         ratio(end, f"{key}.mask_ratio_end")
@@ -390,12 +401,9 @@ class RunConfig:
             "model.size",
             f"unknown size {self.model.size!r}; allowed: {', '.join(SIZE_NAMES)}",
         )
-        layers = SIZES[self.model.size].layers
-        for i, phase in enumerate(self.phases.plan):
-            check(all(x < layers for x in phase.frozen_layers), f"phases.plan.{i}.frozen_layers",
-                  f"{list(phase.frozen_layers)} is out of range; {self.model.size} has blocks 0 to {layers - 1}")
-            check(len(phase.frozen_layers) < layers, f"phases.plan.{i}.frozen_layers",
-                  f"all {layers} blocks frozen; leave at least one block training")
+        init_from = self.model.init_from
+        if not init_from or init_from.startswith("@"):  # a folder may hold a decoder of its own depth: checked there
+            check_frozen_layers(self.phases, SIZES[self.model.size].layers, self.model.size)
 
     @property
     def clm_share(self) -> float:

@@ -134,7 +134,7 @@ def locate(sample_ids: np.ndarray, shard_rows: tuple[int, ...], seed: int,
            shuffle_rows: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Global sample ids -> (shard index, row): a seeded permutation of the shards per epoch and, with
     `shuffle_rows` (data.row_order "shuffled"), of each shard's rows per epoch; sample g is in epoch
-    g // sum(shard_rows), so ids past the end wrap into a new epoch (the sweep's data budget, raybiphase.sweep.budget,
+    g // sum(shard_rows), so ids past the end wrap into a new epoch (the data budget, raybiphase.pretrain.budget,
     stops runs that would get there unless data.max_epochs allows it). A pure function of (seed, sample id): resumes
     and branches read the same blocks."""
     rows = np.asarray(shard_rows)

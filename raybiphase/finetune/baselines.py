@@ -1,12 +1,13 @@
 """Baselines beside the fine-tuned encoders: BM25 on every retrieval task's test split, the majority class on every
-sequence-classification task's; and the floor a diverged trial scores (`floor_scores`)."""
+sequence-classification task's; and each metric's floor, what a model that learned nothing scores and a diverged
+trial is given (`FLOORS`, `floor_scores`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from raybiphase.finetune import scoring
-from raybiphase.finetune.tasks import get_task, load_splits
+from raybiphase.finetune.tasks import Task, TaskSplits, get_task, load_splits
 
 
 def bm25_baseline(task_name: str, *, max_examples: int = 0, max_eval_examples: int = 0) -> dict:
@@ -39,19 +40,49 @@ def majority_baseline(task_name: str, *, max_examples: int = 0, max_eval_example
             "label": task.label_names[majority]}
 
 
+FLOORS = {
+    "accuracy": "the training split's majority class predicted for every example",
+    "entity_f1": "no entity predicted: F1 0",
+    "f1": "no answer to any question: F1 0 where every question has one, the unanswerable share on SQuAD v2",
+    "ndcg@10": "a uniformly random ranking of the evaluation corpus: its expected NDCG@10",
+}
+"""Each metric's floor: what a model that learned nothing scores, the score a diverged trial gets (`floor_of`)."""
+
+
 def floor_scores(task_name: str, *, max_examples: int = 0, max_eval_examples: int = 0,
                  source: str = "auto") -> dict:
-    """What a diverged trial scores (issue 27: a collapsed run still counts against its LR, as in the authors'
-    harness): the majority class's accuracy on validation and test for accuracy (what a model that learned
-    nothing but the prior gets), 0 for F1, entity F1 and NDCG@10. Returns val_score, test_score and
-    test_per_example (the majority's per-example hits for accuracy; empty otherwise, so a bootstrap leaves the
-    seed out)."""
+    """`floor_of` the task's splits, capped as the trial's are: what a diverged trial of it scores."""
     task = get_task(task_name)
-    if task.metric != "accuracy":
-        return {"val_score": 0.0, "test_score": 0.0, "test_per_example": []}
-    splits = load_splits(task, max_examples=max_examples, max_eval_examples=max_eval_examples, source=source)
-    majority = _majority(task, splits.train)
-    hits = {name: [float(r["label"] == majority) for r in split] for name, split in
-            (("val", splits.val), ("test", splits.test))}
-    return {"val_score": float(np.mean(hits["val"])), "test_score": float(np.mean(hits["test"])),
-            "test_per_example": hits["test"]}
+    return floor_of(task, load_splits(task, max_examples=max_examples, max_eval_examples=max_eval_examples,
+                                      source=source))
+
+
+def floor_of(task: Task, splits: TaskSplits) -> dict:
+    """What a model that learned nothing scores on the task (`FLOORS`), computed from the labels alone, so a trial
+    whose model diverged still gets it: a collapsed run counts against its LR, as in the authors' harness.
+
+    Returns val_score, test_score, test_secondary (exact match for QA, MRR@10 for IR, else NaN) and
+    test_per_example, entries like the task's head gives, one per test example in the same order (accuracy hits,
+    [tp, predicted, gold] entity counts, F1 per question, NDCG@10 per query), so a bootstrap over the seeds
+    counts a diverged one at its floor."""
+    val, _ = _floor_entries(task, splits.val, splits.train)
+    test, secondary = _floor_entries(task, splits.test, splits.train)
+    return {"val_score": scoring.corpus_score(task.metric, val), "test_score": scoring.corpus_score(task.metric, test),
+            "test_secondary": float(np.mean(secondary)) if len(secondary) else float("nan"),
+            "test_per_example": test}
+
+
+def _floor_entries(task: Task, split, train: list) -> tuple[list, list]:
+    """(per-example entries, per-example secondary scores) of the floor on one evaluation split."""
+    if task.metric == "accuracy":
+        majority = _majority(task, train)
+        return [float(r["label"] == majority) for r in split], []
+    if task.metric == "entity_f1":
+        return [[0, 0, len(scoring.bio_entities(r["tags"]))] for r in split], []
+    if task.family == "QA":  # the empty answer: F1 and exact match are 1 exactly where there is no gold answer
+        empty = [scoring.squad_f1("", r["answers"]["text"]) for r in split]
+        return empty, empty
+    pids = {p["pid"] for p in split["passages"]}
+    expected = [scoring.random_ranking_scores(len(pids), len(pids & set(q["positives"])), len(set(q["positives"])))
+                for q in split["queries"]]
+    return [ndcg for ndcg, _ in expected], [mrr for _, mrr in expected]

@@ -8,8 +8,9 @@
   an entity starts at B-X, or at an I-X that does not continue an X entity; it is correct only when its type,
   start and end all match. Micro-averaged over the corpus, so it is not a mean of per-sentence scores: per-example
   entries are [true positives, predicted entities, gold entities] and `corpus_score` sums them back.
-* NDCG@10 and MRR@10 with binary relevance (IR), and BM25 (`bm25s`, Lucene's variant, k1=0.9 and b=0.4 as in
-  Anserini, lower case, English stopwords removed, Snowball English stems): the baseline row of the retrieval tasks.
+* NDCG@10 and MRR@10 with binary relevance (IR), their expectation under a random ranking, and BM25 (`bm25s`,
+  Lucene's variant, k1=0.9 and b=0.4 as in Anserini, lower case, English stopwords removed, Snowball English stems):
+  the baseline row of the retrieval tasks.
 """
 
 from __future__ import annotations
@@ -124,6 +125,24 @@ def retrieval_scores(rankings: Sequence[Sequence[str]], relevant: Sequence[set[s
     """Per-query NDCG@10 and MRR@10."""
     return {"ndcg@10": [ndcg_at_k(r, rel) for r, rel in zip(rankings, relevant, strict=True)],
             "mrr@10": [mrr_at_k(r, rel) for r, rel in zip(rankings, relevant, strict=True)]}
+
+
+def random_ranking_scores(n_passages: int, n_found: int, n_relevant: int, k: int = RANK_CUTOFF) -> tuple[float, float]:
+    """(NDCG@k, MRR@k) a uniformly random ranking of `n_passages` passages scores in expectation, `n_found` of them
+    relevant (out of the query's `n_relevant` judged ones, which set the ideal DCG as in `ndcg_at_k`): the floor of
+    a retrieval model that learned nothing. Each rank holds a relevant passage with probability n_found /
+    n_passages; the first relevant one is at rank r with the hypergeometric probability of r - 1 misses, then a hit."""
+    if not n_passages or not n_found:
+        return 0.0, 0.0
+    shown = min(k, n_passages)
+    ideal = sum(1.0 / math.log2(i + 2) for i in range(min(n_relevant, k)))
+    ndcg = n_found / n_passages * sum(1.0 / math.log2(i + 2) for i in range(shown)) / ideal
+    mrr, misses = 0.0, 1.0  # misses: the chance that the ranks before this one hold no relevant passage
+    for rank in range(1, shown + 1):
+        remaining = n_passages - rank + 1
+        mrr += misses * n_found / remaining / rank
+        misses *= max(remaining - n_found, 0) / remaining
+    return ndcg, mrr
 
 
 BM25_K1, BM25_B = 0.9, 0.4  # Anserini's defaults, the usual MS MARCO BM25 row

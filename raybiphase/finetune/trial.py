@@ -201,14 +201,14 @@ def trial_result(task: str, *, val_score: float, test_score: float, per_example:
 
 def _diverged(task: str, also_test: tuple[str, ...], cfg: FinetuneConfig, source: str, *, steps: int,
               seconds: float) -> TrialResult:
-    """A diverged trial's result: each task's floor scores (baselines.floor_scores) on this trial's validation
-    floor."""
+    """A diverged trial's result: each task's floor (baselines.floor_scores: what a model that learned nothing
+    scores, per-example entries included) with this trial's validation floor."""
     caps = {"max_examples": cfg.max_examples, "max_eval_examples": cfg.max_eval_examples, "source": source}
     own = floor_scores(task, **caps)
 
     def floored(name: str, floor: dict) -> TrialResult:
         return trial_result(name, val_score=own["val_score"], test_score=floor["test_score"],
-                            per_example=floor["test_per_example"], secondary=float("nan"), steps=steps,
+                            per_example=floor["test_per_example"], secondary=floor["test_secondary"], steps=steps,
                             seconds=seconds, diverged=True)
 
     result = floored(task, own)

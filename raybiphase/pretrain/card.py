@@ -17,6 +17,7 @@ import yaml
 from raybiphase.config import MASKED, RunConfig
 from raybiphase.pretrain.checkpoint import CheckpointMeta
 from raybiphase.pretrain.schedule import Schedule
+from raybiphase.results.tables import mean_ci
 
 CARD = "README.md"
 
@@ -39,11 +40,12 @@ def _scores(rows: list[dict]) -> list[str]:
         return ["_No fine-tuning results for this checkpoint yet: `raybiphase finetune` or a sweep with "
                 "`finetune.tasks` adds them._"]
     lines = ["Test score x 100: mean over seeds at the learning rate with the best mean validation score, ± 95% CI "
-             "(t, n-1 degrees of freedom; from 3 seeds up).", "",
+             "(t, n-1 degrees of freedom; from 3 seeds up; [low, high] where it is clipped to 0-100).", "",
              "| task | family | metric | test | best LR | seeds |", "|---|---|---|---|---|---|"]
     for row in sorted(rows, key=lambda r: (r.get("family") or "", r["task"])):
         ci = _score(row.get("test_ci95"))
-        test = _score(row.get("test_mean")) + (f" ± {ci}" if ci and row.get("n_seeds", 0) >= 3 else "")
+        test = (mean_ci(100 * row["test_mean"], 100 * row["test_ci95"], row["n_seeds"])
+                if ci and row.get("n_seeds", 0) >= 3 else _score(row.get("test_mean")))
         lines.append(f"| {row['task']} | {row.get('family', '')} | {row.get('metric', '')} | {test} | "
                      f"{row.get('best_lr', float('nan')):g} | {row.get('n_seeds', '')} |")
     return lines

@@ -36,6 +36,9 @@ from torch.distributed.checkpoint.state_dict import (
 
 from raybiphase import storage
 from raybiphase.config import RunConfig, from_dict
+from raybiphase.config.run import check_frozen_layers
+from raybiphase.config.sizes import SIZES
+from raybiphase.data.prepare import frame_like_pretraining
 from raybiphase.errors import UserError
 from raybiphase.pretrain.schedule import Schedule
 from raybiphase.telemetry.provenance import code_version
@@ -214,6 +217,19 @@ def source_end(init_from: str) -> int:
                     f"model folder (no config.json)")
 
 
+def check_blocks(run: RunConfig) -> None:
+    """The phases' frozen_layers against the depth of the model the run trains, before anything runs: a decoder's
+    in model.init_from (its config's num_hidden_layers) when it starts from one, else model.size's (a raybiphase
+    checkpoint holds a model of that size); a ConfigError naming the key."""
+    source = run.model.init_from
+    if not source or source.startswith("@") or storage.is_checkpoint(source):
+        check_frozen_layers(run.phases, SIZES[run.model.size].layers, run.model.size)
+        return
+    layers = (storage.read_json(storage.join(source, "config.json")) or {}).get("num_hidden_layers")
+    if layers is not None:  # no config, or not a decoder's: model.init_from's own check says so (`source_end`)
+        check_frozen_layers(run.phases, int(layers), f"the decoder in model.init_from ({source})")
+
+
 def load(path: str | Path, model, optimizer=None) -> CheckpointMeta:
     """Load weights (and the optimizer when given) in place from a checkpoint, its files checked against its meta
     first; returns the meta."""
@@ -231,20 +247,29 @@ def load(path: str | Path, model, optimizer=None) -> CheckpointMeta:
 
 
 def export_hf(path: Path, model, tokenizer_dir: Path, *, seq_len: int | None = None) -> None:
-    """Gather full weights and write an HF folder loadable by stock AutoModelForMaskedLM (rank 0 writes); with
-    `seq_len`, its config says that length as max_position_embeddings (`record_trained_length`)."""
+    """Gather full weights and write an HF folder loadable by stock AutoModelForMaskedLM (rank 0 writes), its tokenizer
+    framing a text as pretraining did (`frame_like_pretraining`); with `seq_len`, its config says that length as
+    max_position_embeddings (`record_trained_length`)."""
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if _rank() != 0:
         return
-    from transformers import AutoTokenizer, EuroBertForMaskedLM
+    from transformers import EuroBertForMaskedLM
 
     with torch.device("meta"):
         plain = EuroBertForMaskedLM(model.config)
     plain.load_state_dict(full, assign=True, strict=True)
     plain.save_pretrained(str(path), safe_serialization=True)
-    AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(path))
+    save_tokenizer(tokenizer_dir, path)
     if seq_len is not None:
         record_trained_length(Path(path), seq_len)
+
+
+def save_tokenizer(tokenizer_dir: Path, path: Path) -> None:
+    """The tokenizer in `tokenizer_dir` written into the HF folder `path` (the same folder is fine), set to frame a
+    text as pretraining did (`frame_like_pretraining`: `<bos> text <eos>` from a stock AutoTokenizer call)."""
+    from transformers import AutoTokenizer
+
+    frame_like_pretraining(AutoTokenizer.from_pretrained(str(tokenizer_dir))).save_pretrained(str(path))
 
 
 LENGTH_FREE_ROPE = ("default", "linear", "llama3")

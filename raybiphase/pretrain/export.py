@@ -7,7 +7,8 @@
 A checkpoint the run exported (train.export_steps, the end) is copied; any other step is rebuilt from its sharded
 weights (torch.distributed.checkpoint, read in this process) with the tokenizer of its data. Either way its
 config's `max_position_embeddings` is the run's data.seq_len, the length it was trained on (an evaluation harness
-sizes its inputs from that field), not EuroBERT's 8,192. The card
+sizes its inputs from that field), not EuroBERT's 8,192, and its tokenizer frames a text as pretraining did: a stock
+`AutoTokenizer` call gives `<bos> text <eos>` (`<bos> A <eos> B <eos>` for a pair, as fine-tuning does). The card
 (raybiphase.pretrain.card) names the run as the sweep did (pretrain.parquet), else in the paper's scheme from the
 checkpoint's config, and lists the downstream scores summary.parquet holds for that run and step. OUT must not
 exist or be empty; nothing is written there when the checkpoint is bad. `--push-to-hub` uploads the folder to a
@@ -120,6 +121,7 @@ def export_checkpoint(checkpoint: str, out: str, *, name: str | None = None, pus
         if storage.is_file(storage.join(exported, "config.json")):
 
             shutil.copytree(storage.local_copy(exported, cache_dir()), local)
+            ckpt.save_tokenizer(local, local)  # exports written before their tokenizer framed texts
         else:
             _rebuild(checkpoint, meta, local)
         record_trained_length(local, meta.config.data.seq_len)  # exports written before it said so

@@ -14,7 +14,8 @@ from raybiphase.data import assets
 from raybiphase.data.prepare import check_data, prepare
 from raybiphase.errors import UserError
 from raybiphase.naming import run_name
-from raybiphase.pretrain.checkpoint import source_end
+from raybiphase.pretrain.budget import check_run_budget
+from raybiphase.pretrain.checkpoint import check_blocks
 from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.loop import train_loop
 from raybiphase.raycluster import ensure_ray
@@ -48,7 +49,8 @@ def make_trainer(job: SegmentJob, *, max_failures: int = 0, callbacks=(), train_
 
 
 def run_pretrain(spec: SweepSpec, *, resume_from: str | None = None, max_failures: int = 0, train_fn=None):
-    """Prepare data, train the spec's base run, return the ray.train.Result."""
+    """Prepare data, train the spec's base run, return the ray.train.Result. The run's data budget is checked as a
+    sweep checks it (`check_run_budget`), before Ray starts and once its data is prepared."""
 
     if spec.sweep.grid or spec.sweep.runs:
         raise UserError("sweep.grid: this config is a sweep; run it with raybiphase sweep")
@@ -56,13 +58,14 @@ def run_pretrain(spec: SweepSpec, *, resume_from: str | None = None, max_failure
     run, root = spec.run, storage.absolute(spec.sweep.storage)
     storage.check_writable(root, "sweep.storage")
     check_data(run.data, storage_root=root)  # before Ray starts, as are these
-    if run.model.init_from:
-        source_end(run.model.init_from)
+    check_run_budget(run, root)  # reads model.init_from; the size stated, or the manifest of data already prepared
+    check_blocks(run)  # frozen_layers against the depth of the model trained (a decoder's own)
     if resume_from and not storage.is_checkpoint(resume_from):
         raise UserError(f"--resume-from: {resume_from} is not a raybiphase checkpoint (no {storage.META})")
     assets.use_mirror(root)
     ensure_ray()
     data_dir = prepare(run.data, storage_root=root)
+    check_run_budget(run, root)  # again on the prepared manifest: a stated size is an estimate, a local source unknown
     name, paths = run_name(run), storage.SweepPaths.of(spec.sweep.storage, spec.sweep.name)
     job = SegmentJob(run=run, name=name, run_dir=paths.run_dir(name), data_dir=data_dir, resume_from=resume_from,
                      wandb=sweep_settings(spec), progress_every=interval())

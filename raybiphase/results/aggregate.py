@@ -6,11 +6,13 @@ for each (source, run, pretrain_step, task)
 1. per learning rate, the mean validation score over its seeds;
 2. the best LR is the one with the highest such mean among the *complete* LRs, those whose every seed has a score
    (ties: the smaller LR): `choose_best_lr`. A diverged seed scores the metric's floor (the trial records it:
-   `raybiphase.finetune.baselines.floor_scores`, the majority class for accuracy, 0 for F1 and NDCG) and counts
+   `raybiphase.finetune.baselines.FLOORS`: what a model that learned nothing scores, the majority class for
+   accuracy, no entity for entity F1, no answer for QA F1, a random ranking's NDCG@10 for retrieval) and counts
    against its LR like any other seed, as in the authors' harness, where a collapsed run still scores; an LR is
    never chosen on the seeds that happened to survive (issue 27);
 3. the reported score is the mean test score over all the seeds at that LR, with a 95% confidence interval from the
-   t distribution with n-1 degrees of freedom: mean ± t(0.975, n-1) * std(ddof=1) / sqrt(n);
+   t distribution with n-1 degrees of freedom: mean ± t(0.975, n-1) * std(ddof=1) / sqrt(n), its ends clipped to
+   the metric's range [0, 1] (`clipped`: a symmetric interval can pass 100% where no score can);
 4. the LR sensitivity (the paper's finding 2) is the spread of the mean test score across the complete LRs
    (diverged seeds included, at their floor): max - min and the standard deviation (ddof=0: the LR grid is the
    whole population, not a sample). An LR that ASHA cut short has only its best seeds left, which would
@@ -85,6 +87,22 @@ class MeanCI:
     n: int
 
 
+SCORE_RANGE = (0.0, 1.0)
+"""What every task metric can reach (accuracy, F1, entity F1, NDCG@10 as fractions): intervals are clipped to it."""
+
+
+def clipped(mean: float, half_width: float, bounds: tuple[float, float] = SCORE_RANGE) -> tuple[float, float]:
+    """The interval mean ± half_width clipped to `bounds` (NaN, NaN without a half-width).
+
+    A t-interval is symmetric and knows nothing of the metric's range: three seeds at 100, 100 and 70 give
+    90 ± 43, a bar up to 133. Clipping keeps the t-interval the paper reports wherever it lies inside the range
+    and only cuts what no score can reach; a range-respecting interval (on a logit scale, say) would move every
+    interval, the paper's own included."""
+    if not math.isfinite(half_width):
+        return math.nan, math.nan
+    return max(bounds[0], mean - half_width), min(bounds[1], mean + half_width)
+
+
 def mean_ci(values: Sequence[float] | np.ndarray | pd.Series, confidence: float = 0.95) -> MeanCI:
     """Mean ± t((1+confidence)/2, n-1) * std / sqrt(n) of the finite values."""
     x = np.asarray(values, dtype=float)
@@ -115,8 +133,9 @@ def _flag(group: pd.DataFrame, column: str) -> pd.Series:
 
 def lr_table(trials: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
     """One row per (source, run, pretrain_step, task, lr): mean validation and mean test ± CI over the seeds with a
-    score (diverged ones at their floor), how many of the group's seeds it holds, whether it is `complete` (every
-    seed of the group scored), and how many of its trials diverged."""
+    score (diverged ones at their floor), the interval's ends clipped to the metric's range (`clipped`), how many of
+    the group's seeds it holds, whether it is `complete` (every seed of the group scored), and how many of its
+    trials diverged."""
     trials = _prepare(trials)
     group_seeds = {key: (g["seed"].nunique() if "seed" in g else len(g))
                    for key, g in trials.groupby(list(GROUP), dropna=False, sort=False)}
@@ -130,13 +149,15 @@ def lr_table(trials: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
             **dict(zip((*GROUP, "lr"), key)),
             "val_mean": float(val.mean()) if val.notna().any() else math.nan,
             "n_val": int(val.notna().sum()),
-            "test_mean": test.mean, "test_ci95": test.half_width, "test_std": test.std, "n_seeds": test.n,
+            "test_mean": test.mean, "test_ci95": test.half_width,
+            **dict(zip(("test_ci_low", "test_ci_high"), clipped(test.mean, test.half_width))),
+            "test_std": test.std, "n_seeds": test.n,
             "n_trials": len(group),
             "n_diverged": int(_flag(group, "diverged").sum()),
             "complete": bool(int(scored.sum()) >= n_group),
         })
-    return pd.DataFrame(rows, columns=[*GROUP, "lr", "val_mean", "n_val", "test_mean", "test_ci95", "test_std",
-                                       "n_seeds", "n_trials", "n_diverged", "complete"])
+    return pd.DataFrame(rows, columns=[*GROUP, "lr", "val_mean", "n_val", "test_mean", "test_ci95", "test_ci_low",
+                                       "test_ci_high", "test_std", "n_seeds", "n_trials", "n_diverged", "complete"])
 
 
 def choose_best_lr(lrs: pd.DataFrame, complete_only: bool = True) -> pd.Series | None:
@@ -204,15 +225,19 @@ def bootstrap_ci(
 def summarize(trials: pd.DataFrame, confidence: float = 0.95, bootstrap: bool = False) -> pd.DataFrame:
     """One row per (source, run, pretrain_step, task): the best LR and its mean test score ± CI, LR spread.
 
-    Columns: the group, `best_lr`, `best_val_mean`, `test_mean`, `test_ci95` (half-width), `test_std`, `n_seeds`,
+    Columns: the group, `best_lr`, `best_val_mean`, `test_mean`, `test_ci95` (half-width), `test_ci_low` and
+    `test_ci_high` (the interval's ends clipped to the metric's range [0, 1], what reports draw), `test_std`, `n_seeds`,
     `n_lrs`, `n_lrs_complete`, `lr_spread` (max - min of the mean test score across the complete LRs), `lr_std`,
     `n_trials`, `n_stopped`, `n_diverged` (trials whose loss turned NaN or inf, scored at the metric's floor; per LR
     in `lr_table`) and `n_diverged_best` (those at the best LR), then
     every column constant within the group (config, family, dataset, metric, phases.clm_share). With `bootstrap=True`
-    and per-example scores present, `test_boot_low` / `test_boot_high` too.
+    and per-example scores present, `test_boot_low` / `test_boot_high` too, over every seed at the best LR (a
+    diverged one through its floor's per-example entries); when a seed has none (rows recorded before diverged
+    trials kept them), the interval is left out rather than drawn over the seeds that have.
     """
     if trials is None or len(trials) == 0:
-        return pd.DataFrame(columns=[*GROUP, "best_lr", "test_mean", "test_ci95", "n_seeds"])
+        return pd.DataFrame(columns=[*GROUP, "best_lr", "test_mean", "test_ci95", "test_ci_low", "test_ci_high",
+                                     "n_seeds"])
     trials = _prepare(trials)
     per_lr = dict(iter(lr_table(trials, confidence).groupby(list(GROUP), dropna=False, sort=True)))
     first, is_constant = _constant_columns(trials)
@@ -222,7 +247,8 @@ def summarize(trials: pd.DataFrame, confidence: float = 0.95, bootstrap: bool = 
         complete = lrs.loc[lrs["complete"], "test_mean"].dropna()  # every seed scored, diverged ones at the floor
         spread = len(complete) >= 2
         row = {**dict(zip(GROUP, key)), "best_lr": math.nan, "best_val_mean": math.nan, "test_mean": math.nan,
-               "test_ci95": math.nan, "test_std": math.nan, "n_seeds": 0, "n_lrs": int(lrs["lr"].nunique()),
+               "test_ci95": math.nan, "test_ci_low": math.nan, "test_ci_high": math.nan, "test_std": math.nan,
+               "n_seeds": 0, "n_lrs": int(lrs["lr"].nunique()),
                "n_lrs_complete": len(complete),
                "lr_spread": float(complete.max() - complete.min()) if spread else math.nan,
                "lr_std": float(complete.std(ddof=0)) if spread else math.nan,
@@ -232,12 +258,13 @@ def summarize(trials: pd.DataFrame, confidence: float = 0.95, bootstrap: bool = 
         if best is not None:
             row.update(best_lr=float(best["lr"]), best_val_mean=float(best["val_mean"]),
                        test_mean=float(best["test_mean"]), test_ci95=float(best["test_ci95"]),
+                       test_ci_low=float(best["test_ci_low"]), test_ci_high=float(best["test_ci_high"]),
                        test_std=float(best["test_std"]), n_seeds=int(best["n_seeds"]),
                        n_diverged_best=int(best["n_diverged"]))
             if bootstrap and "test_per_example" in group:
                 at_best = group[(group["lr"] == best["lr"]) & group["test_score"].notna()]
-                lists = [s for s in at_best["test_per_example"] if s is not None and len(s)]
-                if lists and len({len(s) for s in lists}) == 1:
+                lists = [[] if s is None else s for s in at_best["test_per_example"]]
+                if lists and all(len(s) for s in lists) and len({len(s) for s in lists}) == 1:  # every seed, or none
                     metric = group["metric"].iloc[0] if "metric" in group else "mean"
                     row["test_boot_low"], row["test_boot_high"] = bootstrap_ci(lists, confidence, metric=metric)
         row.update(first.loc[key][is_constant.loc[key]].to_dict())

@@ -31,7 +31,7 @@ from raybiphase.results.aggregate import lr_table, summarize
 from raybiphase.results.questions import beyond_sections, knobs
 from raybiphase.results.replicates import replicates_section
 from raybiphase.results.store import read_rows, write_summary
-from raybiphase.results.tables import Section, markdown, mean_ci
+from raybiphase.results.tables import Section, error_bars, markdown, mean_ci
 from raybiphase.results.verdicts import MIN_SEEDS, UNTRAINED, family_verdicts, findings, versus_control
 from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE
 
@@ -116,8 +116,9 @@ def _task_grid(points: pd.DataFrame, x: str, series: str, title: str, xlabel: st
             line = line.groupby(x, as_index=False).agg(score=("score", "mean"), ci=("ci", "mean")).sort_values(x)
             style = "none" if categories else "--" if label.startswith("paper") else "-"
             xs = [categories.index(v) for v in line[x]] if categories else line[x]
-            legend[label] = ax.errorbar(xs, line["score"], yerr=line["ci"].fillna(0), capsize=3, marker="o",
-                                        markersize=5, linestyle=style, label=label, color=series_colors[label])
+            legend[label] = ax.errorbar(xs, line["score"], yerr=error_bars(line["score"], line["ci"]), capsize=3,
+                                        marker="o", markersize=5, linestyle=style, label=label,
+                                        color=series_colors[label])
         ax.set_title(f"{family} · {task}" + (f" · {size}" if several else ""))
         ax.set_xlabel(xlabel)
         if categories:
@@ -280,8 +281,9 @@ def summary_section(s: pd.DataFrame) -> Section:
     diverged = int(_col(final, "n_diverged").fillna(0).sum())
     return Section("summary", "All results at the final checkpoint", None,
                    "Best LR by mean validation score over all its seeds (only LRs whose every seed has a score); "
-                   "test mean ± 95% CI over those seeds; a diverged seed scores the metric's floor (the majority "
-                   f"class for accuracy, 0 for F1 and NDCG) and counts: {diverged} trial(s) diverged here. LR spread "
+                   "test mean ± 95% CI over those seeds; a diverged seed scores what a model that learned nothing "
+                   "scores (the majority class for accuracy, no entity for entity F1, no answer for QA F1, a random "
+                   f"ranking for NDCG@10) and counts: {diverged} trial(s) diverged here. LR spread "
                    "= max - min of the mean test score across the complete LRs.", markdown(table))
 
 
@@ -389,8 +391,9 @@ def write_report(results_dir: storage.Location) -> tuple[str, list[Section]]:
              f"{len(pretrain)} pretraining rows from {pretrain['run'].nunique() if len(pretrain) else 0} runs; "
              f"{len(trials)} fine-tuning trials ({', '.join(f'{n} {k}' for k, n in sources.items()) or 'none'}).",
              "Scores: test metric x 100, mean over seeds at the LR with the best mean validation score, "
-             "± 95% CI (t, n-1 degrees of freedom; from 3 seeds up, fewer print the mean and their count). Paper rows are "
-             "dashed in figures.", ""]
+             "± 95% CI (t, n-1 degrees of freedom; from 3 seeds up, fewer print the mean and their count; one that "
+             "passes 0 or 100 is clipped there, printed [low, high] and drawn so). Paper rows are dashed in figures.",
+             ""]
     header = html.header_of(results_dir)
     lines[1:1] = ["", " · ".join(f"{k}: {v}" for k, v in header.items() if v and k != "report drawn")]
     title, intro = lines[0][2:], lines[3:]

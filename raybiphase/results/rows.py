@@ -121,8 +121,8 @@ class FinetuneRow:
     """The run these trials were run under when this run shares the checkpoint (same weights at this step): the
     row is a copy of that run's, never fine-tuned again; "" for a run's own trials."""
     diverged: bool = False
-    """The fine-tuning loss turned NaN or inf: the trial stopped and scored the metric's floor (majority class for
-    accuracy, 0 otherwise), so it still counts against its LR."""
+    """The fine-tuning loss turned NaN or inf: the trial stopped and scored the metric's floor, what a model that
+    learned nothing scores (raybiphase.finetune.baselines.FLOORS), so it still counts against its LR."""
     settings: dict[str, Any] = field(default_factory=dict)
     """The pretrained run's dotted settings."""
 

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pandas as pd
-from matplotlib.figure import Figure
+
+from raybiphase.results.aggregate import clipped
+
+if TYPE_CHECKING:  # score cells are read without matplotlib (model cards)
+    from matplotlib.figure import Figure
 
 
 @dataclass
@@ -19,10 +24,25 @@ class Section:
     table: str = ""
 
 
+POINTS = (0.0, 100.0)
+"""The metrics' range in points (x 100), what a printed or drawn interval is clipped to."""
+
+
 def mean_ci(mean: float, ci: float, n_seeds: int) -> str:
+    """A score cell in points: 'mean ± ci'; 'mean [low, high]' when the interval passes the metric's range and is
+    clipped to it (raybiphase.results.aggregate.clipped); the mean and the seed count when there is no interval."""
     if pd.notna(ci):
-        return f"{mean:.2f} ± {ci:.2f}"
+        low, high = clipped(mean, ci, POINTS)
+        inside = (low, high) == (mean - ci, mean + ci)
+        return f"{mean:.2f} ± {ci:.2f}" if inside else f"{mean:.2f} [{low:.2f}, {high:.2f}]"
     return f"{mean:.2f} ({int(n_seeds)} seed{'' if n_seeds == 1 else 's'}, no interval)"
+
+
+def error_bars(scores: pd.Series, cis: pd.Series) -> list[list[float]]:
+    """Matplotlib's `yerr` for scores in points: the lengths below and above each score, the interval clipped to the
+    metric's range as `mean_ci` prints it; no bar where there is no interval."""
+    ends = [clipped(m, c, POINTS) if pd.notna(c) else (m, m) for m, c in zip(scores, cis)]
+    return [[m - low for m, (low, _) in zip(scores, ends)], [high - m for m, (_, high) in zip(scores, ends)]]
 
 
 def markdown(frame: pd.DataFrame) -> str:

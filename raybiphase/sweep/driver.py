@@ -39,7 +39,7 @@ from raybiphase.results import wandb as results_wandb
 from raybiphase.results.html import run_info
 from raybiphase.results.report import write_report
 from raybiphase.storage import SweepPaths
-from raybiphase.sweep.budget import check_budget, data_budget
+from raybiphase.pretrain.budget import check_budget, data_budget
 from raybiphase.sweep.context import SweepContext
 from raybiphase.sweep.finetuning import FinetuneStream, baseline_rows, finetune_sources
 from raybiphase.sweep.plan import Plan, Segment, dependencies

@@ -31,7 +31,7 @@ from raybiphase.config.sizes import SIZES
 from raybiphase.finetune.tasks import training_groups
 from raybiphase.naming import phase_tag, run_name, steps_label
 from raybiphase.pretrain.schedule import Schedule
-from raybiphase.sweep.budget import budget_lines, data_budget
+from raybiphase.pretrain.budget import budget_lines, data_budget
 from raybiphase.sweep.replicates import replicate_lines
 
 # per-step settings: the signature compares them step by step, so they stay out of a run's base

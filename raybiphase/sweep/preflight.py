@@ -9,7 +9,8 @@ import sys
 from raybiphase import storage
 from raybiphase.config import ConfigError, SweepSpec, replace
 from raybiphase.finetune.tasks import get_task
-from raybiphase.sweep.budget import check_budget, data_budget
+from raybiphase.pretrain.budget import check_budget, data_budget
+from raybiphase.pretrain.checkpoint import check_blocks
 from raybiphase.sweep.plan import Plan, describe, make_plan
 from raybiphase.sweep.timeline import timeline_lines
 
@@ -30,6 +31,8 @@ def plan_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> tup
     lines = text.splitlines()
     print(text if dry_run else "\n".join([lines[0], *(x for x in lines if x.startswith("steps:"))]), file=out)
     check_budget(data_budget(plan, spec))  # a run that would repeat data stops here, dry run included
+    for run in plan.runs.values():  # frozen_layers against a decoder's own depth, read from model.init_from
+        check_blocks(run.config)
     return spec, plan
 
 

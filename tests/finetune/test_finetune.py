@@ -112,8 +112,8 @@ def test_a_trial_whose_loss_turns_nan_is_recorded_as_diverged_and_scores_the_flo
     assert row.diverged and row.test_score == floor["test_score"]
     healthy = run_trial(tiny_checkpoint, "tweets", lr=5e-4, seed=0, cfg=TINY_RUN)
     assert healthy["diverged"] is False and not math.isnan(healthy["test_score"])
-    assert floor_scores("squad_commas", max_examples=48) == {"val_score": 0.0, "test_score": 0.0,
-                                                             "test_per_example": []}
+    commas = floor_scores("squad_commas", max_examples=48)  # no entity predicted: F1 0, each sentence's gold kept
+    assert commas["test_score"] == 0.0 and len(commas["test_per_example"]) == 48
 
 
 def test_a_gpu_trial_on_a_node_without_cuda_is_a_one_line_error(tiny_checkpoint):

@@ -3,6 +3,7 @@ run, its phases and its scores; bad input stops before anything is written. No R
 
 import dataclasses
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -119,3 +120,41 @@ def test_a_rope_that_reads_the_length_keeps_it(tmp_path):
         (tmp_path / "config.json").write_text(json.dumps(config))
         record_trained_length(tmp_path, 64)
         assert json.loads((tmp_path / "config.json").read_text())["max_position_embeddings"] == expected
+
+
+@pytest.mark.parametrize("exported_by_the_run", [False, True])
+def test_the_exports_stock_tokenizer_frames_texts_as_pretraining_and_fine_tuning_did(saved, small_shards, tmp_path,
+                                                                                     exported_by_the_run):
+    """A stock `AutoTokenizer` on an export (what an evaluation harness loads) gives `<bos> text <eos>`, the framing
+    of every pretraining document (`pack`), and `<bos> A <eos> B <eos>` for a pair, the heads' framing; the heads
+    themselves, which frame by hand, make the same ids from the export's tokenizer as from the data's."""
+    from transformers import AutoTokenizer
+
+    from raybiphase.data.prepare import pack
+    from raybiphase.finetune.heads import head_for
+    from raybiphase.finetune.tasks import get_task
+    from raybiphase.pretrain.export import export_checkpoint
+
+    path, model, _ = saved
+    data_tokenizer = AutoTokenizer.from_pretrained(small_shards[1].local_tokenizer())
+    if exported_by_the_run:  # a folder exported before its tokenizer framed texts: the export frames it
+        model.save_pretrained(path / "hf")
+        data_tokenizer.save_pretrained(path / "hf")
+    export_checkpoint(str(path), str(tmp_path / "exported"))
+    exported = AutoTokenizer.from_pretrained(tmp_path / "exported")
+    bos, eos = data_tokenizer.bos_token_id, data_tokenizer.eos_token_id
+    text, other = "The Normans gave their name to Normandy.", "Where is Normandy?"
+    bare, bare_other = (data_tokenizer(t, add_special_tokens=False)["input_ids"] for t in (text, other))
+    (blocks,) = pack([np.asarray(bare)], seq_len=len(bare) + 2, bos=bos, eos=eos)  # one document, one block
+    assert exported(text)["input_ids"] == blocks[0].tolist() == [bos, *bare, eos]
+    assert exported(text, other)["input_ids"] == [bos, *bare, eos, *bare_other, eos]
+    assert exported([text, other])["input_ids"] == [[bos, *bare, eos], [bos, *bare_other, eos]]
+
+    records = {"qnli": [{"text": other, "text_pair": text, "label": 0}],
+               "squad_commas": [{"words": ["Yes", "the", "Normans", "came"], "tags": ["B-COMMA", "O", "O", "O"]}],
+               "squad": [{"id": "q", "question": other, "context": text,
+                          "answers": {"text": ["Normandy"], "answer_start": [30]}}]}
+    for task, examples in records.items():
+        heads = [head_for(get_task(task), tok, 64) for tok in (data_tokenizer, exported)]
+        assert heads[0].train_units(examples) == heads[1].train_units(examples)
+    assert heads[1].train_units(records["squad"])[0][0][:1] == [bos]

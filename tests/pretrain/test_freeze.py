@@ -140,3 +140,34 @@ def test_bad_frozen_layers_are_one_line_errors(frozen, key, words):
     with pytest.raises(ConfigError) as err:
         _run({"frozen_layers": frozen})
     assert str(err.value).startswith(key) and words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_frozen_layers_are_checked_against_the_depth_of_a_decoder_the_run_starts_from(small_shards, tmp_path):
+    """A run continued from a decoder trains the decoder's blocks, not model.size's: blocks it has may be frozen
+    whatever the size says, one it lacks stops `raybiphase pretrain` and the sweep's plan before anything runs."""
+    import json
+
+    from raybiphase.config import ConfigError
+    from raybiphase.pretrain.checkpoint import check_blocks
+    from raybiphase.pretrain.trainer import run_pretrain
+    from raybiphase.sweep.preflight import plan_sweep
+    from tests.conftest import SMALL_DATA, TINY_BASE
+
+    decoder = tmp_path / "decoder"
+    decoder.mkdir()
+    (decoder / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 4}))
+
+    def spec(frozen: list[int]) -> SweepSpec:
+        plan = [{"objective": "clm", "steps": 4}, {"objective": "mlm", "steps": 4, "frozen_layers": frozen}]
+        return from_dict(SweepSpec, {**TINY_BASE, "model": {"size": "tiny", "init_from": str(decoder)},
+                                     "data": {**SMALL_DATA, "dir": small_shards[0].dir},
+                                     "phases": {"steps": 8, "plan": plan}, "sweep": {"storage": str(tmp_path / "out")}})
+
+    check_blocks(spec([2, 3]).run)  # tiny has 2 blocks, the decoder 4
+    for frozen in ([4], [0, 1, 2, 3]):
+        for start in (run_pretrain, plan_sweep):
+            with pytest.raises(ConfigError) as err:
+                start(spec(frozen))
+            assert str(err.value).startswith("phases.plan.1.frozen_layers: ") and "\n" not in str(err.value)
+            assert ("the decoder in model.init_from" in str(err.value) and "blocks 0 to 3" in str(err.value)
+                    if frozen == [4] else "all 4 blocks frozen" in str(err.value))

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from raybiphase.results.aggregate import best_lr, choose_best_lr, lr_table, summarize
+from raybiphase.results.aggregate import best_lr, bootstrap_ci, choose_best_lr, lr_table, summarize
 
 FLOOR = 0.5  # a balanced binary task's majority-class accuracy
 
@@ -77,3 +77,43 @@ def test_the_papers_spec_completes_every_cell():
 
     finetune = load(SweepSpec, "sweeps/paper.yaml").finetune
     assert finetune.complete_lrs
+
+
+def _with_per_example(entries: list[list], task: str, metric: str) -> pd.DataFrame:
+    """One LR, a seed per entry list, the last seed diverged; scores from the entries."""
+    from raybiphase.finetune.scoring import corpus_score
+
+    trials = _trials({1e-4: [(0.9, corpus_score(metric, e), i == len(entries) - 1) for i, e in enumerate(entries)]})
+    return trials.assign(task=task, metric=metric, test_per_example=entries)
+
+
+@pytest.mark.parametrize("task, metric, trained, labels", [
+    ("squad_v2", "f1", [1.0] * 12, [["x"], [], ["y"], []] * 3),
+    ("squad_bio", "entity_f1", [[1, 1, 1], [2, 2, 2], [0, 0, 0], [1, 1, 1]] * 3, [1, 2, 0, 1] * 3),
+])
+def test_a_bootstrap_counts_every_seed_a_diverged_one_at_its_floor(task, metric, trained, labels):
+    """The diverged seed's floor has an entry per test example (the no-answer F1 of each question, the gold entity
+    counts of each sentence), so the bootstrap interval is over all three seeds: around their mean, below the
+    interval of the two that trained."""
+    from raybiphase.finetune.baselines import floor_of
+    from raybiphase.finetune.tasks import TaskSplits, get_task
+
+    if metric == "f1":
+        test = [{"id": str(i), "question": "q", "context": "c", "answers": {"text": a, "answer_start": [0] * len(a)}}
+                for i, a in enumerate(labels)]
+    else:
+        test = [{"words": ["w"] * max(n, 1), "tags": ["B-ANS"] * n + ["O"] * (n == 0)} for n in labels]
+    floor = floor_of(get_task(task), TaskSplits(train=[], val=test, test=test))
+    (row,) = summarize(_with_per_example([trained, trained, floor["test_per_example"]], task, metric),
+                       bootstrap=True).to_dict("records")
+    assert row["n_seeds"] == 3 and row["n_diverged_best"] == 1
+    assert row["test_boot_low"] - 1e-9 <= row["test_mean"] <= row["test_boot_high"] + 1e-9
+    assert row["test_boot_high"] < bootstrap_ci([trained, trained], metric=metric)[0]  # the trained seeds alone
+
+
+def test_a_seed_without_per_example_scores_leaves_the_bootstrap_out_rather_than_the_seed():
+    """Rows recorded before a diverged trial kept its floor's entries: no interval over the seeds that have some."""
+    trials = _with_per_example([[1.0, 1.0, 0.0], [1.0, 0.0, 1.0], []], "squad_v2", "f1")
+    trials.loc[2, "test_score"] = 0.0
+    (row,) = summarize(trials, bootstrap=True).to_dict("records")
+    assert row["n_seeds"] == 3 and math.isnan(row.get("test_boot_low", math.nan))

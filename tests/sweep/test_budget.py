@@ -7,7 +7,7 @@ import math
 import pytest
 
 from raybiphase.config import ConfigError, RunConfig, SweepSpec, from_dict, load, run_hash, weights_settings
-from raybiphase.sweep.budget import budget_lines, check_budget, data_budget
+from raybiphase.pretrain.budget import budget_lines, check_budget, data_budget
 from raybiphase.sweep.plan import make_plan
 from tests.conftest import SMALL_DATA
 
@@ -108,3 +108,22 @@ def test_the_setting_changes_no_run_name_or_identity():
     assert run_hash(default) == run_hash(allowed) and weights_settings(default) == weights_settings(allowed)
     with pytest.raises(ConfigError, match=r"^data.max_epochs: 0.0 is out of range"):
         from_dict(RunConfig, {}, {"data.max_epochs": 0})
+
+
+def test_pretrain_stops_a_run_that_would_repeat_data_as_the_sweep_does(small_shards, tmp_path):
+    """`raybiphase pretrain` makes the sweep's check, with the sweep's line, before Ray starts (the unit layer
+    refuses to start it)."""
+    from raybiphase.pretrain.trainer import run_pretrain
+
+    data, manifest = small_shards
+    spec = from_dict(SweepSpec, {"model": {"size": "tiny"}, "data": {**SMALL_DATA, "dir": data.dir},
+                                 "phases": {"steps": 250, "clm_share": 1.0},
+                                 "optim": {"warmup_steps": 2, "decay_steps": 2},
+                                 "train": {"global_batch_tokens": 2048, "micro_batch_size": 8},
+                                 "resources": {"num_workers": 1}, "sweep": {"storage": str(tmp_path)}})
+    assert 250 * 32 > manifest.train_rows
+    with pytest.raises(ConfigError) as swept:
+        check_budget(data_budget(make_plan(spec), spec))
+    with pytest.raises(ConfigError) as alone:
+        run_pretrain(spec)
+    assert str(alone.value) == str(swept.value) and str(alone.value).startswith("data.max_epochs: run tiny-clm-250")

@@ -50,7 +50,7 @@ def test_committed_specs_load_and_plan(path):
     assert plan.planned_steps <= plan.naive_steps
     text = describe(plan, spec)
     assert "naive" in text and "GPU-hours" in text
-    from raybiphase.sweep.budget import check_budget, data_budget
+    from raybiphase.pretrain.budget import check_budget, data_budget
 
     check_budget(data_budget(plan, spec))  # no committed spec repeats data unless it says so (data.max_epochs)
 

@@ -1,5 +1,7 @@
-"""The sweep's data budget (no Ray, never prepares data): per run, the training blocks it reads against what its
-source holds, so no run trains past the end of its data without a word (issue 27).
+"""The data budget (no Ray, never prepares data): per run, the training blocks it reads against what its source
+holds, so no run trains past the end of its data without a word. A sweep checks every run of its plan
+(`data_budget`), `raybiphase pretrain` its one run (`check_run_budget`), both through `run_budget` and
+`check_budget`, before anything starts and again once the data is prepared.
 
 Run r reads the global samples [data_start, data_end), data_end = data_start + steps x rows per step
 (raybiphase.data.stream); a continued run starts where its source stopped (CheckpointMeta.data_end), so its blocks
@@ -25,6 +27,7 @@ from raybiphase import storage
 from raybiphase.config import ConfigError, DataConfig, RunConfig, SweepSpec, to_dict
 from raybiphase.data.prepare import dataset_location
 from raybiphase.data.stream import MANIFEST, epochs_read
+from raybiphase.naming import run_name
 from raybiphase.pretrain.checkpoint import CheckpointMeta, source_end
 
 STATED_TOKENS = {
@@ -93,41 +96,58 @@ def _stated_blocks(data: DataConfig) -> int | None:
     return tokens // data.seq_len
 
 
-def _data_end(config: RunConfig, steps: int, data_start: int) -> int:
-    return CheckpointMeta(run=to_dict(config), step=steps, data_start=data_start, metrics={}).data_end
+def source_size(data: DataConfig, location: str, train_blocks: Mapping[str, int] | None = None
+                ) -> tuple[int | None, bool]:
+    """(training blocks, prepared) of the source prepared at `location`: `train_blocks[location]` when given, else
+    its manifest's, else (not prepared) a stated size, else None."""
+    prepared = (train_blocks or {}).get(location) or _prepared_blocks(location)
+    return (prepared, True) if prepared is not None else (_stated_blocks(data), False)
+
+
+def run_budget(name: str, config: RunConfig, *, steps: int, data_start: int, location: str,
+               size: tuple[int | None, bool]) -> RunBudget:
+    """The budget of run `name`: `steps` of `config` from sample `data_start`, against `size` (`source_size`)."""
+    data = config.data
+    data_end = CheckpointMeta(run=to_dict(config), step=steps, data_start=data_start, metrics={}).data_end
+    return RunBudget(run=name, source=_source_name(data), location=location, seq_len=data.seq_len,
+                     data_start=data_start, data_end=data_end, max_epochs=data.max_epochs, blocks=size[0],
+                     prepared=size[1])
+
+
+def check_run_budget(run: RunConfig, storage_root: str | None) -> None:
+    """`check_budget` for one run on its own (`raybiphase pretrain`), as the sweep checks each of its runs: from
+    sample 0, or where the checkpoint in model.init_from stopped, for phases.steps steps."""
+    location = dataset_location(run.data, storage_root)
+    data_start = source_end(run.model.init_from) if run.model.init_from else 0
+    check_budget([run_budget(run_name(run), run, steps=run.phases.steps, data_start=data_start, location=location,
+                             size=source_size(run.data, location))])
 
 
 def data_budget(plan, spec: SweepSpec, train_blocks: Mapping[str, int] | None = None) -> list[RunBudget]:
     """Every run of `plan` (a raybiphase.sweep.plan.Plan) with its budget, in the plan's order. A source's size is
     `train_blocks[location]` when given, else its prepared manifest's, else a stated size; nothing is prepared."""
     starts: dict[str, int] = {}
-    ends: dict[str, int] = {}
+    budgets: dict[str, RunBudget] = {}
+    sizes: dict[str, tuple[int | None, bool]] = {}
 
     def start_of(name: str) -> int:
         if name not in starts:
             run = plan.runs[name]
             init_from = run.config.model.init_from  # outside the sweep: a checkpoint's data end, else sample 0
-            starts[name] = end_of(run.source) if run.source else source_end(init_from) if init_from else 0
+            starts[name] = budget_of(run.source).data_end if run.source else source_end(init_from) if init_from else 0
         return starts[name]
 
-    def end_of(name: str) -> int:
-        if name not in ends:
-            ends[name] = _data_end(plan.runs[name].config, plan.runs[name].steps, start_of(name))
-        return ends[name]
+    def budget_of(name: str) -> RunBudget:
+        if name not in budgets:
+            run = plan.runs[name]
+            location = dataset_location(run.config.data, spec.sweep.storage)
+            if location not in sizes:
+                sizes[location] = source_size(run.config.data, location, train_blocks)
+            budgets[name] = run_budget(name, run.config, steps=run.steps, data_start=start_of(name),
+                                       location=location, size=sizes[location])
+        return budgets[name]
 
-    sizes: dict[str, tuple[int | None, bool]] = {}
-    out = []
-    for name, run in plan.runs.items():
-        data = run.config.data
-        location = dataset_location(data, spec.sweep.storage)
-        if location not in sizes:
-            prepared = (train_blocks or {}).get(location) or _prepared_blocks(location)
-            sizes[location] = (prepared, True) if prepared is not None else (_stated_blocks(data), False)
-        blocks, prepared = sizes[location]
-        out.append(RunBudget(run=name, source=_source_name(data), location=location, seq_len=data.seq_len,
-                             data_start=start_of(name), data_end=end_of(name), max_epochs=data.max_epochs,
-                             blocks=blocks, prepared=prepared))
-    return out
+    return [budget_of(name) for name in plan.runs]
 
 
 def _amount(n: float) -> str:
