@@ -1,25 +1,27 @@
 """Decontamination: which pretraining documents overlap the evaluation text of the tasks fine-tuned on.
 
-The rule (the one GPT-3 filtered its training data with, Brown et al. 2020, appendix C; Llama's and OLMo's
-contamination studies count overlaps the same way): a document is dropped when it shares any word n-gram
-(`data.decontam_ngram`, 13 by default) with a validation or test text of a held-out task. Words are maximal runs of
-letters and digits after NFKC normalisation and lowercasing, so case, punctuation and whitespace never hide an
-overlap ("U.S." is the words "u s" on both sides). An evaluation text shorter than n words but of at least
-SHORT_MIN_WORDS is matched whole: a document containing its words in a row is dropped (a short SST-2 sentence
-pasted into a web page is still found); a text under SHORT_MIN_WORDS words is not looked for, since phrases that
-short ("a gripping film") recur in unrelated text by chance, and dropping on them would remove innocent documents
-without removing a leak. Any overlap drops the whole document (no threshold, no cutting around the match): the
-drop is cheap (a fraction of a percent of a web corpus) and a cut document would keep the context a model could
-use to recall the rest.
+The rule: a document is dropped when it shares any word n-gram (`data.decontam_ngram`, 13 by default) with a
+validation or test text of a held-out task. It is GPT-3's (Brown et al. 2020, appendix C: 13-gram overlap against
+every benchmark's dev and test sets), which cut a window around each match and kept the pieces; here the whole
+document goes, which needs no second pass, and a cut document would keep the context a model could use to recall
+the rest. Exact paragraph matching (Dolma's Bloom-filter decontamination for OLMo) would miss a copied sentence
+inside a reworded page; n-grams catch it. Words are maximal runs of letters and digits after NFKC normalisation and
+lowercasing, so case, punctuation and whitespace never hide an overlap ("U.S." is the words "u s" on both sides).
+An evaluation text shorter than n words but of at least SHORT_MIN_WORDS is matched whole: a document containing its
+words in a row is dropped (a short SST-2 sentence pasted into a web page is still found); a text under
+SHORT_MIN_WORDS words is not looked for, since phrases that short ("a gripping film") recur in unrelated text by
+chance: dropping on them would remove innocent documents without removing a leak. Any overlap drops the document
+(no threshold): one copied sentence is already a leak. Templated prose still matches (census paragraphs of
+different towns share 13-grams), which costs a few documents, never a leak.
 
-Why 13: shorter n-grams (8) start matching boilerplate shared by unrelated pages; longer ones (50, as in some
-contamination reports) miss a paraphrased sentence's verbatim half. 13 words is long enough that a match is almost
-never chance and short enough to catch a copied sentence.
+Why 13: shorter n-grams (8) start matching phrases that unrelated pages share; much longer ones miss a sentence
+copied in part. 13 words is long enough that a match is almost never chance and short enough to catch a copied
+sentence.
 
 Memory: the evaluation side is built once into `HeldOut`: every distinct n-gram hashed to 64 bits, sorted, with a
 64-bit mask of the tasks it belongs to: 16 bytes per distinct n-gram (about one per evaluation word), so ten million
-words of evaluation text take about 160 MB, whatever the corpus size. Documents stream past it a window at a time
-(`overlaps`): nothing of the corpus is held. With 64-bit hashes a chance collision drops a document with
+words of evaluation text take about 160 MB (about twice that while it is built, in a task of its own), whatever
+the corpus size. Documents stream past it a window at a time (`overlaps`): nothing of the corpus is held. With 64-bit hashes a chance collision drops a document with
 probability about (n-grams in the document) x (n-grams held) / 2^64: below 1e-9 per document for a million held
 n-grams.
 """
@@ -71,8 +73,8 @@ def word_hashes(text: str) -> np.ndarray:
 
 
 def gram_hashes(hashes: np.ndarray, k: int) -> np.ndarray:
-    """A 64-bit hash of every run of k consecutive words (none when there are fewer than k); k is part of the hash,
-    so a whole short text never equals an n-gram by construction."""
+    """A 64-bit hash of every run of k consecutive words (none when there are fewer than k); k seeds the hash, so a
+    whole short text and an n-gram that starts with the same words hash apart."""
     count = len(hashes) - k + 1
     if count <= 0:
         return np.empty(0, dtype=np.uint64)
