@@ -14,7 +14,9 @@ def main() -> int:
     cfg = load(SweepSpec, args.config, args.overrides)
     from raybiphase.data import assets  # lazy: --help answers before Ray Data and the tokenizers load
     from raybiphase.data.prepare import prepare
+    from raybiphase.finetune.heldout import check_held_out_tasks, evaluation_texts
 
+    check_held_out_tasks(cfg.data)
     assets.use_mirror(storage.absolute(cfg.sweep.storage))
-    prepare(cfg.data, storage_root=storage.absolute(cfg.sweep.storage))
+    prepare(cfg.data, storage_root=storage.absolute(cfg.sweep.storage), evaluation_texts=evaluation_texts)
     return 0

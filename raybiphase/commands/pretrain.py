@@ -22,9 +22,12 @@ def main() -> int:
     if args.max_failures < -1:
         raise UserError(f"--max-failures: {args.max_failures} is below -1 (no limit)")
     spec = load(SweepSpec, args.config, args.overrides)
+    from raybiphase.finetune.heldout import check_held_out_tasks, evaluation_texts
     from raybiphase.pretrain.trainer import run_pretrain  # lazy: --help and a bad config answer before torch loads
 
-    result = run_pretrain(spec, resume_from=args.resume_from, max_failures=args.max_failures)
+    check_held_out_tasks(spec.data)
+    result = run_pretrain(spec, resume_from=args.resume_from, max_failures=args.max_failures,
+                          evaluation_texts=evaluation_texts)
     print(f"pretrain: done; final metrics {result.metrics}; "
           f"checkpoint {result.checkpoint.path if result.checkpoint else None}")
     return 0

@@ -12,9 +12,8 @@ from raybiphase.config.run import (
     ResourcesConfig,
     RunConfig,
     TrainConfig,
-    run_hash,
-    weights_settings,
 )
+from raybiphase.config.identity import run_hash, weights_settings
 from raybiphase.config.sweep import FinetuneConfig, SweepConfig, SweepSpec, shapes_weights
 
 __all__ = [

@@ -7,7 +7,7 @@ the last). The same dotted names (`phases.mask_ratio`) are used by `--set` overr
 the sweep grid, Tune's search space, Parquet columns and W&B (`flatten`).
 
 A field whose value never changes a run's weights says so once, on the field: `field(..., metadata=NOT_WEIGHTS)`
-(raybiphase.config.run.weights_settings reads it).
+(raybiphase.config.identity.weights_settings reads it).
 """
 
 from __future__ import annotations

@@ -3,30 +3,27 @@
 One frozen dataclass per concern (`model`, `data`, `phases`, `optim`, `train`, `resources`), a one-line docstring
 under each field. Ray Train workers receive only this. Settings that never change a run's weights (how often it
 evaluates, where the shards lie, how many workers share the global batch) carry `metadata=NOT_WEIGHTS` on the
-field; `weights_settings` leaves them out, and a run's identity (its name's hash, the planner's shared segments)
-is built from it alone.
+field; raybiphase.config.identity leaves them out of a run's identity (its name's hash, the planner's shared
+segments).
 
     run = load(RunConfig, "sweeps/quickstart.yaml")      # a sweep spec's base run reads as a run config too
-    run_hash(run)                                         # 'a1b2c3', unchanged by train.eval_every
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from raybiphase.config.load import (
     NOT_WEIGHTS,
     check,
+    distinct,
     location,
     non_negative,
     positive,
     ratio,
     share,
-    to_dict,
 )
 from raybiphase.config.sizes import SIZE_NAMES, SIZES
 
@@ -79,6 +76,16 @@ class DataConfig:
     row-group range of about this many rows, a file, or an HF dataset shard)."""
     tokenizer_documents: int = 100_000
     """'train-bpe' learns from the first this many documents of the source (the whole offline corpus fits)."""
+    decontaminate: bool = True
+    """Drop every pretraining document that overlaps a validation or test text of the data.decontam_tasks
+    (raybiphase.data.decontam states the rule), for any source; on by default, as nothing a task evaluates on may
+    be pretrained on. The prepared dataset's manifest counts what was dropped, per task."""
+    decontam_ngram: int = 13
+    """The rule's n: a document sharing a run of this many words with an evaluation text is dropped (GPT-3's 13);
+    an evaluation text shorter than that (8 words or more) is matched whole."""
+    decontam_tasks: tuple[str, ...] = ()
+    """The tasks held out of pretraining (raybiphase.finetune.tasks names); in a sweep spec, empty holds out the
+    spec's finetune.tasks."""
     dir: str = field(default="", metadata=NOT_WEIGHTS)
     """Where tokenized shards go: a folder or a bucket URI (s3://, gs://); empty means <cache>/shards/<fingerprint>,
     or <sweep.storage>/shards/<fingerprint> when the sweep stores to a bucket."""
@@ -97,7 +104,15 @@ class DataConfig:
                   f"byte-level BPE; allowed: {BPE_MIN_VOCAB} or more (256 bytes + {BPE_SPECIAL_TOKENS} special tokens)")
         non_negative(self.max_documents, "data.max_documents")
         non_negative(self.val_blocks, "data.val_blocks")
+        positive(self.decontam_ngram, "data.decontam_ngram")
+        distinct(self.decontam_tasks, "data.decontam_tasks")
         location(self.dir, "data.dir")
+
+    def decontamination(self) -> dict[str, Any] | None:
+        """The held-out tasks (sorted: their order changes nothing) and n, as the shards' fingerprint and the run's
+        identity take them; None when nothing is held out, so such data keeps the names it had before the setting."""
+        held_out = sorted(self.decontam_tasks) if self.decontaminate else []
+        return {"tasks": held_out, "ngram": self.decontam_ngram} if held_out else None
 
 
 Objective = Literal["clm", "mlm", "mntp"]
@@ -413,38 +428,3 @@ class RunConfig:
 
 
 RUN_SECTIONS = tuple(f.name for f in dataclasses.fields(RunConfig))
-
-
-# --------------------------------------------------------------------------------------------- identity
-
-
-def _shaping(section: Any) -> dict[str, Any]:
-    plain = to_dict(section)
-    return {f.name: plain[f.name] for f in dataclasses.fields(section) if f.metadata.get("weights", True)}
-
-
-def _phase_settings(phase: Phase) -> dict[str, Any]:
-    """A phase as it enters the run's identity; the masking and optimizer knobs only when set, so the runs that use
-    none keep the names they had before the knobs existed."""
-    plain = dataclasses.asdict(phase)
-    unset = {"mask_ratio_end": None, "mask_ratio_range": None, "optimizer": "carry", "rewarmup_steps": None,
-             "frozen_layers": ()}
-    return {k: v for k, v in plain.items() if k not in unset or v != unset[k]}
-
-
-def weights_settings(run: RunConfig) -> dict[str, Any]:
-    """The settings that shape the run's weights, by section: every field not marked NOT_WEIGHTS, with the phases
-    resolved (the two-phase shorthand and the explicit plan of the same phases are the same run)."""
-    out = {name: _shaping(getattr(run, name)) for name in RUN_SECTIONS}
-    out["phases"] = {"plan": [_phase_settings(p) for p in run.phases.resolved()],
-                     "mask_prob": run.phases.mask_prob, "random_prob": run.phases.random_prob}
-    return {name: section for name, section in out.items() if section}
-
-
-def digest(settings: dict[str, Any], length: int) -> str:
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:length]
-
-
-def run_hash(run: RunConfig) -> str:
-    """Six hex digits of `weights_settings`: the suffix of the run's name (raybiphase.naming)."""
-    return digest(weights_settings(run), 6)

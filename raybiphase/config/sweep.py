@@ -11,6 +11,7 @@ RunConfigs, and only those travel to Ray Train workers.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal, get_args
@@ -132,6 +133,8 @@ class SweepSpec(RunConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not self.data.decontam_tasks:  # the spec decides what is held out: the tasks it fine-tunes on
+            object.__setattr__(self, "data", dataclasses.replace(self.data, decontam_tasks=self.finetune.tasks))
         location(self.sweep.storage, "sweep.storage")
         check(_FOLDER.fullmatch(self.sweep.name) is not None and ".." not in self.sweep.name, "sweep.name",
               f"{self.sweep.name!r} is not a plain folder name; allowed: letters, digits, '.', '_' and '-', not "

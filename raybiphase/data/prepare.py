@@ -13,6 +13,8 @@ Layout of `data.dir` (a folder or a bucket URI):
     tokenizer/                    HF fast tokenizer with bos, eos, pad and mask tokens (written first)
     train-PPPPP-SSSS.parquet      column `input_ids`: fixed_size_list<int32>[seq_len]; piece P, shard S
     val.parquet                   the first `data.val_blocks` blocks of piece 0 (whole documents, held out)
+    held_out.npz                  the decontamination index (raybiphase.data.decontam), when data.decontam_tasks
+                                  holds tasks out: a document overlapping one never reaches a shard (made first)
     pieces/PPPPP.json             a finished piece: its shards, rows, bytes, sha256, documents, tokens
     manifest.json                 written last, from the piece records: a dataset without it is unfinished
 A rerun finds the manifest and does nothing, or finds the finished pieces of an interrupted run and does only the
@@ -24,7 +26,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
-import itertools
 import json
 import tempfile
 import time
@@ -38,7 +39,8 @@ import pyarrow.parquet as pq
 
 from raybiphase import storage
 from raybiphase.config import DataConfig
-from raybiphase.data import sources
+from raybiphase.config.identity import DECONTAMINATION_FIELDS
+from raybiphase.data import decontam, sources
 from raybiphase.data.assets import cache_dir
 from raybiphase.data.pieces import Piece, piece_texts, plan_pieces, windows
 from raybiphase.data.stream import FORMAT_VERSION, MANIFEST, open_dataset
@@ -52,11 +54,12 @@ TOKENIZER_DIR, PIECES_DIR, VAL_FILE = "tokenizer", "pieces", "val.parquet"
 
 
 def fingerprint(data: DataConfig) -> str:
-    """Short hash of everything that determines the shards."""
-    keys = asdict(data)
-    keys.pop("dir")
-    keys.pop("max_epochs")  # how many passes a run may make does not change the shards
-    keys.pop("row_order")  # nor the order a run reads them in
+    """Short hash of everything that determines the shards: not where they lie, how many passes a run may make nor
+    the order it reads them in; decontamination only as it holds tasks out (with the rule's version)."""
+    keys = {k: v for k, v in asdict(data).items()
+            if k not in ("dir", "max_epochs", "row_order", *DECONTAMINATION_FIELDS)}
+    if data.decontamination():
+        keys["decontamination"] = {**data.decontamination(), "rule": decontam.RULE_VERSION}
     if data.source == "offline":  # what the offline corpus holds changes with the code (held-out evaluation text)
         keys["offline_corpus"] = sources.OFFLINE_CORPUS_VERSION
     keys["format"] = FORMAT_VERSION
@@ -116,39 +119,6 @@ def build_tokenizer(data: DataConfig, docs: list[str], out_dir: Path):
     return tok
 
 
-def frame_like_pretraining(tok):
-    """`tok` (a fast tokenizer) made to add, when called with its defaults, the special tokens pretraining puts around
-    a document (`pack`): `<bos> text <eos>` for one text, `<bos> A <eos> B <eos>` for a pair, the fine-tuning heads'
-    framing (raybiphase.finetune.heads.base). An export carries it, so a stock `AutoTokenizer` user (an evaluation
-    harness) feeds the model inputs framed as it was trained on. The post-processor lives in tokenizer.json; the
-    add_bos_token / add_eos_token flags are left unset, as transformers rebuilds a template from them on load, one
-    that puts a second `<bos>` before B. Processors that only adjust offsets (byte-level) are kept, so ids and offsets asked
-    for with `add_special_tokens=False`, as data preparation and the heads ask, stay exactly what they were."""
-    from tokenizers import processors
-
-    backend, bos, eos = tok.backend_tokenizer, tok.bos_token, tok.eos_token
-    framing = (processors.TemplateProcessing, processors.BertProcessing, processors.RobertaProcessing)
-    kept = [part for part in _processors(backend.post_processor) if not isinstance(part, framing)]
-    template = processors.TemplateProcessing(single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} $B {eos}",
-                                             special_tokens=[(bos, tok.bos_token_id), (eos, tok.eos_token_id)])
-    backend.post_processor = processors.Sequence([*kept, template])
-    return tok
-
-
-def _processors(processor) -> list:
-    """The parts of a post-processor: a Sequence's members in order, else the processor itself (none for None)."""
-    from tokenizers import processors
-
-    if not isinstance(processor, processors.Sequence):
-        return [] if processor is None else [processor]
-    parts = []
-    for index in itertools.count():
-        try:
-            parts.append(processor[index])
-        except IndexError:  # a Sequence has no len(): its end is the first missing index
-            return parts
-
-
 def tokenizer_fingerprint(tokenizer_dir: str) -> str:
     digest = hashlib.sha256()
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -158,13 +128,17 @@ def tokenizer_fingerprint(tokenizer_dir: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def make_tokenizer(data: DataConfig, pieces: list[Piece], location: str) -> str:
+def make_tokenizer(data: DataConfig, pieces: list[Piece], location: str, held_out: str = "") -> str:
     """Build the tokenizer and store it at `location`; returns its fingerprint. 'train-bpe' learns from the first
-    `data.tokenizer_documents` documents of the source."""
+    `data.tokenizer_documents` documents of the source that decontamination keeps (`held_out`: the index's digest,
+    stored beside the tokenizer's folder)."""
     wanted = data.tokenizer_documents if data.tokenizer == "train-bpe" else 1
+    held = _held_out(storage.parent(location), held_out)
     docs: list[str] = []
     for piece in pieces:
         for text in piece_texts(data, piece):
+            if held is not None and held.overlaps([text])[0]:
+                continue
             docs.append(text)
             if len(docs) >= wanted:
                 break
@@ -178,26 +152,49 @@ def make_tokenizer(data: DataConfig, pieces: list[Piece], location: str) -> str:
     return tokenizer_fingerprint(location)
 
 
-def ensure_tokenizer(data: DataConfig, pieces: list[Piece], out: str, on_ray: bool) -> str:
+def ensure_tokenizer(data: DataConfig, pieces: list[Piece], out: str, on_ray: bool, held_out: str = "") -> str:
     """The tokenizer under `out`, made now (in a Ray task: the driver never holds the sample nor imports
     transformers) unless an interrupted earlier run left it; returns its fingerprint."""
     location = storage.join(out, TOKENIZER_DIR)
     if storage.is_file(storage.join(location, "tokenizer.json")):
         return tokenizer_fingerprint(location)
+    return _in_task(on_ray, make_tokenizer, data, pieces, location, held_out)
+
+
+def ensure_held_out(data: DataConfig, out: str, texts: decontam.EvaluationTexts | None, on_ray: bool) -> str:
+    """The digest of the evaluation index under `out` ("" when data holds nothing out), built now from `texts` (in
+    a Ray task: the driver never holds the tasks' text) unless an interrupted earlier run left it."""
+    settings, location = data.decontamination(), storage.join(out, decontam.HELD_OUT_FILE)
+    if not settings:
+        return ""
+    if storage.is_file(location):
+        return decontam.held_out_digest(location)
+    if texts is None:
+        raise UserError(f"data.decontam_tasks: decontaminating against {', '.join(settings['tasks'])} needs their "
+                        "evaluation text; prepare this data with `raybiphase prepare` or a sweep")
+    return _in_task(on_ray, decontam.write_held_out, settings["tasks"], settings["ngram"], texts, location)
+
+
+def _in_task(on_ray: bool, function, *args):
+    """`function(*args)` here, or in a Ray task of one CPU (the driver never holds what it reads); a UserError
+    raised there comes back as one line."""
     if not on_ray:
-        return make_tokenizer(data, pieces, location)
+        return function(*args)
     import ray
 
     try:
-        return ray.get(ray.remote(num_cpus=1)(make_tokenizer).remote(data, pieces, location))
+        return ray.get(ray.remote(num_cpus=1)(function).remote(*args))
     except Exception as err:
         raise (_user_error(err) or err) from None
+
+
+def _held_out(out: str, digest: str) -> decontam.HeldOut | None:
+    return decontam.load_held_out(storage.join(out, decontam.HELD_OUT_FILE), digest) if digest else None
 
 
 @functools.lru_cache(maxsize=2)
 def _load_tokenizer(location: str, version: str):
     from transformers import AutoTokenizer
-
 
     return AutoTokenizer.from_pretrained(str(storage.local_copy(location, cache_dir(), version=version)))
 
@@ -248,9 +245,12 @@ class _Blocks:
         return flat[:n]
 
 
-def write_piece(data: DataConfig, out: str, piece: Piece, tokenizer_version: str) -> dict:
-    """Read, shuffle, tokenize, pack and write one piece; then its record under pieces/, which marks it done."""
+def write_piece(data: DataConfig, out: str, piece: Piece, tokenizer_version: str, held_out: str = "") -> dict:
+    """Read, shuffle, decontaminate, tokenize, pack and write one piece; then its record under pieces/, which marks
+    it done. Decontamination drops documents after the shuffle, so the others keep their order: shards of data
+    that overlaps nothing are the same bytes with or without it."""
     tok = _load_tokenizer(storage.join(out, TOKENIZER_DIR), tokenizer_version)
+    held, dropped = _held_out(out, held_out), decontam.DropCounts()
     rng = np.random.default_rng([SHUFFLE_SEED, piece.index])
     counts = {"documents": 0, "tokens": 0}
     unigram = np.zeros(len(tok), dtype=np.int64)
@@ -259,7 +259,9 @@ def write_piece(data: DataConfig, out: str, piece: Piece, tokenizer_version: str
         for window in windows(piece_texts(data, piece), data.piece_documents):
             shuffled = [window[i] for i in rng.permutation(len(window))]
             encoded = tok(shuffled, add_special_tokens=False)["input_ids"]
-            counts["documents"] += len(window)
+            if held is not None:
+                encoded = decontam.drop_overlapping(held, shuffled, encoded, dropped)
+            counts["documents"] += len(encoded)
             counts["tokens"] += sum(len(ids) + 2 for ids in encoded)
             if encoded:
                 unigram[:] += np.bincount(np.concatenate([np.asarray(ids, dtype=np.int64) for ids in encoded]),
@@ -285,7 +287,7 @@ def write_piece(data: DataConfig, out: str, piece: Piece, tokenizer_version: str
     np.save(buffer, unigram)
     storage.write_bytes(storage.join(out, PIECES_DIR, f"{piece.index:05d}.unigram.npy"), buffer.getvalue())
     record = {"piece": asdict(piece), "tokenizer_fingerprint": tokenizer_version, "vocab_size": len(tok),
-              "special_ids": specials, **counts,
+              "special_ids": specials, **counts, "held_out": held_out, "dropped": held and dropped.as_record(),
               "held_blocks": pending.rows, "shards": shards, "val": val}
     storage.write_json(storage.join(out, PIECES_DIR, f"{piece.index:05d}.json"), record)
     return record
@@ -298,9 +300,10 @@ class PieceTask:
     data: DataConfig
     out: str
     tokenizer_version: str
+    held_out: str = ""
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        records = [write_piece(self.data, self.out, Piece(**json.loads(p)), self.tokenizer_version)
+        records = [write_piece(self.data, self.out, Piece(**json.loads(p)), self.tokenizer_version, self.held_out)
                    for p in batch["piece"]]
         return {"record": np.array([json.dumps(r) for r in records], dtype=object)}
 
@@ -319,7 +322,6 @@ def _user_error(err: BaseException) -> UserError | None:
 def _records_on_ray(task: PieceTask, todo: list[Piece]) -> Iterator[dict]:
     import ray
 
-
     ensure_ray()
     quiet_data()
     ds = ray.data.from_items([{"piece": json.dumps(asdict(p))} for p in todo], override_num_blocks=len(todo))
@@ -331,11 +333,12 @@ def _records_on_ray(task: PieceTask, todo: list[Piece]) -> Iterator[dict]:
         raise (_user_error(err) or err) from None
 
 
-def _finished(out: str, tokenizer_version: str) -> dict[int, dict]:
+def _finished(out: str, tokenizer_version: str, held_out: str) -> dict[int, dict]:
     folder = storage.join(out, PIECES_DIR)
     records = (storage.read_json(storage.join(folder, name)) for name in sorted(storage.list_files(folder))
                if name.endswith(".json"))
-    return {r["piece"]["index"]: r for r in records if r and r["tokenizer_fingerprint"] == tokenizer_version}
+    return {r["piece"]["index"]: r for r in records  # pieces made with this tokenizer and evaluation index
+            if r and r["tokenizer_fingerprint"] == tokenizer_version and r.get("held_out", "") == held_out}
 
 
 def unigram_entropy(out: str, pieces: list[Piece]) -> float | None:
@@ -377,6 +380,7 @@ def _manifest(data: DataConfig, pieces: list[Piece], records: dict[int, dict], v
         "shards": shards,
         "val": val,
         "unigram_entropy": unigram_entropy(out, pieces),
+        "decontamination": decontam.manifest_record(data, [r["dropped"] for r in records.values()]),
     }
 
 
@@ -387,6 +391,7 @@ def check_data(data: DataConfig, *, storage_root: str | None = None) -> str:
     out = dataset_location(data, storage_root)
     if storage.is_file(storage.join(out, MANIFEST)):
         open_dataset(out, seq_len=data.seq_len)
+        decontam.check_prepared(data, storage.read_json(storage.join(out, MANIFEST)), out)
         return out
     plan_pieces(data)
     if data.tokenizer != "train-bpe":
@@ -398,11 +403,15 @@ def check_data(data: DataConfig, *, storage_root: str | None = None) -> str:
     return out
 
 
-def prepare(data: DataConfig, *, quiet: bool = False, on_ray: bool = True, storage_root: str | None = None) -> str:
+def prepare(data: DataConfig, *, quiet: bool = False, on_ray: bool = True, storage_root: str | None = None,
+            evaluation_texts: decontam.EvaluationTexts | None = None) -> str:
     """Make the shards for `data` unless they exist; returns the dataset's location (a folder or a URI).
-    `on_ray=False` runs the pieces in this process: the same shards, byte for byte."""
+    `on_ray=False` runs the pieces in this process: the same shards, byte for byte. `evaluation_texts` gives the
+    data.decontam_tasks' evaluation text (raybiphase.finetune.heldout.evaluation_texts; the data layer comes
+    before the tasks): needed only when the data holds tasks out and is not prepared yet."""
     out = dataset_location(data, storage_root)
     if storage.is_file(storage.join(out, MANIFEST)):
+        decontam.check_prepared(data, storage.read_json(storage.join(out, MANIFEST)), out)
         return out
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     started = time.time()
@@ -411,16 +420,16 @@ def prepare(data: DataConfig, *, quiet: bool = False, on_ray: bool = True, stora
     storage.check_writable(out, "data.dir")
     try:
         if on_ray:
-
             ensure_ray()
-        version = ensure_tokenizer(data, pieces, out, on_ray)
-        records = _finished(out, version)
+        held_out = ensure_held_out(data, out, evaluation_texts, on_ray)
+        version = ensure_tokenizer(data, pieces, out, on_ray, held_out)
+        records = _finished(out, version, held_out)
         todo = [p for p in pieces if p.index not in records]
         say(f"prepare: {data.source} in {len(pieces)} piece(s), {len(records)} already done -> {out}")
         if on_ray and todo:
-            stream = _records_on_ray(PieceTask(data, out, version), todo)
+            stream = _records_on_ray(PieceTask(data, out, version, held_out), todo)
         else:
-            stream = (write_piece(data, out, piece, version) for piece in todo)
+            stream = (write_piece(data, out, piece, version, held_out) for piece in todo)
         for done, record in enumerate(stream, start=1):
             records[record["piece"]["index"]] = record
             say(f"prepare: piece {done}/{len(todo)}: {record['documents']:,} documents, {record['tokens']:,} tokens, "
@@ -434,4 +443,6 @@ def prepare(data: DataConfig, *, quiet: bool = False, on_ray: bool = True, stora
     rate = manifest["tokens"] / max(time.time() - started, 1e-9)
     say(f"prepare: {manifest['train_rows']:,} train + {manifest['val']['rows']} val blocks of {data.seq_len} tokens "
         f"from {manifest['documents']:,} documents in {time.time() - started:.0f}s ({rate:,.0f} tokens/s) -> {out}")
+    if manifest["decontamination"]:
+        say(f"prepare: {decontam.summary_line(manifest['decontamination'])}")
     return out

@@ -6,14 +6,17 @@ and returns plain dicts. Derived tasks are built as documented on each function:
 * Wikipedia split: an article is in the *eval* part when the first 8 hex digits of
   ``sha256("raybiphase-wiki-split:" + title)`` modulo 100 are below 30 (about 30%), else in the
   *pretrain* part. Evaluation tasks over Wikipedia (topics, retrieval) use only the eval part.
-* SQuAD splits: "dev" is the official dev file (the tasks' test split); SQuAD's train file is cut by paragraph
-  into "validation" (the tasks' validation split), a paragraph whose first 8 hex digits of
-  ``sha256("raybiphase-squad-validation:" + text)`` modulo 100 are below 5 (about 5%), and "train", the rest.
-  Every question, sentence and passage of a paragraph lands in its paragraph's split.
-* ``pretraining_texts`` yields the SQuAD *train* paragraphs and the wiki *pretrain* leads, leaving out any that
-  shares a sentence (``split_sentences``, whitespace collapsed) with an evaluation text -- a SQuAD validation or
-  dev paragraph, or a wiki eval lead -- as a few do where Wikipedia repeats a sentence across articles: no model
-  pretrains on a paragraph, a sentence or a passage it is validated or tested on (issue 27).
+* SQuAD splits: "dev" is the official dev file (the tasks' test split); SQuAD's train file is cut by *article*
+  into "validation" (the tasks' validation split), an article whose first 8 hex digits of
+  ``sha256("raybiphase-squad-validation:" + title)`` modulo 100 are below 5 (22 of 442 articles, about 5% of the
+  questions), and "train", the rest. Every paragraph, question, sentence and passage of an article lands in its
+  article's split: a model validated on one paragraph of an article never trained on another (the official dev
+  file is cut from the train file by article too).
+* ``pretraining_texts`` yields the SQuAD *train* paragraphs and the wiki *pretrain* leads, held out by article:
+  a document of an article that any offline task validates or tests on (a SQuAD validation or dev article, a wiki
+  eval lead's article; titles compared with underscores as spaces) is left out, as is any document that shares a
+  sentence (``split_sentences``, whitespace collapsed) with an evaluation text, as a few do where Wikipedia repeats a
+  sentence across articles: no model pretrains on an article, a sentence or a passage it is validated or tested on.
 * QNLI is built from SQuAD as GLUE built it: each question is paired with every sentence of its
   paragraph; the label is "entailment" when the sentence's character span contains the span of
   the question's first answer. Sentences come from ``split_sentences`` (rule below).
@@ -43,9 +46,9 @@ class SourceError(UserError):
 
 SQUAD_SPLITS = ("train", "validation", "dev")
 SQUAD_VALIDATION_PERCENT = 5
-OFFLINE_CORPUS_VERSION = 2
-"""The version of what `pretraining_texts` yields, bumped whenever that changes (2: SQuAD validation paragraphs and
-documents sharing a sentence with an evaluation text left out); the offline shards' cache key is to include it."""
+OFFLINE_CORPUS_VERSION = 3
+"""The version of what `pretraining_texts` yields, bumped whenever that changes (3: evaluated articles held out
+whole); the offline shards' cache key includes it."""
 WIKI_EVAL_PERCENT = 30
 WIKI_UNCATEGORIZED = "Uncategorized"
 WIKI_TOPICS = sorted([
@@ -62,10 +65,10 @@ def _squad_articles(file: str) -> tuple:
         return tuple(json.load(f)["data"])
 
 
-def squad_part(context: str) -> str:
-    """'validation' or 'train' for a paragraph of SQuAD's train file, by a stable sha256 hash of its text (see the
-    module docstring): a paragraph repeated verbatim lands in one part."""
-    bucket = int(hashlib.sha256(f"raybiphase-squad-validation:{context}".encode()).hexdigest()[:8], 16) % 100
+def squad_part(title: str) -> str:
+    """'validation' or 'train' for an article of SQuAD's train file, by a stable sha256 hash of its title (see the
+    module docstring): all its paragraphs land in one part."""
+    bucket = int(hashlib.sha256(f"raybiphase-squad-validation:{title}".encode()).hexdigest()[:8], 16) % 100
     return "validation" if bucket < SQUAD_VALIDATION_PERCENT else "train"
 
 
@@ -76,7 +79,7 @@ def _squad_paragraphs(split: str) -> Iterator[tuple[str, dict]]:
     file = "dev" if split == "dev" else "train"
     for article in _squad_articles(file):
         for para in article["paragraphs"]:
-            if file == "dev" or squad_part(para["context"]) == split:
+            if file == "dev" or squad_part(article["title"]) == split:
                 yield article["title"], para
 
 
@@ -199,16 +202,33 @@ def evaluation_texts() -> list[str]:
     return squad_contexts("validation") + squad_contexts("dev") + [a["text"] for a in wiki_split("eval")]
 
 
+def article_key(title: str) -> str:
+    """A Wikipedia title as SQuAD ("Super_Bowl_50") and the wiki leads ("Super Bowl 50") both write it."""
+    return " ".join(title.replace("_", " ").split()).casefold()
+
+
+def evaluated_articles() -> set[str]:
+    """`article_key`s of every article an offline task validates or tests on: SQuAD validation and dev articles and
+    the wiki eval leads' articles."""
+    titles = [title for split in ("validation", "dev") for title, _ in _squad_paragraphs(split)]
+    return {article_key(t) for t in titles + [a["title"] for a in wiki_split("eval")]}
+
+
 def _sentences(text: str) -> set[str]:
     return {" ".join(text[s:e].split()) for s, e in split_sentences(text)}
 
 
 def pretraining_texts() -> Iterator[str]:
-    """Documents for pretraining: SQuAD train-part paragraphs, then the wiki pretrain-part leads, each left out
-    when it shares a sentence with an evaluation text (module docstring; 9 documents in all)."""
+    """Documents for pretraining: SQuAD train-part paragraphs, then the wiki pretrain-part leads, each left out when
+    its article is evaluated or it shares a sentence with an evaluation text (module docstring)."""
+    articles = evaluated_articles()
     held_out = set().union(*map(_sentences, evaluation_texts()))
-    for text in itertools.chain(squad_contexts("train"), (a["text"] for a in wiki_split("pretrain"))):
-        if held_out.isdisjoint(_sentences(text)):
+    documents = itertools.chain(((t, p["context"]) for t, p in _squad_paragraphs("train")),
+                                ((a["title"], a["text"]) for a in wiki_split("pretrain")))
+    seen = set()
+    for title, text in documents:
+        if text not in seen and article_key(title) not in articles and held_out.isdisjoint(_sentences(text)):
+            seen.add(text)
             yield text
 
 

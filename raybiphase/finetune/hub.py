@@ -127,7 +127,7 @@ def ontonotes() -> tuple[list, list]:
 
 
 def _squad_rows(dataset_id: str, split: str) -> list[dict]:
-    return [{"id": r["id"], "question": r["question"], "context": r["context"],
+    return [{"id": r["id"], "title": r["title"], "question": r["question"], "context": r["context"],
              "answers": {"text": list(r["answers"]["text"]), "answer_start": list(r["answers"]["answer_start"])}}
             for r in _hub(dataset_id, None, split)]
 

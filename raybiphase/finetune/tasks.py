@@ -16,8 +16,8 @@ seed=42)` (a `default_rng(42)` permutation of the rows: the first ceil(5%) are v
 shuffled order); test = the official validation split (SQuAD dev for squad, squad_sentence, qnli, squad_bio,
 squad_commas, squad_shuffle, squad_retrieval). The SQuAD-derived offline tasks are the exception, as their train
 file's paragraphs are pretraining text (issue 27): their loaders return (train, validation, test) built from
-`sources.SQUAD_SPLITS`, validation being the train file's paragraphs that `sources.squad_part` holds out (about 5%,
-by paragraph, never pretrained on); train and validation are then each put in a seeded (42) shuffled order. Hub
+`sources.SQUAD_SPLITS`, validation being the train file's articles that `sources.squad_part` holds out (about 5%,
+by article, never pretrained on); train and validation are then each put in a seeded (42) shuffled order. Hub
 loaders keep the paper's draw: the paper's corpora hold no SQuAD, and a sweep (source "auto") reads SQuAD offline.
 Sets without one are split deterministically by content: an example is in *test* when the first 8 hex digits of
 sha256("raybiphase-finetune-test:" + key) modulo 100 are below 20 (tweets, wiki_topics: key = the text, so duplicate
@@ -32,7 +32,8 @@ positives of its queries plus seeded random distractors, up to IR_CORPUS_PER_QUE
 Record shapes by family:
     SC  {"text", "text_pair" (or None), "label" (index into task.label_names)}
     TC  {"words": [...], "tags": ["O", "B-ANS", ...]}
-    QA  {"id", "question", "context", "answers": {"text": [...], "answer_start": [...]}} (no answer: empty lists)
+    QA  {"id", "question", "context", "answers": {"text": [...], "answer_start": [...]}} (no answer: empty lists);
+        SQuAD's records also name their article ("title")
     IR  train: [{"query", "passage", "pid"}];
         val/test: {"queries": [{"qid", "text", "positives"}], "passages": [{"pid", "text"}]}
 """
@@ -163,25 +164,34 @@ def _load_splits(name: str, max_examples: int, max_eval: int, source: str) -> Ta
 
 
 def make_splits(task: Task, parts: tuple, *, max_examples: int = 0, max_eval: int = 0) -> TaskSplits:
-    """Train / validation / test from a loader's parts: (train, test), validation drawn from train, or (train,
-    validation, test), validation held out by the source (see the module docstring); capped as `load_splits` says."""
-    held_out = len(parts) == 3
-    train_all, test = parts[0], parts[-1]
+    """Train / validation / test from a loader's parts (`split_parts`), capped as `load_splits` says."""
+    train_all, val, test = split_parts(task, parts)
     if task.family == "IR":
-        if held_out:
-            val_set = {"queries": _shuffled(parts[1]["queries"]), "passages": parts[1]["passages"]}
-            train_queries = _shuffled(train_all["queries"])
-        else:
-            train_queries, val_queries = split_validation(train_all["queries"])
-            val_set = {"queries": val_queries, "passages": train_all["passages"]}
-        train = _retrieval_pairs({"queries": train_queries, "passages": train_all["passages"]})
-        return TaskSplits(train=train[: max_examples or None], val=_cap_retrieval(val_set, max_eval, sample=False),
+        train = _retrieval_pairs(train_all)
+        return TaskSplits(train=train[: max_examples or None], val=_cap_retrieval(val, max_eval, sample=False),
                           test=_cap_retrieval(test, max_eval, sample=True))
-    train, val = (_shuffled(train_all), _shuffled(parts[1])) if held_out else split_validation(train_all)
-    train, val, test = train[: max_examples or None], val[: max_eval or None], _sample(test, max_eval)
+    train, val, test = train_all[: max_examples or None], val[: max_eval or None], _sample(test, max_eval)
     if task.finish:
         train, val, test = ([task.finish(r) for r in part] for part in (train, val, test))
     return TaskSplits(train=train, val=val, test=test)
+
+
+def split_parts(task: Task, parts: tuple) -> tuple:
+    """(train, validation, test), uncapped and unfinished, from a loader's parts: (train, test), validation drawn
+    from train, or (train, validation, test), validation held out by the source (see the module docstring); an
+    IR split is {"queries", "passages"}, its validation searching the training passages when drawn from them."""
+    if len(parts) == 3:
+        train, val, test = parts
+        if task.family == "IR":
+            return ({"queries": _shuffled(train["queries"]), "passages": train["passages"]},
+                    {"queries": _shuffled(val["queries"]), "passages": val["passages"]}, test)
+        return _shuffled(train), _shuffled(val), test
+    train, test = parts
+    if task.family == "IR":
+        train_queries, val_queries = split_validation(train["queries"])
+        return ({"queries": train_queries, "passages": train["passages"]},
+                {"queries": val_queries, "passages": train["passages"]}, test)
+    return (*split_validation(train), test)
 
 
 # ------------------------------------------------------------------------------------------------ offline

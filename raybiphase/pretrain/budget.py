@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from raybiphase import storage
 from raybiphase.config import ConfigError, DataConfig, RunConfig, SweepSpec, to_dict
+from raybiphase.data import decontam
 from raybiphase.data.prepare import dataset_location
 from raybiphase.data.stream import MANIFEST, epochs_read
 from raybiphase.naming import run_name
@@ -59,6 +60,11 @@ class RunBudget:
     blocks: int | None
     """Training blocks of the source: the manifest's when prepared, else a stated size over seq_len; None: unknown."""
     prepared: bool
+    held_out: dict | None = None
+    """What decontamination holds out (DataConfig.decontamination); None: nothing."""
+    dropped: dict | None = None
+    """The prepared manifest's decontamination account (raybiphase.data.decontam.manifest_record); None until
+    prepared."""
 
     @property
     def tokens(self) -> int:
@@ -80,13 +86,12 @@ def _source_name(data: DataConfig) -> str:
     return f"{data.source} {data.hf_config}" if data.hf_config else data.source
 
 
-def _prepared_blocks(location: str) -> int | None:
-    """The manifest's training blocks, or None when the dataset is not prepared (or its bucket is out of reach)."""
+def _prepared(location: str) -> dict | None:
+    """The dataset's manifest, or None when it is not prepared (or its bucket is out of reach)."""
     try:
-        meta = storage.read_json(storage.join(location, MANIFEST))
+        return storage.read_json(storage.join(location, MANIFEST)) or None
     except (OSError, ValueError):
         return None
-    return int(meta["train_rows"]) if meta else None
 
 
 def _stated_blocks(data: DataConfig) -> int | None:
@@ -97,21 +102,24 @@ def _stated_blocks(data: DataConfig) -> int | None:
 
 
 def source_size(data: DataConfig, location: str, train_blocks: Mapping[str, int] | None = None
-                ) -> tuple[int | None, bool]:
-    """(training blocks, prepared) of the source prepared at `location`: `train_blocks[location]` when given, else
-    its manifest's, else (not prepared) a stated size, else None."""
-    prepared = (train_blocks or {}).get(location) or _prepared_blocks(location)
-    return (prepared, True) if prepared is not None else (_stated_blocks(data), False)
+                ) -> tuple[int | None, bool, dict | None]:
+    """(training blocks, prepared, decontamination account) of the source prepared at `location`: the blocks are
+    `train_blocks[location]` when given, else its manifest's, else (not prepared) a stated size, else None; the
+    account is the manifest's, None until prepared."""
+    meta = _prepared(location)
+    prepared = (train_blocks or {}).get(location) or (int(meta["train_rows"]) if meta else None)
+    dropped = meta.get("decontamination") if meta else None
+    return ((prepared, True) if prepared is not None else (_stated_blocks(data), False)) + (dropped,)
 
 
 def run_budget(name: str, config: RunConfig, *, steps: int, data_start: int, location: str,
-               size: tuple[int | None, bool]) -> RunBudget:
+               size: tuple[int | None, bool, dict | None]) -> RunBudget:
     """The budget of run `name`: `steps` of `config` from sample `data_start`, against `size` (`source_size`)."""
     data = config.data
     data_end = CheckpointMeta(run=to_dict(config), step=steps, data_start=data_start, metrics={}).data_end
     return RunBudget(run=name, source=_source_name(data), location=location, seq_len=data.seq_len,
                      data_start=data_start, data_end=data_end, max_epochs=data.max_epochs, blocks=size[0],
-                     prepared=size[1])
+                     prepared=size[1], held_out=data.decontamination(), dropped=size[2])
 
 
 def check_run_budget(run: RunConfig, storage_root: str | None) -> None:
@@ -128,7 +136,7 @@ def data_budget(plan, spec: SweepSpec, train_blocks: Mapping[str, int] | None = 
     `train_blocks[location]` when given, else its prepared manifest's, else a stated size; nothing is prepared."""
     starts: dict[str, int] = {}
     budgets: dict[str, RunBudget] = {}
-    sizes: dict[str, tuple[int | None, bool]] = {}
+    sizes: dict[str, tuple[int | None, bool, dict | None]] = {}
 
     def start_of(name: str) -> int:
         if name not in starts:
@@ -165,12 +173,21 @@ def _holds(budget: RunBudget) -> str:
     return tokens + (f", prepared at {budget.location}" if budget.prepared else ", its stated size (not prepared)")
 
 
+def _decontamination(budget: RunBudget) -> str:
+    """The source's decontamination: what the manifest says it dropped, or that it is not prepared yet."""
+    if budget.dropped:
+        return decontam.summary_line(budget.dropped)
+    return f"decontamination: {decontam.summary_settings(budget.held_out)}; counts: not prepared yet"
+
+
 def budget_lines(budgets: list[RunBudget]) -> list[str]:
     """The dry run's data section: per source what it holds, per run the tokens it needs and the passes they make."""
     lines = []
     for location in dict.fromkeys(b.location for b in budgets):
         group = [b for b in budgets if b.location == location]
         lines.append(f"data: {group[0].source}: {_holds(group[0])}")
+        if group[0].held_out:
+            lines.append(f"  {_decontamination(group[0])}")
         width = max(len(b.run) for b in group)
         for b in group:
             reads = f"samples {_amount(b.data_start)}-{_amount(b.data_end)}"

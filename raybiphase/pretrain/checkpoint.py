@@ -38,7 +38,7 @@ from raybiphase import storage
 from raybiphase.config import RunConfig, from_dict
 from raybiphase.config.run import check_frozen_layers
 from raybiphase.config.sizes import SIZES
-from raybiphase.data.prepare import frame_like_pretraining
+from raybiphase.data.framing import frame_like_pretraining
 from raybiphase.errors import UserError
 from raybiphase.pretrain.schedule import Schedule
 from raybiphase.telemetry.provenance import code_version

@@ -48,9 +48,11 @@ def make_trainer(job: SegmentJob, *, max_failures: int = 0, callbacks=(), train_
     )
 
 
-def run_pretrain(spec: SweepSpec, *, resume_from: str | None = None, max_failures: int = 0, train_fn=None):
-    """Prepare data, train the spec's base run, return the ray.train.Result. The run's data budget is checked as a
-    sweep checks it (`check_run_budget`), before Ray starts and once its data is prepared."""
+def run_pretrain(spec: SweepSpec, *, resume_from: str | None = None, max_failures: int = 0, train_fn=None,
+                 evaluation_texts=None):
+    """Prepare data (decontaminated against `evaluation_texts`' tasks: raybiphase.data.prepare), train the spec's
+    base run, return the ray.train.Result. The run's data budget is checked as a sweep checks it
+    (`check_run_budget`), before Ray starts and once its data is prepared."""
 
     if spec.sweep.grid or spec.sweep.runs:
         raise UserError("sweep.grid: this config is a sweep; run it with raybiphase sweep")
@@ -64,7 +66,7 @@ def run_pretrain(spec: SweepSpec, *, resume_from: str | None = None, max_failure
         raise UserError(f"--resume-from: {resume_from} is not a raybiphase checkpoint (no {storage.META})")
     assets.use_mirror(root)
     ensure_ray()
-    data_dir = prepare(run.data, storage_root=root)
+    data_dir = prepare(run.data, storage_root=root, evaluation_texts=evaluation_texts)
     check_run_budget(run, root)  # again on the prepared manifest: a stated size is an estimate, a local source unknown
     name, paths = run_name(run), storage.SweepPaths.of(spec.sweep.storage, spec.sweep.name)
     job = SegmentJob(run=run, name=name, run_dir=paths.run_dir(name), data_dir=data_dir, resume_from=resume_from,

@@ -26,6 +26,7 @@ from raybiphase.config import SweepSpec, flatten
 from raybiphase.data import assets
 from raybiphase.data.prepare import check_data, fingerprint, prepare
 from raybiphase.errors import UserError
+from raybiphase.finetune.heldout import evaluation_texts
 from raybiphase.finetune.records import check_settings
 from raybiphase.pretrain.checkpoint import read_meta
 from raybiphase.pretrain.export import write_card
@@ -95,7 +96,7 @@ def start(ctx: SweepContext, clock: Clock, spec_path: str) -> None:
         ensure_ray()
     with clock.span("data"):
         for key, data in corpora.items():
-            ctx.data_dirs[key] = prepare(data, storage_root=spec.sweep.storage)
+            ctx.data_dirs[key] = prepare(data, storage_root=spec.sweep.storage, evaluation_texts=evaluation_texts)
     check_budget(data_budget(ctx.plan, spec))  # again on the prepared manifests: a stated size is an estimate
     storage.write_json(paths.run_info, run_info(spec_path, spec.finetune))  # the report's header
 

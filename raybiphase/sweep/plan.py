@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from raybiphase.config import ConfigError, Phase, RunConfig, SweepSpec, from_dict, to_dict, weights_settings
-from raybiphase.config.run import MASKED, digest
+from raybiphase.config.identity import digest
+from raybiphase.config.run import MASKED
 from raybiphase.config.sizes import SIZES
 from raybiphase.finetune.tasks import training_groups
 from raybiphase.naming import phase_tag, run_name, steps_label

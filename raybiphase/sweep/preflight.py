@@ -8,6 +8,7 @@ import sys
 
 from raybiphase import storage
 from raybiphase.config import ConfigError, SweepSpec, replace
+from raybiphase.finetune.heldout import check_held_out_tasks
 from raybiphase.finetune.tasks import get_task
 from raybiphase.pretrain.budget import check_budget, data_budget
 from raybiphase.pretrain.checkpoint import check_blocks
@@ -26,6 +27,8 @@ def plan_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> tup
             storage.check_reachable(location, key)
     spec = replace(spec, {"sweep.storage": storage.absolute(spec.sweep.storage)})
     plan = make_plan(spec)
+    for run in plan.runs.values():
+        check_held_out_tasks(run.config.data)
     check_finetune_length(plan, spec)
     text = "\n".join([describe(plan, spec), *timeline_lines(plan, spec)])
     lines = text.splitlines()

@@ -60,20 +60,20 @@ def test_an_interrupted_preparation_redoes_only_unfinished_pieces(reference, tmp
     real = prep.write_piece
     calls = []
 
-    def dies_at_piece_2(data, out, piece, version):
+    def dies_at_piece_2(data, out, piece, *rest):
         if piece.index == 2:
             raise KeyboardInterrupt  # the machine went away
         calls.append(piece.index)
-        return real(data, out, piece, version)
+        return real(data, out, piece, *rest)
 
     monkeypatch.setattr(prep, "write_piece", dies_at_piece_2)
     with pytest.raises(KeyboardInterrupt):
         prep.prepare(data, quiet=True, on_ray=False)
     assert calls == [0, 1] and not (tmp_path / "data" / "manifest.json").exists()
 
-    def counted(data, out, piece, version):
+    def counted(data, out, piece, *rest):
         calls.append(piece.index)
-        return real(data, out, piece, version)
+        return real(data, out, piece, *rest)
 
     monkeypatch.setattr(prep, "write_piece", counted)
     prep.prepare(data, quiet=True, on_ray=False)

@@ -33,12 +33,14 @@ def test_squad_counts_and_spans():
         sources.squad("test")
 
 
-def test_squad_validation_is_about_5_percent_of_the_train_files_paragraphs():
+def test_squad_validation_is_about_5_percent_of_the_train_files_questions_held_out_by_article():
     train, validation = sources.squad_contexts("train"), sources.squad_contexts("validation")
-    assert len(validation) == 936 and 0.04 < len(validation) / (len(train) + len(validation)) < 0.06
+    assert len(validation) == 886 and 0.04 < len(validation) / (len(train) + len(validation)) < 0.06
     assert not set(train) & set(validation)  # a repeated paragraph lands in one part
-    assert all(sources.squad_part(c) == "validation" for c in validation)
-    assert all(sources.squad_part(c) == "train" for c in train)
+    titles = {part: {r["title"] for r in sources.squad(part)} for part in ("train", "validation")}
+    assert len(titles["validation"]) == 22 and not titles["train"] & titles["validation"]  # whole articles
+    assert all(sources.squad_part(t) == "validation" for t in titles["validation"])
+    assert all(sources.squad_part(t) == "train" for t in titles["train"])
     questions = {r["id"] for r in sources.squad("validation")}
     assert 0.04 < len(questions) / 87_599 < 0.06 and not questions & {r["id"] for r in sources.squad("train")}
 
@@ -83,15 +85,30 @@ def test_tweets():
 def test_pretraining_texts_exclude_evaluation_text():
     texts = list(sources.pretraining_texts())
     candidates = sources.squad_contexts("train") + [a["text"] for a in sources.wiki_split("pretrain")]
-    # 17,955 SQuAD train-part paragraphs and 7,015 wiki pretrain leads, less the 9 that share a sentence with an
-    # evaluation text: 5 SQuAD paragraphs with a dev or validation paragraph, 3 more and 1 lead with a wiki eval lead
-    assert len(texts) == len(candidates) - 9 == 24_961 and set(texts) <= set(candidates)
+    # 18,005 SQuAD train-part paragraphs and 7,015 wiki pretrain leads, less the 2,277 paragraphs and 25 leads of
+    # evaluated articles and the 4 documents that share a sentence with an evaluation text
+    assert len(texts) == len(candidates) - 2_277 - 25 - 4 == 22_714 and set(texts) <= set(candidates)
     held_out = set(sources.evaluation_texts())
     assert set(sources.squad_contexts("validation")) | set(sources.squad_contexts("dev")) <= held_out
     assert not held_out & set(texts)
     held_out_sentences = {" ".join(t[s:e].split()) for t in held_out for s, e in sources.split_sentences(t)}
     assert not any({" ".join(t[s:e].split()) for s, e in sources.split_sentences(t)} & held_out_sentences
                    for t in texts)
+
+
+def test_pretraining_texts_hold_out_every_evaluated_article_whole():
+    """A model validated or tested on one paragraph of an article never pretrains on another: SQuAD's validation
+    and dev articles and the wiki eval leads' articles lose every paragraph and lead, whichever source has them."""
+    texts = set(sources.pretraining_texts())
+    articles = sources.evaluated_articles()
+    assert {"super bowl 50", "oxygen", "london"} <= articles  # dev, dev, validation ("Super_Bowl_50" as a title)
+    squad = [(title, para["context"]) for split in ("train", "validation", "dev")
+             for title, para in sources._squad_paragraphs(split)]
+    leads = [(a["title"], a["text"]) for a in sources.wiki_articles()]
+    evaluated = [text for title, text in squad + leads if sources.article_key(title) in articles]
+    assert len(evaluated) > 5_000 and not texts & set(evaluated)
+    oxygen = [text for title, text in squad + leads if title == "Oxygen"]
+    assert len(oxygen) > 40 and not texts & set(oxygen)  # its SQuAD dev paragraphs and its Wikipedia lead
 
 
 def test_split_sentences():

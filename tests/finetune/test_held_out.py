@@ -96,10 +96,11 @@ def test_validation_is_about_5_percent_and_no_evaluated_text_is_pretraining_text
 
 
 @pytest.mark.slow  # every SQuAD task's splits loaded
-def test_squad_tasks_hold_out_whole_paragraphs(offline_cache):
+def test_squad_tasks_hold_out_whole_articles(offline_cache):
     validation = set(sources.squad_contexts("validation"))
     squad_train, squad_val, _ = tasks.get_task("squad").offline()
     assert {r["context"] for r in squad_val} == validation and not {r["context"] for r in squad_train} & validation
+    assert not {r["title"] for r in squad_train} & {r["title"] for r in squad_val}  # by article
     retrieval = tasks.load_splits(tasks.get_task("squad_retrieval"), max_examples=40)
     assert {p["text"] for p in retrieval.val["passages"]} <= validation  # the validation corpus too, not only queries
     assert {q["qid"] for q in retrieval.val["queries"]} <= {r["id"] for r in squad_val}
@@ -107,8 +108,8 @@ def test_squad_tasks_hold_out_whole_paragraphs(offline_cache):
 
 
 def test_validation_is_drawn_the_same_way_every_time(offline_cache):
-    # sha256 of the paragraph, not Python's salted hash(): the same 936 paragraphs in every process
-    assert len(sources.squad_contexts("validation")) == 936
+    # sha256 of the article's title, not Python's salted hash(): the same 886 paragraphs in every process
+    assert len(sources.squad_contexts("validation")) == 886
     squad = tasks.get_task("squad")
     drawn = tasks.make_splits(squad, squad.offline(), max_examples=50, max_eval=50)
     again = tasks.load_splits(squad, max_examples=50)
