@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +29,7 @@ import numpy as np
 from raybiphase.config import ConfigError, Phase, RunConfig, SweepSpec, from_dict, to_dict, weights_settings
 from raybiphase.config.run import MASKED, digest
 from raybiphase.config.sizes import SIZES
+from raybiphase.finetune.eval_sizes import evaluation_inputs
 from raybiphase.finetune.tasks import training_groups
 from raybiphase.naming import phase_tag, run_name, steps_label
 from raybiphase.pretrain.schedule import Schedule
@@ -133,16 +135,22 @@ class Plan:
         trained = len(training_groups(ft.tasks)) if distinct else len(ft.tasks)  # nq and mldr ride on msmarco
         return (checkpoints + len(self.controls)) * trained * len(ft.lrs) * len(ft.seeds)
 
-    def finetune_gpu_hours(self, spec: SweepSpec) -> float:
+    def finetune_gpu_hours(self, spec: SweepSpec, *, evaluation_only: bool = False) -> float:
         """An upper bound on the fan-out's GPU-hours: every trial of the full grid (no ASHA stop), one set per
         distinct checkpoint, running finetune.max_steps steps of finetune.batch_size inputs of finetune.max_len
-        tokens (no LM head), at the same MFU as pretraining."""
+        tokens (no LM head), and its evaluations: every task of its training group validated
+        ceil(max_steps / eval_every) times and tested once (`eval_sizes.evaluation_inputs`), each input counted at
+        max_len tokens and a third of a training token's FLOPs (a forward pass: no backward), all at the same MFU
+        as pretraining. `evaluation_only`: the evaluations' share alone."""
         ft = spec.finetune
-        grid = len(training_groups(ft.tasks)) * len(ft.lrs) * len(ft.seeds)
+        grid = len(ft.lrs) * len(ft.seeds)
+        evaluations = math.ceil(ft.max_steps / ft.eval_every)
+        inputs = [evaluation_inputs(name, ft.max_eval_examples or ft.max_examples, ft.ir_corpus) for name in ft.tasks]
+        evaluated = sum(evaluations * validation + test for validation, test in inputs) * ft.max_len / 3
+        trained = 0 if evaluation_only else len(training_groups(ft.tasks)) * ft.max_steps * ft.batch_size * ft.max_len
         sizes = [self.runs[runs[0]].config.model.size for runs in self.checkpoints().values()]
         sizes += [c.config.model.size for c in self.controls.values()]
-        flops = sum(SIZES[size].flops_per_token(0, ft.max_len) * ft.max_steps * ft.batch_size * ft.max_len * grid
-                    for size in sizes)
+        flops = sum(SIZES[size].flops_per_token(0, ft.max_len) * (trained + evaluated) * grid for size in sizes)
         return flops / (spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.mfu) / 3600
 
 
@@ -430,5 +438,6 @@ def describe(plan: Plan, spec: SweepSpec) -> str:
         lines.append(f"fine-tuning: {len(checkpoints):,} distinct checkpoints for {pairs:,} run checkpoints (shared "
                      f"ones fine-tuned once), {len(plan.controls)} control(s): {plan.finetune_trials(spec):,} trials "
                      f"(full grid; {plan.finetune_trials(spec, distinct=False):,} without de-duplication), at most "
-                     f"{plan.finetune_gpu_hours(spec):,.1f} GPU-hours beside pretraining's {plan.gpu_hours(spec):,.0f}")
+                     f"{plan.finetune_gpu_hours(spec):,.1f} GPU-hours ({plan.finetune_gpu_hours(spec, evaluation_only=True):,.1f} "
+                     f"of them evaluation) beside pretraining's {plan.gpu_hours(spec):,.0f}")
     return "\n".join(lines)
