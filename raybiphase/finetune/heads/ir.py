@@ -27,18 +27,25 @@ QUERY_PREFIX, DOCUMENT_PREFIX = "Query: ", "Document: "
 IR_TEMPERATURE = 0.05
 PASSAGE_CHUNK = 16384
 QUERY_BLOCK = 2048
-"""A score block of QUERY_BLOCK x PASSAGE_CHUNK fp32 is 128 MiB (with its masks, about 3x that at its peak)."""
+"""A score block of QUERY_BLOCK x PASSAGE_CHUNK fp32 is 128 MiB; with torch.topk's work space and a tie's masks
+(`_chunk_top_k`), the ranking's peak is a small multiple of it (benchmarks/bench_ir_rank.py measures it)."""
 
 
 def _chunk_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k best (values, column indices) of each row, columns ascending, ties at the k-th value resolved to the
-    lowest columns (torch.topk alone picks among equal values arbitrarily)."""
-    kth = scores.topk(k, dim=1).values[:, -1:]
-    above = scores > kth
-    ties = scores == kth
-    room = k - above.sum(1, keepdim=True)  # how many of the k-th value's ties fit
-    chosen = above | (ties & (ties.to(torch.int32).cumsum(1, dtype=torch.int32) <= room))
-    columns = chosen.nonzero()[:, 1].view(len(scores), k)  # row-major: each row's columns ascending
+    lowest columns. torch.topk picks among equal values arbitrarily, which matters only in a row whose (k+1)-th
+    best equals its k-th: those rows alone are chosen again, by a mask over their scores."""
+    values, columns = scores.topk(min(k + 1, scores.shape[1]), dim=1)
+    columns = columns[:, :k]
+    if values.shape[1] > k:
+        spilled = (values[:, k] == values[:, k - 1]).nonzero()[:, 0]
+        if len(spilled):
+            rows, kth = scores[spilled], values[spilled, k - 1:k]
+            ties = rows == kth
+            room = k - (rows > kth).sum(1, keepdim=True)  # how many of the k-th value's ties fit
+            chosen = (rows > kth) | (ties & (ties.cumsum(1, dtype=torch.int32) <= room))
+            columns = columns.index_put((spilled,), chosen.nonzero()[:, 1].view(len(spilled), k))
+    columns = columns.sort(dim=1).values  # ascending: equal scores then keep the lower column first
     return scores.gather(1, columns), columns
 
 
