@@ -7,9 +7,9 @@ Protocol (../shared/paper.md): AdamW (betas 0.9/0.95, eps 1e-5, weight decay 0.1
 undecayed), batch `cfg.batch_size`, at most `cfg.max_steps` steps or one epoch of the (capped) training set,
 linear warmup over `cfg.warmup_ratio` of the steps then linear decay to zero, gradient norm clipped at 1.0 (the
 transformers Trainer default; the paper does not say). Validation every `cfg.eval_every` steps and at the end,
-each passed to `report({"step", "val_score"})`; the test split is scored once, at the end, and the last report
-also carries the whole result under "final" (so a caller can store it before a scheduler that stops the trial at
-that report ends the process). Deterministic given the seed: the head's
+each passed to `report({"step", "val_score", "also_val"})`; the test split is scored once, at the end, and the
+last report also carries the whole result under "final" (so a caller can store it before a scheduler that stops
+the trial at that report ends the process). Deterministic given the seed: the head's
 initialisation (torch.manual_seed) and the data order (a numpy generator) both come from it.
 
 Tasks trained on another's pairs ride along (`also_test`): the trained model is scored on each of their
