@@ -33,6 +33,7 @@ from raybiphase.config.sizes import PEAK_BF16_TFLOPS
 from raybiphase.errors import ConfigError
 
 TcLabels = Literal["all_subtokens", "first_subtoken"]
+IrCorpus = Literal["judged", "full"]
 _FOLDER = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 """A sweep name: one plain folder under sweep.storage (no separators, no '..', not hidden)."""
 
@@ -74,6 +75,11 @@ class FinetuneConfig:
     tc_labels: TcLabels = "all_subtokens"
     """Token classification: train every sub-token of a word on its tag and vote per word (the authors' evaluation
     code), or train and predict at a word's first sub-token only (raybiphase.finetune.heads.tc)."""
+    ir_corpus: IrCorpus = "judged"
+    """What the hub's retrieval sets (msmarco, nq, mldr) rank: the passages their qrels judge, as the authors do,
+    or `full`, the whole collection (MS MARCO: 8.8M passages encoded at every validation; the ranking's memory
+    stays bounded, its time does not). The offline retrieval tasks always rank their whole corpus, and the BM25
+    row always ranks the judged passages."""
     cpus_per_trial: float = field(default=1.0, metadata=NOT_WEIGHTS)
     """CPUs a fine-tuning trial holds (its torch threads on CPU, its data loading on GPU)."""
     gpus_per_trial: float = field(default=0.0, metadata=NOT_WEIGHTS)
@@ -98,6 +104,8 @@ class FinetuneConfig:
         check(self.max_len >= 16, "finetune.max_len", f"{self.max_len} is out of range; allowed: 16 or more")
         check(self.tc_labels in get_args(TcLabels), "finetune.tc_labels",
               f"{self.tc_labels!r} is not allowed; allowed: {', '.join(get_args(TcLabels))}")
+        check(self.ir_corpus in get_args(IrCorpus), "finetune.ir_corpus",
+              f"{self.ir_corpus!r} is not allowed; allowed: {', '.join(get_args(IrCorpus))}")
         positive(self.cpus_per_trial, "finetune.cpus_per_trial")
         non_negative(self.gpus_per_trial, "finetune.gpus_per_trial")
         check(self.gpus_per_trial <= 1 or float(self.gpus_per_trial).is_integer(), "finetune.gpus_per_trial",

@@ -15,11 +15,12 @@ raybiphase.finetune.scheduling.TrialSlots) whose bound drops while segments hold
 start in the order of their fan-outs, and a later one fills the slots an earlier one's tail leaves idle.
 
 Training groups (`tasks.training_groups`): tasks that train on another's pairs are not trained again. nq and mldr
-train on MS MARCO's pairs and validate on the same MS MARCO queries as msmarco, so per checkpoint, LR and seed one
-trial trains (msmarco when listed, else the first of them listed) and, at its end, scores the model on each task's
-test split; every task gets its row, with the shared validation score. The best LR is therefore chosen on MS MARCO
-validation for all three, as the authors' evaluation code does. The trial writes its riders' records before its
-own; ASHA and the completion pass see the trained trial only, and a stopped one gives every task a stopped row.
+train on MS MARCO's pairs, so per checkpoint, LR and seed one trial trains (msmarco when listed, else the first of
+them listed) and scores the model on each task's own validation split at every evaluation and its test split at
+the end; every task gets its row, with its own validation score, so each task's best LR is chosen on its own
+validation, as the authors' evaluation code does. The trial writes its riders' records before its own; ASHA sees
+the trained task's validation only (a stopped trial gives every task a stopped row, each with its own last
+validation score: `rider_metric`), and the completion pass reruns the trained trial for a rider's stopped row.
 
 Stopped trials: their row keeps the last validation score and step, `stopped_early=True`, `test_score=NaN` (a
 stopped trial is ended at its report, so its test split is never scored). The paper reports the test mean over
@@ -191,6 +192,11 @@ def record_final(trial: TrialInput, final: TrialResult) -> None:
     write_record(trial.record, result_rows.finished_row(trial.row, final))
 
 
+def rider_metric(task: str) -> str:
+    """The Tune metric holding a rider's validation score ("val_score" is the trained task's, which ASHA reads)."""
+    return f"val_score:{task}"
+
+
 def trial_rows(trial: TrialInput, metrics: dict, *, failed: bool) -> list[FinetuneRow] | None:
     """The rows of a trial Tune ended (its own, then its riders'), from their records; a row with none was stopped
     by ASHA at the trial's last report (`metrics`): its stopped row is recorded here. None when the trial `failed`
@@ -201,7 +207,8 @@ def trial_rows(trial: TrialInput, metrics: dict, *, failed: bool) -> list[Finetu
         if record is None:
             if failed:
                 return None
-            record = result_rows.stopped_row(member.row, val_score=metrics.get("val_score", float("nan")),
+            metric = "val_score" if member is trial else rider_metric(member.row.task)
+            record = result_rows.stopped_row(member.row, val_score=metrics.get(metric, float("nan")),
                                              step=int(metrics.get("step", 0)),
                                              seconds=float(metrics.get("time_total_s", 0.0)))
             write_record(member.record, record)
@@ -222,6 +229,7 @@ def _trainable(config: dict, finetune: FinetuneConfig) -> None:
         score = metrics["val_score"]
         # a diverged trial reports its floor score (NaN only from rows of old), which ranks it low for ASHA
         tune.report({"step": metrics["step"], "val_score": -1.0 if math.isnan(score) else score,
+                     **{rider_metric(name): value for name, value in metrics.get("also_val", {}).items()},
                      "finished": int("final" in metrics)})  # else a trial that ended was stopped (progress lines)
 
     row = trial.row

@@ -15,16 +15,22 @@ clusters without hub access, and for the tests). A snapshot is made with
     huggingface-cli download --repo-type dataset nyu-mll/glue --local-dir $RAYBIPHASE_DATASETS_DIR/nyu-mll/glue
 
 adding `--revision refs/convert/parquet` for the EXPORTED repositories. Splits: train = the official train split,
-test = the official validation split (dev qrels for MS MARCO, the test qrels for NQ and MLDR, which have no
-other labelled split). NQ and MLDR are evaluated with the model trained on MS MARCO's train pairs, as the authors do,
-so their train split is MS MARCO's.
+test = the official validation split, except retrieval, which follows the authors' evaluation code (EncodEval):
+MS MARCO validates on its dev qrels and tests on its `test` qrels (TREC-DL 2019, graded 0-3); NQ's test qrels'
+queries are halved at random into validation and test (`halves`, seeded: NQ_SPLIT_SEED); MLDR English validates on
+dev and tests on test. Each ranks only the passages its qrels name (judged ones, whatever their score; MLDR: the
+positive documents of dev and test together), or with `corpus="full"` (finetune.ir_corpus) the whole collection;
+a query counts when its qrels hold a relevant passage (score >= 1). NQ and MLDR are evaluated with the model
+trained on MS MARCO's train pairs, as the authors do, so their train split is MS MARCO's.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import get_args
 
+from raybiphase.config.sweep import IrCorpus
 from raybiphase.errors import UserError
 
 DATASETS_DIR_ENV = "RAYBIPHASE_DATASETS_DIR"
@@ -36,6 +42,10 @@ UNER = "BramVanroy/universal_ner"  # universalner/universal_ner (a script datase
 SUPER_GLUE = "aps/super_glue"
 MSMARCO, NQ, MLDR = "mteb/msmarco", "mteb/nq", "Shitao/MLDR"
 EXPORTED = frozenset({ONTONOTES, SUPER_GLUE})
+IR_CORPORA: tuple[str, ...] = get_args(IrCorpus)
+"""What a retrieval split ranks: the passages its qrels name (the authors' protocol) or the whole collection."""
+NQ_SPLIT_SEED = 42
+"""Seeds NQ's validation/test halves of its test queries (the authors' draw is unseeded; ours is repeatable)."""
 
 CONLL_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 UNER_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC")
@@ -157,44 +167,98 @@ def record() -> tuple[list, list]:
 # ------------------------------------------------------------------------------------------------ IR
 
 
-def _mteb_corpus(dataset_id: str) -> list[dict]:
+def _corpus(rows: Iterable[tuple[str, str]], keep: set[str] | None) -> list[dict]:
+    """{pid, text} records of (pid, text) pairs, those in `keep` only (all when None)."""
+    return [{"pid": pid, "text": text} for pid, text in rows if keep is None or pid in keep]
+
+
+def _mteb_corpus(dataset_id: str, keep: set[str] | None) -> list[dict]:
+    """A BEIR/MTEB corpus ("title text" when titled), the passages in `keep` only (all when None)."""
     data = _hub(dataset_id, "corpus", "corpus")
-    return [{"pid": str(pid), "text": f"{title} {text}" if title else text}
-            for pid, title, text in zip(data["_id"], data["title"], data["text"])]
+    return _corpus(((str(pid), f"{title} {text}" if title else text)
+                    for pid, title, text in zip(data["_id"], data["title"], data["text"])), keep)
 
 
-def _mteb_set(dataset_id: str, qrels_split: str, passages: list[dict]) -> dict:
-    """Queries judged in one qrels split (BEIR/MTEB layout: configs default = qrels, queries, corpus), each with
-    its relevant passages (score > 0) as positives, over the whole corpus."""
-    positives: dict[str, list[str]] = {}
-    for judgement in _hub(dataset_id, "default", qrels_split):
-        if judgement["score"] > 0:
-            positives.setdefault(str(judgement["query-id"]), []).append(str(judgement["corpus-id"]))
+def _qrels(dataset_id: str, split: str) -> dict[str, dict[str, int]]:
+    """query id -> {judged passage id: score} of one qrels split (BEIR/MTEB layout: config default)."""
+    judged: dict[str, dict[str, int]] = {}
+    for row in _hub(dataset_id, "default", split):
+        judged.setdefault(str(row["query-id"]), {})[str(row["corpus-id"])] = int(row["score"])
+    return judged
+
+
+def _judged(qrels: dict[str, dict[str, int]]) -> set[str]:
+    """Every passage a qrels split names, relevant or not: the corpus of the authors' protocol."""
+    return {pid for scores in qrels.values() for pid in scores}
+
+
+def _mteb_queries(dataset_id: str, qrels: dict[str, dict[str, int]]) -> list[dict]:
+    """The judged queries with a relevant passage (score >= 1), in the queries table's order; "grades" (passage ->
+    score) only where some score is above 1 (graded qrels: TREC-DL 2019's)."""
     queries = _hub(dataset_id, "queries", "queries")
-    return {"queries": [{"qid": str(qid), "text": text, "positives": positives[str(qid)]}
-                        for qid, text in zip(queries["_id"], queries["text"]) if str(qid) in positives],
-            "passages": passages}
+    out = []
+    for qid, text in zip(queries["_id"], queries["text"]):
+        grades = {pid: score for pid, score in qrels.get(str(qid), {}).items() if score >= 1}
+        if grades:
+            out.append({"qid": str(qid), "text": text, "positives": list(grades),
+                        **({"grades": grades} if max(grades.values()) > 1 else {})})
+    return out
+
+
+def _keep(corpus: str, judged: set[str]) -> set[str] | None:
+    check_corpus(corpus)
+    return judged if corpus == "judged" else None
+
+
+def check_corpus(corpus: str) -> None:
+    if corpus not in IR_CORPORA:
+        raise UserError(f"finetune.ir_corpus: {corpus!r} is not allowed; allowed: {', '.join(IR_CORPORA)}")
 
 
 def msmarco_train() -> dict:
-    """MS MARCO passage ranking's train queries over the official 8.8M-passage collection."""
-    return _mteb_set(MSMARCO, "train", _mteb_corpus(MSMARCO))
+    """MS MARCO passage ranking's train queries over the passages their qrels judge (training reads only each
+    query's positive)."""
+    qrels = _qrels(MSMARCO, "train")
+    return {"queries": _mteb_queries(MSMARCO, qrels), "passages": _mteb_corpus(MSMARCO, _judged(qrels))}
 
 
-def msmarco() -> tuple[dict, dict]:
-    passages = _mteb_corpus(MSMARCO)
-    return _mteb_set(MSMARCO, "train", passages), _mteb_set(MSMARCO, "dev", passages)
+def msmarco(corpus: IrCorpus = "judged") -> tuple[dict, dict, dict]:
+    """(train, validation, test): validation = the dev qrels' queries, test = the `test` qrels' (TREC-DL 2019,
+    graded), each over the passages its own qrels judge, or over the whole collection (`corpus="full"`)."""
+    sets = []
+    for split in ("dev", "test"):
+        qrels = _qrels(MSMARCO, split)
+        sets.append({"queries": _mteb_queries(MSMARCO, qrels),
+                     "passages": _mteb_corpus(MSMARCO, _keep(corpus, _judged(qrels)))})
+    return msmarco_train(), *sets
 
 
-def nq() -> tuple[dict, dict]:
-    return msmarco_train(), _mteb_set(NQ, "test", _mteb_corpus(NQ))
+def halves(queries: list[dict], seed: int = NQ_SPLIT_SEED) -> tuple[list[dict], list[dict]]:
+    """(validation, test): the queries in a seeded random order (numpy default_rng(seed) over the queries sorted
+    by id), the first half (rounded down) validation, the rest test; each keeps the queries' own order."""
+    import numpy as np
+
+    ids = sorted(q["qid"] for q in queries)
+    first = set(ids[i] for i in np.random.default_rng(seed).permutation(len(ids))[:len(ids) // 2])
+    return [q for q in queries if q["qid"] in first], [q for q in queries if q["qid"] not in first]
 
 
-def mldr() -> tuple[dict, dict]:
-    """MLDR English test queries (each with its positive document) over the English corpus."""
-    corpus = _hub(MLDR, "corpus-en", "corpus")
-    passages = [{"pid": str(pid), "text": text} for pid, text in zip(corpus["docid"], corpus["text"])]
-    queries = [{"qid": str(r["query_id"]), "text": r["query"], "positives": [str(p["docid"]) for p in
-                                                                              r["positive_passages"]]}
-               for r in _hub(MLDR, "en", "test")]
-    return msmarco_train(), {"queries": queries, "passages": passages}
+def nq(corpus: IrCorpus = "judged") -> tuple[dict, dict, dict]:
+    """(MS MARCO's train, validation, test): NQ's test qrels' queries halved at random (`halves`, seeded with
+    NQ_SPLIT_SEED), both over the passages those qrels judge, or over the whole corpus (`corpus="full"`)."""
+    qrels = _qrels(NQ, "test")
+    passages = _mteb_corpus(NQ, _keep(corpus, _judged(qrels)))
+    validation, test = halves(_mteb_queries(NQ, qrels))
+    return msmarco_train(), {"queries": validation, "passages": passages}, {"queries": test, "passages": passages}
+
+
+def mldr(corpus: IrCorpus = "judged") -> tuple[dict, dict, dict]:
+    """(MS MARCO's train, validation, test): MLDR English's dev and test queries, each with its positive documents,
+    both over the documents positive in either split, or over the whole English corpus (`corpus="full"`)."""
+    splits = [[{"qid": str(r["query_id"]), "text": r["query"], "positives": [str(p["docid"]) for p in
+                                                                           r["positive_passages"]]}
+               for r in _hub(MLDR, "en", split)] for split in ("dev", "test")]
+    positives = {pid for queries in splits for q in queries for pid in q["positives"]}
+    data = _hub(MLDR, "corpus-en", "corpus")
+    passages = _corpus(zip(map(str, data["docid"]), data["text"]), _keep(corpus, positives))
+    return msmarco_train(), *({"queries": queries, "passages": passages} for queries in splits)

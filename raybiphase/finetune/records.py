@@ -37,6 +37,8 @@ def trial_settings(cfg: FinetuneConfig) -> str:
         settings.append("bf16")
     if cfg.tc_labels != "all_subtokens":  # the default's own change (issue 27) is PROTOCOL 2's
         settings.append(["tc_labels", cfg.tc_labels])
+    if cfg.ir_corpus != "judged":
+        settings.append(["ir_corpus", cfg.ir_corpus])
     return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:8]
 
 
@@ -51,7 +53,8 @@ def check_settings(table: str, cfg: FinetuneConfig) -> None:
     made = set(rows[(rows["source"] == result_rows.OURS) & rows[SETTINGS_COLUMN].notna()][SETTINGS_COLUMN])
     if made - {trial_settings(cfg)}:
         raise UserError(f"finetune: {table} holds trials fine-tuned under other settings (finetune.batch_size, "
-                        "max_steps, warmup_ratio, eval_every, max_examples, max_eval_examples, max_len or tc_labels); "
+                        "max_steps, warmup_ratio, eval_every, max_examples, max_eval_examples, max_len, tc_labels or "
+                        "ir_corpus); "
                         "they would count as done and the report would mix them: set another sweep.name (or output "
                         "folder), or move that file away")
 

@@ -8,9 +8,11 @@
   an entity starts at B-X, or at an I-X that does not continue an X entity; it is correct only when its type,
   start and end all match. Micro-averaged over the corpus, so it is not a mean of per-sentence scores: per-example
   entries are [true positives, predicted entities, gold entities] and `corpus_score` sums them back.
-* NDCG@10 and MRR@10 with binary relevance (IR), their expectation under a random ranking, and BM25 (`bm25s`,
-  Lucene's variant, k1=0.9 and b=0.4 as in Anserini, lower case, English stopwords removed, Snowball English stems):
-  the baseline row of the retrieval tasks.
+* NDCG@10 and MRR@10 (IR), and their expectation under a random ranking (a diverged trial's floor). A query's relevant passages are a set (binary relevance) or a mapping passage id ->
+  grade (graded qrels, TREC-DL 2019's 1-3): NDCG's gain is the grade itself, as trec_eval (and so BEIR's
+  pytrec_eval) counts it, and a set is every grade 1, so binary datasets score as before; MRR's first relevant
+  passage is the first with a grade of 1 or more. And BM25 (`bm25s`, Lucene's variant, k1=0.9 and b=0.4 as in
+  Anserini, lower case, English stopwords removed, Snowball English stems): the baseline row of the retrieval tasks.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import math
 import re
 import string
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -101,27 +103,40 @@ def entity_f1(counts: Iterable[Sequence[int]]) -> float:
 # ----------------------------------------------------------------------------------------------- IR
 
 
-def ndcg_at_k(ranked: Sequence[str], relevant: set[str], k: int = RANK_CUTOFF) -> float:
-    dcg = sum(1.0 / math.log2(i + 2) for i, pid in enumerate(ranked[:k]) if pid in relevant)
-    ideal = sum(1.0 / math.log2(i + 2) for i in range(min(len(relevant), k)))
+Relevance = set[str] | Mapping[str, float]
+"""A query's relevant passages: ids (binary, grade 1 each) or id -> grade (only grades of 1 or more)."""
+
+
+def _grades(relevant: Relevance) -> Mapping[str, float]:
+    return relevant if isinstance(relevant, Mapping) else dict.fromkeys(relevant, 1.0)
+
+
+def ndcg_at_k(ranked: Sequence[str], relevant: Relevance, k: int = RANK_CUTOFF) -> float:
+    """DCG of the top k (gain = grade, discount log2(rank + 1)) over the ideal ordering's."""
+    grades = _grades(relevant)
+    dcg = sum(grades.get(pid, 0.0) / math.log2(i + 2) for i, pid in enumerate(ranked[:k]))
+    ideal = sum(g / math.log2(i + 2) for i, g in enumerate(sorted(grades.values(), reverse=True)[:k]))
     return dcg / ideal if ideal else 0.0
 
 
-def mrr_at_k(ranked: Sequence[str], relevant: set[str], k: int = RANK_CUTOFF) -> float:
+def mrr_at_k(ranked: Sequence[str], relevant: Relevance, k: int = RANK_CUTOFF) -> float:
+    grades = _grades(relevant)
     for i, pid in enumerate(ranked[:k]):
-        if pid in relevant:
+        if grades.get(pid, 0.0) >= 1:
             return 1.0 / (i + 1)
     return 0.0
 
 
 def rank_by_scores(scores: np.ndarray, pids: Sequence[str], k: int = RANK_CUTOFF) -> list[list[str]]:
-    """Top-k passage ids per row of a (queries, passages) score matrix; ties broken by passage order."""
+    """Top-k passage ids per row of a (queries, passages) score matrix, by score then passage order (the lower
+    index first among equal scores). It holds the whole matrix: BM25's rows here; the bi-encoder ranks in chunks
+    (raybiphase.finetune.heads.ir.top_k), in the same order."""
     k = min(k, scores.shape[1])
     top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
     return [[pids[j] for j in row] for row in top]
 
 
-def retrieval_scores(rankings: Sequence[Sequence[str]], relevant: Sequence[set[str]]) -> dict[str, list[float]]:
+def retrieval_scores(rankings: Sequence[Sequence[str]], relevant: Sequence[Relevance]) -> dict[str, list[float]]:
     """Per-query NDCG@10 and MRR@10."""
     return {"ndcg@10": [ndcg_at_k(r, rel) for r, rel in zip(rankings, relevant, strict=True)],
             "mrr@10": [mrr_at_k(r, rel) for r, rel in zip(rankings, relevant, strict=True)]}

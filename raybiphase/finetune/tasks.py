@@ -8,8 +8,11 @@ QA extractive QA as token classification with 2 labels (start, end), IR a mean-p
 the real files of `raybiphase.data.sources`; production tasks load the paper's twelve datasets with `datasets` from
 the hub, or from local snapshots under RAYBIPHASE_DATASETS_DIR (`raybiphase.finetune.hub`). `squad` has both: the
 same SQuAD v1.1, offline from the packaged official files, production from the hub. nq and mldr train on MS MARCO's
-pairs (`train_task`), as the authors do: one retrieval model, three test sets (`training_groups`: one trial trains
-it, per checkpoint, LR and seed, and tests it on each).
+pairs (`train_task`), as the authors do: one retrieval model, three validation and test sets (`training_groups`:
+one trial trains it, per checkpoint, LR and seed, and scores it on each task's own validation and test splits, so
+each task chooses its LR on its own validation). The hub's retrieval splits follow the authors' protocol (`hub`:
+MS MARCO dev / TREC-DL 2019, NQ's test queries halved with a recorded seed, MLDR dev / test, each corpus the
+passages its qrels judge).
 
 Splits, as in the paper: validation = 5% of the train split, drawn like `datasets`' `train_test_split(test_size=0.05,
 seed=42)` (a `default_rng(42)` permutation of the rows: the first ceil(5%) are validation, the rest train, in that
@@ -35,7 +38,8 @@ Record shapes by family:
     QA  {"id", "question", "context", "answers": {"text": [...], "answer_start": [...]}} (no answer: empty lists);
         SQuAD's records also name their article ("title")
     IR  train: [{"query", "passage", "pid"}];
-        val/test: {"queries": [{"qid", "text", "positives"}], "passages": [{"pid", "text"}]}
+        val/test: {"queries": [{"qid", "text", "positives", "grades" (graded qrels only: pid -> grade >= 1)}],
+                   "passages": [{"pid", "text"}]}
 """
 
 from __future__ import annotations
@@ -146,21 +150,26 @@ def _retrieval_pairs(rset: dict) -> list[dict]:
     return [{"query": q["text"], "passage": text[q["positives"][0]], "pid": q["positives"][0]} for q in rset["queries"]]
 
 
-def load_splits(task: Task, *, max_examples: int = 0, max_eval_examples: int = 0, source: str = "auto") -> TaskSplits:
+def load_splits(task: Task, *, max_examples: int = 0, max_eval_examples: int = 0, source: str = "auto",
+                ir_corpus: str = "judged") -> TaskSplits:
     """Train / validation / test of a task, training capped at max_examples (0 = all), validation and test at
-    max_eval_examples (0 = as training); source: auto, offline or production."""
-    return _load_splits(task.name, max_examples, max_eval_examples or max_examples, source)
+    max_eval_examples (0 = as training); source: auto, offline or production. `ir_corpus` (finetune.ir_corpus):
+    what the hub's retrieval sets rank, the passages their qrels judge or the whole collection (`hub`); the
+    offline retrieval tasks always rank their whole (small) corpus."""
+    return _load_splits(task.name, max_examples, max_eval_examples or max_examples, source, ir_corpus)
 
 
 @functools.lru_cache(maxsize=8)
-def _load_splits(name: str, max_examples: int, max_eval: int, source: str) -> TaskSplits:
+def _load_splits(name: str, max_examples: int, max_eval: int, source: str, ir_corpus: str = "judged") -> TaskSplits:
     task = get_task(name)
+    hub.check_corpus(ir_corpus)
     if source == "auto":
         source = "offline" if task.offline else "production"
     loader = task.offline if source == "offline" else task.production if source == "production" else None
     if loader is None:
         raise UserError(f"finetune: task {name!r} has no {source} loader")
-    return make_splits(task, loader(), max_examples=max_examples, max_eval=max_eval)
+    parts = loader(corpus=ir_corpus) if task.family == "IR" and source == "production" else loader()
+    return make_splits(task, parts, max_examples=max_examples, max_eval=max_eval)
 
 
 def make_splits(task: Task, parts: tuple, *, max_examples: int = 0, max_eval: int = 0) -> TaskSplits:
@@ -395,12 +404,12 @@ _TASK_LIST = [
          unanswerable=True),
     Task("record", "QA", "ReCoRD (SuperGLUE), answers as passage spans", "f1", ("start", "end"), None, hub.record,
          "exact_match"),
-    Task("msmarco", "IR", "MS MARCO passages (dev qrels, official collection)", "ndcg@10", (), None, hub.msmarco,
-         "mrr@10"),
-    Task("nq", "IR", "Natural Questions (BEIR); trained on MS MARCO pairs", "ndcg@10", (), None, hub.nq, "mrr@10",
-         train_task="msmarco"),
-    Task("mldr", "IR", "MLDR English; trained on MS MARCO pairs", "ndcg@10", (), None, hub.mldr, "mrr@10",
-         train_task="msmarco"),
+    Task("msmarco", "IR", "MS MARCO passages (validation: dev qrels; test: TREC-DL 2019 qrels)", "ndcg@10", (), None,
+         hub.msmarco, "mrr@10"),
+    Task("nq", "IR", f"Natural Questions (BEIR test queries halved, seed {hub.NQ_SPLIT_SEED}: validation, test); "
+         "trained on MS MARCO pairs", "ndcg@10", (), None, hub.nq, "mrr@10", train_task="msmarco"),
+    Task("mldr", "IR", "MLDR English (validation: dev; test: test); trained on MS MARCO pairs", "ndcg@10", (), None,
+         hub.mldr, "mrr@10", train_task="msmarco"),
 ]
 TASKS: dict[str, Task] = {task.name: task for task in _TASK_LIST}
 OFFLINE_TASKS = tuple(name for name, task in TASKS.items() if task.offline)
@@ -416,9 +425,9 @@ def training_groups(names: Sequence[str]) -> dict[str, tuple[str, ...]]:
     """The tasks `names`, grouped by the training task they share: trained task -> the tasks tested on its model
     (itself first, then the others as listed), groups in the order of their first task listed.
 
-    The tasks of a group train on the same pairs and validate on the same split (nq and mldr on MS MARCO's, drawn
-    as msmarco's own), so one trial per checkpoint, LR and seed trains for all of them: the training task itself
-    when listed, else the group's first task. A task with no `train_task` (every non-IR task) is a group of one:
+    The tasks of a group train on the same pairs (nq and mldr on MS MARCO's), so one trial per checkpoint, LR and
+    seed trains for all of them, the training task itself when listed, else the group's first task; each task is
+    validated and tested on its own splits. A task with no `train_task` (every non-IR task) is a group of one:
     {"msmarco": ("msmarco", "nq", "mldr")} for [msmarco, nq, mldr]; {"nq": ("nq", "mldr")} for [nq, mldr]."""
     by_training: dict[str, list[str]] = {}
     for name in names:

@@ -7,14 +7,17 @@ Protocol (../shared/paper.md): AdamW (betas 0.9/0.95, eps 1e-5, weight decay 0.1
 undecayed), batch `cfg.batch_size`, at most `cfg.max_steps` steps or one epoch of the (capped) training set,
 linear warmup over `cfg.warmup_ratio` of the steps then linear decay to zero, gradient norm clipped at 1.0 (the
 transformers Trainer default; the paper does not say). Validation every `cfg.eval_every` steps and at the end,
-each passed to `report({"step", "val_score"})`; the test split is scored once, at the end, and the last report
-also carries the whole result under "final" (so a caller can store it before a scheduler that stops the trial at
-that report ends the process). Deterministic given the seed: the head's
+each passed to `report({"step", "val_score", "also_val"})`; the test split is scored once, at the end, and the
+last report also carries the whole result under "final" (so a caller can store it before a scheduler that stops
+the trial at that report ends the process). Deterministic given the seed: the head's
 initialisation (torch.manual_seed) and the data order (a numpy generator) both come from it.
 
-Tasks trained on another's pairs ride along (`also_test`): the trained model is scored, at the end, on each of
-their test splits too, so MS MARCO's retrieval model is trained once and tested on MS MARCO, NQ and MLDR
-(`tasks.training_groups`). Each gets a result of its own with the trial's validation score.
+Tasks trained on another's pairs ride along (`also_test`): the trained model is scored on each of their
+validation splits at every evaluation and on their test splits at the end, so MS MARCO's retrieval model is
+trained once and validated and tested on MS MARCO, NQ and MLDR (`tasks.training_groups`). Each gets a result of
+its own with its own validation score (each task chooses its LR on its own validation, as the authors do); the
+reports carry them under "also_val", and the trial's own "val_score" (what ASHA compares) stays the trained
+task's.
 
 The checkpoint is an HF folder (`<checkpoint>/hf`, or the checkpoint folder holding it) read with the stock
 transformers EuroBERT classes; its tokenizer must be there and fit the model's vocabulary, else `UserError`.
@@ -120,18 +123,18 @@ TOKENIZED_KEPT = 8  # tasks x tokenizers one process keeps tokenized
 
 
 def _tokenized(hf_path: Path, task: str, caps: tuple[int, int], max_len: int, source: str,
-               tc_labels: str = "all_subtokens") -> tuple:
+               tc_labels: str = "all_subtokens", ir_corpus: str = "judged") -> tuple:
     """Head, training units, prepared validation and test: shared by the trials one process runs (Tune reuses
     its actors), which differ in checkpoint, LR and seed but share the sweep's tokenizer; each checkpoint is still
     checked against that tokenizer."""
-    key = (tokenizer_digest(hf_path), task, caps, max_len, source, tc_labels)
+    key = (tokenizer_digest(hf_path), task, caps, max_len, source, tc_labels, ir_corpus)
     if key in _TOKENIZED:
         _TOKENIZED.move_to_end(key)
         check_fits(hf_path, _TOKENIZED[key][0].tokenizer)
         return _TOKENIZED[key]
     spec = get_task(task)
     head = head_for(spec, load_checked_tokenizer(hf_path), max_len, tc_labels=tc_labels)
-    splits = load_splits(spec, max_examples=caps[0], max_eval_examples=caps[1], source=source)
+    splits = load_splits(spec, max_examples=caps[0], max_eval_examples=caps[1], source=source, ir_corpus=ir_corpus)
     units = head.train_units(splits.train)
     if not units:
         raise UserError(f"finetune: task {task!r} has no training examples (finetune.max_examples?)")
@@ -141,14 +144,15 @@ def _tokenized(hf_path: Path, task: str, caps: tuple[int, int], max_len: int, so
     return _TOKENIZED[key]
 
 
-def _tokenized_test(hf_path: Path, task: str, head, caps: tuple[int, int], max_len: int, source: str,
-                    tc_labels: str) -> object:
-    """The prepared test split of a task tested, not trained, in a trial (`run_trial`'s also_test), prepared by
-    the trained task's head: no training units are made for it."""
-    key = (tokenizer_digest(hf_path), task, caps, max_len, source, tc_labels, "test only")
+def _tokenized_eval(hf_path: Path, task: str, head, caps: tuple[int, int], max_len: int, source: str,
+                    tc_labels: str, ir_corpus: str) -> tuple:
+    """The prepared validation and test splits of a task scored, not trained, in a trial (`run_trial`'s
+    also_test), prepared by the trained task's head: no training units are made for it."""
+    key = (tokenizer_digest(hf_path), task, caps, max_len, source, tc_labels, ir_corpus, "evaluation only")
     if key not in _TOKENIZED:
-        _TOKENIZED[key] = head.prepare_eval(load_splits(get_task(task), max_examples=caps[0],
-                                                        max_eval_examples=caps[1], source=source).test)
+        splits = load_splits(get_task(task), max_examples=caps[0], max_eval_examples=caps[1], source=source,
+                             ir_corpus=ir_corpus)
+        _TOKENIZED[key] = head.prepare_eval(splits.val), head.prepare_eval(splits.test)
     _TOKENIZED.move_to_end(key)
     while len(_TOKENIZED) > TOKENIZED_KEPT:
         _TOKENIZED.popitem(last=False)
@@ -202,18 +206,18 @@ def trial_result(task: str, *, val_score: float, test_score: float, per_example:
 def _diverged(task: str, also_test: tuple[str, ...], cfg: FinetuneConfig, source: str, *, steps: int,
               seconds: float) -> TrialResult:
     """A diverged trial's result: each task's floor (baselines.floor_scores: what a model that learned nothing
-    scores, per-example entries included) with this trial's validation floor."""
+    scores, per-example entries included), validation and test, each on the task's own splits."""
     caps = {"max_examples": cfg.max_examples, "max_eval_examples": cfg.max_eval_examples, "source": source}
-    own = floor_scores(task, **caps)
 
-    def floored(name: str, floor: dict) -> TrialResult:
-        return trial_result(name, val_score=own["val_score"], test_score=floor["test_score"],
+    def floored(name: str) -> TrialResult:
+        floor = floor_scores(name, **caps)
+        return trial_result(name, val_score=floor["val_score"], test_score=floor["test_score"],
                             per_example=floor["test_per_example"], secondary=floor["test_secondary"], steps=steps,
                             seconds=seconds, diverged=True)
 
-    result = floored(task, own)
+    result = floored(task)
     if also_test:
-        result["also_tested"] = {name: floored(name, floor_scores(name, **caps)) for name in also_test}
+        result["also_tested"] = {name: floored(name) for name in also_test}
     return result
 
 
@@ -224,16 +228,18 @@ def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: Finet
     secondary_metric, test_secondary and diverged (the loss turned NaN or inf: the trial stops at its next
     evaluation and scores the metric's floor, `baselines.floor_scores`).
 
-    `also_test`: tasks (of the same family and labels) whose test split the trained model is scored on too, under
-    "also_tested": {task: a result like this one}, each with this trial's validation score and steps (nq and mldr
-    on msmarco's trial: the LR is then chosen on MS MARCO validation for all three, as in the authors' evaluation
-    code; a diverged trial gives each its own test floor)."""
+    `also_test`: tasks (of the same family and labels) scored on the trained model too, each on its own
+    validation split at every evaluation (reported under "also_val": {task: score}) and on its test split at the
+    end, under "also_tested": {task: a result like this one, with its own validation score and this trial's
+    steps} (nq and mldr on msmarco's trial; a diverged trial gives each its own floor)."""
     began = time.perf_counter()
     get_task(task)  # an unknown task fails here, before anything loads
     _check_also_test(task, also_test)
     hf_path = resolve_hf_dir(hf_dir)
-    head, units, val, test = _tokenized(hf_path, task, (cfg.max_examples, cfg.max_eval_examples), cfg.max_len,
-                                        source, cfg.tc_labels)
+    caps = (cfg.max_examples, cfg.max_eval_examples)
+    head, units, val, test = _tokenized(hf_path, task, caps, cfg.max_len, source, cfg.tc_labels, cfg.ir_corpus)
+    riders = {name: _tokenized_eval(hf_path, name, head, caps, cfg.max_len, source, cfg.tc_labels, cfg.ir_corpus)
+              for name in also_test}
     device = trial_device(cfg)
     head.device = device
     autocast = (functools.partial(torch.autocast, "cuda", dtype=torch.bfloat16) if device.type == "cuda"
@@ -244,7 +250,7 @@ def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: Finet
     total = min(cfg.max_steps, math.ceil(len(units) / cfg.batch_size))  # at most one epoch
     warmup = round(cfg.warmup_ratio * total)
     order = np.random.default_rng(seed).permutation(len(units))
-    val_score = float("nan")
+    val_score, also_val = float("nan"), {}
     finite = torch.ones((), dtype=torch.bool, device=device)  # read at evaluations only: no sync per step
 
     for step in range(total):
@@ -265,42 +271,39 @@ def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: Finet
         if done % cfg.eval_every == 0 or done == total:
             if not bool(finite):  # diverged: scored at the metric's floor, so the seed still counts against its LR
                 result = _diverged(task, also_test, cfg, source, steps=done, seconds=time.perf_counter() - began)
+                also_val = {name: r["val_score"] for name, r in result.get("also_tested", {}).items()}
                 if report:
-                    report({"step": done, "val_score": result["val_score"], "final": result})
+                    report({"step": done, "val_score": result["val_score"], "also_val": also_val, "final": result})
                 return result
             model.eval()
             with autocast():
                 val_score = head.evaluate(model, val).score
+                also_val = {name: head.evaluate(model, splits[0]).score for name, splits in riders.items()}
             if done == total:
                 break  # the last report comes after the test score
             if report:
-                report({"step": done, "val_score": val_score})
+                report({"step": done, "val_score": val_score, "also_val": also_val})
 
     # --- test, then the last report
-    result = _tested(model, head, test, task, hf_path, also_test, cfg, source, autocast, val_score=val_score,
-                     steps=total, began=began)
+    with autocast():
+        result = _tested(model, head, test, task, {name: splits[1] for name, splits in riders.items()},
+                         val_scores={task: val_score, **also_val}, steps=total, began=began)
     if report:
-        report({"step": total, "val_score": val_score, "final": result})
+        report({"step": total, "val_score": val_score, "also_val": also_val, "final": result})
     return result
 
 
-def _tested(model, head, test, task: str, hf_path: Path, also_test: tuple[str, ...], cfg: FinetuneConfig,
-            source: str, autocast, *, val_score: float, steps: int, began: float) -> TrialResult:
-    """The trained model's result: its test scores on `task`, and on each task of `also_test`."""
-    with autocast():
-        tested = head.evaluate(model, test)
-    also_tested = {}
-    for name in also_test:
-        prepared = _tokenized_test(hf_path, name, head, (cfg.max_examples, cfg.max_eval_examples), cfg.max_len, source,
-                                   cfg.tc_labels)
-        with autocast():
-            also_tested[name] = head.evaluate(model, prepared)
+def _tested(model, head, test, task: str, rider_tests: dict, *, val_scores: dict[str, float], steps: int,
+            began: float) -> TrialResult:
+    """The trained model's result: its test scores on `task`, and on each rider's prepared test split, each task
+    with its own validation score."""
+    tested = {task: head.evaluate(model, test), **{name: head.evaluate(model, t) for name, t in rider_tests.items()}}
     seconds = time.perf_counter() - began
-    result = trial_result(task, val_score=val_score, test_score=tested.score, per_example=tested.per_example,
-                          secondary=tested.secondary, steps=steps, seconds=seconds)
-    if also_test:
-        result["also_tested"] = {
-            name: trial_result(name, val_score=val_score, test_score=other.score, per_example=other.per_example,
-                               secondary=other.secondary, steps=steps, seconds=seconds)
-            for name, other in also_tested.items()}
+    results = {name: trial_result(name, val_score=val_scores[name], test_score=evaluation.score,
+                                  per_example=evaluation.per_example, secondary=evaluation.secondary, steps=steps,
+                                  seconds=seconds)
+               for name, evaluation in tested.items()}
+    result = results.pop(task)
+    if rider_tests:
+        result["also_tested"] = results
     return result

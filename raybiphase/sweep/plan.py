@@ -28,11 +28,11 @@ import numpy as np
 from raybiphase.config import ConfigError, Phase, RunConfig, SweepSpec, from_dict, to_dict, weights_settings
 from raybiphase.config.identity import digest
 from raybiphase.config.run import MASKED
-from raybiphase.config.sizes import SIZES
 from raybiphase.finetune.tasks import training_groups
 from raybiphase.naming import phase_tag, run_name, steps_label
 from raybiphase.pretrain.schedule import Schedule
 from raybiphase.pretrain.budget import budget_lines, data_budget
+from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, segment_gpu_hours
 from raybiphase.sweep.replicates import replicate_lines
 
 # per-step settings: the signature compares them step by step, so they stay out of a run's base
@@ -105,15 +105,7 @@ class Plan:
         """Estimated GPU-hours at spec.sweep.mfu of spec.sweep.gpu_peak_tflops (vocabulary: Llama-3's 128,256
         unless a tokenizer is trained, then data.vocab_size)."""
         items = self.segments.values() if planned else self.runs.values()
-        return sum(self.segment_gpu_hours(item, spec) for item in items)
-
-    @staticmethod
-    def segment_gpu_hours(item: Segment | Run, spec: SweepSpec) -> float:
-        """The GPU-hours of one segment's (or one run's) steps, as `gpu_hours` counts them."""
-        c = item.config
-        vocab = c.data.vocab_size if c.data.tokenizer == "train-bpe" else 128256
-        flops = SIZES[c.model.size].flops_per_token(vocab, c.data.seq_len) * c.train.global_batch_tokens * item.steps
-        return flops / (spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.mfu) / 3600
+        return sum(segment_gpu_hours(item, spec) for item in items)
 
     def checkpoints(self) -> dict[tuple[str, int], list[str]]:
         """Every fine-tuned checkpoint, (segment id, step), with the runs whose weights it holds at that step, in
@@ -135,21 +127,14 @@ class Plan:
         trained = len(training_groups(ft.tasks)) if distinct else len(ft.tasks)  # nq and mldr ride on msmarco
         return (checkpoints + len(self.controls)) * trained * len(ft.lrs) * len(ft.seeds)
 
-    def finetune_gpu_hours(self, spec: SweepSpec) -> float:
+    def finetune_gpu_hours(self, spec: SweepSpec, *, evaluation_only: bool = False) -> float:
         """An upper bound on the fan-out's GPU-hours: every trial of the full grid (no ASHA stop), one set per
         distinct checkpoint, running finetune.max_steps steps of finetune.batch_size inputs of finetune.max_len
-        tokens (no LM head), at the same MFU as pretraining."""
+        tokens (no LM head), and its evaluations (raybiphase.sweep.cost.checkpoint_finetune_gpu_hours).
+        `evaluation_only`: the evaluations' share alone."""
         sizes = [self.runs[runs[0]].config.model.size for runs in self.checkpoints().values()]
         sizes += [c.config.model.size for c in self.controls.values()]
-        return sum(self.checkpoint_finetune_gpu_hours(size, spec) for size in sizes)
-
-    @staticmethod
-    def checkpoint_finetune_gpu_hours(size: str, spec: SweepSpec) -> float:
-        """`finetune_gpu_hours` of one checkpoint of a model of `size`: its full grid of trials."""
-        ft = spec.finetune
-        grid = len(training_groups(ft.tasks)) * len(ft.lrs) * len(ft.seeds)
-        flops = SIZES[size].flops_per_token(0, ft.max_len) * ft.max_steps * ft.batch_size * ft.max_len * grid
-        return flops / (spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.mfu) / 3600
+        return sum(checkpoint_finetune_gpu_hours(size, spec, evaluation_only=evaluation_only) for size in sizes)
 
 
 def expand(spec: SweepSpec) -> list[RunConfig]:
@@ -436,6 +421,8 @@ def describe(plan: Plan, spec: SweepSpec) -> str:
         lines.append(f"fine-tuning: {len(checkpoints):,} distinct checkpoints for {pairs:,} run checkpoints (shared "
                      f"ones fine-tuned once), {len(plan.controls)} control(s): {plan.finetune_trials(spec):,} trials "
                      f"(full grid; {plan.finetune_trials(spec, distinct=False):,} without de-duplication), at most "
-                     f"{plan.finetune_gpu_hours(spec):,.1f} GPU-hours beside pretraining's {plan.gpu_hours(spec):,.0f}")
+                     f"{plan.finetune_gpu_hours(spec):,.1f} GPU-hours "
+                     f"({plan.finetune_gpu_hours(spec, evaluation_only=True):,.1f} of them evaluation) beside "
+                     f"pretraining's {plan.gpu_hours(spec):,.0f}")
     lines += replicate_lines(plan, spec)
     return "\n".join(lines)

@@ -9,6 +9,7 @@ and fine-tuning alike, so that a user can weigh a finding's evidence against its
 from __future__ import annotations
 
 from raybiphase.config import SweepSpec, replace, run_hash
+from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, segment_gpu_hours
 
 
 def replicate_arms(plan) -> dict[str, list[str]]:
@@ -34,12 +35,12 @@ def replicate_lines(plan, spec: SweepSpec) -> list[str]:
         return []
     extra = extra_runs(plan)
     only_extra = lambda names: set(names) <= extra  # noqa: E731
-    pretraining = sum(plan.segment_gpu_hours(segment, spec) for segment in plan.segments.values()
+    pretraining = sum(segment_gpu_hours(segment, spec) for segment in plan.segments.values()
                       if only_extra(r.name for r in plan.runs.values() if segment.id in r.segments))
     sizes = [plan.runs[runs[0]].config.model.size for runs in plan.checkpoints().values() if only_extra(runs)]
     if spec.finetune.tasks:
         sizes += [c.config.model.size for c in plan.controls.values() if only_extra(c.runs)]
-    finetuning = sum(plan.checkpoint_finetune_gpu_hours(size, spec) for size in sizes) if spec.finetune.tasks else 0
+    finetuning = sum(checkpoint_finetune_gpu_hours(size, spec) for size in sizes) if spec.finetune.tasks else 0
     seeds = sorted({plan.runs[n].config.train.seed for names in arms.values() for n in names})
     return [f"replicates: {len(arms)} arm(s) pretrained {max(map(len, arms.values()))} times at most (train.seed "
             f"{', '.join(map(str, seeds))}: init and data order): {', '.join(arms)}; the {len(extra)} extra run(s) "

@@ -13,6 +13,7 @@ import dataclasses
 import heapq
 
 from raybiphase.config import SweepSpec
+from raybiphase.sweep.cost import segment_gpu_hours
 from raybiphase.sweep.plan import Plan, Segment, dependencies
 
 
@@ -34,7 +35,7 @@ def segment_gpus(spec: SweepSpec) -> int:
 def wall_hours(plan: Plan, spec: SweepSpec) -> dict[str, float]:
     """Each segment's wall-clock hours on the GPUs it holds."""
     gpus = segment_gpus(spec)
-    return {s.id: plan.segment_gpu_hours(s, spec) / gpus for s in plan.segments.values()}
+    return {s.id: segment_gpu_hours(s, spec) / gpus for s in plan.segments.values()}
 
 
 def remaining_chain(plan: Plan, hours: dict[str, float]) -> dict[str, float]:

@@ -72,10 +72,10 @@ def test_squad_is_held_out_by_article_and_ir_by_its_judged_passages(hub_dir):
     other = next(title for title in PARAGRAPHS if title != article)
     assert not set(PARAGRAPHS[other]) & texts
     assert set(evaluation_texts("sst2")) == {LONG, SHORT, "lovely", *drawn_sst2()}
-    (query,) = [int(q) for q in tasks.split_validation(["100", "101", "102"])[1]]  # the drawn validation query
-    passage = query - 100  # its judged passage
-    assert set(evaluation_texts("msmarco")) == {"what is topic 200", "passage 4 about topic 4",  # dev: test
-                                                 f"what is topic {query}", f"passage {passage} about topic {passage}"}
+    # validation: the dev qrels' queries and relevant passages; test: TREC-DL 2019's (301 judges nothing relevant)
+    assert set(evaluation_texts("msmarco")) == {"what is topic 200", "passage 4 about topic 4", "what is topic 201",
+                                                 "passage 6 about topic 6", "what is topic 300",
+                                                 "passage 3 about topic 3", "passage 8 about topic 8"}
 
 
 def drawn_sst2() -> list[str]:

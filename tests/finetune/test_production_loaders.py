@@ -3,8 +3,9 @@ layout each hub repository serves (folders, file names, README `configs:`, colum
 RAYBIPHASE_DATASETS_DIR. No network, no Ray.
 
 Where a layout could not be confirmed from public text, the snapshot follows the convention the loader relies on:
-the MTEB repositories (mteb/msmarco, mteb/nq) as MTEB's v1 loader reads them (configs default = qrels, corpus,
-queries), Shitao/MLDR as MTEB reads it (configs `en`, `corpus-en`); their data files' names are assumed.
+the MTEB repositories (mteb/msmarco, mteb/nq) as MTEB's v1 loader reads them (configs default = qrels with train,
+dev and test splits, corpus, queries), Shitao/MLDR as MTEB reads it (configs `en` with dev and test, `corpus-en`);
+their data files' names are assumed.
 """
 
 from __future__ import annotations
@@ -176,27 +177,33 @@ def _mteb(root: Path, dataset_id: str, corpus: list[dict], queries: list[dict], 
                  "corpus": {"corpus": "corpus/corpus-*"}, "queries": {"queries": "queries/queries-*"}})
 
 
+NQ_QUERIES = [f"test{i}" for i in range(7)]
+
+
 def _retrieval(root: Path) -> None:
-    passages = [{"_id": str(i), "title": "", "text": f"passage {i} about topic {i}"} for i in range(6)]
-    queries = [{"_id": f"{q}", "text": f"what is topic {q}"} for q in ("100", "101", "102", "103", "200")]
+    """MS MARCO: train, dev and graded test (TREC-DL 2019) qrels, judged and unjudged passages, a judged query with
+    no relevant passage; NQ: seven test queries over a corpus with unjudged documents; MLDR: dev and test."""
+    passages = [{"_id": str(i), "title": "", "text": f"passage {i} about topic {i}"} for i in range(10)]
+    queries = [{"_id": f"{q}", "text": f"what is topic {q}"} for q in ("100", "101", "102", "200", "201", "300", "301")]
     _mteb(root, hub.MSMARCO, passages, queries, {
         "train": [("100", "0", 1), ("101", "1", 1), ("102", "2", 1), ("102", "5", 0)],
-        "dev": [("200", "4", 1)], "test": [("103", "3", 1)]})
-    _mteb(root, hub.NQ, [{"_id": "doc0", "title": "Paris", "text": "Paris is the capital of France."},
-                         {"_id": "doc1", "title": "", "text": "Rome is in Italy."}],
-          [{"_id": "test0", "text": "capital of france"}], {"test": [("test0", "doc0", 1)]})
+        "dev": [("200", "4", 1), ("201", "6", 1), ("201", "7", 0)],
+        "test": [("300", "3", 3), ("300", "8", 1), ("300", "9", 0), ("301", "3", 0)]})
+    _mteb(root, hub.NQ, [{"_id": f"doc{i}", "title": "Paris" if i == 0 else "", "text": f"document {i}."}
+                         for i in range(9)],
+          [{"_id": qid, "text": f"question {qid}"} for qid in NQ_QUERIES],
+          {"test": [(qid, f"doc{i}", 1) for i, qid in enumerate(NQ_QUERIES)] + [("test0", "doc7", 0)]})
     mldr = root / hub.MLDR
     long_doc = Features({"docid": STRING, "text": STRING})
-    _parquet(mldr / "corpus-en" / "corpus-00000-of-00001.parquet",
-             [{"docid": "doc-en-1", "text": "A long article about rivers."},
-              {"docid": "doc-en-2", "text": "A long article about mountains."}], long_doc)
+    documents = [{"docid": f"doc-en-{i}", "text": f"A long article number {i}."} for i in range(1, 5)]
+    _parquet(mldr / "corpus-en" / "corpus-00000-of-00001.parquet", documents, long_doc)
     query = Features({"query_id": STRING, "query": STRING, "positive_passages": List(long_doc),
                       "negative_passages": List(long_doc)})
-    _parquet(mldr / "en" / "test-00000-of-00001.parquet",
-             [{"query_id": "q-en-1", "query": "which article is about mountains?",
-               "positive_passages": [{"docid": "doc-en-2", "text": "A long article about mountains."}],
-               "negative_passages": []}], query)
-    _card(mldr, {"en": {"test": "en/test-*"}, "corpus-en": {"corpus": "corpus-en/corpus-*"}})
+    for split, qid, positive in (("dev", "q-dev-1", documents[0]), ("test", "q-en-1", documents[1])):
+        _parquet(mldr / "en" / f"{split}-00000-of-00001.parquet",
+                 [{"query_id": qid, "query": f"which article is {qid}?", "positive_passages": [positive],
+                   "negative_passages": [documents[2]]}], query)
+    _card(mldr, {"en": {"dev": "en/dev-*", "test": "en/test-*"}, "corpus-en": {"corpus": "corpus-en/corpus-*"}})
 
 
 @pytest.fixture(scope="module")
@@ -277,25 +284,64 @@ def test_qa_answers_are_character_spans_of_their_context(hub_dir):
         assert all(_spans_match(r) for part in tasks.get_task(name).production() for r in part)
 
 
-def test_msmarco_positives_come_from_the_qrels_over_the_whole_corpus(hub_dir):
-    train, test = tasks.get_task("msmarco").production()
+def _pids(rset: dict) -> set[str]:
+    return {p["pid"] for p in rset["passages"]}
+
+
+def test_msmarco_validates_on_dev_and_tests_on_trec_dl_each_over_the_passages_its_qrels_judge(hub_dir):
+    train, val, test = tasks.get_task("msmarco").production()
     assert [(q["qid"], q["positives"]) for q in train["queries"]] == [("100", ["0"]), ("101", ["1"]), ("102", ["2"])]
-    assert test["queries"] == [{"qid": "200", "text": "what is topic 200", "positives": ["4"]}]  # dev qrels
-    assert [p["pid"] for p in test["passages"]] == [str(i) for i in range(6)] and train["passages"] == test["passages"]
+    assert _pids(train) == {"0", "1", "2", "5"}  # training reads positives only: its judged passages suffice
+    assert [(q["qid"], q["positives"]) for q in val["queries"]] == [("200", ["4"]), ("201", ["6"])]  # dev qrels
+    assert _pids(val) == {"4", "6", "7"}  # judged, relevant or not
+    # the `test` qrels (TREC-DL 2019): graded; a query with no relevant passage does not count, its passage does
+    assert test["queries"] == [{"qid": "300", "text": "what is topic 300", "positives": ["3", "8"],
+                                "grades": {"3": 3, "8": 1}}]
+    assert _pids(test) == {"3", "8", "9"}
+    _, full_val, full_test = hub.msmarco(corpus="full")  # the stated option: the whole collection
+    assert _pids(full_val) == _pids(full_test) == {str(i) for i in range(10)}
+    assert full_test["queries"] == test["queries"]
 
 
-def test_nq_and_mldr_train_on_msmarco_pairs_and_test_on_their_own_sets(hub_dir):
-    msmarco_train, _ = tasks.get_task("msmarco").production()
-    nq_train, nq_test = tasks.get_task("nq").production()
-    assert nq_train == msmarco_train
-    assert nq_test["queries"] == [{"qid": "test0", "text": "capital of france", "positives": ["doc0"]}]
-    assert nq_test["passages"][0] == {"pid": "doc0", "text": "Paris Paris is the capital of France."}  # title first
-    mldr_train, mldr_test = tasks.get_task("mldr").production()
-    assert mldr_train == msmarco_train and mldr_test["queries"][0]["positives"] == ["doc-en-2"]
-    assert {p["pid"] for p in mldr_test["passages"]} == {"doc-en-1", "doc-en-2"}
+def test_nq_halves_its_test_queries_with_a_recorded_seed_over_the_judged_documents(hub_dir):
+    msmarco_train, _, _ = tasks.get_task("msmarco").production()
+    train, val, test = tasks.get_task("nq").production()
+    assert train == msmarco_train
+    validation_ids, test_ids = [q["qid"] for q in val["queries"]], [q["qid"] for q in test["queries"]]
+    assert sorted(validation_ids + test_ids) == NQ_QUERIES and not set(validation_ids) & set(test_ids)
+    assert (len(validation_ids), len(test_ids)) == (3, 4)
+    assert validation_ids == sorted(validation_ids) and test_ids == sorted(test_ids)  # the queries' own order
+    assert f"seed {hub.NQ_SPLIT_SEED}" in tasks.get_task("nq").dataset  # the seed is on every nq row
+    again = hub.halves(val["queries"] + test["queries"])  # repeatable, and the seed is what draws it
+    assert [[q["qid"] for q in half] for half in again] == [validation_ids, test_ids]
+    draws = {tuple(q["qid"] for q in hub.halves(val["queries"] + test["queries"], seed)[0]) for seed in range(8)}
+    assert len(draws) > 1
+    assert _pids(val) == _pids(test) == {f"doc{i}" for i in range(8)}  # doc8 is judged by no query
+    assert val["passages"][0] == {"pid": "doc0", "text": "Paris document 0."}  # title first
+    assert _pids(hub.nq(corpus="full")[1]) == {f"doc{i}" for i in range(9)}
+
+
+def test_mldr_validates_on_dev_and_tests_on_test_over_both_splits_positive_documents(hub_dir):
+    msmarco_train, _, _ = tasks.get_task("msmarco").production()
+    train, val, test = tasks.get_task("mldr").production()
+    assert train == msmarco_train
+    assert [(q["qid"], q["positives"]) for q in val["queries"]] == [("q-dev-1", ["doc-en-1"])]
+    assert [(q["qid"], q["positives"]) for q in test["queries"]] == [("q-en-1", ["doc-en-2"])]
+    assert _pids(val) == _pids(test) == {"doc-en-1", "doc-en-2"}
+    assert _pids(hub.mldr(corpus="full")[2]) == {f"doc-en-{i}" for i in range(1, 5)}
+
+
+def test_load_splits_keeps_each_retrieval_tasks_own_validation_and_test(hub_dir):
+    _, nq_val, nq_test = tasks.get_task("nq").production()
     splits = tasks.load_splits(tasks.get_task("nq"), source="production")
-    trained_on = {r["pid"] for r in splits.train} | {pid for q in splits.val["queries"] for pid in q["positives"]}
-    assert trained_on == {"0", "1", "2"} and splits.test["queries"][0]["qid"] == "test0"
+    trained_on = {r["pid"] for r in splits.train}
+    assert trained_on == {"0", "1", "2"}  # MS MARCO's pairs
+    assert sorted(q["qid"] for q in splits.val["queries"]) == [q["qid"] for q in nq_val["queries"]]
+    assert splits.test == nq_test
+    full = tasks.load_splits(tasks.get_task("nq"), source="production", ir_corpus="full")
+    assert len(full.test["passages"]) == 9 and full.test["queries"] == nq_test["queries"]
+    with pytest.raises(UserError, match="finetune.ir_corpus"):
+        tasks.load_splits(tasks.get_task("nq"), source="production", ir_corpus="everything")
 
 
 def test_load_splits_reads_production_snapshots_into_the_papers_splits(hub_dir):

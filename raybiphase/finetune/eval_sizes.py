@@ -1,0 +1,71 @@
+"""How many inputs each task's evaluations encode, without loading any data: what the dry run prices evaluation by.
+
+    evaluation_inputs("msmarco")                     # (14413, 9303): one validation, one test evaluation
+    evaluation_inputs("squad_retrieval", cap=800)    # capped as finetune.max_eval_examples caps the splits
+
+An input is an example (SC, TC: a sentence; QA: a question, counted as one window), or for retrieval a query or a
+passage of the split's corpus. The offline tasks' sizes are their splits' (tests check some against
+`tasks.load_splits`); the hub's are the datasets' stated sizes, and for retrieval the queries its qrels judge plus
+one passage per judged qrels line (at least the judged passages, the corpus of the authors' protocol), or the whole
+collection under finetune.ir_corpus "full". Validation of the hub's SC, TC and QA tasks is 5% of their train split.
+"""
+
+from __future__ import annotations
+
+import math
+
+from raybiphase.finetune.tasks import IR_CORPUS_PER_QUERY, VALIDATION_SHARE, get_task
+
+Split = tuple[int, int]
+"""(examples or queries, corpus passages: 0 outside retrieval) of one split."""
+
+
+def _held_out(train: int) -> int:
+    return math.ceil(VALIDATION_SHARE * train)
+
+
+SPLITS: dict[str, tuple[Split, Split]] = {
+    # offline: the splits tasks.load_splits makes
+    "tweets": ((1529, 0), (7584, 0)),
+    "wiki_topics": ((110, 0), (522, 0)),
+    "qnli": ((18739, 0), (52151, 0)),
+    "squad_shuffle": ((4025, 0), (9888, 0)),
+    "squad_bio": ((4117, 0), (10107, 0)),
+    "squad_commas": ((4117, 0), (10107, 0)),
+    "squad": ((3949, 0), (10570, 0)),
+    "squad_sentence": ((3944, 0), (10559, 0)),
+    "squad_retrieval": ((3949, 886), (10570, 2067)),
+    "wiki_retrieval": ((118, 3018), (620, 3018)),
+    # the hub's: validation = 5% of the stated train split, test = the stated evaluation split
+    "sst2": ((_held_out(67349), 0), (872, 0)),
+    "mnli": ((_held_out(392702), 0), (9815, 0)),
+    "qqp": ((_held_out(363846), 0), (40430, 0)),
+    "conll2003": ((_held_out(14041), 0), (3250, 0)),
+    "ontonotes": ((_held_out(75187), 0), (9603, 0)),
+    "uner": ((_held_out(12543), 0), (2001, 0)),
+    "squad_v2": ((_held_out(130319), 0), (11873, 0)),
+    "record": ((_held_out(100730), 0), (10000, 0)),
+    # retrieval (hub): dev 6,980 queries / 7,437 qrels lines; TREC-DL 2019 43 / 9,260; NQ's 3,452 test queries
+    # (4,201 qrels lines) halved; MLDR English dev 200 and test 800 queries, one positive document each
+    "msmarco": ((6980, 7437), (43, 9260)),
+    "nq": ((1726, 4201), (1726, 4201)),
+    "mldr": ((200, 1000), (800, 1000)),
+}
+COLLECTIONS = {"msmarco": 8841823, "nq": 2681468, "mldr": 200000}
+"""Passages of the whole collections a hub retrieval task ranks under finetune.ir_corpus "full"."""
+
+
+def evaluation_inputs(name: str, cap: int = 0, ir_corpus: str = "judged") -> tuple[int, int]:
+    """Inputs one validation and one test evaluation of task `name` encode, capped at `cap` examples or queries
+    (0: none) the way `tasks.load_splits` caps them (a capped retrieval corpus: IR_CORPUS_PER_QUERY passages per
+    query kept)."""
+    task = get_task(name)
+    out = []
+    for examples, passages in SPLITS[name]:
+        if task.family == "IR" and ir_corpus == "full" and name in COLLECTIONS:
+            passages = COLLECTIONS[name]
+        if cap:
+            examples = min(examples, cap)
+            passages = min(passages, IR_CORPUS_PER_QUERY * examples) if passages else 0
+        out.append(examples + passages)
+    return out[0], out[1]

@@ -1,0 +1,42 @@
+"""What the plan's work costs in GPU-hours (no Ray, no torch): a pretraining segment's steps, and one checkpoint's
+fine-tuning grid with its evaluations, all at the spec's MFU of its GPU's peak (`sweep.mfu`,
+`sweep.gpu_peak_tflops`). The dry run's totals, the wall-clock simulation and the replicates' price add these up."""
+
+from __future__ import annotations
+
+import math
+
+from raybiphase.config import SweepSpec
+from raybiphase.config.sizes import SIZES
+from raybiphase.finetune.eval_sizes import evaluation_inputs
+from raybiphase.finetune.tasks import training_groups
+
+LLAMA3_VOCAB = 128_256
+
+
+def _hours(flops: float, spec: SweepSpec) -> float:
+    return flops / (spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.mfu) / 3600
+
+
+def segment_gpu_hours(item, spec: SweepSpec) -> float:
+    """The GPU-hours of one segment's (or one run's) steps: its model's FLOPs per token (vocabulary: Llama-3's
+    128,256 unless a tokenizer is trained, then data.vocab_size) x train.global_batch_tokens x its steps."""
+    c = item.config
+    vocab = c.data.vocab_size if c.data.tokenizer == "train-bpe" else LLAMA3_VOCAB
+    return _hours(SIZES[c.model.size].flops_per_token(vocab, c.data.seq_len) * c.train.global_batch_tokens
+                  * item.steps, spec)
+
+
+def checkpoint_finetune_gpu_hours(size: str, spec: SweepSpec, *, evaluation_only: bool = False) -> float:
+    """An upper bound on one checkpoint's fine-tuning of a model of `size`: its full grid of trials (no ASHA stop),
+    each finetune.max_steps steps of finetune.batch_size inputs of finetune.max_len tokens (no LM head), and their
+    evaluations: every task validated ceil(max_steps / eval_every) times and tested once
+    (`eval_sizes.evaluation_inputs`), each input counted at max_len tokens and a third of a training token's FLOPs
+    (a forward pass: no backward). `evaluation_only`: the evaluations' share alone."""
+    ft = spec.finetune
+    grid = len(ft.lrs) * len(ft.seeds)
+    evaluations = math.ceil(ft.max_steps / ft.eval_every)
+    inputs = [evaluation_inputs(name, ft.max_eval_examples or ft.max_examples, ft.ir_corpus) for name in ft.tasks]
+    evaluated = sum(evaluations * validation + test for validation, test in inputs) * ft.max_len / 3
+    trained = 0 if evaluation_only else len(training_groups(ft.tasks)) * ft.max_steps * ft.batch_size * ft.max_len
+    return _hours(SIZES[size].flops_per_token(0, ft.max_len) * (trained + evaluated) * grid, spec)
