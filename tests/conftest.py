@@ -89,6 +89,7 @@ SMALL_DATA = {
     "seq_len": 64,
     "val_blocks": 16,
     "shard_rows": 256,
+    "decontaminate": False,  # one dataset shared by sweeps of different tasks; decontamination has its own tests
 }
 
 
