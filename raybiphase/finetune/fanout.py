@@ -268,9 +268,10 @@ def _launch(trials: list[FinetuneRow], cfg: Fanout, *, experiment: str, name: st
             grace_period: int | None, reduction_factor: float, verbose: int, out, tasks: dict,
             label: str = "fine-tuning") -> list[FinetuneRow]:
     """Run `trials` (base rows) on Ray Tune; returns their rows and their riders' (among the tasks of their
-    checkpoint: `tasks`, checkpoint_tasks), stopped ones recorded by the driver. Its trials hold a claim on `cfg.slots` (shared with the fan-outs running beside it) or on slots of its
-    own. One Tuner, or several in turn when the claim holds every trial back for a while: a Tuner ends then
-    (CappedGrid), and the next one starts with the trials not yet run once the claim may start one again."""
+    checkpoint: `tasks`, checkpoint_tasks), stopped ones recorded by the driver. Its trials hold a claim on
+    `cfg.slots` (shared with the fan-outs running beside it) or on slots of its own. One Tuner, or several in turn
+    when the claim holds every trial back for a while: a Tuner ends then (CappedGrid), and the next one starts with
+    the trials not yet run once the claim may start one again."""
 
     from ray import tune
     from ray.tune import register_trainable
@@ -346,8 +347,9 @@ def run_fanout(sources: list[FinetuneSource], cfg: Fanout, *, storage: str, name
                grace_period: int | None = None, reduction_factor: float = REDUCTION_FACTOR,
                complete_best: bool = True, verbose: int = 0, out=None, label: str = "fine-tuning") -> list[dict]:
     """Fine-tune every source checkpoint on its grid (`grid_of`: an intermediate checkpoint's own, else
-    cfg.finetune.tasks over lrs x seeds); one row per task, LR and seed of it not in `done` (keys rows.TRIAL_KEY), as records (FinetuneRow.record), and a copy of it for every run in the source's
-    `shared_by` (the same weights: fine-tuned once). A training group's tasks share one trial (module docstring).
+    cfg.finetune.tasks over lrs x seeds); one row per task, LR and seed of it not in `done` (keys rows.TRIAL_KEY),
+    as records (FinetuneRow.record), and a copy of it for every run in the source's `shared_by` (the same weights:
+    fine-tuned once). A training group's tasks share one trial (module docstring).
     Bad task names or checkpoints raise UserError before anything runs. `label` starts its progress lines.
     Fan-outs may run at once in threads of one driver, on shared `cfg.slots`, each with its own records' `name`
     or with disjoint checkpoints."""
@@ -379,16 +381,16 @@ def run_fanout(sources: list[FinetuneSource], cfg: Fanout, *, storage: str, name
             records[key] = None  # the full grid was asked for: a trial ASHA stopped runs again
     missing = _trials_for([t for t in plan if records[t.key] is None], tasks)
     options = dict(experiment=experiment, grace_period=grace_period, reduction_factor=reduction_factor,
-                   verbose=verbose, out=out or sys.stdout, tasks=tasks)
+                   verbose=verbose, out=out or sys.stdout)
     new = set()
     if missing:
-        for row in _launch(missing, cfg, name=name, asha=cfg.finetune.asha, label=label, **options):
+        for row in _launch(missing, cfg, name=name, asha=cfg.finetune.asha, label=label, tasks=tasks, **options):
             new.add(row.key)
             if row.key in records:  # a trained task's row already in `done` is not planned
                 records[row.key] = row
     if complete_best:
         new |= {row.key for row in _complete_best(records, plan, cfg, experiment,
-                                                  {**options, "label": f"{label} (completion pass)"})}
+                                                  {**options, "label": f"{label} (completion pass)"}, tasks)}
     rows = []
     for trial in plan:
         record = records[trial.key]
@@ -411,8 +413,8 @@ def _log_groups(rows: list[dict], new: set, settings: dict | None) -> None:
             log_finetune_group(settings, group)
 
 
-def _complete_best(records: dict, plan: list[FinetuneRow], cfg: Fanout, experiment: str,
-                   options: dict) -> list[FinetuneRow]:
+def _complete_best(records: dict, plan: list[FinetuneRow], cfg: Fanout, experiment: str, options: dict,
+                   tasks: dict) -> list[FinetuneRow]:
     """Rerun, without ASHA, the stopped seeds of each group's best LR (aggregate.best_lr: the report's rule), until
     the best LR has none; with `finetune.complete_lrs`, every stopped trial at once. A rider's stopped row reruns
     the trial that trains its model (its group's rows all stopped with it). Returns the rerun rows."""
@@ -430,8 +432,8 @@ def _complete_best(records: dict, plan: list[FinetuneRow], cfg: Fanout, experime
             return done
         planned = {t.key: t for t in plan}
         name = f"{storage.basename(experiment)}-completion{attempt}"
-        trials = _trials_for([planned[r.key] for r in rerun], options["tasks"])
-        for row in _launch(trials, cfg, name=name, asha=False, **options):
+        trials = _trials_for([planned[r.key] for r in rerun], tasks)
+        for row in _launch(trials, cfg, name=name, asha=False, tasks=tasks, **options):
             if row.key not in records:  # a trained task's row already in `done`
                 continue
             row = result_rows.completed_row(records[row.key], row)

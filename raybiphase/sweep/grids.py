@@ -45,8 +45,8 @@ def check_export_grids(runs: dict, ft: FinetuneConfig) -> None:
 
 
 def grid_lines(plan, spec: SweepSpec) -> list[str]:
-    """The dry run's line per finetune.exports entry: the checkpoints it applies to and its trials each, beside
-    the full grid's."""
+    """The dry run's line per finetune.exports entry: the intermediate checkpoints it applies to and its trials
+    each, beside a final checkpoint's (the full grid)."""
     ft = spec.finetune
     if not ft.tasks or not ft.exports:
         return []
@@ -60,5 +60,6 @@ def grid_lines(plan, spec: SweepSpec) -> list[str]:
         steps = ", ".join(steps_label(s) for s in sorted(entry.steps))
         lines.append(f"finetune.exports.{i}: {len(taken)} intermediate checkpoint(s) at steps {steps}, each on "
                      f"{len(grid.tasks)} task(s) ({', '.join(grid.tasks)}) x {len(grid.lrs)} LR(s) x "
-                     f"{len(grid.seeds)} seed(s): {grid_trials(grid):,} trials each where the full grid takes {full:,}")
+                     f"{len(grid.seeds)} seed(s): {grid_trials(grid):,} trials each, where a final checkpoint "
+                     f"takes {full:,}")
     return lines
