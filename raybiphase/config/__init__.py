@@ -14,10 +14,10 @@ from raybiphase.config.run import (
     TrainConfig,
 )
 from raybiphase.config.identity import run_hash, weights_settings
-from raybiphase.config.sweep import FinetuneConfig, SweepConfig, SweepSpec, shapes_weights
+from raybiphase.config.sweep import ExportGrid, FinetuneConfig, FinetuneGrid, SweepConfig, SweepSpec, shapes_weights
 
 __all__ = [
-    "MASKED", "ConfigError", "DataConfig", "FinetuneConfig", "ModelConfig", "OptimConfig", "Phase", "PhasesConfig",
-    "ResourcesConfig", "RunConfig", "SweepConfig", "SweepSpec", "TrainConfig", "flatten", "from_dict", "load",
-    "replace", "run_hash", "shapes_weights", "to_dict", "weights_settings",
+    "MASKED", "ConfigError", "DataConfig", "ExportGrid", "FinetuneConfig", "FinetuneGrid", "ModelConfig",
+    "OptimConfig", "Phase", "PhasesConfig", "ResourcesConfig", "RunConfig", "SweepConfig", "SweepSpec", "TrainConfig",
+    "flatten", "from_dict", "load", "replace", "run_hash", "shapes_weights", "to_dict", "weights_settings",
 ]

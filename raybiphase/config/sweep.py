@@ -39,13 +39,43 @@ _FOLDER = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 
 
 @dataclass(frozen=True, kw_only=True)
+class ExportGrid:
+    """The fine-tuning of the intermediate checkpoints at some export steps: a part of the full grid
+    (finetune.tasks x lrs x seeds), so that the checkpoints a learning curve needs cost a few tasks each. A run's
+    final checkpoint and the untrained controls always take the full grid."""
+
+    steps: tuple[int, ...]
+    """Export steps (train.export_steps of some run that goes on past them) whose checkpoints take this grid."""
+    tasks: tuple[str, ...] = ()
+    """Tasks fine-tuned there, each one of finetune.tasks (so every name is a known task); empty: all of them."""
+    lrs: tuple[float, ...] = ()
+    """Learning rates, each one of finetune.lrs, so the best LR is chosen among the values the final checkpoints
+    also try; empty: all of them."""
+    seeds: tuple[int, ...] = ()
+    """Fine-tuning seeds, each one of finetune.seeds; empty: all of them."""
+
+
+@dataclass(frozen=True)
+class FinetuneGrid:
+    """What one checkpoint is fine-tuned on: tasks x learning rates x seeds, each in finetune's order."""
+
+    tasks: tuple[str, ...]
+    lrs: tuple[float, ...]
+    seeds: tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class FinetuneConfig:
     tasks: tuple[str, ...] = ()
-    """Fine-tuning tasks run on every final checkpoint (see raybiphase.finetune.tasks); empty skips fine-tuning."""
+    """Fine-tuning tasks run on every fine-tuned checkpoint (see raybiphase.finetune.tasks; an intermediate one may
+    take fewer: finetune.exports); empty skips fine-tuning."""
     lrs: tuple[float, ...] = (1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4)
     """Learning-rate grid (the paper's six values)."""
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     """Fine-tuning seeds (the paper: five)."""
+    exports: tuple[ExportGrid, ...] = ()
+    """Grids for intermediate checkpoints by export step (steps, and some of tasks, lrs, seeds each); a step no
+    entry names, a run's final checkpoint and the controls take the full grid: tasks x lrs x seeds."""
     batch_size: int = 32
     """Examples per step (the paper: 32)."""
     max_steps: int = 1000
@@ -93,6 +123,9 @@ class FinetuneConfig:
         check(len(self.seeds) > 0, "finetune.seeds", "at least one seed is needed")
         for key in ("tasks", "lrs", "seeds"):
             distinct(getattr(self, key), f"finetune.{key}")
+        named: list[int] = []
+        for i, entry in enumerate(self.exports):
+            _check_export_grid(entry, self, f"finetune.exports.{i}", named)
         positive(self.batch_size, "finetune.batch_size")
         positive(self.max_steps, "finetune.max_steps")
         check(0.0 <= self.warmup_ratio < 1.0, "finetune.warmup_ratio", f"{self.warmup_ratio} is out of range; allowed: [0, 1)")
@@ -110,6 +143,36 @@ class FinetuneConfig:
         non_negative(self.gpus_per_trial, "finetune.gpus_per_trial")
         check(self.gpus_per_trial <= 1 or float(self.gpus_per_trial).is_integer(), "finetune.gpus_per_trial",
               f"{self.gpus_per_trial} is out of range; allowed: a fraction of one GPU or a whole number")
+
+    def grid(self, step: int | None = None) -> FinetuneGrid:
+        """The grid of the intermediate checkpoint at export step `step`: the finetune.exports entry naming it, else
+        the full grid; None (a run's final checkpoint, a control): the full grid."""
+        entry = next((e for e in self.exports if step in e.steps), None) if step is not None else None
+        if entry is None:
+            return FinetuneGrid(self.tasks, self.lrs, self.seeds)
+        return FinetuneGrid(_part(self.tasks, entry.tasks), _part(self.lrs, entry.lrs), _part(self.seeds, entry.seeds))
+
+
+def _part(full: tuple, chosen: tuple) -> tuple:
+    """The values of `full` that `chosen` names, in full's order (the rows come out the same however an entry
+    orders them); all of them when `chosen` is empty."""
+    return tuple(v for v in full if not chosen or v in chosen)
+
+
+def _check_export_grid(entry: ExportGrid, ft: FinetuneConfig, key: str, named: list[int]) -> None:
+    """An entry names steps no other entry names, and only values of the full grid (`named`: the steps of the
+    entries before it)."""
+    check(len(entry.steps) > 0, f"{key}.steps", "at least one export step is needed")
+    for j, step in enumerate(entry.steps):
+        positive(step, f"{key}.steps.{j}")
+        check(step not in named, f"{key}.steps.{j}", f"step {step} is named by an earlier entry; name each step once")
+        named.append(step)
+    for name in ("tasks", "lrs", "seeds"):
+        distinct(getattr(entry, name), f"{key}.{name}")
+        allowed = getattr(ft, name)
+        for j, value in enumerate(getattr(entry, name)):
+            check(value in allowed, f"{key}.{name}.{j}", f"{value!r} is not one of finetune.{name} "
+                  f"({', '.join(map(repr, allowed)) or 'none'}); an export step fine-tunes on a part of the full grid")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,7 +3,8 @@
     rows = run_fanout([FinetuneSource("tiny-clm-10-mlm40-40-a1b2c3", 40, ".../hf", {"phases.clm_share": 0.25})],
                       Fanout.of(spec), storage="/abs/results/quickstart", name="finetune", done=keys_already_in_parquet)
 
-One Tune trial per (run, pretrain_step, task, lr, seed) of each distinct checkpoint (runs sharing a checkpoint get
+One Tune trial per (run, pretrain_step, task, lr, seed) of each distinct checkpoint's grid (`FinetuneSource.grid`:
+an intermediate checkpoint may take fewer tasks, LRs or seeds, finetune.exports; runs sharing a checkpoint get
 copies of its rows: `FinetuneSource.shared_by`): a function trainable that fine-tunes in its own process
 (`raybiphase.finetune.trial.run_trial`, holding `finetune.cpus_per_trial` CPUs and `finetune.gpus_per_trial` GPUs),
 reporting `step` and `val_score` at every evaluation. With `finetune.asha`, ASHA (time_attr="step", metric="val_score", mode="max") stops weak trials at
@@ -55,7 +56,7 @@ from collections import defaultdict
 from ray.tune.schedulers import ASHAScheduler
 
 from raybiphase import storage
-from raybiphase.config import FinetuneConfig, SweepSpec
+from raybiphase.config import FinetuneConfig, FinetuneGrid, SweepSpec
 from raybiphase.finetune.records import (SETTINGS_COLUMN, TrialKey, read_record, record_path, trial_settings,
                                         write_record)
 from raybiphase.finetune.scheduling import CappedGrid, Claim, GroupedASHA, TrialSlots
@@ -115,34 +116,50 @@ class Fanout:
 # ------------------------------------------------------------------------------------------------ planning
 
 
+def grid_of(source: FinetuneSource, cfg: FinetuneConfig) -> FinetuneGrid:
+    """What a checkpoint is fine-tuned on: its own grid (an intermediate checkpoint's, from finetune.exports), else
+    the full grid."""
+    return source.grid or cfg.grid()
+
+
+def checkpoint_tasks(sources: list[FinetuneSource], cfg: FinetuneConfig) -> dict[tuple[str, int], tuple[str, ...]]:
+    """The tasks each checkpoint is fine-tuned on, by (run, pretrain_step): its training groups are its own."""
+    return {(source.run, source.pretrain_step): grid_of(source, cfg).tasks for source in sources}
+
+
 def plan_rows(sources: list[FinetuneSource], cfg: FinetuneConfig, sweep: str = "") -> list[FinetuneRow]:
-    """Every planned row, one per (checkpoint, task, LR, seed), group by group (checkpoint x task), seed-major so
-    each ASHA rung sees every LR early."""
+    """Every planned row, one per (checkpoint, task, LR, seed) of the checkpoint's grid (`grid_of`), group by
+    group (checkpoint x task), seed-major so each ASHA rung sees every LR early."""
     return [result_rows.trial_row(source, task=get_task(name), lr=lr, seed=seed, sweep=sweep)
-            for source in sources for name in cfg.tasks for seed in cfg.seeds for lr in cfg.lrs]
+            for source in sources for grid in [grid_of(source, cfg)]
+            for name in grid.tasks for seed in grid.seeds for lr in grid.lrs]
 
 
 def plan_trials(sources: list[FinetuneSource], cfg: FinetuneConfig, sweep: str = "") -> list[FinetuneRow]:
-    """The trials that train, in `plan_rows`' order: one per training group (checkpoint x trained task x LR x
-    seed); the other tasks of a group ride along (`riders`)."""
-    trained = training_groups(cfg.tasks)
-    return [row for row in plan_rows(sources, cfg, sweep) if row.task in trained]
+    """The trials that train, in `plan_rows`' order: one per training group of the checkpoint's tasks (checkpoint
+    x trained task x LR x seed); the other tasks of a group ride along (`riders`)."""
+    tasks = checkpoint_tasks(sources, cfg)
+    return [row for row in plan_rows(sources, cfg, sweep)
+            if row.task in training_groups(tasks[(row.run, row.pretrain_step)])]
 
 
 def riders(trial: FinetuneRow, tasks) -> list[FinetuneRow]:
-    """The planned rows of the tasks tested on the model `trial` trains (the rest of its training group)."""
+    """The planned rows of the tasks tested on the model `trial` trains (the rest of its training group among
+    `tasks`, those its checkpoint is fine-tuned on)."""
     return [result_rows.task_row(trial, get_task(name)) for name in training_groups(tasks)[trial.task][1:]]
 
 
 def trained_in(row: FinetuneRow, tasks) -> FinetuneRow:
-    """The planned trial that trains the model a planned row is tested on: the row itself unless it rides along."""
+    """The planned trial that trains the model a planned row is tested on (`tasks`: those its checkpoint is
+    fine-tuned on): the row itself unless it rides along."""
     trained = next(name for name, members in training_groups(tasks).items() if row.task in members)
     return row if trained == row.task else result_rows.task_row(row, get_task(trained))
 
 
-def _trials_for(rows: list[FinetuneRow], tasks) -> list[FinetuneRow]:
-    """The trials to launch for these planned rows, each once, in the rows' order."""
-    return list({trial.key: trial for trial in (trained_in(row, tasks) for row in rows)}.values())
+def _trials_for(rows: list[FinetuneRow], tasks: dict[tuple[str, int], tuple[str, ...]]) -> list[FinetuneRow]:
+    """The trials to launch for these planned rows, each once, in the rows' order (`tasks`: checkpoint_tasks)."""
+    trials = (trained_in(row, tasks[(row.run, row.pretrain_step)]) for row in rows)
+    return list({trial.key: trial for trial in trials}.values())
 
 
 def group_of(row: FinetuneRow) -> tuple:
@@ -248,12 +265,13 @@ def _planned(row: FinetuneRow) -> dict:
 
 
 def _launch(trials: list[FinetuneRow], cfg: Fanout, *, experiment: str, name: str, asha: bool,
-            grace_period: int | None, reduction_factor: float, verbose: int, out,
+            grace_period: int | None, reduction_factor: float, verbose: int, out, tasks: dict,
             label: str = "fine-tuning") -> list[FinetuneRow]:
-    """Run `trials` (base rows) on Ray Tune; returns their rows and their riders', stopped ones recorded by the
-    driver. Its trials hold a claim on `cfg.slots` (shared with the fan-outs running beside it) or on slots of its
-    own. One Tuner, or several in turn when the claim holds every trial back for a while: a Tuner ends then
-    (CappedGrid), and the next one starts with the trials not yet run once the claim may start one again."""
+    """Run `trials` (base rows) on Ray Tune; returns their rows and their riders' (among the tasks of their
+    checkpoint: `tasks`, checkpoint_tasks), stopped ones recorded by the driver. Its trials hold a claim on
+    `cfg.slots` (shared with the fan-outs running beside it) or on slots of its own. One Tuner, or several in turn
+    when the claim holds every trial back for a while: a Tuner ends then (CappedGrid), and the next one starts with
+    the trials not yet run once the claim may start one again."""
 
     from ray import tune
     from ray.tune import register_trainable
@@ -268,13 +286,13 @@ def _launch(trials: list[FinetuneRow], cfg: Fanout, *, experiment: str, name: st
     try:
         return _tune(trials, cfg, claim, trainable, experiment=experiment, name=name, asha=asha,
                      grace_period=grace_period, reduction_factor=reduction_factor, verbose=verbose, out=out,
-                     label=label)
+                     tasks=tasks, label=label)
     finally:
         slots.release(claim)
 
 
 def _tune(trials: list[FinetuneRow], cfg: Fanout, claim: Claim, trainable: str, *, experiment: str, name: str,
-          asha: bool, grace_period: int | None, reduction_factor: float, verbose: int, out,
+          asha: bool, grace_period: int | None, reduction_factor: float, verbose: int, out, tasks: dict,
           label: str) -> list[FinetuneRow]:
     from ray import tune
 
@@ -291,7 +309,8 @@ def _tune(trials: list[FinetuneRow], cfg: Fanout, claim: Claim, trainable: str, 
     while remaining:
         while not claim.may_start():  # every slot is taken: no Tuner waits for one (CappedGrid)
             time.sleep(1)
-        space = [TrialInput.of(t, ft.tasks, experiment, settings).to_config() for t in remaining]
+        space = [TrialInput.of(t, tasks[(t.run, t.pretrain_step)], experiment, settings).to_config()
+                 for t in remaining]
         tuner = tune.Tuner(
             trainable,
             param_space={"trial": tune.grid_search(space)},
@@ -327,15 +346,17 @@ def _tune(trials: list[FinetuneRow], cfg: Fanout, claim: Claim, trainable: str, 
 def run_fanout(sources: list[FinetuneSource], cfg: Fanout, *, storage: str, name: str, done=frozenset(),
                grace_period: int | None = None, reduction_factor: float = REDUCTION_FACTOR,
                complete_best: bool = True, verbose: int = 0, out=None, label: str = "fine-tuning") -> list[dict]:
-    """Fine-tune every source checkpoint on cfg.finetune.tasks over lrs x seeds; one row per task, LR and seed not
-    in `done` (keys rows.TRIAL_KEY), as records (FinetuneRow.record), and a copy of it for every run in the source's
-    `shared_by` (the same weights: fine-tuned once). A training group's tasks share one trial (module docstring).
+    """Fine-tune every source checkpoint on its grid (`grid_of`: an intermediate checkpoint's own, else
+    cfg.finetune.tasks over lrs x seeds); one row per task, LR and seed of it not in `done` (keys rows.TRIAL_KEY),
+    as records (FinetuneRow.record), and a copy of it for every run in the source's `shared_by` (the same weights:
+    fine-tuned once). A training group's tasks share one trial (module docstring).
     Bad task names or checkpoints raise UserError before anything runs. `label` starts its progress lines.
     Fan-outs may run at once in threads of one driver, on shared `cfg.slots`, each with its own records' `name`
     or with disjoint checkpoints."""
     experiment = join(absolute(storage), name)  # a local folder or a bucket, like every sweep location
-    for task_name in cfg.finetune.tasks:  # one clear line for bad input, before Ray starts
-        get_task(task_name)
+    tasks = checkpoint_tasks(sources, cfg.finetune)
+    for task_name in [*cfg.finetune.tasks, *(task for names in tasks.values() for task in names)]:
+        get_task(task_name)  # one clear line for bad input, before Ray starts
     # absolute: trials run in their own directories, on any node (a bucket's checkpoint is copied where it is used)
     sources = [dataclasses.replace(s, hf_dir=absolute(s.hf_dir)) for s in sources]
     for source in sources:  # one clear line for a bad checkpoint, before Ray starts
@@ -358,18 +379,18 @@ def run_fanout(sources: list[FinetuneSource], cfg: Fanout, *, storage: str, name
     for key, record in records.items():
         if record is not None and record.stopped_early and not cfg.finetune.asha:
             records[key] = None  # the full grid was asked for: a trial ASHA stopped runs again
-    missing = _trials_for([t for t in plan if records[t.key] is None], cfg.finetune.tasks)
+    missing = _trials_for([t for t in plan if records[t.key] is None], tasks)
     options = dict(experiment=experiment, grace_period=grace_period, reduction_factor=reduction_factor,
                    verbose=verbose, out=out or sys.stdout)
     new = set()
     if missing:
-        for row in _launch(missing, cfg, name=name, asha=cfg.finetune.asha, label=label, **options):
+        for row in _launch(missing, cfg, name=name, asha=cfg.finetune.asha, label=label, tasks=tasks, **options):
             new.add(row.key)
             if row.key in records:  # a trained task's row already in `done` is not planned
                 records[row.key] = row
     if complete_best:
         new |= {row.key for row in _complete_best(records, plan, cfg, experiment,
-                                                  {**options, "label": f"{label} (completion pass)"})}
+                                                  {**options, "label": f"{label} (completion pass)"}, tasks)}
     rows = []
     for trial in plan:
         record = records[trial.key]
@@ -392,8 +413,8 @@ def _log_groups(rows: list[dict], new: set, settings: dict | None) -> None:
             log_finetune_group(settings, group)
 
 
-def _complete_best(records: dict, plan: list[FinetuneRow], cfg: Fanout, experiment: str,
-                   options: dict) -> list[FinetuneRow]:
+def _complete_best(records: dict, plan: list[FinetuneRow], cfg: Fanout, experiment: str, options: dict,
+                   tasks: dict) -> list[FinetuneRow]:
     """Rerun, without ASHA, the stopped seeds of each group's best LR (aggregate.best_lr: the report's rule), until
     the best LR has none; with `finetune.complete_lrs`, every stopped trial at once. A rider's stopped row reruns
     the trial that trains its model (its group's rows all stopped with it). Returns the rerun rows."""
@@ -411,8 +432,8 @@ def _complete_best(records: dict, plan: list[FinetuneRow], cfg: Fanout, experime
             return done
         planned = {t.key: t for t in plan}
         name = f"{storage.basename(experiment)}-completion{attempt}"
-        trials = _trials_for([planned[r.key] for r in rerun], cfg.finetune.tasks)
-        for row in _launch(trials, cfg, name=name, asha=False, **options):
+        trials = _trials_for([planned[r.key] for r in rerun], tasks)
+        for row in _launch(trials, cfg, name=name, asha=False, tasks=tasks, **options):
             if row.key not in records:  # a trained task's row already in `done`
                 continue
             row = result_rows.completed_row(records[row.key], row)

@@ -190,7 +190,8 @@ def data_efficiency_section(s: pd.DataFrame) -> Section:
     pts = pts.assign(line=[f"{_prefix(a)}{r} ({o})" for a, r, o in zip(pts["source"], pts["run"], pts["objective"])])
     fig = _task_grid(pts, "pretrain_step", "line", title, "pretraining step (optimizer steps)")
     return Section("data_efficiency", title, fig,
-                   "Intermediate checkpoints of each run, fine-tuned with the same grid.",
+                   "Intermediate checkpoints of each run, every intermediate step fine-tuned on one grid (a part "
+                   "of the final checkpoint's where finetune.exports names fewer tasks, LRs or seeds).",
                    _score_table(pts, ["source", "run", "pretrain_step"]))
 
 

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from raybiphase.config import RunConfig, flatten
+from raybiphase.config import FinetuneGrid, RunConfig, flatten
 
 PRETRAIN_KEY = ("run", "step")
 FINETUNE_KEY = ("run", "pretrain_step", "task", "lr", "seed", "source")
@@ -86,6 +86,9 @@ class FinetuneSource:
     shared_by: tuple[FinetuneSource, ...] = ()
     """Other runs whose weights these are at this step (an export inside a shared prefix): fine-tuned once, under
     `run`; their rows are copies (`shared_row`)."""
+    grid: FinetuneGrid | None = None
+    """The tasks x LRs x seeds it is fine-tuned on (the sweep's plan gives an intermediate checkpoint the grid of
+    finetune.exports); None: finetune's full grid."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from raybiphase.config import SweepSpec
+from raybiphase.config import FinetuneGrid, SweepSpec
 from raybiphase.config.sizes import SIZES
 from raybiphase.finetune.eval_sizes import evaluation_inputs
 from raybiphase.finetune.tasks import training_groups
@@ -27,16 +27,18 @@ def segment_gpu_hours(item, spec: SweepSpec) -> float:
                   * item.steps, spec)
 
 
-def checkpoint_finetune_gpu_hours(size: str, spec: SweepSpec, *, evaluation_only: bool = False) -> float:
-    """An upper bound on one checkpoint's fine-tuning of a model of `size`: its full grid of trials (no ASHA stop),
-    each finetune.max_steps steps of finetune.batch_size inputs of finetune.max_len tokens (no LM head), and their
-    evaluations: every task validated ceil(max_steps / eval_every) times and tested once
+def checkpoint_finetune_gpu_hours(size: str, spec: SweepSpec, grid: FinetuneGrid | None = None, *,
+                                  evaluation_only: bool = False) -> float:
+    """An upper bound on one checkpoint's fine-tuning of a model of `size`: every trial of its `grid` (default: the
+    full grid; no ASHA stop), each finetune.max_steps steps of finetune.batch_size inputs of finetune.max_len tokens
+    (no LM head), and their evaluations: every task validated ceil(max_steps / eval_every) times and tested once
     (`eval_sizes.evaluation_inputs`), each input counted at max_len tokens and a third of a training token's FLOPs
     (a forward pass: no backward). `evaluation_only`: the evaluations' share alone."""
     ft = spec.finetune
-    grid = len(ft.lrs) * len(ft.seeds)
+    grid = grid or ft.grid()
+    per_task = len(grid.lrs) * len(grid.seeds)  # trials of one task
     evaluations = math.ceil(ft.max_steps / ft.eval_every)
-    inputs = [evaluation_inputs(name, ft.max_eval_examples or ft.max_examples, ft.ir_corpus) for name in ft.tasks]
+    inputs = [evaluation_inputs(name, ft.max_eval_examples or ft.max_examples, ft.ir_corpus) for name in grid.tasks]
     evaluated = sum(evaluations * validation + test for validation, test in inputs) * ft.max_len / 3
-    trained = 0 if evaluation_only else len(training_groups(ft.tasks)) * ft.max_steps * ft.batch_size * ft.max_len
-    return _hours(SIZES[size].flops_per_token(0, ft.max_len) * (trained + evaluated) * grid, spec)
+    trained = 0 if evaluation_only else len(training_groups(grid.tasks)) * ft.max_steps * ft.batch_size * ft.max_len
+    return _hours(SIZES[size].flops_per_token(0, ft.max_len) * (trained + evaluated) * per_task, spec)

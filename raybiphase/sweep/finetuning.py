@@ -43,15 +43,18 @@ from raybiphase.sweep.context import SweepContext
 
 def finetune_sources(ctx: SweepContext, segments: set[str] | None = None) -> list[result_rows.FinetuneSource]:
     """One source per distinct checkpoint (plan.checkpoints: every run's final and train.export_steps ones), under
-    the first run whose weights it holds; the other runs sharing it ride along in `shared_by` (their rows are
-    copies: shared weights are fine-tuned once). With `segments`, only the checkpoints those segments hold."""
+    the first run whose weights it holds, with its grid (plan.grids: finetune.exports' for an intermediate step);
+    the other runs sharing it ride along in `shared_by` (their rows are copies: shared weights are fine-tuned
+    once). With `segments`, only the checkpoints those segments hold."""
     out = []
+    grids = ctx.plan.grids(ctx.spec)
     for (segment, step), names in ctx.plan.checkpoints().items():
         if segments is not None and segment not in segments:
             continue
         hf = storage.hf_dir(ctx.paths.checkpoint(segment, step))
         first, *others = (result_rows.FinetuneSource(name, step, hf,
-                                                     result_rows.config_columns(ctx.plan.runs[name].config))
+                                                     result_rows.config_columns(ctx.plan.runs[name].config),
+                                                     grid=grids[(segment, step)])
                           for name in names)
         out.append(dataclasses.replace(first, shared_by=tuple(others)))
     return out

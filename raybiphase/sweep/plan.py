@@ -25,14 +25,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from raybiphase.config import ConfigError, Phase, RunConfig, SweepSpec, from_dict, to_dict, weights_settings
+from raybiphase.config import (ConfigError, FinetuneGrid, Phase, RunConfig, SweepSpec, from_dict, to_dict,
+                               weights_settings)
 from raybiphase.config.identity import digest
 from raybiphase.config.run import MASKED
-from raybiphase.finetune.tasks import training_groups
 from raybiphase.naming import phase_tag, run_name, steps_label
 from raybiphase.pretrain.schedule import Schedule
 from raybiphase.pretrain.budget import budget_lines, data_budget
 from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, segment_gpu_hours
+from raybiphase.sweep.grids import check_export_grids, checkpoint_grid, grid_lines, grid_trials
 from raybiphase.sweep.replicates import replicate_lines
 
 # per-step settings: the signature compares them step by step, so they stay out of a run's base
@@ -118,23 +119,31 @@ class Plan:
                 out.setdefault((segment, step), []).append(run.name)
         return out
 
+    def grids(self, spec: SweepSpec) -> dict[tuple[str, int], FinetuneGrid]:
+        """Each fine-tuned checkpoint's grid: the full one, or finetune.exports' for an intermediate step
+        (raybiphase.sweep.grids)."""
+        return {(segment, step): checkpoint_grid([self.runs[n] for n in names], step, spec.finetune)
+                for (segment, step), names in self.checkpoints().items()}
+
     def finetune_trials(self, spec: SweepSpec, *, distinct: bool = True) -> int:
-        """Fine-tuning trials of the full grid: checkpoints (the controls' too) x trained tasks (tasks sharing a
-        training task train once: raybiphase.finetune.tasks.training_groups) x LRs x seeds; with `distinct=False`,
-        as if every run's checkpoint and every task were fine-tuned apart (what sharing saves)."""
-        ft = spec.finetune
-        checkpoints = (len(self.checkpoints()) if distinct else sum(len(r.finetune_steps) for r in self.runs.values()))
-        trained = len(training_groups(ft.tasks)) if distinct else len(ft.tasks)  # nq and mldr ride on msmarco
-        return (checkpoints + len(self.controls)) * trained * len(ft.lrs) * len(ft.seeds)
+        """Fine-tuning trials, every one run to its end: each checkpoint's grid (`grids`) and each control's full
+        grid, tasks sharing a training task trained once (raybiphase.sweep.grids.grid_trials); with
+        `distinct=False`, as if every run's checkpoint and every task were fine-tuned apart (what sharing saves)."""
+        runs = self.checkpoints()
+        controls = len(self.controls) * grid_trials(spec.finetune.grid(), distinct=distinct)
+        return controls + sum((1 if distinct else len(runs[key])) * grid_trials(grid, distinct=distinct)
+                              for key, grid in self.grids(spec).items())
 
     def finetune_gpu_hours(self, spec: SweepSpec, *, evaluation_only: bool = False) -> float:
-        """An upper bound on the fan-out's GPU-hours: every trial of the full grid (no ASHA stop), one set per
-        distinct checkpoint, running finetune.max_steps steps of finetune.batch_size inputs of finetune.max_len
+        """An upper bound on the fan-out's GPU-hours: every trial of each distinct checkpoint's grid and each
+        control's (no ASHA stop), running finetune.max_steps steps of finetune.batch_size inputs of finetune.max_len
         tokens (no LM head), and its evaluations (raybiphase.sweep.cost.checkpoint_finetune_gpu_hours).
         `evaluation_only`: the evaluations' share alone."""
-        sizes = [self.runs[runs[0]].config.model.size for runs in self.checkpoints().values()]
-        sizes += [c.config.model.size for c in self.controls.values()]
-        return sum(checkpoint_finetune_gpu_hours(size, spec, evaluation_only=evaluation_only) for size in sizes)
+        runs = self.checkpoints()
+        sized = [(self.runs[runs[key][0]].config.model.size, grid) for key, grid in self.grids(spec).items()]
+        sized += [(c.config.model.size, spec.finetune.grid()) for c in self.controls.values()]
+        return sum(checkpoint_finetune_gpu_hours(size, spec, grid, evaluation_only=evaluation_only)
+                   for size, grid in sized)
 
 
 def expand(spec: SweepSpec) -> list[RunConfig]:
@@ -267,6 +276,7 @@ def make_plan(spec: SweepSpec) -> Plan:
     """The sweep's runs and the tree of segments they share (module docstring), in dependency order."""
     runs = plan_runs(expand(spec), origins(spec))
     _check_exports(runs)
+    check_export_grids(runs, spec.finetune)
     segments: dict[str, Segment] = {}
     for continued in (False, True):  # runs from scratch first: a continued run hangs below its source's last segment
         group = [r for r in runs.values() if (r.source is not None) == continued]
@@ -424,5 +434,5 @@ def describe(plan: Plan, spec: SweepSpec) -> str:
                      f"{plan.finetune_gpu_hours(spec):,.1f} GPU-hours "
                      f"({plan.finetune_gpu_hours(spec, evaluation_only=True):,.1f} of them evaluation) beside "
                      f"pretraining's {plan.gpu_hours(spec):,.0f}")
-    lines += replicate_lines(plan, spec)
+    lines += grid_lines(plan, spec) + replicate_lines(plan, spec)
     return "\n".join(lines)

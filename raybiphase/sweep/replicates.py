@@ -37,10 +37,11 @@ def replicate_lines(plan, spec: SweepSpec) -> list[str]:
     only_extra = lambda names: set(names) <= extra  # noqa: E731
     pretraining = sum(segment_gpu_hours(segment, spec) for segment in plan.segments.values()
                       if only_extra(r.name for r in plan.runs.values() if segment.id in r.segments))
-    sizes = [plan.runs[runs[0]].config.model.size for runs in plan.checkpoints().values() if only_extra(runs)]
-    if spec.finetune.tasks:
-        sizes += [c.config.model.size for c in plan.controls.values() if only_extra(c.runs)]
-    finetuning = sum(checkpoint_finetune_gpu_hours(size, spec) for size in sizes) if spec.finetune.tasks else 0
+    checkpoints, grids = plan.checkpoints(), plan.grids(spec)
+    sized = [(plan.runs[runs[0]].config.model.size, grids[key]) for key, runs in checkpoints.items()
+             if only_extra(runs)]
+    sized += [(c.config.model.size, None) for c in plan.controls.values() if only_extra(c.runs)]
+    finetuning = sum(checkpoint_finetune_gpu_hours(size, spec, grid) for size, grid in sized)  # 0 with no tasks
     seeds = sorted({plan.runs[n].config.train.seed for names in arms.values() for n in names})
     return [f"replicates: {len(arms)} arm(s) pretrained {max(map(len, arms.values()))} times at most (train.seed "
             f"{', '.join(map(str, seeds))}: init and data order): {', '.join(arms)}; the {len(extra)} extra run(s) "

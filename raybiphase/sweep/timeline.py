@@ -13,7 +13,7 @@ import dataclasses
 import heapq
 
 from raybiphase.config import SweepSpec
-from raybiphase.sweep.cost import segment_gpu_hours
+from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, segment_gpu_hours
 from raybiphase.sweep.plan import Plan, Segment, dependencies
 
 
@@ -85,15 +85,16 @@ def simulate(plan: Plan, spec: SweepSpec, slots: int | None = None, *, done: fro
 
 
 def _finetune_hours(plan: Plan, spec: SweepSpec) -> dict[str | None, float]:
-    """GPU-hours of the fan-out (the full grid: an upper bound) by the segment whose end makes them ready; the
-    controls' under None."""
+    """GPU-hours of the fan-out (every trial of each checkpoint's grid: an upper bound) by the segment whose end
+    makes them ready; the controls' under None."""
     if not spec.finetune.tasks:
         return {}
-    checkpoints = plan.checkpoints()
-    per_checkpoint = plan.finetune_gpu_hours(spec) / max(1, len(checkpoints) + len(plan.controls))
-    out: dict[str | None, float] = {None: per_checkpoint * len(plan.controls)}
-    for segment, _ in checkpoints:
-        out[segment] = out.get(segment, 0.0) + per_checkpoint
+    runs = plan.checkpoints()
+    out: dict[str | None, float] = {None: sum(checkpoint_finetune_gpu_hours(c.config.model.size, spec)
+                                              for c in plan.controls.values())}
+    for (segment, step), grid in plan.grids(spec).items():
+        size = plan.runs[runs[(segment, step)][0]].config.model.size
+        out[segment] = out.get(segment, 0.0) + checkpoint_finetune_gpu_hours(size, spec, grid)
     return out
 
 

@@ -78,6 +78,17 @@ def test_overrides_use_the_dotted_names_that_flatten_reports():
         ({}, {"data.dir": "hdfs://x/shards"}, "data.dir: unknown URI scheme 'hdfs'"),
         ({}, {"model.init_from": "http://x/ckpt"}, "model.init_from: unknown URI scheme 'http'"),
         ({"data": {"piece_documents": 0}}, {}, "data.piece_documents: 0 is out of range"),
+        ({"finetune": {"tasks": ["sst2", "squad"], "exports": [{"steps": [100], "tasks": ["squad", "mnli"]}]}}, {},
+         "finetune.exports.0.tasks.1: 'mnli' is not one of finetune.tasks ('sst2', 'squad')"),
+        ({"finetune": {"tasks": ["sst2"], "exports": [{"steps": [100], "tasks": ["no_such_task"]}]}}, {},
+         "finetune.exports.0.tasks.0: 'no_such_task' is not one of finetune.tasks"),
+        ({"finetune": {"lrs": [1e-4, 2e-3], "exports": [{"steps": [100], "lrs": [3e-4]}]}}, {},
+         "finetune.exports.0.lrs.0: 0.0003 is not one of finetune.lrs (0.0001, 0.002)"),
+        ({"finetune": {"seeds": [0, 1], "exports": [{"steps": [100], "seeds": [2]}]}}, {},
+         "finetune.exports.0.seeds.0: 2 is not one of finetune.seeds (0, 1)"),
+        ({"finetune": {"exports": [{"steps": [100, 200]}, {"steps": [300, 100]}]}}, {},
+         "finetune.exports.1.steps.1: step 100 is named by an earlier entry; name each step once"),
+        ({"finetune": {"exports": [{"steps": []}]}}, {}, "finetune.exports.0.steps: at least one export step is needed"),
     ],
 )
 def test_bad_input_names_the_key(data, overrides, expected):

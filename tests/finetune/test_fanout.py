@@ -138,7 +138,7 @@ def test_the_completion_pass_reruns_the_best_lrs_stopped_seeds_or_every_stopped_
     monkeypatch.setattr(fanout, "_launch", finish)
     records = {t.key: t for t in plan}
     cfg = fanout_config(complete_lrs=complete_lrs, lrs=[1e-4, 2e-3])
-    fanout._complete_best(records, plan, cfg, str(tmp_path / "ft"), {})
+    fanout._complete_best(records, plan, cfg, str(tmp_path / "ft"), {}, {("r", 8): ("tweets",)})
     if complete_lrs:
         assert launched == [sorted([plan[1].key, plan[3].key])]  # every stopped trial, in one pass
     else:
