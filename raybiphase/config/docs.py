@@ -11,6 +11,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import re
 import textwrap
 import typing
 from typing import Any
@@ -40,23 +41,53 @@ def _default(f: dataclasses.Field) -> Any:
 REQUIRED = "(required)"
 
 
-def settings(cls: type, prefix: str = "") -> list[tuple[str, Any, str]]:
-    """(dotted name, default, docstring) of every leaf setting of a config dataclass, sections in field order; a
-    list of entries (phases.plan) is followed by its entry's settings, named with `N` for the entry's index."""
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One leaf setting as `--help` and docs/settings.md show it."""
+
+    name: str
+    """Dotted name (`phases.mask_ratio`; `phases.plan.N.steps` for a list entry's setting)."""
+    type: str
+    """The declared type as written in the dataclass (`int | None`, `tuple[str, ...]`)."""
+    default: Any
+    """The default, or REQUIRED for a list entry's setting that has none."""
+    doc: str
+    """The docstring under the field, on one line."""
+    weights: bool
+    """False when it or a section above it carries `metadata=NOT_WEIGHTS`: it never changes a run's weights."""
+
+
+def type_name(hint: Any) -> str:
+    """A type hint as the source writes it: `int`, `tuple[int, ...]`, `str | None`, `Literal['clm', 'mlm']`."""
+    if isinstance(hint, type) and not typing.get_args(hint):
+        return "None" if hint is type(None) else hint.__name__
+    return re.sub(r"\b(?:\w+\.)+(\w+)", r"\1", str(hint)).replace("NoneType", "None")  # Phase, not a.b.Phase
+
+
+def setting_list(cls: type, prefix: str = "", weights: bool = True) -> list[Setting]:
+    """Every leaf setting of a config dataclass, sections in field order; a list of entries (phases.plan) is
+    followed by its entry's settings, named with `N` for the entry's index."""
     out = []
     docs, hints = field_docs(cls), typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        value = _default(f)
+        value, shaping = _default(f), weights and f.metadata.get("weights", True)
         if dataclasses.is_dataclass(value):
-            out += settings(type(value), f"{prefix}{f.name}.")
+            out += setting_list(type(value), f"{prefix}{f.name}.", shaping)
             continue
-        out.append((f"{prefix}{f.name}", value, docs.get(f.name, "")))
+        out.append(Setting(f"{prefix}{f.name}", type_name(hints[f.name]), value, docs.get(f.name, ""), shaping))
         entry = typing.get_args(hints[f.name])[:1]
         if typing.get_origin(hints[f.name]) is tuple and entry and dataclasses.is_dataclass(entry[0]):
-            entry_docs = field_docs(entry[0])
-            out += [(f"{prefix}{f.name}.N.{e.name}", REQUIRED if _required(e) else _default(e), entry_docs.get(e.name, ""))
+            entry_docs, entry_hints = field_docs(entry[0]), typing.get_type_hints(entry[0])
+            out += [Setting(f"{prefix}{f.name}.N.{e.name}", type_name(entry_hints[e.name]),
+                            REQUIRED if _required(e) else _default(e), entry_docs.get(e.name, ""),
+                            shaping and e.metadata.get("weights", True))
                     for e in dataclasses.fields(entry[0])]
     return out
+
+
+def settings(cls: type, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """(dotted name, default, docstring) of every leaf setting (setting_list)."""
+    return [(s.name, s.default, s.doc) for s in setting_list(cls, prefix)]
 
 
 def _required(f: dataclasses.Field) -> bool:

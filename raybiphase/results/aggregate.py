@@ -222,18 +222,48 @@ def bootstrap_ci(
     return float(low), float(high)
 
 
+SUMMARY_COLUMNS = (
+    ("source", "Where the trials come from: raybiphase, paper (the authors' imported rows) or baseline."),
+    ("run", "The pretraining run (or baseline) the checkpoint belongs to."),
+    ("pretrain_step", "The checkpoint's pretraining step."),
+    ("task", "The fine-tuning task."),
+    ("best_lr", "The LR with the best mean validation score among the complete LRs (every seed scored), ties to the "
+                "smaller LR."),
+    ("best_val_mean", "The mean validation score at best_lr."),
+    ("test_mean", "The mean test score at best_lr over its seeds (diverged ones at the metric's floor)."),
+    ("test_ci95", "Half-width of the t-based confidence interval of test_mean (NaN for one seed)."),
+    ("test_ci_low", "test_mean - test_ci95, clipped to the metric's range [0, 1]: what reports draw."),
+    ("test_ci_high", "test_mean + test_ci95, clipped to [0, 1]."),
+    ("test_std", "Standard deviation of the test score over the seeds at best_lr."),
+    ("n_seeds", "Seeds with a test score at best_lr."),
+    ("n_lrs", "Learning rates tried."),
+    ("n_lrs_complete", "Learning rates with every seed scored."),
+    ("lr_spread", "Max - min of the mean test score across the complete LRs (NaN below two)."),
+    ("lr_std", "Standard deviation of the mean test score across the complete LRs (NaN below two)."),
+    ("n_trials", "Trials in the group."),
+    ("n_stopped", "Trials ASHA stopped early."),
+    ("n_diverged", "Trials whose loss turned NaN or inf, scored at the metric's floor (per LR in lr_table)."),
+    ("n_diverged_best", "Diverged trials at best_lr."),
+)
+"""summarize's own columns in order, each with what it holds; every column constant within a group (the dotted
+settings, family, dataset, metric, phases.clm_share) follows them."""
+
+BOOTSTRAP_COLUMNS = (
+    ("test_boot_low", "Low end of the bootstrap interval over every seed's per-example scores at best_lr "
+                      "(summarize(bootstrap=True), when every seed has them)."),
+    ("test_boot_high", "High end of that bootstrap interval."),
+)
+"""The columns summarize(bootstrap=True) adds after SUMMARY_COLUMNS where per-example scores allow."""
+
+
 def summarize(trials: pd.DataFrame, confidence: float = 0.95, bootstrap: bool = False) -> pd.DataFrame:
     """One row per (source, run, pretrain_step, task): the best LR and its mean test score ± CI, LR spread.
 
-    Columns: the group, `best_lr`, `best_val_mean`, `test_mean`, `test_ci95` (half-width), `test_ci_low` and
-    `test_ci_high` (the interval's ends clipped to the metric's range [0, 1], what reports draw), `test_std`, `n_seeds`,
-    `n_lrs`, `n_lrs_complete`, `lr_spread` (max - min of the mean test score across the complete LRs), `lr_std`,
-    `n_trials`, `n_stopped`, `n_diverged` (trials whose loss turned NaN or inf, scored at the metric's floor; per LR
-    in `lr_table`) and `n_diverged_best` (those at the best LR), then
-    every column constant within the group (config, family, dataset, metric, phases.clm_share). With `bootstrap=True`
-    and per-example scores present, `test_boot_low` / `test_boot_high` too, over every seed at the best LR (a
-    diverged one through its floor's per-example entries); when a seed has none (rows recorded before diverged
-    trials kept them), the interval is left out rather than drawn over the seeds that have.
+    Columns: SUMMARY_COLUMNS (each described there), then every column constant within the group (config, family,
+    dataset, metric, phases.clm_share). With `bootstrap=True` and per-example scores present, BOOTSTRAP_COLUMNS too,
+    over every seed at the best LR (a diverged one through its floor's per-example entries); when a seed has none
+    (rows recorded before diverged trials kept them), the interval is left out rather than drawn over the seeds that
+    have.
     """
     if trials is None or len(trials) == 0:
         return pd.DataFrame(columns=[*GROUP, "best_lr", "test_mean", "test_ci95", "test_ci_low", "test_ci_high",

@@ -43,9 +43,13 @@ class PretrainRow:
     """One report of a run at a step of a segment it passes through."""
 
     run: str
+    """The run's name (its settings' hash ends it)."""
     sweep: str
+    """The sweep's name (sweep.name)."""
     segment: str
+    """The planner's shared segment that trained this step (one segment serves every run sharing those steps)."""
     step: int
+    """The pretraining step of the report."""
     metrics: dict[str, Any]
     """The report: tokens_seen, phase, objective, train/ and val/ losses, lr, tokens_per_s, mfu on GPU, data_epochs
     (passes over the training blocks at this step, a continued run's source's included: above 1, repeated data)."""
@@ -96,30 +100,48 @@ class FinetuneRow:
     """One fine-tuning trial (or baseline): planned, then finished, stopped by ASHA, or completed after a stop."""
 
     run: str
+    """The pretraining run whose checkpoint was fine-tuned (or the baseline: bm25)."""
     pretrain_step: int
+    """The checkpoint's pretraining step (0 for an untrained control or a baseline)."""
     task: str
+    """The fine-tuning task (raybiphase.finetune.tasks)."""
     lr: float
+    """The fine-tuning learning rate."""
     seed: int
+    """The fine-tuning seed."""
     source: str = OURS
+    """raybiphase (our trials), paper (the authors' imported ones) or baseline."""
     sweep: str = ""
+    """The sweep's name (sweep.name)."""
     checkpoint: str = ""
+    """The HF folder that was fine-tuned."""
     family: str = ""
+    """The task's family: SC, TC, QA or IR."""
     dataset: str = ""
+    """The task's dataset."""
     metric: str = ""
+    """The metric val_score and test_score hold (accuracy, entity_f1, f1, ndcg@10...)."""
     secondary_metric: str | None = None
+    """The metric test_secondary holds, if the task has one."""
     val_score: float = math.nan
+    """The validation score the best LR is chosen on."""
     test_score: float = math.nan
     """Fractions in [0, 1]; NaN when ASHA stopped the trial (its test split is never scored)."""
     test_secondary: float = math.nan
+    """The secondary metric on the test split; NaN when none."""
     test_per_example: list = field(default_factory=list)
     """One flat list of floats in every row, so one Parquet column holds every family: entity F1's per-sentence
     [true positives, predicted, gold] counts lie in it as consecutive triples (`per_example_flat`)."""
     steps: int = 0
+    """Steps of the trial's last attempt (where ASHA stopped it, or its end)."""
     steps_run: int = 0
     """Steps trained over every attempt (a completed trial counts its stopped attempt too)."""
     seconds: float = 0.0
+    """Wall seconds of the trial, every attempt counted."""
     stopped_early: bool = False
+    """ASHA stopped the trial: no test score."""
     completed_after_stop: bool = False
+    """A stopped trial run again to its end (its best LR needed every seed): the scores are the second run's."""
     trials_of: str = ""
     """The run these trials were run under when this run shares the checkpoint (same weights at this step): the
     row is a copy of that run's, never fine-tuned again; "" for a run's own trials."""

@@ -1,0 +1,162 @@
+"""The reference pages stay true: docs/settings.md, results.md and benchmarks.md are exactly what `raybiphase docs`
+renders from the code now, a new field's docstring lands on its page, and every relative link resolves."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from raybiphase.commands.pages import (
+    MISSING,
+    REGENERATE,
+    benchmark_line,
+    pages,
+    row_columns,
+    settings_page,
+)
+from raybiphase.config.load import NOT_WEIGHTS
+from raybiphase.results.aggregate import BOOTSTRAP_COLUMNS, SUMMARY_COLUMNS, summarize
+from raybiphase.results.rows import FinetuneRow, PretrainRow
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", sorted(pages(REPO)))
+def test_the_committed_page_is_what_the_code_renders(name):
+    committed = (REPO / name).read_text() if (REPO / name).exists() else ""
+    assert committed == pages(REPO)[name], f"{name} differs from the code; run `{REGENERATE}` and commit it"
+
+
+def test_check_exits_1_naming_the_first_page_that_differs(tmp_path, monkeypatch, capsys):
+    from raybiphase.__main__ import main
+
+    shutil.copytree(REPO / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
+    (tmp_path / "docs").mkdir()
+    for name, text in pages(REPO).items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "docs" / "results.md").write_text(pages(REPO)["docs/results.md"].replace("`seed`", "`seeds`"))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # main() sets sys.argv for the command
+    with pytest.raises(SystemExit) as exit_info:
+        main(["docs", "--check", "--root", str(tmp_path)])
+    assert exit_info.value.code == 1
+    assert f"docs/results.md differs from what the code renders; run `{REGENERATE}`" in capsys.readouterr().err
+    (tmp_path / "docs" / "results.md").write_text(pages(REPO)["docs/results.md"])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["docs", "--check", "--root", str(tmp_path)])
+    assert exit_info.value.code == 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Section:
+    knob: int = 3
+    """Turns the knob."""
+    where: str = field(default="here", metadata=NOT_WEIGHTS)
+    """Where it goes."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Spec:
+    model: _Section = field(default_factory=_Section)
+    """A section."""
+    sweep: _Section = field(default_factory=_Section)
+    """Not a run section."""
+
+
+def test_a_new_fields_docstring_type_default_and_weights_land_on_the_settings_page():
+    page = settings_page(_Spec)
+    assert "## model\n\nA section.\n" in page
+    assert "| `model.knob` | `int` | `3` | yes | Turns the knob. |" in page
+    assert "| `model.where` | `str` | `'here'` | no | Where it goes. |" in page  # NOT_WEIGHTS
+    assert f"| `sweep.knob` | `int` | `3` | {MISSING} | Turns the knob. |" in page  # not a run setting
+
+
+def test_every_row_column_says_what_it_holds():
+    undocumented = [(cls.__name__, name) for cls in (PretrainRow, FinetuneRow)
+                    for name, _, doc in row_columns(cls) if not doc]
+    assert undocumented == []
+
+
+def test_summary_columns_are_summarizes_own_columns_in_order():
+    rows = [{"source": "raybiphase", "run": "A", "pretrain_step": 100, "task": "t", "family": "SC", "lr": lr,
+             "seed": seed, "val_score": 0.8 - lr, "test_score": 0.7 + seed / 100, "stopped_early": False,
+             "test_per_example": [1.0, 0.0, float(seed % 2)]} for lr in (1e-4, 2e-4) for seed in (0, 1)]
+    names = [n for n, _ in SUMMARY_COLUMNS]
+    plain = list(summarize(pd.DataFrame(rows)).columns)
+    assert plain[:len(names)] == names and "family" in plain[len(names):]
+    with_boot = list(summarize(pd.DataFrame(rows), bootstrap=True).columns)
+    assert with_boot[:len(names) + len(BOOTSTRAP_COLUMNS)] == names + [n for n, _ in BOOTSTRAP_COLUMNS]
+    assert all(doc for _, doc in SUMMARY_COLUMNS + BOOTSTRAP_COLUMNS)
+    assert not math.isnan(summarize(pd.DataFrame(rows))["best_lr"].iloc[0])
+
+
+def test_a_benchmark_record_shows_what_it_says_and_a_dash_for_what_it_does_not(tmp_path):
+    new = tmp_path / "thing-2026-01-02.json"
+    new.write_text(json.dumps({"benchmark": "bench_thing", "date": "2026-01-03", "code": "0.1.0+abc1234",
+                               "machine": {"cpu": "x86_64", "cores": 2}, "command": "python benchmarks/b.py",
+                               "headline": "2.0x"}))
+    line = benchmark_line(new)
+    assert (line.date, line.code, line.machine, line.command, line.figure) == (
+        "2026-01-03", "0.1.0+abc1234", "cpu x86_64, cores 2", "python benchmarks/b.py", "2.0x")
+    old = tmp_path / "old-2026-01-02.json"
+    old.write_text(json.dumps({"invocations": [{"command": "python benchmarks/p.py"}], "results": []}))
+    line = benchmark_line(old)
+    assert (line.date, line.code, line.machine, line.command, line.figure) == (
+        "2026-01-02", MISSING, MISSING, "python benchmarks/p.py", MISSING)  # the date its file name ends with
+
+
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _slugs(markdown: str) -> set[str]:
+    """GitHub's anchors for a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#{1,6} +(.+?) *$", _prose(markdown), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+def _prose(markdown: str) -> str:
+    return re.sub(r"^```.*?^```", "", markdown, flags=re.M | re.S)  # links and headings in code blocks are text
+
+
+def _links(page: Path) -> list[str]:
+    return [target for target in LINK.findall(_prose(page.read_text()))
+            if not re.match(r"[a-z]+:", target)]  # http:, https:, mailto: are not files here
+
+
+def test_the_link_checker_finds_a_broken_file_and_a_broken_anchor(tmp_path):
+    (tmp_path / "a.md").write_text("# Top part\n\n[ok](b.md#the-end) [bad](c.md) [gone](b.md#nowhere) [in](#top-part)")
+    (tmp_path / "b.md").write_text("## The end\n")
+    assert _broken(tmp_path / "a.md") == ["c.md", "b.md#nowhere"]
+
+
+def _broken(page: Path) -> list[str]:
+    bad = []
+    for target in _links(page):
+        path, _, anchor = target.partition("#")
+        resolved = (page.parent / path).resolve() if path else page
+        if not resolved.exists() or (anchor and resolved.is_file() and anchor not in _slugs(resolved.read_text())):
+            bad.append(target)
+    return bad
+
+
+@pytest.mark.parametrize("page", ["README.md", *sorted(p.relative_to(REPO).as_posix()
+                                                       for p in (REPO / "docs").glob("*.md"))])
+def test_every_relative_link_resolves_to_a_file_and_heading(page):
+    assert _broken(REPO / page) == []
+
+
+def test_the_settings_page_lists_every_field_of_every_section():
+    from raybiphase.config import SweepSpec
+    from raybiphase.config.docs import setting_list
+
+    page = pages(REPO)["docs/settings.md"]
+    assert all(f"| `{s.name}` |" in page for s in setting_list(SweepSpec))
+    assert [f.name for f in dataclasses.fields(SweepSpec)] == re.findall(r"^## (\w+)$", page, flags=re.M)
