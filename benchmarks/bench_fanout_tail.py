@@ -116,7 +116,8 @@ def main() -> None:
                            "max_steps": args.max_steps, "eval_every": args.eval_every,
                            "max_examples": args.max_examples, "asha": args.asha},
                   **{mode: {k: v for k, v in m.items() if k != "rows"} for mode, m in measured.items()},
-                  "wall_ratio": round(ratio, 3), "same_scores": [same, len(both)]}
+                  "wall_ratio": round(ratio, 3), "same_scores": [same, len(both)],
+                  "headline": f"wall time beside / one after the other: {round(ratio, 3)}"}  # docs/benchmarks.md
         Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
         print(f"record: {args.out}")
 

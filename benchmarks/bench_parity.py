@@ -70,6 +70,7 @@ from raybiphase.data.stream import open_dataset, read_samples, validation_batche
 from raybiphase.optim import param_groups  # noqa: E402
 from raybiphase.pretrain.schedule import Schedule  # noqa: E402
 from raybiphase.results.aggregate import mean_ci  # noqa: E402
+from raybiphase.telemetry.provenance import code_version  # noqa: E402
 
 QUICKSTART = REPO / "sweeps" / "quickstart.yaml"
 
@@ -452,6 +453,19 @@ def summarize(runs: list[dict]) -> list[dict]:
     return out
 
 
+def headline(results: list[dict]) -> str:
+    """Each objective's held-out loss difference, ours - Trainer, at its first group (summarize's order), the group
+    named: the figure docs/benchmarks.md shows."""
+    firsts = {r["objective"]: r for r in reversed(results)}
+
+    def line(r: dict) -> str:
+        spread = "" if r["diff"]["half_width"] is None else f" ± {r['diff']['half_width']:.3f}"
+        orders = ", ".join(f"{k} {r[k]}" for k in KEY[1:-1] if k in r)
+        return f"{r['objective'].upper()} ({orders}): {r['diff']['mean']:+.3f}{spread}, {len(r['seeds'])} seed(s)"
+
+    return "ours - Trainer held-out loss: " + "; ".join(line(r) for _, r in sorted(firsts.items()))
+
+
 def write_record(out: Path, settings: dict, rows: list[dict], invocation: dict) -> dict:
     """One record per file: this invocation's runs join those already there at the same settings (a rerun of a
     seed replaces it), and the summary is recomputed over all of them."""
@@ -462,7 +476,9 @@ def write_record(out: Path, settings: dict, rows: list[dict], invocation: dict) 
         invocations = [i for i in previous.get("invocations", []) if i.get("started") != invocation["started"]]
     runs.update({key_of(r): r for r in rows})
     merged = list(runs.values())
-    record = {"benchmark": "bench_parity", "settings": settings, "results": summarize(merged), "runs": merged,
+    results = summarize(merged)
+    record = {"benchmark": "bench_parity", "settings": settings, "results": results, "runs": merged,
+              "date": invocation["started"][:10], "code": code_version(), "headline": headline(results),
               "invocations": [*invocations, invocation],
               "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()}}
     out.parent.mkdir(parents=True, exist_ok=True)

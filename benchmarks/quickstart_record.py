@@ -68,7 +68,8 @@ def record(results: Path) -> dict:
     losses = {run: {k: round(float(v), 3) for k, v in row.items() if k.startswith("val/") and pd.notna(v)}
               for run, row in last.set_index("run").iterrows()}
     trials = read_rows(results / FINETUNE_FILE)
-    return {"machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
+    return {"benchmark": "quickstart_record", "command": "python -m raybiphase.sweep sweeps/quickstart.yaml",
+            "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
             "code": (read_json(str(results / RUN_INFO)) or {}).get("code", ""),
             "trials": int((trials["source"] == "raybiphase").sum()), "held_out_loss": losses, "scores": scores}
 

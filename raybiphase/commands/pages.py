@@ -136,10 +136,12 @@ def _machine(record: dict[str, Any]) -> str:
 
 def benchmark_line(path: Path) -> BenchmarkLine:
     """A record's date (its own field, else the date its file name ends with), code, machine, command (its own, else
-    its first invocation's) and headline figure, whatever the record's shape."""
+    its first invocation's and how many followed) and headline figure, whatever the record's shape."""
     record = json.loads(path.read_text())
     named = re.search(r"\d{4}-\d{2}-\d{2}", path.name)
-    command = record.get("command") or next((i.get("command") for i in record.get("invocations", [])), None)
+    calls = [i["command"] for i in record.get("invocations", []) if i.get("command")]  # a record that accumulates
+    command = record.get("command") or (calls[0] + (f" (and {len(calls) - 1} more)" if len(calls) > 1 else "")
+                                        if calls else None)
     figure = record.get("headline") or (OLD_FIGURES[record["benchmark"]](record)
                                         if record.get("benchmark") in OLD_FIGURES else None)
     return BenchmarkLine(path.name, record.get("date") or (named.group(0) if named else MISSING),
