@@ -22,8 +22,10 @@ from pathlib import Path
 import pandas as pd
 
 from raybiphase.storage import RUN_INFO
+from raybiphase.results.aggregate import clipped
 from raybiphase.results.report import enriched_summary
 from raybiphase.results.store import read_rows
+from raybiphase.results.tables import POINTS
 from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE, read_json
 
 FAMILIES = {"SC": "squad_shuffle", "TC": "squad_commas", "QA": "squad_sentence", "IR": "squad_retrieval"}
@@ -41,10 +43,15 @@ def cpu_model() -> str:
 
 
 def cell(score: float, ci: float) -> str:
-    """A table cell as the README writes it: 83.0 ± 5.1, or the mean alone without an interval."""
+    """A table cell as the README writes it: 83.0 ± 5.1; 70.2 [21.5, 100.0] when the interval passes the metric's
+    range and is clipped to it, as the report prints it (raybiphase.results.tables.mean_ci); the mean alone without
+    an interval."""
     if math.isnan(score):
         return "n/a"
-    return f"{score:.1f}" if math.isnan(ci) else f"{score:.1f} ± {ci:.1f}"
+    if math.isnan(ci):
+        return f"{score:.1f}"
+    low, high = clipped(score, ci, POINTS)
+    return f"{score:.1f} ± {ci:.1f}" if (low, high) == (score - ci, score + ci) else f"{score:.1f} [{low:.1f}, {high:.1f}]"
 
 
 def record(results: Path) -> dict:

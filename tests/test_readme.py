@@ -59,10 +59,13 @@ def test_readme_shows_every_command_of_the_cli():
 
 
 def test_the_quickstart_table_is_the_recorded_run():
-    """Issue 27: every cell of the README's quickstart table is the record of a quickstart run of this code
+    """Every cell of the README's quickstart table is the record of a quickstart run of this code
     (benchmarks/quickstart_record.py wrote it from the sweep's own tables; the latest record is the one the table
-    shows), so the table cannot drift from what was measured."""
+    shows), an interval past the metric's range printed clipped, so the table cannot drift from what was measured."""
     import json
+
+    from raybiphase.results.aggregate import clipped
+    from raybiphase.results.tables import POINTS
 
     records = sorted((REPO / "benchmarks" / "results").glob("quickstart-*.json"))
     assert records, "no quickstart record: run benchmarks/quickstart_record.py after the quickstart"
@@ -76,7 +79,11 @@ def test_the_quickstart_table_is_the_recorded_run():
         shown = [c.strip().replace("*", "") for c in cells.split("|")][:4]
         for objective, cell in zip(("CLM→MLM", "CLM", "MLM", "untrained"), shown):
             numbers = [float(x) for x in re.findall(r"\d+\.\d", cell)]
-            expected = [round(entry[objective]["score"], 1)]
-            if entry[objective]["ci"] is not None:
-                expected.append(round(entry[objective]["ci"], 1))
+            score, ci = entry[objective]["score"], entry[objective]["ci"]
+            expected = [round(score, 1)]
+            if ci is not None:  # '± ci', or '[low, high]' where the interval passes the metric's range
+                low, high = clipped(score, ci, POINTS)
+                inside = (low, high) == (score - ci, score + ci)
+                expected += [round(ci, 1)] if inside else [round(low, 1), round(high, 1)]
+                assert ("±" in cell) == inside, (task, objective, cell)
             assert numbers == pytest.approx(expected, abs=0.051), (task, objective, cell)
