@@ -1,4 +1,4 @@
-"""Starting or joining Ray, sized honestly for the machine (see ../shared/design.md, "Ray 2.60 on a 2-core machine").
+"""Starting or joining Ray, sized honestly for the machine (a Tune trial, a Train controller and its workers each hold CPUs).
 
 `ensure_ray()` joins the cluster named by RAY_ADDRESS (as under `ray job submit`; `auto`: the one `ray start` left
 on this machine) or starts a local one of its own with the machine's CPUs, a 1 GiB object store (keeps /dev/shm small) and Ray's own logs kept off the console

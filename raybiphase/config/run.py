@@ -94,7 +94,7 @@ class DataConfig:
     row_order: Literal["shuffled", "stored"] = "shuffled"
     """The order a shard's blocks are read in, each epoch: `shuffled` (a seeded permutation per shard and epoch, so a
     batch holds blocks of about as many documents as it has rows), or `stored` (consecutive rows: a batch holds a
-    few documents' consecutive blocks, the order before issue 27)."""
+    few documents' consecutive blocks)."""
 
     def __post_init__(self) -> None:
         for key in ("vocab_size", "seq_len", "shard_rows", "piece_documents", "tokenizer_documents", "max_epochs"):

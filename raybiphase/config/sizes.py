@@ -1,4 +1,4 @@
-"""EuroBERT sizes: the paper's 210m, 610m and 1b (../shared/paper.md) and tiny ones for CPU tests.
+"""EuroBERT sizes: the paper's 210m, 610m and 1b (docs/protocol.md) and tiny ones for CPU tests.
 
 Plain data, no torch: config validation and the sweep planner read it without importing transformers.
 Common to all sizes (the paper): pre-RMSNorm (eps 1e-5), SwiGLU, no biases, no dropout, untied embeddings,

@@ -126,7 +126,7 @@ def _load_blocks(location: str, seq_len: int) -> np.ndarray:
 
 def epochs_read(data_end: int, train_rows: int) -> float:
     """Passes over the training blocks once samples [0, data_end) are read. Past 1.0 `locate` has wrapped: the run (or
-    the run it continues) trains on blocks already seen, which data.max_epochs must allow (issue 27)."""
+    the run it continues) trains on blocks already seen, which data.max_epochs must allow."""
     return data_end / train_rows
 
 

@@ -19,10 +19,12 @@ from raybiphase.results.rows import FinetuneRow
 
 SETTINGS_COLUMN = "finetune_settings"
 """Every row of ours carries `trial_settings`: a table is kept to one set of fine-tuning settings."""
-PROTOCOL = 2
-"""Bumped when the trial protocol changes what a record holds, so older records are not reused: 2 = issue 27
-(diverged trials score the floor; offline validation paragraphs held out of the pretraining corpus; every
-sub-token of a word labelled; QA windows without the answer trained at position 0)."""
+PROTOCOL = 3
+"""Bumped when the trial protocol changes what a record holds, so older records are not reused. 2: diverged trials
+score a floor; offline validation paragraphs held out of the pretraining corpus; every sub-token of a word
+labelled; QA windows without the answer trained at position 0. 3: each task's own floor (SQuAD v2's no-answer F1,
+a random ranking's NDCG@10) with per-example entries; retrieval on the authors' corpora and splits, each dataset
+validated on its own split (CHANGELOG.md)."""
 TrialKey = tuple  # rows.TRIAL_KEY: (run, pretrain_step, task, lr, seed)
 
 
@@ -35,7 +37,7 @@ def trial_settings(cfg: FinetuneConfig) -> str:
         settings.append(["max_eval_examples", cfg.max_eval_examples])
     if cfg.gpus_per_trial > 0:
         settings.append("bf16")
-    if cfg.tc_labels != "all_subtokens":  # the default's own change (issue 27) is PROTOCOL 2's
+    if cfg.tc_labels != "all_subtokens":  # the default's own change is PROTOCOL 2's
         settings.append(["tc_labels", cfg.tc_labels])
     if cfg.ir_corpus != "judged":
         settings.append(["ir_corpus", cfg.ir_corpus])

@@ -22,7 +22,7 @@ class TrialSlots:
     made. A claim may start a trial while the trials of every claim stay under the bound and no claim ranked before
     it still has trials waiting to start: earlier checkpoints come first (their completion pass included), and a
     later batch takes only the slots an earlier one leaves idle (its last trials, fewer than the slots, and the wait
-    before its completion pass) instead of waiting for that batch to end (issue 29)."""
+    before its completion pass) instead of waiting for that batch to end."""
 
     def __init__(self, bound: Callable[[], int]):
         self.bound = bound

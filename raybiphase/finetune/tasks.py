@@ -3,7 +3,7 @@
     task = get_task("tweets")                         # UserError naming the unknown task and listing the known ones
     splits = load_splits(task, max_examples=512)      # train / validation / test, capped for CPU runs
 
-Families (../shared/paper.md): SC sequence classification over mean-pooled tokens, TC token classification,
+Families (docs/protocol.md): SC sequence classification over mean-pooled tokens, TC token classification,
 QA extractive QA as token classification with 2 labels (start, end), IR a mean-pooled bi-encoder. Offline tasks use
 the real files of `raybiphase.data.sources`; production tasks load the paper's twelve datasets with `datasets` from
 the hub, or from local snapshots under RAYBIPHASE_DATASETS_DIR (`raybiphase.finetune.hub`). `squad` has both: the
@@ -18,7 +18,7 @@ Splits, as in the paper: validation = 5% of the train split, drawn like `dataset
 seed=42)` (a `default_rng(42)` permutation of the rows: the first ceil(5%) are validation, the rest train, in that
 shuffled order); test = the official validation split (SQuAD dev for squad, squad_sentence, qnli, squad_bio,
 squad_commas, squad_shuffle, squad_retrieval). The SQuAD-derived offline tasks are the exception, as their train
-file's paragraphs are pretraining text (issue 27): their loaders return (train, validation, test) built from
+file's paragraphs are pretraining text: their loaders return (train, validation, test) built from
 `sources.SQUAD_SPLITS`, validation being the train file's articles that `sources.squad_part` holds out (about 5%,
 by article, never pretrained on); train and validation are then each put in a seeded (42) shuffled order. Hub
 loaders keep the paper's draw: the paper's corpora hold no SQuAD, and a sweep (source "auto") reads SQuAD offline.

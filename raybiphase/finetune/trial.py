@@ -3,7 +3,7 @@
     result = run_trial("runs/tiny-clm-10-mlm40-40/hf", "tweets", lr=1e-4, seed=0, cfg=FinetuneConfig(max_examples=512))
     result["val_score"], result["test_score"], result["test_per_example"]
 
-Protocol (../shared/paper.md): AdamW (betas 0.9/0.95, eps 1e-5, weight decay 0.1 on matrices; norms and biases
+Protocol (the authors', docs/protocol.md): AdamW (betas 0.9/0.95, eps 1e-5, weight decay 0.1 on matrices; norms and biases
 undecayed), batch `cfg.batch_size`, at most `cfg.max_steps` steps or one epoch of the (capped) training set,
 linear warmup over `cfg.warmup_ratio` of the steps then linear decay to zero, gradient norm clipped at 1.0 (the
 transformers Trainer default; the paper does not say). Validation every `cfg.eval_every` steps and at the end,

@@ -239,7 +239,7 @@ def load(path: str | Path, model, optimizer=None) -> CheckpointMeta:
     if optimizer is not None:
         state["optim"] = get_optimizer_state_dict(model, optimizer)
     dcp.load(state, storage_reader=SafeReader(str(path)))
-    # separate calls: the combined set_state_dict hung with FSDP2 on CPU (../shared/design.md)
+    # separate calls: the combined set_state_dict hung with FSDP2 on CPU (torch 2.13)
     set_model_state_dict(model, state["model"])
     if optimizer is not None:
         set_optimizer_state_dict(model, optimizer, state["optim"])
@@ -277,7 +277,7 @@ LENGTH_FREE_ROPE = ("default", "linear", "llama3")
 
 
 def record_trained_length(hf_folder: Path, seq_len: int) -> None:
-    """Set the HF config's max_position_embeddings to `seq_len`, the length the run trained on (issue 27). Our
+    """Set the HF config's max_position_embeddings to `seq_len`, the length the run trained on. Our
     encoders' default RoPE does not read it, so the model's outputs stay the same; a decoder-initialised model
     whose RoPE scaling reads it (dynamic, yarn, longrope) keeps its value, as changing it would move its
     frequencies."""

@@ -1,6 +1,6 @@
 """Fine-tuning trials -> the paper's numbers: best LR on validation, mean test score ± 95% CI over seeds.
 
-Pure pandas/numpy (no Ray, no scipy). The protocol (../shared/paper.md, "Fine-tuning and evaluation protocol"):
+Pure pandas/numpy (no Ray, no scipy). The protocol (the authors', docs/protocol.md):
 for each (source, run, pretrain_step, task)
 
 1. per learning rate, the mean validation score over its seeds;
@@ -9,7 +9,7 @@ for each (source, run, pretrain_step, task)
    `raybiphase.finetune.baselines.FLOORS`: what a model that learned nothing scores, the majority class for
    accuracy, no entity for entity F1, no answer for QA F1, a random ranking's NDCG@10 for retrieval) and counts
    against its LR like any other seed, as in the authors' harness, where a collapsed run still scores; an LR is
-   never chosen on the seeds that happened to survive (issue 27);
+   never chosen on the seeds that happened to survive;
 3. the reported score is the mean test score over all the seeds at that LR, with a 95% confidence interval from the
    t distribution with n-1 degrees of freedom: mean ± t(0.975, n-1) * std(ddof=1) / sqrt(n), its ends clipped to
    the metric's range [0, 1] (`clipped`: a symmetric interval can pass 100% where no score can);

@@ -23,7 +23,7 @@ A section may also be a bare number, or a dict whose score sits under `score`, `
 [true positives, predicted, gold] counts of each sentence, stored flat as rows store them). Flat files work too: `val_score` (or
 `validation_score`, `eval_score`), `test_score`, `test_per_example`.
 
-The model name (the paper's scheme, ../shared/paper.md) fills the columns the report groups by: `phases.clm_share`,
+The model name (the paper's scheme: raybiphase.naming) fills the columns the report groups by: `phases.clm_share`,
 `phases.steps`, `phases.clm_steps`, `phases.mask_ratio`, `model.size`, `model.init_from` (continued pretraining,
 `610m-clm-dec42k-mlm40-64k`) and `pretrain_step` (an intermediate checkpoint, `610m-mlm40-42k-1000`: run
 `610m-mlm40-42k` at step 1,000).

@@ -1,4 +1,4 @@
-"""The sweep's fine-tuning, pipelined with its pretraining (issue 29, point 2).
+"""The sweep's fine-tuning, pipelined with its pretraining.
 
 A checkpoint's trials do not wait for the last segment of the sweep: the untrained controls are exported and
 fine-tuned at once, and each distinct checkpoint (plan.checkpoints) is queued as soon as the segment that holds it
@@ -6,7 +6,7 @@ has ended. A thread of the driver (`FinetuneStream`) starts what is queued as on
 its own (raybiphase.finetune.fanout.run_fanout: ASHA and the completion pass per checkpoint and task) that
 appends its rows to finetune.parquet when it ends. Batches run at once on shared trial slots
 (raybiphase.finetune.scheduling.TrialSlots), an earlier batch's trials first: checkpoints ready while a batch
-runs do not wait for that batch's last trials or its completion pass (issue 29), but they wait while its
+runs do not wait for that batch's last trials or its completion pass, but they wait while its
 trials still fill every slot, so they start together as one batch, once a slot would otherwise be idle. (A batch
 per checkpoint at once would start a Tuner each, and trial processes that Tune reuses only within a Tuner: on the
 2-core quickstart that cost more than the idle slots it filled.)

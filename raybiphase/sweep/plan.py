@@ -71,7 +71,7 @@ class Segment:
     ends_runs: list[str] = field(default_factory=list)  # runs whose last step is `end`
     exports: list[int] = field(default_factory=list)
     """Steps in (start, end] exported as HF folders: the union of what its runs fine-tune (Run.finetune_steps), not
-    only what `config`'s run asks for (issue 27: a shared segment once exported one member run's steps)."""
+    only what `config`'s run asks for (a shared segment exports every member run's steps)."""
 
     @property
     def steps(self) -> int:
@@ -110,7 +110,7 @@ class Plan:
 
     def checkpoints(self) -> dict[tuple[str, int], list[str]]:
         """Every fine-tuned checkpoint, (segment id, step), with the runs whose weights it holds at that step, in
-        plan order: one set of trials each (issue 27: an export inside a shared prefix is one checkpoint, however
+        plan order: one set of trials each (an export inside a shared prefix is one checkpoint, however
         many runs pass through it)."""
         out: dict[tuple[str, int], list[str]] = {}
         for run in self.runs.values():

@@ -51,7 +51,7 @@ class QuestionAnsweringHead(Head):
         for record in records:
             answers = record["answers"]
             for window in self.windows(record):
-                target = (0, 0)  # no answer in this window (issue 27: kept, as transformers' run_qa keeps them)
+                target = (0, 0)  # no answer in this window (kept, as transformers' run_qa keeps them)
                 if answers["text"]:
                     start_char = answers["answer_start"][0]
                     end_char = start_char + len(answers["text"][0])
