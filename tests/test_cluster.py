@@ -4,7 +4,10 @@ KubeRay RayJob runs the documented sweep. No cloud, no Kubernetes, no Ray cluste
 from __future__ import annotations
 
 import copy
+import os
+import re
 import shlex
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -21,6 +24,14 @@ AUTOSCALER_CONFIGS = {
     "gcp.yaml": ("a3-highgpu-8g", {"g2-standard-8", "a2-highgpu-1g"}),
 }
 STORAGE_SCHEME = {"aws.yaml": "s3://", "gcp.yaml": "gs://"}
+# Token authentication: where cluster/make-token.sh writes the token on the user's machine, where `ray up` puts it on
+# every node, and the environment each node's `ray start` needs to enforce it (Ray reads RAY_AUTH_MODE and the token
+# from RAY_AUTH_TOKEN, else the file RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token).
+LOCAL_TOKEN = "~/.raybiphase/ray-token"
+NODE_TOKEN = "~/.ray/auth_token"
+NODE_AUTH_ENV = "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$HOME/.ray/auth_token;"
+CLIENT_AUTH_ENV = f"export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={LOCAL_TOKEN}"
+TOKEN_SECRET = "raybiphase-ray-token"
 
 
 def load(name: str) -> dict:
@@ -101,7 +112,7 @@ def test_every_node_installs_the_project_and_none_compiles_flash_attn(autoscaler
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert extras["flash"] == ["flash-attn>=2.6"]  # an option, installed from a prebuilt wheel or an image
     assert "cd ~/raybiphase && pip install -c constraints.txt -e '.[gpu]'" in " && ".join(prepared["worker_setup_commands"])
-    assert raw["file_mounts"] == {"~/raybiphase": "."}, "setup installs the working tree that `ray up` syncs"
+    assert raw["file_mounts"]["~/raybiphase"] == ".", "setup installs the working tree that `ray up` syncs"
     # prepare_config puts setup_commands in front of head_setup_commands and worker_setup_commands.
     for commands in (prepared["head_setup_commands"], prepared["worker_setup_commands"]):
         joined = " && ".join(commands)
@@ -132,6 +143,71 @@ def test_workers_may_write_the_bucket(autoscaler):
             scopes = [s for account in node_config["serviceAccounts"] for s in account["scopes"]]
             assert any(s.endswith(("/cloud-platform", "/devstorage.read_write")) for s in scopes), type_name
     assert f"sweep.storage: {STORAGE_SCHEME[name]}" in (CLUSTER / name).read_text()
+
+
+def test_every_node_starts_ray_with_token_authentication(autoscaler):
+    """Head and workers alike: the token travels from the user's machine (outside the repository) to Ray's token path on
+    every node, and every `ray start` runs with token authentication on and that file as its token."""
+    _, raw, prepared = autoscaler
+    assert raw["file_mounts"][NODE_TOKEN] == LOCAL_TOKEN
+    assert not Path(LOCAL_TOKEN).expanduser().resolve().is_relative_to(ROOT), "the token must live outside the repository"
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        starts = [command for command in prepared[key] if "ray start" in command]
+        assert len(starts) == 1, key
+        before_start = " ".join(starts[0].split()).split("ray start")[0]
+        assert NODE_AUTH_ENV in before_start, f"{key}: `ray start` without token authentication"
+    # no node type starts Ray its own way (which could leave authentication out)
+    assert all(not k.endswith("start_ray_commands") for t in raw["available_node_types"].values() for k in t)
+
+
+def test_the_dashboard_listens_on_loopback_only(autoscaler):
+    """Reached through `ray dashboard` (an SSH tunnel), never on the head's public interfaces."""
+    _, _, prepared = autoscaler
+    (head_start,) = [command for command in prepared["head_start_ray_commands"] if "ray start" in command]
+    assert "--dashboard-host=127.0.0.1" in head_start.split()
+
+
+def test_no_cluster_file_opens_the_dashboard_to_every_interface():
+    for path in sorted(CLUSTER.iterdir()):
+        text = path.read_text()
+        assert not re.search(r"dashboard-host[=:]\s*[\"']?0\.0\.0\.0", text), f"{path.name} binds the dashboard to 0.0.0.0"
+
+
+def test_make_token_writes_a_private_token_and_never_prints_it(tmp_path):
+    env = {**os.environ, "HOME": str(tmp_path)}
+    first = subprocess.run(["sh", str(CLUSTER / "make-token.sh")], env=env, capture_output=True, text=True, check=True)
+    token_file = Path(LOCAL_TOKEN.replace("~", str(tmp_path)))
+    token = token_file.read_text()
+    assert re.fullmatch(r"[0-9a-f]{64}", token), "256 random bits, hex, nothing else (no newline)"
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    again = subprocess.run(["sh", str(CLUSTER / "make-token.sh")], env=env, capture_output=True, text=True, check=True)
+    assert token_file.read_text() == token, "a second run keeps the token a running cluster accepts"
+    for run in (first, again):
+        assert token not in run.stdout + run.stderr and str(token_file) in run.stdout
+
+
+def _tracked_files() -> list[Path]:
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout: no list of committed files")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return [ROOT / name for name in listed.split("\0") if name]
+
+
+def test_no_committed_file_holds_a_token():
+    """No token file is tracked, no line that speaks of a token or secret carries a long random-looking value (the
+    shape make-token.sh and Ray write), and this machine's own token, when it has one, is in no tracked file."""
+    looks_secret = re.compile(r"(token|secret|auth)[^\n]*?([0-9a-f]{32,}|[A-Za-z0-9+/]{40,}={0,2})", re.IGNORECASE)
+    local = Path(LOCAL_TOKEN).expanduser()
+    own = local.read_text().strip() if local.is_file() else None
+    for path in _tracked_files():
+        assert path.name not in {"ray-token", "auth_token"}, f"{path.relative_to(ROOT)} is a token file"
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
+            continue
+        found = looks_secret.search(text)
+        assert not found, f"{path.relative_to(ROOT)}: a token-looking value: {found.group(0)[:40]}..."
+        assert not own or own not in text, f"{path.relative_to(ROOT)} holds this machine's Ray token"
 
 
 def test_aws_node_configs_are_valid_run_instances_arguments():
@@ -188,6 +264,21 @@ def test_rayjob_cluster_has_a_cpu_head_and_gpu_groups_from_zero(rayjob):
     assert sorted(gpus.values()) == [1, 8], gpus
 
 
+def test_rayjob_runs_every_pod_with_the_users_token(rayjob):
+    """KubeRay's authOptions: token mode in every pod, the token from a Secret the user creates from the local token
+    file (not one KubeRay generates, not a literal in a pod template); the dashboard left on KubeRay's ClusterIP."""
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    assert cluster["authOptions"] == {"mode": "token", "secretName": TOKEN_SECRET}
+    readme = (CLUSTER / "README.md").read_text()
+    assert f"kubectl create secret generic {TOKEN_SECRET} --from-file=auth_token=$HOME/.raybiphase/ray-token" in readme
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    for group in groups:
+        assert "dashboard-host" not in group["rayStartParams"]
+        for container in group["template"]["spec"]["containers"]:
+            names = {e["name"] for e in container.get("env", [])}
+            assert not names & {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN"}, "authOptions sets these; a pod must not override them"
+
+
 def test_rayjob_storage_is_a_bucket(rayjob):
     runtime_env = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])
     assert runtime_env["env_vars"]["RAYBIPHASE_STORAGE"].startswith(("gs://", "s3://"))
@@ -208,6 +299,12 @@ def test_readme_commands_match_the_files():
     for line in submits:
         if line not in rehearsal:
             assert f"--working-dir . -- {DOCUMENTED_ENTRYPOINT}" in line, line
+    # every shown submission carries the token: its code block sets Ray's client environment before it
+    blocks = readme.split("```")[1::2]
+    for block in blocks:
+        if "ray job submit" in block:
+            assert CLIENT_AUTH_ENV in block.split("ray job submit")[0], block
+    assert sum("ray job submit" in block for block in blocks) == len(submits)
     # the rehearsal is what tests/test_multinode.py runs: a head without CPUs, a worker node in its own mount
     # namespace, the quickstart with storage and data in the bucket
     assert "--working-dir . -- python -m raybiphase.sweep sweeps/quickstart.yaml" in rehearsal[0]

@@ -1,6 +1,7 @@
 """A rehearsal of the cloud cluster on one machine: a head that offers no CPU, a worker node that cannot see the
 driver's files, a bucket (a real S3-compatible server on 127.0.0.1) for data and results, `ray job submit`; then
-the worker node lost whole mid-segment, as a preempted VM, and a fresh one in its place (issue 29, point 4).
+the worker node lost whole mid-segment, as a preempted VM, and a fresh one in its place. Both nodes and the client run
+with Ray's token authentication, as every cluster config does: a job without the token is refused.
 
 The worker node is started inside its own mount namespace (`unshare -m`) with empty tmpfs mounted over the checkout,
 the caches and /tmp: its processes cannot read anything the driver wrote locally, so whatever crosses from the
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # where Ray looks for its mode and token
 CHECKPOINT_EVERY, PREFIX_STEPS = 10, 40
 SHRUNK = [  # the quickstart's CLM->MLM and CLM runs (a shared 40-step CLM prefix continued from the bucket), small
     "sweep.grid={phases.clm_share: [0.5, 1.0]}", "resources.num_workers=1", "resources.max_concurrent=2",
@@ -55,7 +57,7 @@ def isolated_worker_command(ray_bin: str, address: str, keep: Path) -> list[str]
     steps += [f"mount -t tmpfs tmpfs {shlex.quote(str(p))}" for p in hidden_paths()]
     steps += [f"mkdir -p {shlex.quote(str(venv))}", f"mount --bind {shlex.quote(str(keep))} {shlex.quote(str(venv))}"]
     steps.append(f"exec {shlex.quote(ray_bin)} start --address={address} --num-cpus=2 --object-store-memory="
-                 f"{300 << 20} --disable-usage-stats")
+                 f"{300 << 20} --dashboard-agent-listen-port={_free_port()} --disable-usage-stats")
     return ["unshare", "-m", "--propagation", "private", "sh", "-c", " && ".join(steps)]
 
 
@@ -112,13 +114,19 @@ def _kill_namespace(namespace: str) -> int:
 
 class TwoNodes:
     """A head with no CPU and one isolated worker node (2 CPUs), each node's processes in a mount namespace of its
-    own; `lose_worker()` SIGKILLs every process of the worker node at once (a preempted VM), `add_worker()` starts a
+    own, both with token authentication (a token made for this cluster by cluster/make-token.sh, in a folder the
+    worker node can read, handed to `ray start` and `ray job submit` as RAY_AUTH_TOKEN_PATH); `lose_worker()` SIGKILLs every process of the worker node at once (a preempted VM), `add_worker()` starts a
     fresh one (new mount namespace: empty temp dir and caches), `stop()` kills both nodes and nothing else: a Ray
     of the user's on the same machine (a sweep under way) is left alone, where `ray stop` would stop it too."""
 
     def __init__(self):
-        self.env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        self.env.update(RAY_AUTH_MODE="disabled", RAYBIPHASE_MAX_FAILURES="0", RAYBIPHASE_PROGRESS_S="1")
+        self.env = {k: v for k, v in os.environ.items() if k not in {"RAY_ADDRESS", *AUTH_ENV}}
+        self.token_dir = Path(tempfile.mkdtemp(prefix="rbp-token-", dir="/dev/shm"))  # /dev/shm: not hidden
+        self.token_file = self.token_dir / "ray-token"
+        subprocess.run(["sh", str(REPO / "cluster" / "make-token.sh"), str(self.token_file)], check=True,
+                       capture_output=True)
+        self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(self.token_file), RAYBIPHASE_MAX_FAILURES="0",
+                        RAYBIPHASE_PROGRESS_S="1")
         self.ray_bin = str(Path(sys.executable).parent / "ray")
         self.port, self.dashboard = _free_port(), _free_port()
         self.keeps: list[Path] = []
@@ -126,7 +134,10 @@ class TwoNodes:
 
     def start(self) -> None:
         head = [self.ray_bin, "start", "--head", f"--port={self.port}", "--num-cpus=0", "--include-dashboard=true",
-                f"--dashboard-port={self.dashboard}", f"--object-store-memory={300 << 20}", "--disable-usage-stats"]
+                f"--dashboard-port={self.dashboard}", f"--object-store-memory={300 << 20}", "--disable-usage-stats",
+                # a port of its own for the job agent: Ray's fixed default (52365) may be held by another Ray here,
+                # and a head whose agent cannot bind accepts no job
+                f"--dashboard-agent-listen-port={_free_port()}"]
         before = set(_raylets())
         subprocess.run(["unshare", "-m", "--propagation", "private", *head], env=self.env, check=True,
                        capture_output=True, timeout=120)
@@ -149,24 +160,32 @@ class TwoNodes:
         """SIGKILL every process of the worker node until none is left; returns how many there were."""
         return _kill_namespace(self.worker_namespace)
 
-    def submit(self, overrides: list[str]) -> subprocess.Popen:
+    def submit(self, overrides: list[str], *, env: dict[str, str] | None = None,
+               entrypoint: list[str] | None = None) -> subprocess.Popen:
+        """`ray job submit` of the shrunk quickstart (or another entrypoint), with this cluster's token unless `env`
+        says otherwise."""
+        entrypoint = entrypoint or ["python", "-m", "raybiphase.sweep", "sweeps/quickstart.yaml",
+                                    *[arg for o in overrides for arg in ("--set", o)]]
         command = [self.ray_bin, "job", "submit", f"--address=http://127.0.0.1:{self.dashboard}", "--working-dir",
-                   ".", "--", "python", "-m", "raybiphase.sweep", "sweeps/quickstart.yaml",
-                   *[arg for o in overrides for arg in ("--set", o)]]
-        return subprocess.Popen(command, env=self.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+                   ".", "--", *entrypoint]
+        return subprocess.Popen(command, env=self.env if env is None else env, cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
 
-    def run(self, overrides: list[str], *, timeout: float = 900) -> str:
-        """Submit the shrunk quickstart and wait for it; the head's job agent may come up minutes after `ray
-        start` returns on a loaded machine: retried for 240 s."""
+    def submitted(self, overrides: list[str], *, timeout: float = 900, **kwargs) -> tuple[int, str]:
+        """Submit and wait: the exit status and output. The head's job agent may come up minutes after `ray start`
+        returns on a loaded machine: retried for 240 s."""
         started = time.time()
         while True:
-            proc = self.submit(overrides)
+            proc = self.submit(overrides, **kwargs)
             output = proc.communicate(timeout=timeout)[0]
             if "No available agent to submit job" not in output or time.time() > started + 240:
-                break
+                return proc.returncode, output
             time.sleep(5)
-        assert proc.returncode == 0 and "succeeded" in output, output[-4000:]
+
+    def run(self, overrides: list[str], *, timeout: float = 900) -> str:
+        """Submit the shrunk quickstart and wait for it to succeed."""
+        returncode, output = self.submitted(overrides, timeout=timeout)
+        assert returncode == 0 and "succeeded" in output, output[-4000:]
         return output
 
     def stop(self) -> None:
@@ -181,6 +200,7 @@ class TwoNodes:
                 current.unlink()
         for keep in self.keeps:
             shutil.rmtree(keep, ignore_errors=True)
+        shutil.rmtree(self.token_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -208,6 +228,28 @@ def _tables(results: str):
         return pq.read_table(path, filesystem=fs).to_pandas()
 
     return read(storage.FINETUNE_FILE), read(storage.PRETRAIN_FILE)
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_job_without_the_clusters_token_is_refused_and_one_with_it_runs(two_nodes):
+    """The head's job API answers only a client with the token: with none (HTTP 401) or a wrong one (403) `ray job
+    submit` fails before anything runs; with it the job runs. The token appears in none of the outputs."""
+    probe = ["python", "-c", "print('the authenticated job ran')"]
+    without = {k: v for k, v in two_nodes.env.items() if k not in AUTH_ENV}
+    wrong = {**without, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}
+    token = two_nodes.token_file.read_text()
+    said = []
+    for env, refusal in ((without, "Authentication required: Unauthorized: Missing authentication token"),
+                         (wrong, "Authentication failed: Forbidden: Invalid authentication token")):
+        returncode, output = two_nodes.submitted([], env=env, entrypoint=probe, timeout=300)
+        said.append(output)
+        assert returncode != 0 and refusal in output, output[-2000:]
+        assert "the authenticated job ran" not in output and "submitted successfully" not in output
+    returncode, output = two_nodes.submitted([], entrypoint=probe, timeout=300)
+    said.append(output)
+    assert returncode == 0 and "succeeded" in output and "the authenticated job ran" in output, output[-2000:]
+    assert all(token not in output for output in said)
 
 
 @pytest.mark.cluster
