@@ -30,6 +30,7 @@ from raybiphase.results import html
 from raybiphase.results.aggregate import lr_table, summarize
 from raybiphase.results.questions import beyond_sections, knobs
 from raybiphase.results.replicates import replicates_section
+from raybiphase.results.rows import BASELINE, OURS
 from raybiphase.results.store import read_rows, write_summary
 from raybiphase.results.tables import Section, error_bars, markdown, mean_ci
 from raybiphase.results.verdicts import MIN_SEEDS, UNTRAINED, family_verdicts, findings, versus_control
@@ -197,6 +198,7 @@ def data_efficiency_section(s: pd.DataFrame) -> Section:
 
 def lr_section(s: pd.DataFrame, trials: pd.DataFrame) -> Section:
     title = "Learning-rate sensitivity per objective"
+    trials = trials[_col(trials, "source").fillna(OURS) != BASELINE]  # a baseline row has no LR (0) to compare
     if trials.empty or trials["lr"].nunique() < 2:
         return Section("lr_sensitivity", title, None, "Not drawn: a single fine-tuning learning rate.")
     final = s[s["final"]][["source", "run", "pretrain_step", "task", "objective", "family", "metric"]]
@@ -311,12 +313,15 @@ def curves_section(pretrain: pd.DataFrame) -> Section:
     losses = [c for c in (f"val/{o}_loss" for o in get_args(Objective)) if c in pretrain and pretrain[c].notna().any()]
     if not losses or pretrain.groupby("run")["step"].nunique().max() < 2:
         return Section("pretrain_curves", title, None, "Not drawn: no run reported held-out losses at two steps.")
-    pretrain = pretrain.assign(budget=pd.to_numeric(_col(pretrain, "phases.steps"), errors="coerce"))
-    budgets = sorted(pretrain["budget"].unique(), key=lambda b: (pd.isna(b), b))
-    fig = Figure(figsize=(5.5 * len(losses) + 3.2, 3.8 * len(budgets) + 0.5), layout="constrained")
-    axes = fig.subplots(len(budgets), len(losses), squeeze=False)
-    for row, budget in zip(axes, budgets):
-        runs = pretrain[(pretrain["budget"] == budget) | (pretrain["budget"].isna() & pd.isna(budget))]
+    pretrain = pretrain.assign(budget=pd.to_numeric(_col(pretrain, "phases.steps"), errors="coerce"),
+                               size=_col(pretrain, "model.size").map(lambda v: "" if pd.isna(v) else str(v)))
+    rows = sorted(set(zip(pretrain["size"], pretrain["budget"])), key=lambda r: (r[0], pd.isna(r[1]), r[1]))
+    fig = Figure(figsize=(5.5 * len(losses) + 3.2, 3.8 * len(rows) + 0.5), layout="constrained")
+    axes = fig.subplots(len(rows), len(losses), squeeze=False)
+    several = pretrain["size"].nunique() > 1  # a row of panels per model size and budget: no line spans two sizes
+    for row, (size, budget) in zip(axes, rows):
+        same_budget = (pretrain["budget"] == budget) | (pretrain["budget"].isna() & pd.isna(budget))
+        runs = pretrain[same_budget & (pretrain["size"] == size)]
         for ax, loss in zip(row, losses):
             palette = _palette(runs["run"].nunique())
             for run, rows in runs.sort_values("step").groupby("run", sort=True):
@@ -328,7 +333,8 @@ def curves_section(pretrain: pd.DataFrame) -> Section:
             if len(entropy):  # what knowing only token frequencies achieves: learning means falling well below
                 ax.axhline(entropy.iloc[0], color="black", linestyle="--", alpha=0.6,
                            label=f"unigram entropy {entropy.iloc[0]:.2f}")
-            ax.set_title(f"held-out {loss.split('/')[1].split('_')[0].upper()} loss, {_budget(budget)} budget")
+            ax.set_title(f"held-out {loss.split('/')[1].split('_')[0].upper()} loss, "
+                         + (f"{size}, " if several else "") + f"{_budget(budget)} budget")
             ax.set_xlabel("pretraining step (optimizer steps)")
             ax.set_ylabel("cross-entropy (nats/token)")
             ax.grid(alpha=0.3)
@@ -338,8 +344,8 @@ def curves_section(pretrain: pd.DataFrame) -> Section:
     table = pd.DataFrame({"run": last.index, "step": last["step"].astype(int),
                           **{f"final {loss}": last[loss].round(3) for loss in losses},
                           "unigram entropy": pd.to_numeric(_col(last, "unigram_entropy"), errors="coerce").round(3)})
-    return Section("pretrain_curves", title, fig, "Held-out loss of every run, one row per step budget; the objective "
-                   "changes at the dotted lines; dashed: the corpus' unigram entropy (a model that knows only token "
+    return Section("pretrain_curves", title, fig, "Held-out loss of every run, one row per model size and step "
+                   "budget; the objective changes at the dotted lines; dashed: the corpus' unigram entropy (a model that knows only token "
                    "frequencies), which a learning model falls well below.", markdown(table))
 
 

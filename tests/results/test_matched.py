@@ -132,3 +132,11 @@ def test_replicated_arms_are_decided_on_the_spread_between_pretraining_runs() ->
     assert _verdicts(rows[:2])["4."][0] == "held"  # one run per arm: the fine-tuning interval alone
     section = replicates_section(pd.DataFrame(rows))
     assert "| 610m-clm0-r0.4-42000 | 610m | sst2 | 3 |" in section.table.replace("610m-clm10500", "610m-clm0")
+
+
+def test_pretraining_curves_have_a_row_of_panels_per_size() -> None:
+    rows = [{"run": f"{size}-mlm40-400-abc123", "step": step, "model.size": size, "phases.steps": 400,
+             "objective": "mlm", "val/mlm_loss": 7.0 - step / 400} for size in ("210m", "1b") for step in (200, 400)]
+    section = report.curves_section(pd.DataFrame(rows))
+    titles = {ax.get_title() for ax in section.figure.axes}
+    assert titles == {"held-out MLM loss, 1b, 400 steps budget", "held-out MLM loss, 210m, 400 steps budget"}

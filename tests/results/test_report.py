@@ -304,3 +304,17 @@ def test_the_papers_five_findings_are_judged_from_the_intervals() -> None:
     assert verdicts["4."][0] == "not resolved" and "2 undecided" in verdicts["4."][1]
     assert verdicts["5."][0] == "held"
     assert findings(pd.DataFrame(rows[:2]))[4][1] == "not resolved"  # no continued runs: nothing to compare
+
+
+def test_a_baseline_row_is_not_a_second_learning_rate() -> None:
+    """One fine-tuning LR beside a BM25 or majority-class row (recorded with lr 0): no LR figure to draw."""
+    from raybiphase.results.aggregate import summarize
+
+    ours = [{"source": "raybiphase", "run": "tiny-mlm40-800-abc123", "pretrain_step": 800, "task": "squad_retrieval",
+             "family": "IR", "metric": "ndcg@10", "lr": 2e-3, "seed": seed, "val_score": 0.1, "test_score": 0.1}
+            for seed in range(3)]
+    baseline = {**ours[0], "source": "baseline", "run": "bm25", "pretrain_step": 0, "lr": 0.0, "val_score": math.nan,
+                "test_score": 0.86}
+    trials = pd.DataFrame([*ours, baseline])
+    section = report.lr_section(report._enrich(summarize(trials)), trials)
+    assert section.figure is None and section.note == "Not drawn: a single fine-tuning learning rate."
