@@ -31,7 +31,7 @@ from raybiphase.config.sizes import SIZE_NAMES, SIZES
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     size: str = "tiny"
-    """Registry name of the EuroBERT size: tiny, mini, 210m, 610m, 1b (see raybiphase.pretrain.model.SIZES)."""
+    """Registry name of the EuroBERT size: micro, tiny, mini, 210m, 610m, 1b (see raybiphase.pretrain.model.SIZES)."""
     attn_implementation: Literal["sdpa", "flash_attention_2", "flex_attention"] = "sdpa"
     """Attention backend: sdpa and flash_attention_2 take CLM's causal flag, flex_attention a causal block mask (tests
     check each never looks ahead); eager ignores both, so it is not offered."""

@@ -3,6 +3,7 @@
 Plain data, no torch: config validation and the sweep planner read it without importing transformers.
 Common to all sizes (the paper): pre-RMSNorm (eps 1e-5), SwiGLU, no biases, no dropout, untied embeddings,
 RoPE theta 10,000. The vocabulary comes from the tokenizer.
+The CPU sizes micro < tiny < mini stand for 210m < 610m < 1b in the paper in miniature (sweeps/paper_mini.yaml).
 """
 
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ def flops_per_token(*, layers: int, hidden: int, non_embedding_params: int, voca
 
 
 SIZES: dict[str, Size] = {
+    "micro": Size(layers=2, hidden=32, heads=2, kv_heads=2, head_dim=16, ffn=96),
     "tiny": Size(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=192),
     "mini": Size(layers=4, hidden=128, heads=4, kv_heads=4, head_dim=32, ffn=384),
     "210m": Size(layers=12, hidden=768, heads=12, kv_heads=12, head_dim=64, ffn=3072),

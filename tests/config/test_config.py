@@ -60,7 +60,7 @@ def test_overrides_use_the_dotted_names_that_flatten_reports():
         ({"phases": {"plan": [{"objective": "xlm", "steps": 100}]}}, {}, "phases.plan.0.objective: 'xlm' is not allowed"),
         ({"optim": {"decay_steps": 500}}, {}, "optim.decay_steps: decay of 500 steps is longer than the run"),
         ({"optim": {"warmup_steps": 60, "decay_steps": 60}}, {}, "optim.warmup_steps: warmup + decay = 120 steps"),
-        ({"model": {"size": "7b"}}, {}, "model.size: unknown size '7b'; allowed: tiny, mini, 210m, 610m, 1b"),
+        ({"model": {"size": "7b"}}, {}, "model.size: unknown size '7b'; allowed: micro, tiny, mini, 210m, 610m, 1b"),
         ({"sweep": {"grid": {"phases.clm_shar": [0.5]}}}, {}, "sweep.grid: phases.clm_shar: unknown key"),
         ({"sweep": {"runs": [{}, {"phases.clm_shar": 0.5}]}}, {}, "sweep.runs.1: phases.clm_shar: unknown key"),
         ({"sweep": {"grid": {"phases.clm_share": [0.5, 0.5]}}}, {}, "sweep.grid.phases.clm_share: 0.5 is listed twice"),

@@ -261,3 +261,29 @@ def test_replicates_share_prefixes_only_within_a_seed_and_the_dry_run_prices_the
     extra_finetuning = plan.finetune_gpu_hours(spec) * 2 / 3  # two of three seeds' checkpoints and controls
     assert f"at most {extra_finetuning:,.1f} of fine-tuning" in line
     assert replicate_lines(one, load(SweepSpec, "sweeps/quickstart.yaml")) == []
+
+
+def test_the_miniature_plans_every_run_of_the_paper_at_cpu_sizes_and_steps():
+    """sweeps/paper_mini.yaml is sweeps/paper.yaml with 210m/610m/1b as micro/tiny/mini and steps / 100, less the
+    pretraining replicates and the 2k continued runs: the same runs under the same names."""
+    import re
+
+    def miniature(name: str) -> str:
+        for big, small in (("210m", "micro"), ("610m", "tiny"), ("1b", "mini")):
+            name = name.replace(f"{big}-", f"{small}-", 1) if name.startswith(big) else name
+        return re.sub(r"(\d+)k", lambda m: str(int(m.group(1)) * 10), name)
+
+    paper = {name.rsplit("-", 1)[0] for name in make_plan(load(SweepSpec, "sweeps/paper.yaml")).runs}
+    expected = {miniature(name) for name in paper if not re.search(r"-s\d$|-44k$", name)}
+    plan = make_plan(load(SweepSpec, "sweeps/paper_mini.yaml"))
+    assert {name.rsplit("-", 1)[0] for name in plan.runs} == expected and len(expected) == 35
+    assert sorted(c.config.model.size for c in plan.controls.values()) == ["micro", "mini", "tiny"]
+    exported = {name.rsplit("-", 1)[0] for name, run in plan.runs.items() if run.finetune_steps != [run.steps]}
+    assert exported == {f"{size}-{tag}-420" for size in ("micro", "tiny", "mini") for tag in ("clm", "mlm40")}
+
+
+def test_the_sizes_of_the_miniature_order_as_the_papers():
+    from raybiphase.config.sizes import SIZES
+
+    counts = [SIZES[size].params(4096) for size in ("micro", "tiny", "mini")]
+    assert counts == sorted(counts) and len(set(counts)) == 3

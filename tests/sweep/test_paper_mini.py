@@ -1,0 +1,178 @@
+"""sweeps/paper_mini.yaml, shortened, run end to end on the local Ray, and its report checked against its own rows.
+
+The shortened miniature keeps what only a spec of several sizes reaches: every size's CLM-only and MLM runs at 20%
+and 40%, and the 25% CLM split at two sizes (steps / 15, one SC task, one LR, 3 seeds so that intervals exist,
+a few fine-tuning steps). The report must then draw a panel per size, give the masking-ratio table a column per
+size, tally each finding per size, and judge every model against the control of its own size; and every finding's
+verdict and evidence must equal what a plain merge of summary.parquet's rows on size, budget, ratio and task
+implies. A verdict that compared a 210m-like model with a 1b-like one counts more pairs than that merge, and fails.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pandas as pd
+import pytest
+import yaml
+
+from tests.conftest import SMALL_DATA
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+SIZES = ("micro", "tiny", "mini")
+TASK = "tweets"
+SCALE = 15  # 420 steps -> 28, the 25% split's 100 CLM steps -> 6
+
+
+def kept(run: dict) -> bool:
+    """The runs at the longest budget from scratch: MLM at 20% and 40% and CLM only, and the 25% CLM splits."""
+    return ("phases.steps" not in run and "model.init_from" not in run
+            and run.get("phases.mask_ratio", 0.4) in (0.2, 0.4) and run.get("phases.clm_steps", 100) == 100)
+
+
+def shortened(tmp_path, small_data) -> dict:
+    spec = yaml.safe_load(open("sweeps/paper_mini.yaml"))
+    spec["sweep"]["storage"] = str(tmp_path)
+    spec["sweep"]["runs"] = [{**run, **({"phases.clm_steps": run["phases.clm_steps"] // SCALE}
+                                        if "phases.clm_steps" in run else {}), "train.export_steps": []}
+                             for run in spec["sweep"]["runs"] if kept(run)]
+    spec["phases"]["steps"] //= SCALE
+    spec["data"] = {**SMALL_DATA, "dir": small_data[0].dir, "decontaminate": False}  # the shared shards hold none out
+    spec["optim"].update(warmup_steps=2, decay_steps=4)
+    spec["train"].update(eval_every=100, eval_batches=1, checkpoint_every=100, export_steps=[])
+    spec["finetune"].update(tasks=[TASK], lrs=[1e-3], seeds=[0, 1, 2], max_examples=48, max_eval_examples=48,
+                           max_steps=3, eval_every=3, max_len=64)  # the small data's blocks: what it trained on
+    return spec
+
+
+# ------------------------------------------------------------------------------------------------ the oracle
+
+
+def summary_rows(root) -> pd.DataFrame:
+    """Our final checkpoints from summary.parquet, in points, with the interval only from 3 seeds up."""
+    s = pd.read_parquet(root / "summary.parquet")
+    s = s[s["source"] == "raybiphase"]
+    s = s[s["pretrain_step"] == s.groupby("run")["pretrain_step"].transform("max")]
+    return s.assign(score=s["test_mean"] * 100, ci=(s["test_ci95"] * 100).where(s["n_seeds"] >= 3),
+                    size=s["model.size"], budget=s["phases.steps"], ratio=s["phases.mask_ratio"],
+                    share=s["phases.clm_share"], init_from=s.get("model.init_from"))
+
+
+def side(a_score, a_ci, b_score, b_ci) -> str:
+    if pd.isna(a_ci) or pd.isna(b_ci):
+        return "undecided"
+    return "a" if a_score - a_ci > b_score + b_ci else "b" if b_score - b_ci > a_score + a_ci else "undecided"
+
+
+def tally(pairs: pd.DataFrame) -> tuple[str, str]:
+    """The verdict and the evidence the report must print for these matched pairs (side a: the paper's way)."""
+    def count(frame):
+        a, b = int((frame["side"] == "a").sum()), int((frame["side"] == "b").sum())
+        text = f"{a} of {len(frame)} comparisons the paper's way, {b} the other way, {len(frame) - a - b} undecided"
+        return ("mixed" if a and b else "held" if a else "not held" if b else "not resolved"), text
+
+    verdict, text = count(pairs)
+    if pairs["size"].nunique() > 1:
+        text += " (" + "; ".join(f"{size}: {count(group)[1]}" for size, group in pairs.groupby("size")) + ")"
+    return verdict, text
+
+
+def merged(a: pd.DataFrame, b: pd.DataFrame, on: list[str]) -> pd.DataFrame:
+    pairs = a.merge(b, on=on, suffixes=("_a", "_b"))
+    return pairs.assign(side=[side(*v) for v in zip(pairs["score_a"], pairs["ci_a"], pairs["score_b"],
+                                                      pairs["ci_b"])])
+
+
+def masking(only: pd.DataFrame) -> tuple[str, str]:
+    """Finding 3 as the report must state it: per size, its lowest against its highest masking ratio; held when
+    a size's winner changes with the task, or a task's winner with the size."""
+    verdicts, evidence, winners = [], [], {}
+    for size, group in only.groupby("size"):
+        low, high = group["ratio"].min(), group["ratio"].max()
+        pairs = merged(group[group["ratio"] == low], group[group["ratio"] == high], ["size", "budget", "task"])
+        names = {"a": f"{low:.0%}", "b": f"{high:.0%}"}
+        decided = pairs[pairs["side"] != "undecided"]
+        for task, won in zip(decided["task"], decided["side"]):
+            winners.setdefault(task, set()).add(won)
+        sides = set(decided["side"])
+        verdicts.append("held" if sides == {"a", "b"} else "not held" if sides and len(decided) == len(pairs)
+                        else "not resolved")
+        listed = "; ".join(f"{names[w]} better on {t} {b:g}" for t, w, b in zip(decided["task"], decided["side"],
+                                                                                 decided["budget"]))
+        evidence.append(f"{size}: masking {names['a']} vs {names['b']} (task, budget): {listed or 'none decided'}; "
+                        f"{len(pairs) - len(decided)} of {len(pairs)} undecided")
+    held = "held" in verdicts or any(len(w) > 1 for w in winners.values())
+    return ("held" if held else "not held" if set(verdicts) == {"not held"} else "not resolved"), "; ".join(evidence)
+
+
+def findings_table(report: str) -> dict[str, tuple[str, str]]:
+    findings = report.rsplit("\n## ", 1)[1]
+    rows = re.findall(r"^\| (\d)\. [^|]+\| ([^|]+) \| ([^|]+) \|$", findings, re.M)
+    return {number: (verdict.strip(), evidence.strip()) for number, verdict, evidence in rows}
+
+
+def section_table(report: str, title: str) -> list[str]:
+    section = report.split(f". {title}\n", 1)[1].split("\n## ", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("|")]
+
+
+# ------------------------------------------------------------------------------------------------ the test
+
+
+def test_the_shortened_miniature_reports_per_size_what_its_rows_imply(ray_cluster, small_data, tmp_path):
+    from raybiphase.config import SweepSpec, from_dict
+    from raybiphase.sweep.driver import run_sweep
+
+    plan = run_sweep(from_dict(SweepSpec, shortened(tmp_path, small_data)), out=io.StringIO())
+    assert len(plan.runs) == 11 and sorted(c.config.model.size for c in plan.controls.values()) == sorted(SIZES)
+    check_report(tmp_path / "paper_mini")
+
+
+def check_report(root) -> None:
+    """The report in root/report against root's rows: panels and columns per size, own-size controls, findings."""
+    from raybiphase.results.report import write_report
+    from raybiphase.results.tables import mean_ci
+
+    report = (root / "report" / "report.md").read_text()
+    _, sections = write_report(root)  # the same rows drawn again: the figures' panels, inspectable
+    assert (root / "report" / "report.md").read_text() == report  # drawn from the Parquet rows alone
+    s = summary_rows(root)
+    assert set(s["size"]) == set(SIZES) and set(s["task"]) == {TASK}
+
+    # the figures along an axis other than the size: one panel per (task, size), its size in the title
+    drawn = {x.name: x for x in sections if x.figure is not None}
+    for name in ("clm_share", "mask_ratio"):
+        titles = sorted(ax.get_title() for ax in drawn[name].figure.axes if ax.get_visible())
+        assert titles == sorted(f"SC · {TASK} · {size}" for size in SIZES), name
+
+    # the masking-ratio table: a column per size, a row per MLM-only run of every size and ratio
+    table = section_table(report, "Downstream score vs masking ratio (MLM-only runs)")
+    assert all(f"{TASK} · {size}" in table[0] for size in SIZES)
+    scratch = s[(s["budget"] > 0) & s["init_from"].isna()]
+    only = scratch[scratch["share"] == 0]
+    printed = {(row.split(" | ")[1].split()[0], float(row.split(" | ")[2])) for row in table[2:]}
+    assert printed == {(z, round(r * 100, 1)) for z, r in zip(only["size"], only["ratio"])}
+
+    # every pretrained model against the control of its own size, one row each, the verdict from the intervals
+    control = s[s["budget"] == 0].set_index("size")
+    models = s[s["budget"] > 0].set_index("run")
+    rows = section_table(report, "Pretrained vs untrained control, with baselines")[2:]
+    assert sorted(r.split(" | ")[2] for r in rows) == sorted(models.index)
+    for row in rows:
+        run, against, verdict = (row.strip("| ").split(" | ")[i] for i in (2, 5, 7))
+        model, own = models.loc[run], control.loc[models.loc[run, "size"]]
+        assert against == mean_ci(own["score"], own["ci"], own["n_seeds"]), run
+        apart = side(model["score"], model["ci"], own["score"], own["ci"])
+        resolved = pd.notna(model["ci"]) and pd.notna(own["ci"])
+        assert verdict == {"a": "above", "b": "below"}.get(apart, "overlap" if resolved else "not resolved"), run
+
+    # the findings: each verdict and tally what a plain merge on size, budget, ratio and task implies
+    found = findings_table(report)
+    clm, two = scratch[scratch["share"] == 1], scratch[(scratch["share"] > 0) & (scratch["share"] < 1)]
+    one = merged(only, clm, ["size", "budget", "task"])
+    assert found["1"] == tally(one) and one["size"].nunique() == 3
+    four = merged(two, only, ["size", "budget", "ratio", "task"])
+    assert found["4"] == tally(four) and set(four["size"]) == {"tiny", "mini"}
+    assert found["3"] == masking(only)
+    assert found["2"][0] == found["5"][0] == "not resolved"  # no early checkpoints, no continued runs here
