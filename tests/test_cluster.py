@@ -17,6 +17,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "cluster"
+CLUSTER_GUIDE = ROOT / "docs" / "cluster.md"  # the page that shows how to use the files in cluster/
 DOCUMENTED_ENTRYPOINT = "python -m raybiphase.sweep sweeps/split_grid.yaml"
 AUTOSCALER_CONFIGS = {
     # file: (the 8xH100 instance type, the single-GPU instance types it may use)
@@ -269,7 +270,7 @@ def test_rayjob_runs_every_pod_with_the_users_token(rayjob):
     file (not one KubeRay generates, not a literal in a pod template); the dashboard left on KubeRay's ClusterIP."""
     cluster = rayjob["spec"]["rayClusterSpec"]
     assert cluster["authOptions"] == {"mode": "token", "secretName": TOKEN_SECRET}
-    readme = (CLUSTER / "README.md").read_text()
+    readme = CLUSTER_GUIDE.read_text()
     assert f"kubectl create secret generic {TOKEN_SECRET} --from-file=auth_token=$HOME/.raybiphase/ray-token" in readme
     groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
     for group in groups:
@@ -284,11 +285,11 @@ def test_rayjob_storage_is_a_bucket(rayjob):
     assert runtime_env["env_vars"]["RAYBIPHASE_STORAGE"].startswith(("gs://", "s3://"))
 
 
-# --- README -----------------------------------------------------------------------------------------------------
+# --- docs/cluster.md: the commands it shows ----------------------------------------------------------------------
 
 
 def test_readme_commands_match_the_files():
-    readme = (CLUSTER / "README.md").read_text()
+    readme = CLUSTER_GUIDE.read_text()
     for name in AUTOSCALER_CONFIGS:
         assert f"ray up cluster/{name}" in readme
     assert "kubectl apply -f cluster/kuberay-rayjob.yaml" in readme
