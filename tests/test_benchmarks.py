@@ -1,4 +1,4 @@
-"""The benchmarks keep running: the masking one, at a toy size, prints its ratio (its figures go in the README)."""
+"""The benchmarks keep running: the masking one, at a toy size, prints its ratio (docs/benchmarking.md)."""
 
 from __future__ import annotations
 

@@ -296,7 +296,7 @@ def test_readme_commands_match_the_files():
     assert f"{DOCUMENTED_ENTRYPOINT} --dry-run" in readme
     submits = [line for line in readme.splitlines() if line.startswith("ray job submit")]
     rehearsal = [line for line in submits if "s3://rehearsal" in line]
-    assert submits and len(rehearsal) == 1, "the README shows no ray job submit, or not the local rehearsal"
+    assert submits and len(rehearsal) == 1, "docs/cluster.md shows no ray job submit, or not the local rehearsal"
     for line in submits:
         if line not in rehearsal:
             assert f"--working-dir . -- {DOCUMENTED_ENTRYPOINT}" in line, line

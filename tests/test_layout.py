@@ -1,4 +1,4 @@
-"""The package's shape stays readable: layers that import only the layers before them (README, "Layers"), no import
+"""The package's shape stays readable: layers that import only the layers before them (docs/architecture.md), no import
 cycles, few lazy imports, small files that say what they do."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ with Ray's token authentication, as every cluster config does: a job without the
 
 The worker node is started inside its own mount namespace (`unshare -m`) with empty tmpfs mounted over the checkout,
 the caches and /tmp: its processes cannot read anything the driver wrote locally, so whatever crosses from the
-driver to the work (shards, offline assets, checkpoints, records) crosses through the bucket. cluster/README.md
+driver to the work (shards, offline assets, checkpoints, records) crosses through the bucket. docs/cluster.md
 shows the same rehearsal as commands.
 """
 
