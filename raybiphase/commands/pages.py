@@ -154,8 +154,8 @@ def benchmarks_page(records: Path) -> str:
     lines = [HEADER.rstrip(), "", "# Benchmark records", "",
              "One row per JSON record in [benchmarks/results/](../benchmarks/results/): when it ran, at which code, "
              f"where, how, and its headline figure ({MISSING}: the record does not say; a record-writing benchmark "
-             "writes `date`, `code`, `machine`, `command` and `headline`; a long field shows its first clause, …). The README's Benchmarks section tells what "
-             "each measures.", ""]
+             "writes `date`, `code`, `machine`, `command` and `headline`; a long field shows its first clause, …). "
+             "[Benchmarking](benchmarking.md) tells what each measures.", ""]
     rows = [(f"[{b.file}](../benchmarks/results/{b.file})", b.date, b.code, b.machine,
              f"`{b.command}`" if b.command != MISSING else MISSING, b.figure) for b in found]
     return "\n".join(lines + table(("record", "date", "code", "machine", "command", "figure"), rows)) + "\n"
