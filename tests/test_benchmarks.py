@@ -25,44 +25,32 @@ def test_masking_benchmark_runs_what_the_stream_runs_and_prints_the_ratio(offlin
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_parity_benchmark_trains_both_sides_and_prints_the_difference(offline_cache, tmp_path):
-    """bench_parity.py at a toy size (4 steps, one seed, MLM): the project's run and transformers' Trainer, scored
-    by one evaluation; it prints the difference line and writes a strict JSON record."""
+def test_parity_benchmark_trains_both_sides_and_clm_equals_the_trainer_when_both_read_the_same_order(
+        offline_cache, tmp_path):
+    """bench_parity.py at a toy size (4 steps, one seed): the project's run and transformers' Trainer, scored by
+    one evaluation; it prints the difference line and writes a strict JSON record. CLM has no masking draw: given
+    the project's block order, the Trainer (its AdamW groups, clipping, token-weighted accumulation over two
+    micro-batches, causal loss) and the project's loop end on the same held-out loss, so what the benchmark measures
+    beyond seed noise is the data order (and for MLM the masks)."""
     import json
 
     record = tmp_path / "parity.json"
     proc = subprocess.run([sys.executable, "benchmarks/bench_parity.py", "--seeds", "0", "--steps", "4",
-                           "--objectives", "mlm", "--json", str(record)], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+                           "--objectives", "mlm", "clm", "--peer-order", "ours", "--ours-order", "stream",
+                           "--set", "train.micro_batch_size=8", "--json", str(record)], cwd=REPO,
+                          capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "mlm seed 0: held-out loss ours" in proc.stdout
     assert "difference (ours - Trainer)" in proc.stdout
     data = json.loads(record.read_text(), parse_constant=lambda name: pytest.fail(f"{name} in the record"))
-    (result,) = data["results"]
-    assert result["objective"] == "mlm" and result["seeds"] == [0]
-    (run,) = data["runs"]
-    assert 0 < run["ours"] < 10 and 0 < run["peer"] < 10  # both trained a little from ln(4096) = 8.3
-    assert run["diff"] == pytest.approx(run["ours"] - run["peer"])
-
-
-@pytest.mark.slow
-@pytest.mark.ray
-def test_parity_benchmark_clm_equals_the_trainer_when_both_read_the_same_order(offline_cache, tmp_path):
-    """CLM has no masking draw: given the project's block order, transformers' Trainer (its AdamW groups, clipping,
-    token-weighted accumulation over two micro-batches, causal loss) and the project's loop end on the same held-out
-    loss, so what the benchmark measures beyond seed noise is the data order."""
-    import json
-
-    record = tmp_path / "parity.json"
-    proc = subprocess.run([sys.executable, "benchmarks/bench_parity.py", "--seeds", "0", "--steps", "4",
-                           "--objectives", "clm", "--peer-order", "ours", "--ours-order", "stream",
-                           "--set", "train.micro_batch_size=8",
-                           "--json", str(record)], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (run,) = json.loads(record.read_text())["runs"]
-    assert run["peer_order"] == "ours" and run["ours"] < 8.3
-    assert run["peer"] == pytest.approx(run["ours"], abs=1e-5)
+    assert sorted(result["objective"] for result in data["results"]) == ["clm", "mlm"]
+    assert all(result["seeds"] == [0] for result in data["results"])
+    runs = {run["objective"]: run for run in data["runs"]}
+    assert 0 < runs["mlm"]["ours"] < 10 and 0 < runs["mlm"]["peer"] < 10  # both trained a little from ln(4096)
+    assert runs["mlm"]["diff"] == pytest.approx(runs["mlm"]["ours"] - runs["mlm"]["peer"])
+    clm = runs["clm"]
+    assert clm["peer_order"] == "ours" and clm["ours"] < 8.3
+    assert clm["peer"] == pytest.approx(clm["ours"], abs=1e-5)
 
 
 @pytest.mark.parametrize("record", sorted((REPO / "benchmarks" / "results").glob("*.json")),

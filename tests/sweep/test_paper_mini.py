@@ -1,11 +1,14 @@
 """sweeps/paper_mini.yaml, shortened, run end to end on the local Ray, and its report checked against its own rows.
 
 The shortened miniature keeps what only a spec of several sizes reaches: every size's CLM-only and MLM runs at 20%
-and 40%, and the 25% CLM split at two sizes (steps / 15, one SC task, one LR, 3 seeds so that intervals exist,
-a few fine-tuning steps). The report must then draw a panel per size, give the masking-ratio table a column per
-size, tally each finding per size, and judge every model against the control of its own size; and every finding's
-verdict and evidence must equal what a plain merge of summary.parquet's rows on size, budget, ratio and task
-implies. A verdict that compared a 210m-like model with a 1b-like one counts more pairs than that merge, and fails.
+and 40%, and the 25% CLM split at two sizes; and what every study has: the middle size's early (undecayed)
+checkpoint of its CLM and MLM runs, and continued MLM from its decayed CLM and MLM checkpoints (steps / 15, one
+SC task, one LR, 3 seeds so that intervals exist, a few fine-tuning steps). Every run must train, every
+checkpoint (the controls, the early and the final ones) be fine-tuned once per seed. The report must then draw a
+panel per size, give the masking-ratio table a column per size, tally each finding per size, and judge every model
+against the control of its own size; and every finding's verdict and evidence must equal what a plain merge of
+summary.parquet's rows on size, budget (or step), ratio and task implies. A verdict that compared a 210m-like model
+with a 1b-like one counts more pairs than that merge, and fails.
 """
 
 from __future__ import annotations
@@ -22,25 +25,37 @@ from tests.conftest import SMALL_DATA
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 SIZES = ("micro", "tiny", "mini")
 TASK = "tweets"
-SCALE = 15  # 420 steps -> 28, the 25% split's 100 CLM steps -> 6
+SCALE = 15  # 420 steps -> 28, the 25% split's 100 CLM steps -> 6, the continued runs' 120 -> 8
+EARLY = 6  # the early checkpoint of the tiny CLM-only and MLM 40% runs: undecayed (the decay is the last 4 steps)
 
 
 def kept(run: dict) -> bool:
-    """The runs at the longest budget from scratch: MLM at 20% and 40% and CLM only, and the 25% CLM splits."""
-    return ("phases.steps" not in run and "model.init_from" not in run
-            and run.get("phases.mask_ratio", 0.4) in (0.2, 0.4) and run.get("phases.clm_steps", 100) == 100)
+    """The runs at the longest budget from scratch: MLM at 20% and 40% and CLM only, and the 25% CLM splits; and the
+    shorter continued runs."""
+    if "model.init_from" in run:
+        return run["phases.steps"] == 120
+    return ("phases.steps" not in run and run.get("phases.mask_ratio", 0.4) in (0.2, 0.4)
+            and run.get("phases.clm_steps", 100) == 100)
+
+
+def scaled(run: dict) -> dict:
+    """A run of the miniature, its steps / SCALE; the early checkpoint only where the miniature exports one at
+    the middle size."""
+    run = {**run, **{k: run[k] // SCALE for k in ("phases.clm_steps", "phases.steps") if k in run}}
+    if "model.init_from" in run:
+        run["model.init_from"] = run["model.init_from"].replace("-420", f"-{420 // SCALE}")
+    early = "model.size" not in run and "train.export_steps" not in run and "model.init_from" not in run
+    return {**run, "train.export_steps": [EARLY] if early else []}
 
 
 def shortened(tmp_path, small_data) -> dict:
     spec = yaml.safe_load(open("sweeps/paper_mini.yaml"))
     spec["sweep"]["storage"] = str(tmp_path)
-    spec["sweep"]["runs"] = [{**run, **({"phases.clm_steps": run["phases.clm_steps"] // SCALE}
-                                        if "phases.clm_steps" in run else {}), "train.export_steps": []}
-                             for run in spec["sweep"]["runs"] if kept(run)]
+    spec["sweep"]["runs"] = [scaled(run) for run in spec["sweep"]["runs"] if kept(run)]
     spec["phases"]["steps"] //= SCALE
     spec["data"] = {**SMALL_DATA, "dir": small_data[0].dir, "decontaminate": False}  # the shared shards hold none out
     spec["optim"].update(warmup_steps=2, decay_steps=4)
-    spec["train"].update(eval_every=100, eval_batches=1, checkpoint_every=100, export_steps=[])
+    spec["train"].update(eval_every=100, eval_batches=1, checkpoint_every=100, export_steps=[EARLY])  # the base run
     spec["finetune"].update(tasks=[TASK], lrs=[1e-3], seeds=[0, 1, 2], max_examples=48, max_eval_examples=48,
                            max_steps=3, eval_every=3, max_len=64)  # the small data's blocks: what it trained on
     return spec
@@ -49,11 +64,12 @@ def shortened(tmp_path, small_data) -> dict:
 # ------------------------------------------------------------------------------------------------ the oracle
 
 
-def summary_rows(root) -> pd.DataFrame:
-    """Our final checkpoints from summary.parquet, in points, with the interval only from 3 seeds up."""
+def summary_rows(root, *, final: bool = True) -> pd.DataFrame:
+    """Our final checkpoints (else the earlier ones) from summary.parquet, in points, with the interval only from
+    3 seeds up."""
     s = pd.read_parquet(root / "summary.parquet")
     s = s[s["source"] == "raybiphase"]
-    s = s[s["pretrain_step"] == s.groupby("run")["pretrain_step"].transform("max")]
+    s = s[(s["pretrain_step"] == s.groupby("run")["pretrain_step"].transform("max")) == final]
     return s.assign(score=s["test_mean"] * 100, ci=(s["test_ci95"] * 100).where(s["n_seeds"] >= 3),
                     size=s["model.size"], budget=s["phases.steps"], ratio=s["phases.mask_ratio"],
                     share=s["phases.clm_share"], init_from=s.get("model.init_from"))
@@ -124,9 +140,24 @@ def test_the_shortened_miniature_reports_per_size_what_its_rows_imply(ray_cluste
     from raybiphase.config import SweepSpec, from_dict
     from raybiphase.sweep.driver import run_sweep
 
-    plan = run_sweep(from_dict(SweepSpec, shortened(tmp_path, small_data)), out=io.StringIO())
-    assert len(plan.runs) == 11 and sorted(c.config.model.size for c in plan.controls.values()) == sorted(SIZES)
-    check_report(tmp_path / "paper_mini")
+    from raybiphase.results.store import read_rows
+
+    out = io.StringIO()
+    plan = run_sweep(from_dict(SweepSpec, shortened(tmp_path, small_data)), out=out)
+    root = tmp_path / "paper_mini"
+    assert len(plan.runs) == 13 and sorted(c.config.model.size for c in plan.controls.values()) == sorted(SIZES)
+    assert set(read_rows(root / "pretrain.parquet")["run"]) == set(plan.runs)  # continued ones from their sources
+    trials = read_rows(root / "finetune.parquet")
+    ours = trials[trials["source"] == "raybiphase"]
+    assert not ours.duplicated(["run", "pretrain_step", "task", "lr", "seed"]).any()
+    steps = ours.groupby("run")["pretrain_step"].agg(lambda s: tuple(sorted(set(s))))
+    early = {name for name in plan.runs if name.rsplit("-", 1)[0] in ("tiny-clm-28", "tiny-mlm40-28")}
+    assert len(early) == 2 and steps.to_dict() == {  # the controls, the early and every final checkpoint
+        **{name: (EARLY, run.steps) if name in early else (run.steps,) for name, run in plan.runs.items()},
+        **{control: (0,) for control in plan.controls}}
+    assert (ours.groupby(["run", "pretrain_step"]).size() == 3).all()  # every seed of each
+    assert out.getvalue().splitlines()[-1].startswith("time: ")  # where the time went
+    check_report(root)
 
 
 def check_report(root) -> None:
@@ -175,4 +206,11 @@ def check_report(root) -> None:
     four = merged(two, only, ["size", "budget", "ratio", "task"])
     assert found["4"] == tally(four) and set(four["size"]) == {"tiny", "mini"}
     assert found["3"] == masking(only)
-    assert found["2"][0] == found["5"][0] == "not resolved"  # no early checkpoints, no continued runs here
+    early = summary_rows(root, final=False)
+    efficiency = merged(early[early["share"] == 1], early[early["share"] == 0], ["size", "pretrain_step", "task"])
+    assert len(efficiency) == 1 and found["2"][0] == tally(efficiency)[0] and found["2"][1].startswith(
+        f"at the earliest step: {tally(efficiency)[1]}; ")
+    continued = s[s["init_from"].notna()]
+    from_clm = continued["init_from"].str.contains("-clm-")
+    five = merged(continued[from_clm], continued[~from_clm], ["size", "budget", "ratio", "task"])
+    assert len(five) == 1 and found["5"] == tally(five)
