@@ -26,8 +26,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without install
 from raybiphase.config import SweepSpec, from_dict  # noqa: E402
-from raybiphase.finetune.fanout import Fanout, best_lr, run_fanout  # noqa: E402
-from raybiphase.results.rows import FinetuneRow, FinetuneSource, trial_key  # noqa: E402
+import dataclasses  # noqa: E402
+
+from raybiphase.finetune.fanout import Fanout, best_lr  # noqa: E402
+from raybiphase.finetune.spec import FinetuneSource  # noqa: E402
+from raybiphase.results.rows import FinetuneRow, trial_key  # noqa: E402
+from raybiphase.sweep.scheduler import finetune_checkpoints  # noqa: E402
 
 
 def tiny_checkpoint(out: Path, vocab_size: int = 2048) -> Path:
@@ -85,8 +89,8 @@ def main() -> None:
     for mode in ("asha", "grid"):
         cfg = from_dict(SweepSpec, {"finetune": {**finetune, "asha": mode == "asha"}, "resources": {"max_concurrent": 2}})
         began = time.perf_counter()
-        rows[mode] = run_fanout(checkpoints, Fanout.of(cfg), storage=str(work / "results"), name=mode,
-                                reduction_factor=args.reduction_factor)
+        fanout = dataclasses.replace(Fanout.of(cfg), reduction_factor=args.reduction_factor)
+        rows[mode] = finetune_checkpoints(checkpoints, fanout, storage=str(work / "results"), name=mode)
         seconds[mode] = time.perf_counter() - began
 
     grid_steps = sum(r["steps"] for r in rows["grid"])

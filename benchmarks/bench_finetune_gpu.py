@@ -121,6 +121,7 @@ def ours(hf_dir: Path, args, device) -> dict:
     """`run_trial` as the fan-out runs it, its phases timed through the head it tokenizes with."""
     from raybiphase.config import FinetuneConfig
     from raybiphase.finetune import trial
+    from raybiphase.finetune.spec import TrialSpec
 
     watch, tokenized = Stopwatch(device), trial._tokenized
 
@@ -148,13 +149,13 @@ def ours(hf_dir: Path, args, device) -> dict:
     trial._tokenized = timed_tokenized
     try:
         began = time.perf_counter()
-        result = trial.run_trial(hf_dir, args.task, lr=args.lr, seed=args.seed, cfg=cfg)
+        result = trial.run_trial(TrialSpec.plain(hf_dir, args.task, lr=args.lr, seed=args.seed), cfg=cfg)
         watch.stop("train")  # a diverged trial returns without evaluating
         wall = time.perf_counter() - began
     finally:
         trial._tokenized = tokenized
-    return side_record("ours", watch, wall=wall, steps=result["steps"], batch_size=args.batch_size,
-                       test_score=result["test_score"])
+    return side_record("ours", watch, wall=wall, steps=result.steps, batch_size=args.batch_size,
+                       test_score=result.test_score)
 
 
 def encode(tokenizer, records: list[dict], max_len: int) -> list[dict]:

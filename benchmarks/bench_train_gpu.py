@@ -298,6 +298,7 @@ def finetune_rate(size: str, root: Path, task: str, batch_size: int, steps: int,
 
     from raybiphase.config import FinetuneConfig
     from raybiphase.data.stream import open_dataset
+    from raybiphase.finetune.spec import TrialSpec
     from raybiphase.finetune.trial import run_trial
     from raybiphase.pretrain.model import build_model
 
@@ -307,13 +308,13 @@ def finetune_rate(size: str, root: Path, task: str, batch_size: int, steps: int,
         AutoTokenizer.from_pretrained(str(manifest.local_tokenizer())).save_pretrained(tmp)
         cfg = FinetuneConfig(batch_size=batch_size, max_steps=steps, max_len=max_len, gpus_per_trial=1,
                              eval_every=10**6)
-        result = run_trial(tmp, task, lr=3e-5, seed=0, cfg=cfg)
+        result = run_trial(TrialSpec.plain(tmp, task, lr=3e-5, seed=0), cfg=cfg)
     import torch
 
     return {"size": size, "mode": "finetune_trial", "task": task, "batch_size": batch_size, "max_len": max_len,
-            "steps": result["steps"], "seconds": result["seconds"],
-            "examples_per_s": result["steps"] * batch_size / result["seconds"],
-            "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9, "test_score": result["test_score"]}
+            "steps": result.steps, "seconds": result.seconds,
+            "examples_per_s": result.steps * batch_size / result.seconds,
+            "peak_mem_gb": torch.cuda.max_memory_allocated() / 1e9, "test_score": result.test_score}
 
 
 def cmd_run(args) -> int:

@@ -1,5 +1,5 @@
 """`raybiphase finetune MODEL OUT [SPEC] [--set k=v] [--name N]`: fine-tune any encoder checkpoint in HF format
-with the sweep's protocol (raybiphase.finetune.published)."""
+with the sweep's protocol (raybiphase.sweep.published)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def main() -> int:
     args = parser.parse_args()
     spec = (load(SweepSpec, args.config, args.overrides) if args.config
             else from_dict(SweepSpec, {}, dict(parse_override(o) for o in args.overrides)))
-    from raybiphase.finetune.published import finetune_model  # lazy: --help answers before torch and Ray load
+    from raybiphase.sweep.published import finetune_model  # lazy: --help answers before torch and Ray load
 
     rows = finetune_model(args.model, args.out, spec, args.name)
     print(f"fine-tuned {args.model}: {len(rows)} new trial(s) in "

@@ -1,7 +1,8 @@
 """One fine-tuning trial: a pretrained checkpoint x a task x a learning rate x a seed, per the paper's protocol.
 
-    result = run_trial("runs/tiny-clm-10-mlm40-40/hf", "tweets", lr=1e-4, seed=0, cfg=FinetuneConfig(max_examples=512))
-    result["val_score"], result["test_score"], result["test_per_example"]
+    spec = TrialSpec.plain("runs/tiny-clm-10-mlm40-40/hf", "tweets", lr=1e-4, seed=0)
+    result = run_trial(spec, cfg=FinetuneConfig(max_examples=512))
+    result.val_score, result.test_score, result.test_per_example
 
 Protocol (the authors', docs/protocol.md): AdamW (betas 0.9/0.95, eps 1e-5, weight decay 0.1 on matrices; norms and biases
 undecayed), batch `cfg.batch_size`, at most `cfg.max_steps` steps or one epoch of the (capped) training set,
@@ -12,7 +13,7 @@ last report also carries the whole result under "final" (so a caller can store i
 the trial at that report ends the process). Deterministic given the seed: the head's
 initialisation (torch.manual_seed) and the data order (a numpy generator) both come from it.
 
-Tasks trained on another's pairs ride along (`also_test`): the trained model is scored on each of their
+Tasks trained on another's pairs ride along (the spec's riders): the trained model is scored on each of their
 validation splits at every evaluation and on their test splits at the end, so MS MARCO's retrieval model is
 trained once and validated and tested on MS MARCO, NQ and MLDR (`tasks.training_groups`). Each gets a result of
 its own with its own validation score (each task chooses its LR on its own validation, as the authors do); the
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -34,7 +36,6 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypedDict
 
 import numpy as np
 import torch
@@ -45,6 +46,7 @@ from raybiphase.data.assets import cache_dir
 from raybiphase.errors import UserError
 from raybiphase.finetune.baselines import floor_scores
 from raybiphase.finetune.heads import head_for
+from raybiphase.finetune.spec import TrialSpec
 from raybiphase.finetune.tasks import get_task, load_splits
 from raybiphase.optim import adamw, set_lr, wsd_lr
 
@@ -179,9 +181,10 @@ def trial_device(cfg: FinetuneConfig) -> torch.device:
     return torch.device("cpu")
 
 
-class TrialResult(TypedDict, total=False):
+@dataclasses.dataclass(frozen=True)
+class TrialResult:
     """What one fine-tuning trial gives back (and its rows record): scores in [0, 1], per-example test scores for
-    the bootstrap, and for a training group's trial the same for every task tested on its model."""
+    the bootstrap, and for a training group's trial the same for every task tested on its model (`also_tested`)."""
 
     val_score: float
     test_score: float
@@ -191,8 +194,8 @@ class TrialResult(TypedDict, total=False):
     test_per_example: list
     secondary_metric: str | None
     test_secondary: float
-    diverged: bool
-    also_tested: dict[str, TrialResult]
+    diverged: bool = False
+    also_tested: dict[str, TrialResult] = dataclasses.field(default_factory=dict)
 
 
 def trial_result(task: str, *, val_score: float, test_score: float, per_example: list, secondary: float, steps: int,
@@ -215,27 +218,24 @@ def _diverged(task: str, also_test: tuple[str, ...], cfg: FinetuneConfig, source
                             per_example=floor["test_per_example"], secondary=floor["test_secondary"], steps=steps,
                             seconds=seconds, diverged=True)
 
-    result = floored(task)
-    if also_test:
-        result["also_tested"] = {name: floored(name) for name in also_test}
-    return result
+    return dataclasses.replace(floored(task), also_tested={name: floored(name) for name in also_test})
 
 
-def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: FinetuneConfig,
-              report: Callable[[dict], None] | None = None, source: str = "auto",
-              also_test: tuple[str, ...] = ()) -> TrialResult:
-    """Fine-tune `hf_dir` on `task`; returns val_score, test_score, metric, steps, seconds, test_per_example,
-    secondary_metric, test_secondary and diverged (the loss turned NaN or inf: the trial stops at its next
-    evaluation and scores the metric's floor, `baselines.floor_scores`).
+def run_trial(spec: TrialSpec, *, cfg: FinetuneConfig, report: Callable[[dict], None] | None = None,
+              source: str = "auto") -> TrialResult:
+    """Fine-tune `spec.checkpoint` on `spec.task` at `spec.lr` with `spec.seed`; returns its TrialResult: scores,
+    steps, seconds, per-example test scores, and `diverged` (the loss turned NaN or inf: the trial stops at its
+    next evaluation and scores the metric's floor, `baselines.floor_scores`).
 
-    `also_test`: tasks (of the same family and labels) scored on the trained model too, each on its own
+    `spec.riders`: tasks (of the same family and labels) scored on the trained model too, each on its own
     validation split at every evaluation (reported under "also_val": {task: score}) and on its test split at the
-    end, under "also_tested": {task: a result like this one, with its own validation score and this trial's
+    end, under `also_tested`: {task: a result like this one, with its own validation score and this trial's
     steps} (nq and mldr on msmarco's trial; a diverged trial gives each its own floor)."""
     began = time.perf_counter()
-    get_task(task)  # an unknown task fails here, before anything loads
+    task, lr, seed = spec.task.name, spec.lr, spec.seed
+    also_test = tuple(t.name for t in spec.also_test)
     _check_also_test(task, also_test)
-    hf_path = resolve_hf_dir(hf_dir)
+    hf_path = resolve_hf_dir(spec.checkpoint)
     caps = (cfg.max_examples, cfg.max_eval_examples)
     head, units, val, test = _tokenized(hf_path, task, caps, cfg.max_len, source, cfg.tc_labels, cfg.ir_corpus)
     riders = {name: _tokenized_eval(hf_path, name, head, caps, cfg.max_len, source, cfg.tc_labels, cfg.ir_corpus)
@@ -271,9 +271,9 @@ def run_trial(hf_dir: str | Path, task: str, *, lr: float, seed: int, cfg: Finet
         if done % cfg.eval_every == 0 or done == total:
             if not bool(finite):  # diverged: scored at the metric's floor, so the seed still counts against its LR
                 result = _diverged(task, also_test, cfg, source, steps=done, seconds=time.perf_counter() - began)
-                also_val = {name: r["val_score"] for name, r in result.get("also_tested", {}).items()}
+                also_val = {name: r.val_score for name, r in result.also_tested.items()}
                 if report:
-                    report({"step": done, "val_score": result["val_score"], "also_val": also_val, "final": result})
+                    report({"step": done, "val_score": result.val_score, "also_val": also_val, "final": result})
                 return result
             model.eval()
             with autocast():
@@ -304,6 +304,4 @@ def _tested(model, head, test, task: str, rider_tests: dict, *, val_scores: dict
                                   seconds=seconds)
                for name, evaluation in tested.items()}
     result = results.pop(task)
-    if rider_tests:
-        result["also_tested"] = results
-    return result
+    return dataclasses.replace(result, also_tested=results)

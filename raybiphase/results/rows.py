@@ -1,5 +1,6 @@
-"""Result rows as typed records, built here and nowhere else: one per pretraining report, one per fine-tuning trial
-or baseline. `record()` flattens a row into the Parquet row (and the JSON record a fine-tuning trial leaves).
+"""Result rows as typed records: one per pretraining report, one per fine-tuning trial (built from the trial's spec
+and result, raybiphase.finetune.spec) or baseline. `record()` flattens a row into the Parquet row (and the JSON
+record a fine-tuning trial leaves).
 
 Every row carries the run's settings as dotted columns (`config_columns`: `phases.mask_ratio`, `model.size`, ...),
 with the phases resolved: `phases.clm_share` and `phases.clm_steps` hold the run's actual CLM share and steps
@@ -20,7 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from raybiphase.config import FinetuneGrid, RunConfig, flatten
+from raybiphase.config import RunConfig, flatten
 
 PRETRAIN_KEY = ("run", "step")
 FINETUNE_KEY = ("run", "pretrain_step", "task", "lr", "seed", "source")
@@ -77,22 +78,6 @@ def control_columns(config: RunConfig) -> dict[str, Any]:
         columns[key] = None
     columns.update({"phases.steps": 0, "phases.clm_steps": 0, "phases.clm_share": math.nan})
     return columns
-
-
-@dataclass(frozen=True)
-class FinetuneSource:
-    """A checkpoint to fine-tune: run `run` at step `pretrain_step`, its HF folder, its dotted settings."""
-
-    run: str
-    pretrain_step: int
-    hf_dir: str
-    columns: dict[str, Any] = field(default_factory=dict)
-    shared_by: tuple[FinetuneSource, ...] = ()
-    """Other runs whose weights these are at this step (an export inside a shared prefix): fine-tuned once, under
-    `run`; their rows are copies (`shared_row`)."""
-    grid: FinetuneGrid | None = None
-    """The tasks x LRs x seeds it is fine-tuned on (the sweep's plan gives an intermediate checkpoint the grid of
-    finetune.exports); None: finetune's full grid."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,45 +167,10 @@ def trial_key(record: dict[str, Any]) -> tuple:
             int(record["seed"]))
 
 
-def trial_row(source: FinetuneSource, *, task, lr: float, seed: int, sweep: str) -> FinetuneRow:
-    """A planned trial (raybiphase.finetune.tasks.Task `task`): what it will be known by."""
-    return FinetuneRow(run=source.run, pretrain_step=int(source.pretrain_step), task=task.name, lr=float(lr),
-                       seed=int(seed), sweep=sweep, checkpoint=source.hf_dir, family=task.family,
-                       dataset=task.dataset, metric=task.metric, secondary_metric=task.secondary_metric,
-                       settings=dict(source.columns))
-
-
-def task_row(planned: FinetuneRow, task) -> FinetuneRow:
-    """The planned row of another task (a Task) in `planned`'s trial (checkpoint, LR, seed): a task tested on the
-    model trained for its training group (raybiphase.finetune.tasks.training_groups) has a row of its own."""
-    return dataclasses.replace(planned, task=task.name, family=task.family, dataset=task.dataset, metric=task.metric,
-                               secondary_metric=task.secondary_metric)
-
-
-def finished_row(planned: FinetuneRow, result: dict[str, Any]) -> FinetuneRow:
-    """A trial that ran to its end (raybiphase.finetune.trial.run_trial's result)."""
-    return dataclasses.replace(planned, val_score=result["val_score"], test_score=result["test_score"],
-                               test_secondary=result["test_secondary"], test_per_example=list(result["test_per_example"]),
-                               steps=result["steps"], steps_run=result["steps"], seconds=result["seconds"],
-                               diverged=bool(result.get("diverged", False)))
-
-
-def stopped_row(planned: FinetuneRow, *, val_score: float, step: int, seconds: float) -> FinetuneRow:
-    """A trial ASHA stopped at `step`: its last validation score, no test score."""
-    return dataclasses.replace(planned, val_score=val_score, steps=step, steps_run=step, seconds=seconds,
-                               stopped_early=True)
-
-
 def completed_row(stopped: FinetuneRow, rerun: FinetuneRow) -> FinetuneRow:
     """A stopped trial run again to its end: the second run's scores, the work of both attempts."""
     return dataclasses.replace(rerun, steps_run=stopped.steps_run + rerun.steps,
                                seconds=stopped.seconds + rerun.seconds, completed_after_stop=True)
-
-
-def shared_row(row: FinetuneRow, source: FinetuneSource) -> FinetuneRow:
-    """The row of `source`'s run for a trial run on a checkpoint it shares with `row`'s run: the same scores, its own
-    name and settings, `trials_of` naming the run the trial ran under (the report counts the checkpoint once)."""
-    return dataclasses.replace(row, run=source.run, settings=dict(source.columns), trials_of=row.run)
 
 
 def baseline_row(scores: dict[str, Any], *, run: str, family: str, sweep: str) -> FinetuneRow:

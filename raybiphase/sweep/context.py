@@ -1,10 +1,9 @@
-"""One sweep under way, as the driver and the fine-tuning beside it see it (raybiphase.sweep.driver)."""
+"""One sweep under way, as the driver and its scheduler see it (raybiphase.sweep.driver)."""
 
 from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any
 
 from raybiphase import storage
 from raybiphase.config import RunConfig, SweepSpec
@@ -23,8 +22,6 @@ class SweepContext:
     data_dirs: dict[str, str] = dataclasses.field(default_factory=dict)
     """fingerprint(data config) -> prepared shards."""
     out: object = sys.stdout
-    finetuning: Any = None
-    """Fine-tuning beside pretraining (a raybiphase.sweep.finetuning.FinetuneStream), when the spec fine-tunes."""
 
     def data_dir(self, config: RunConfig) -> str:
         return self.data_dirs[fingerprint(config.data)]

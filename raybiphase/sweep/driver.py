@@ -1,10 +1,10 @@
 """The command users run: `raybiphase sweep SPEC [--set k=v] [--dry-run]` (or `python -m raybiphase.sweep`).
 
 SPEC is a sweep YAML (a base run plus `sweep.grid` / `sweep.runs`). The planner (raybiphase.sweep.plan) turns it into
-a tree of shared segments; the driver fits every ready segment's TorchTrainer (resuming from its parent's
-checkpoint) as soon as its dependencies are done and a slot is free, longest remaining chain first; the final (and
-requested intermediate) checkpoints of every run go to the fine-tuning fan-out as their segments end, beside the
-segments still training (raybiphase.sweep.finetuning); rows land in
+a tree of shared segments; one scheduler (raybiphase.sweep.scheduler) fits every ready segment's TorchTrainer
+(resuming from its parent's checkpoint) as soon as its dependencies are done and a slot is free, longest remaining
+chain first, and fine-tunes the final (and requested intermediate) checkpoints of every run as their segments end,
+beside the segments still training (raybiphase.sweep.finetuning names them); rows land in
 <storage>/<sweep>/{pretrain,finetune,summary}.parquet and the report is drawn.
 
 Run it again after an interruption and it continues: a segment whose end checkpoint exists is not rerun, a
@@ -16,16 +16,14 @@ RAYBIPHASE_STORAGE, when set, overrides sweep.storage (the KubeRay job uses it).
 from __future__ import annotations
 
 import dataclasses
-import re
 import sys
-import threading
 import time
 
 from raybiphase import storage
 from raybiphase.config import SweepSpec, flatten
 from raybiphase.data import assets
 from raybiphase.data.prepare import check_data, fingerprint, prepare
-from raybiphase.errors import UserError
+from raybiphase.finetune.fanout import Fanout
 from raybiphase.finetune.heldout import evaluation_texts
 from raybiphase.finetune.records import check_settings
 from raybiphase.pretrain.checkpoint import read_meta
@@ -42,10 +40,11 @@ from raybiphase.results.report import write_report
 from raybiphase.storage import SweepPaths
 from raybiphase.pretrain.budget import check_budget, data_budget
 from raybiphase.sweep.context import SweepContext
-from raybiphase.sweep.finetuning import FinetuneStream, baseline_rows, finetune_sources
+from raybiphase.sweep.finetuning import baseline_rows, control_sources, finetune_sources, say_planned, trials_done
 from raybiphase.sweep.plan import Plan, Segment, dependencies
 from raybiphase.sweep.preflight import plan_sweep
-from raybiphase.sweep.timeline import by_priority, remaining_chain, simulate, wall_hours
+from raybiphase.sweep.scheduler import Scheduler
+from raybiphase.sweep.timeline import remaining_chain, simulate, wall_hours
 from raybiphase.telemetry.clock import Clock, step_seconds
 from raybiphase.telemetry.history import read_history
 from raybiphase.telemetry.progress import Watch, interval
@@ -62,18 +61,9 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout, spec_pa
     clock = Clock()
     ctx = SweepContext(spec, plan, SweepPaths.of(spec.sweep.storage, spec.sweep.name), out=out)
     start(ctx, clock, spec_path)
+    rows = run_jobs(ctx, clock)
     if spec.finetune.tasks:
-        ctx.finetuning = FinetuneStream(ctx)
-        ctx.finetuning.start()
-    try:
-        pretrain_all(ctx, clock)
-    except Exception:
-        if ctx.finetuning:  # what was ready is still fine-tuned (its records kept), then the failure is raised
-            ctx.finetuning.close()
-            ctx.finetuning.join(raise_error=False)
-        raise
-    if ctx.finetuning:
-        finish_finetuning(ctx, clock)
+        record_baselines(ctx, clock, rows)
     with clock.span("report"):
         finish(ctx.paths, spec, out=out, cards=finetune_sources(ctx))
     ctx.say(clock.summary())
@@ -101,16 +91,12 @@ def start(ctx: SweepContext, clock: Clock, spec_path: str) -> None:
     storage.write_json(paths.run_info, run_info(spec_path, spec.finetune))  # the report's header
 
 
-def finish_finetuning(ctx: SweepContext, clock: Clock) -> None:
-    """Wait for the trials still running or queued once pretraining is over, then the baselines' rows."""
-    stream = ctx.finetuning
-    stream.close()
-    rows = stream.join()
+def record_baselines(ctx: SweepContext, clock: Clock, rows: list[dict]) -> None:
+    """The baselines' rows once every trial has ended, and the fine-tuning counts of the time line."""
     baselines = baseline_rows(ctx.spec)
     if baselines:
         store.append_rows(ctx.paths.table(storage.FINETUNE_FILE), baselines, key=result_rows.FINETUNE_KEY)
     ctx.say(f"fine-tuning: {len(rows) + len(baselines)} rows recorded")
-    clock.spans["fine-tuning"] = stream.seconds
     ran = trials_run(rows)
     clock.trials, clock.in_trials = len(ran), sum(r.get("seconds") or 0.0 for r in ran)
 
@@ -121,23 +107,70 @@ def trials_run(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r["source"] == result_rows.OURS and not r.get("trials_of")]
 
 
-def pretrain_all(ctx: SweepContext, clock: Clock) -> None:
-    """Every segment not yet done, each started as soon as its dependencies are done and one of
-    `resources.max_concurrent` slots is free, longest remaining chain first (raybiphase.sweep.timeline); each is
-    recorded and pruned as it ends, with a line saying how far the sweep is."""
-    plan = ctx.plan
+def run_jobs(ctx: SweepContext, clock: Clock) -> list[dict]:
+    """Every segment not yet done and every fine-tuning trial without a row, on the one scheduler
+    (raybiphase.sweep.scheduler): a segment as soon as its dependencies are done and a slot is free, longest
+    remaining chain first, recorded and pruned as it ends with a line saying how far the sweep is; the controls'
+    and each checkpoint's trials as soon as they are ready. Returns the fine-tuning rows appended."""
+    plan, spec, paths = ctx.plan, ctx.spec, ctx.paths
     done = {s.id for s in plan.segments.values() if ctx.segment_done(s)}
     todo = [s for s in plan.segments.values() if s.id not in done]
     ctx.say(f"pretraining: {len(done)}/{len(plan.segments)} segments already done")
-    if ctx.finetuning:
-        ctx.finetuning.segments_done(done)  # their checkpoints' trials start now
-    if todo:
-        with clock.span("pretraining"), Watch({}, out=ctx.out) as watch:  # a line per running segment every few s
-            clock.most_at_once = run_segments(ctx, todo, done, watch,
-                                              lambda segment, eta: segment_ended(ctx, clock, segment, done, eta))
+    fanout = Fanout.of(spec) if spec.finetune.tasks else None
+    if fanout:
+        say_planned(ctx)
+    table = paths.table(storage.FINETUNE_FILE)
+    scheduler = Scheduler(fanout, slots=spec.resources.max_concurrent, experiment=storage.join(paths.root, "finetune"),
+                          table=table, say=ctx.say, done=lambda: trials_done(table))
+    with Watch({}, out=ctx.out) as watch:  # a line per running segment every few seconds
+        segments = SweepSegments(ctx, clock, todo, done, watch)
+        try:
+            rows = scheduler.run(segments if todo else None,
+                                 lambda: control_sources(ctx) + finetune_sources(ctx, done))  # the controls first
+        finally:
+            if todo:
+                clock.spans["pretraining"] = segments.last_end - segments.began
+                clock.most_at_once = scheduler.most
+            if fanout:
+                clock.spans["fine-tuning"] = scheduler.finetuning_ended - scheduler.began
     for s in plan.segments.values():  # rows of segments finished by an earlier, interrupted invocation
         record_pretraining(ctx, s)
         prune_checkpoints(ctx, s)
+    return rows
+
+
+class SweepSegments:
+    """The sweep's segments as the scheduler runs them (raybiphase.sweep.scheduler.Pretraining): each fit straight
+    from the driver (no Tune trial stands between the driver and a segment: it would cost a process and the loop's
+    imports again), its progress watched, and, as it ends, recorded with the seconds of pretraining left."""
+
+    def __init__(self, ctx: SweepContext, clock: Clock, todo: list[Segment], done: set[str], watch: Watch):
+        self.ctx, self.clock, self.todo, self.done, self.watch = ctx, clock, todo, done, watch
+        self.hours = wall_hours(ctx.plan, ctx.spec)
+        self.chain = remaining_chain(ctx.plan, self.hours)
+        self.pace = Pace()
+        self.began = self.last_end = time.perf_counter()
+
+    def ready(self, segment: Segment) -> bool:
+        return all(d in self.done for d in dependencies(segment, self.ctx.plan.runs))
+
+    def fit(self, segment: Segment) -> None:
+        make_trainer(segment_job(self.ctx, segment), max_failures=2).fit()  # its controller runs on this node
+
+    def started(self, segment: Segment, running: int) -> None:
+        self.ctx.say(f"pretraining: starting {segment.id} ({running} running)")
+        self.watch.locations[segment.id] = self.ctx.paths.progress(segment.id)
+
+    def ended(self, segment: Segment, seconds: float | None, running: dict[str, float]) -> None:
+        self.watch.drop(segment.id)  # its last line: where it ended
+        self.last_end = time.perf_counter()
+        if seconds is not None:
+            self.pace.add(seconds, self.hours[segment.id])
+            segment_ended(self.ctx, self.clock, segment, self.done, self.pace.eta(self.ctx, self.done, running,
+                                                                                   self.hours))
+
+    def sources(self, segments: set[str]):
+        return finetune_sources(self.ctx, segments)
 
 
 def segment_ended(ctx: SweepContext, clock: Clock, segment: Segment, done: set[str], eta: float | None) -> None:
@@ -145,8 +178,6 @@ def segment_ended(ctx: SweepContext, clock: Clock, segment: Segment, done: set[s
     left), as soon as it ends."""
     record_pretraining(ctx, segment)
     prune_checkpoints(ctx, segment)
-    if ctx.finetuning:
-        ctx.finetuning.segments_done(done)  # its checkpoints' trials start beside the segments still training
     clock.segments += 1
     clock.in_steps += step_seconds(read_history(ctx.paths.run_dir(segment.id)), segment.start,
                                    segment.config.train.global_batch_tokens)
@@ -155,67 +186,6 @@ def segment_ended(ctx: SweepContext, clock: Clock, segment: Segment, done: set[s
     done_steps = sum(plan.segments[s].steps for s in done)
     ctx.say(f"pretraining: {len(done)}/{len(plan.segments)} segments, {done_steps:,}/{plan.planned_steps:,} steps"
             + (f", about {eta / 60:.0f} min left (the critical path at the pace so far)" if eta else ""))
-
-
-def run_segments(ctx: SweepContext, todo: list[Segment], done: set[str], watch: Watch, ended) -> int:
-    """Fit `todo`'s segments straight from the driver (no Tune trial stands between the driver and a segment: it
-    would cost a process and the loop's imports again): a segment starts when its dependencies are in `done` and
-    fewer than `resources.max_concurrent` run, longest remaining chain first, in a thread of its own when several
-    may run (Ray Train drives a fit from any thread), else in this one (Ray Train's Ctrl-C handler then aborts it
-    gracefully); `ended(segment, eta)` runs in this thread as each one finishes, with the seconds of pretraining
-    left (`eta`). After a failure no segment starts; the first failure is raised once the running ones have ended.
-    Returns how many segments ran at once at most."""
-    plan, limit = ctx.plan, ctx.spec.resources.max_concurrent
-    hours = wall_hours(plan, ctx.spec)
-    chain = remaining_chain(plan, hours)
-    errors: dict[str, BaseException] = {}
-    running: dict[str, threading.Thread] = {}
-    started: dict[str, float] = {}
-    pending, most, pace = list(todo), 0, Pace()
-
-    def fit(segment: Segment) -> None:
-        try:
-            make_trainer(segment_job(ctx, segment), max_failures=2).fit()  # its controller runs on this node
-        except Exception as err:  # reported once every running segment has ended
-            errors[segment.id] = err
-
-    while pending or running:
-        ready = [s for s in pending if all(d in done for d in dependencies(s, plan.runs))]
-        for segment in by_priority(ready, chain)[:max(0, limit - len(running))] if not errors else ():
-            ctx.say(f"pretraining: starting {segment.id} ({len(running) + 1} running)")
-            watch.locations[segment.id] = ctx.paths.progress(segment.id)
-            pending.remove(segment)
-            running[segment.id] = threading.Thread(target=fit, args=(segment,), daemon=True)
-            started[segment.id], most = time.time(), max(most, len(running))
-            if ctx.finetuning:
-                ctx.finetuning.segments_running(len(running))
-            if limit == 1:
-                fit(segment)  # the main thread
-            else:
-                running[segment.id].start()
-        if not running:
-            break  # a failure stopped the starts, and nothing runs any more
-        alive = [thread for thread in running.values() if thread.is_alive()]
-        if alive:
-            alive[0].join(timeout=0.5)  # short joins: Ctrl-C still reaches this thread
-        for sid in [sid for sid, thread in running.items() if not thread.is_alive()]:
-            del running[sid]
-            if ctx.finetuning:
-                ctx.finetuning.segments_running(len(running))
-            watch.drop(sid)  # its last line: where it ended
-            if sid not in errors:
-                done.add(sid)
-                pace.add(time.time() - started[sid], hours[sid])
-                ended(plan.segments[sid], pace.eta(ctx, done, {s: time.time() - started[s] for s in running}, hours))
-    if errors:
-        first = next(s.id for s in todo if s.id in errors)
-        text = str(errors[first]).strip()
-        ctx.say(f"pretraining: {first} failed:\n{text}")  # whole: Ray Train puts the workers' errors after line one
-        lines = [line.strip() for line in text.splitlines() if line.strip()] or [type(errors[first]).__name__]
-        causes = [line for line in lines[1:] if re.match(r"^[\w.]*(Error|Exception)\b", line)]
-        message = lines[0] + (f" {causes[-1]}" if causes else "")
-        raise UserError(f"sweep: {len(errors)} segment(s) failed, first: {first}: {message}")
-    return most
 
 
 @dataclasses.dataclass

@@ -15,7 +15,10 @@ import pytest
 from raybiphase.config import SweepSpec, from_dict
 from raybiphase.errors import UserError
 from raybiphase.finetune import records
-from raybiphase.results.rows import FINETUNE_KEY, FinetuneRow, FinetuneSource, trial_key
+from raybiphase.finetune.spec import FinetuneSource, TrialSpec
+from raybiphase.results.rows import FINETUNE_KEY, FinetuneRow, trial_key
+from raybiphase.sweep.scheduler import finetune_checkpoints
+from tests.finetune.recording import recording
 from tests.finetune.test_finetune import make_tiny_checkpoint
 
 
@@ -39,7 +42,7 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
     checkpoints = [FinetuneSource("tiny-run", 8, str(tiny_checkpoint), {"phases.clm_share": 0.5})]
     cfg = fanout_config()
     out = io.StringIO()
-    rows = fanout.run_fanout(checkpoints, fanout.Fanout.of(cfg), storage=str(tmp_path), name="ft", out=out)
+    rows = finetune_checkpoints(checkpoints, fanout.Fanout.of(cfg), storage=str(tmp_path), name="ft", out=out)
     # progress on the driver: the last trial always prints its line, stops by ASHA counted
     stopped = sum(r["stopped_early"] or r["completed_after_stop"] for r in rows)  # in the first launch
     finals = [x for x in out.getvalue().splitlines() if x.startswith("fine-tuning: 4/4 trials done")]
@@ -56,23 +59,30 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
     assert all(not r["stopped_early"] for r in rows if r["lr"] == best)  # the completion pass ran them all
     assert {r[records.SETTINGS_COLUMN] for r in rows} == {records.trial_settings(cfg.finetune)}
 
-    def no_launch(*args, **kwargs):
+    def no_launch(spec):
         raise AssertionError("a resumed fan-out launched trials")
 
-    monkeypatch.setattr(fanout, "_launch", no_launch)
     keys = {trial_key(r) for r in rows}
-    assert fanout.run_fanout(checkpoints, fanout.Fanout.of(cfg), storage=str(tmp_path), name="ft", done=keys) == []
-    again = fanout.run_fanout(checkpoints, fanout.Fanout.of(cfg), storage=str(tmp_path), name="ft")  # records on disk, no `done`
+    resume = {"storage": str(tmp_path), "name": "ft", "trials": recording([], no_launch)}
+    assert finetune_checkpoints(checkpoints, fanout.Fanout.of(cfg), done=keys, **resume) == []
+    again = finetune_checkpoints(checkpoints, fanout.Fanout.of(cfg), **resume)  # records on disk, no `done`
     assert [trial_key(r) for r in again] == [trial_key(r) for r in rows]
     assert [r["val_score"] for r in again] == [r["val_score"] for r in rows]
 
     launched = []
-    monkeypatch.setattr(fanout, "_launch", lambda trials, *args, **kwargs: launched.extend(trials) or [])
-    fanout.run_fanout(checkpoints, fanout.Fanout.of(fanout_config(asha=False)), storage=str(tmp_path), name="ft", complete_best=False)
+
+    def fails(spec):  # launched, then failed: the fan-out says so
+        raise OSError("not run here")
+
+    def launch(cfg):
+        with pytest.raises(RuntimeError, match="fine-tuning trials failed; first: .*OSError: not run here"):
+            finetune_checkpoints(checkpoints, dataclasses.replace(fanout.Fanout.of(cfg), complete_best=False),
+                                 storage=str(tmp_path), name="ft", trials=recording(launched, fails))
+
+    launch(fanout_config(asha=False))
     assert sorted(t.key for t in launched) == sorted(trial_key(r) for r in rows if r["stopped_early"])
     launched.clear()  # records made under other trial settings are not reused
-    fanout.run_fanout(checkpoints, fanout.Fanout.of(fanout_config(max_examples=32)), storage=str(tmp_path), name="ft",
-                      complete_best=False)
+    launch(fanout_config(max_examples=32))
     assert len(launched) == 4
 
 
@@ -128,17 +138,17 @@ def test_the_completion_pass_reruns_the_best_lrs_stopped_seeds_or_every_stopped_
 
     # 1e-4 is best on finished seeds (0.8) though 2e-3's stopped seed showed a lucky early 0.95
     plan = [row(1e-4, 0, 0.8, False), row(1e-4, 1, 0.5, True), row(2e-3, 0, 0.6, False), row(2e-3, 1, 0.95, True)]
-    launched = []
-
-    def finish(trials, *args, **kwargs):
-        launched.append(sorted(t.key for t in trials))
-        return [dataclasses.replace(t, stopped_early=False, test_score=0.7, val_score=0.7, steps=9, steps_run=9)
-                for t in trials]
-
-    monkeypatch.setattr(fanout, "_launch", finish)
+    specs = [TrialSpec("r", 8, "/hf", fanout.get_task("tweets"), r.lr, r.seed, str(tmp_path / f"{r.lr}-{r.seed}.json"))
+             for r in plan]
     records = {t.key: t for t in plan}
-    cfg = fanout_config(complete_lrs=complete_lrs, lrs=[1e-4, 2e-3])
-    fanout._complete_best(records, plan, cfg, str(tmp_path / "ft"), {}, {("r", 8): ("tweets",)})
+    cfg = fanout.Fanout.of(fanout_config(complete_lrs=complete_lrs, lrs=[1e-4, 2e-3]))
+    work = fanout._complete_best(records, specs, cfg, {("r", 8): ("tweets",)}, str(tmp_path / "ft"))
+    launched = [next(work)]  # one pass: its trials, without ASHA; then the best LR is complete
+    with pytest.raises(StopIteration):
+        work.send([dataclasses.replace(t.planned(), test_score=0.7, val_score=0.7, steps=9, steps_run=9)
+                   for t in launched[0]])
+    assert not any(t.asha for t in launched[0])
+    launched = [sorted(t.key for t in wave) for wave in launched]
     if complete_lrs:
         assert launched == [sorted([plan[1].key, plan[3].key])]  # every stopped trial, in one pass
     else:
@@ -147,20 +157,20 @@ def test_the_completion_pass_reruns_the_best_lrs_stopped_seeds_or_every_stopped_
 
 
 def test_fanout_refuses_a_bad_checkpoint_before_starting_anything(tmp_path):
-    from raybiphase.finetune.fanout import Fanout, run_fanout
+    from raybiphase.finetune.fanout import Fanout
 
     with pytest.raises(UserError, match="does not exist"):
-        run_fanout([FinetuneSource("x", 1, str(tmp_path / "missing"))], Fanout.of(fanout_config()), storage=str(tmp_path),
+        finetune_checkpoints([FinetuneSource("x", 1, str(tmp_path / "missing"))], Fanout.of(fanout_config()), storage=str(tmp_path),
                    name="ft")
     with pytest.raises(UserError, match="unknown task"):
-        run_fanout([], Fanout.of(fanout_config(tasks=["nope"])), storage=str(tmp_path), name="ft")
+        finetune_checkpoints([], Fanout.of(fanout_config(tasks=["nope"])), storage=str(tmp_path), name="ft")
 
 
 def test_fanout_refuses_a_missing_bucket_checkpoint_before_starting_anything(s3_bucket, tmp_path):
-    from raybiphase.finetune.fanout import Fanout, run_fanout
+    from raybiphase.finetune.fanout import Fanout
 
     with pytest.raises(UserError, match=f"checkpoint {s3_bucket}/nowhere/step-00000008 does not exist"):
-        run_fanout([FinetuneSource("x", 8, f"{s3_bucket}/nowhere/step-00000008")], Fanout.of(fanout_config()),
+        finetune_checkpoints([FinetuneSource("x", 8, f"{s3_bucket}/nowhere/step-00000008")], Fanout.of(fanout_config()),
                    storage=str(tmp_path), name="ft")
 
 
@@ -168,7 +178,7 @@ def test_finetune_command_refuses_bad_input_before_anything_runs(tmp_path, capsy
     import sys
 
     from raybiphase.__main__ import main
-    from raybiphase.finetune.published import finetune_model
+    from raybiphase.sweep.published import finetune_model
 
     spec = fanout_config()
     with pytest.raises(UserError, match="does not exist"):
@@ -186,7 +196,7 @@ def test_finetune_command_refuses_bad_input_before_anything_runs(tmp_path, capsy
 @pytest.mark.ray
 @pytest.mark.slow
 def test_finetune_command_puts_any_hf_checkpoint_through_the_protocol(ray_cluster, tiny_checkpoint, tmp_path):
-    from raybiphase.finetune.published import finetune_model
+    from raybiphase.sweep.published import finetune_model
     from raybiphase.results.store import read_rows
 
     spec = fanout_config(lrs=[1e-3], seeds=[0], max_steps=4, eval_every=2, max_examples=32, asha=False)
@@ -202,20 +212,22 @@ def test_finetune_command_puts_any_hf_checkpoint_through_the_protocol(ray_cluste
 @pytest.mark.ray
 @pytest.mark.slow
 def test_trials_held_back_leave_their_cpus_to_the_segments(ray_cluster, tiny_checkpoint, tmp_path):
-    """While the sweep's capacity holds every trial back (segments hold the slots), no idle trial actor keeps its
-    CPU: a task asking for what a trial held beside what is free runs before fine-tuning resumes. (Tune keeps one
-    idle actor for reuse; it once starved a segment's data tasks and stalled the sweep for good.)"""
+    """While the capacity the scheduler gives fine-tuning holds every trial back (segments hold the slots), no
+    ended trial's actor keeps its CPU: a task asking for what a trial held beside what is free runs before
+    fine-tuning resumes. (Tune keeps an idle actor for reuse, and with no trial live it stops handling events; it
+    once starved a segment's data tasks and stalled the sweep for good.)"""
+    import queue
     import threading
 
     import ray
 
     from raybiphase import storage
     from raybiphase.finetune import fanout
-    from raybiphase.finetune.scheduling import TrialSlots
+    from raybiphase.finetune.tuner import TuneTrials
 
-    cfg = fanout_config(lrs=[2e-3], asha=False, max_steps=3, cpus_per_trial=1.0)
+    cfg = fanout_config(lrs=[2e-3], asha=False, max_steps=3, cpus_per_trial=1.0).finetune
     experiment = str(tmp_path / "ft")
-    released, ran = threading.Event(), threading.Event()
+    released, ran, ended = threading.Event(), threading.Event(), queue.Queue()
 
     def first_done() -> bool:
         records = storage.join(experiment, storage.RECORDS)
@@ -241,59 +253,14 @@ def test_trials_held_back_leave_their_cpus_to_the_segments(ray_cluster, tiny_che
 
     watcher = threading.Thread(target=segment, daemon=True)
     watcher.start()
-    checkpoints = [FinetuneSource("tiny-run", 8, str(tiny_checkpoint), {})]
-    rows = fanout.run_fanout(checkpoints, dataclasses.replace(fanout.Fanout.of(cfg), slots=TrialSlots(capacity)),
-                             storage=str(tmp_path), name="ft", out=io.StringIO())
+    trials = TuneTrials(cfg, experiment=experiment, max_concurrent=2, capacity=capacity,
+                        ended=lambda *event: ended.put(event))
+    source = FinetuneSource("tiny-run", 8, str(tiny_checkpoint), {})
+    for ticket, spec in enumerate(fanout.plan_specs([source], cfg, experiment=experiment)):
+        trials.submit(ticket, (0,), spec)
+    events = [ended.get(timeout=300) for _ in range(2)]
+    trials.close()
+    trials.join()
     watcher.join()
     assert ran.is_set(), "an idle trial actor kept its CPU while every trial was held back"
-    assert len(rows) == 2
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_a_later_fanout_runs_in_the_slot_an_earlier_ones_tail_leaves_free(ray_cluster, tiny_checkpoint, tmp_path):
-    """Two fan-outs at once in threads of one driver, on shared slots (the sweep's batches of ready checkpoints):
-    the earlier one's last trial holds one of two slots, waiting for CPUs that a stand-in segment keeps until the
-    later fan-out has finished; the later one's trial takes the free slot and ends first. (Run one after the other,
-    as batches were, the later fan-out would wait for the earlier one, which waits for it: neither ends.) Two
-    Tuners run at once in one driver."""
-    import threading
-
-    import ray
-
-    from raybiphase.finetune import fanout
-    from raybiphase.finetune.scheduling import TrialSlots
-
-    @ray.remote(num_cpus=1.5)
-    class Segment:  # holds 1.5 of the 2 CPUs until told to end
-        def ready(self):
-            return True
-
-    segment = Segment.remote()
-    ray.get(segment.ready.remote())
-    slots = TrialSlots(lambda: 2)
-    checkpoints = [FinetuneSource("tiny-run", 8, str(tiny_checkpoint), {})]
-    early_cfg = fanout_config(lrs=[2e-3], seeds=[0], asha=False, max_steps=3, cpus_per_trial=1.0)
-    late_cfg = fanout_config(lrs=[2e-3], seeds=[1], asha=False, max_steps=3, cpus_per_trial=0.5)
-    ended, results = [], {}
-
-    def run(label, cfg):
-        results[label] = fanout.run_fanout(checkpoints, dataclasses.replace(fanout.Fanout.of(cfg), slots=slots),
-                                           storage=str(tmp_path), name=f"ft-{label}", out=io.StringIO())
-        ended.append(label)
-
-    early = threading.Thread(target=run, args=("early", early_cfg), daemon=True)
-    early.start()
-    deadline = time.time() + 120
-    while (not slots._claims or slots._claims[0].waiting) and early.is_alive() and time.time() < deadline:
-        time.sleep(0.1)  # until the earlier fan-out's trial has started (pending CPUs)
-    assert early.is_alive() and slots._claims and not slots._claims[0].waiting
-    late = threading.Thread(target=run, args=("late", late_cfg), daemon=True)
-    late.start()
-    late.join(timeout=120)
-    ray.kill(segment)  # the segment ends: the earlier trial gets its CPU
-    early.join(timeout=120)
-    assert ended == ["late", "early"]
-    assert [(r["lr"], r["seed"]) for r in results["early"]] == [(2e-3, 0)]
-    assert [(r["lr"], r["seed"]) for r in results["late"]] == [(2e-3, 1)]
-    assert all(0.0 <= r["test_score"] <= 1.0 and not r["stopped_early"] for r in results["early"] + results["late"])
+    assert sorted(ticket for ticket, _, error in events if error is None) == [0, 1]

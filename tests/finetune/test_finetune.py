@@ -57,22 +57,24 @@ def tiny_checkpoint(offline_cache, tmp_path_factory) -> Path:
 
 
 def test_a_trial_reports_at_each_evaluation_and_returns_scores_in_range(tiny_checkpoint):
+    from raybiphase.finetune.spec import TrialSpec
     from raybiphase.finetune.trial import run_trial
 
     reports = []
-    result = run_trial(tiny_checkpoint, "tweets", lr=5e-4, seed=0, cfg=TINY_RUN, report=reports.append)
+    result = run_trial(TrialSpec.plain(tiny_checkpoint, "tweets", lr=5e-4, seed=0), cfg=TINY_RUN, report=reports.append)
     assert [r["step"] for r in reports] == [3, 6] and "final" in reports[-1]
-    assert result["metric"] == "accuracy" and result["steps"] == 6 and result["seconds"] > 0
-    assert 0.0 <= result["val_score"] <= 1.0 and result["val_score"] == reports[-1]["val_score"]
-    assert len(result["test_per_example"]) == 48 and result["test_score"] == np.mean(result["test_per_example"])
+    assert result.metric == "accuracy" and result.steps == 6 and result.seconds > 0
+    assert 0.0 <= result.val_score <= 1.0 and result.val_score == reports[-1]["val_score"]
+    assert len(result.test_per_example) == 48 and result.test_score == np.mean(result.test_per_example)
 
 
 def test_the_same_seed_gives_the_same_scores(tiny_checkpoint):
+    from raybiphase.finetune.spec import TrialSpec
     from raybiphase.finetune.trial import run_trial
 
-    first, second = (run_trial(tiny_checkpoint, "wiki_topics", lr=1e-3, seed=3, cfg=TINY_RUN) for _ in range(2))
-    assert first["val_score"] == second["val_score"]
-    assert first["test_per_example"] == second["test_per_example"]
+    first, second = (run_trial(TrialSpec.plain(tiny_checkpoint, "wiki_topics", lr=1e-3, seed=3), cfg=TINY_RUN) for _ in range(2))
+    assert first.val_score == second.val_score
+    assert first.test_per_example == second.test_per_example
 
 
 def test_a_trial_reads_its_checkpoint_from_a_bucket(tiny_checkpoint, s3_bucket):
@@ -82,36 +84,37 @@ def test_a_trial_reads_its_checkpoint_from_a_bucket(tiny_checkpoint, s3_bucket):
     import pyarrow.fs as pafs
 
     from raybiphase import storage
+    from raybiphase.finetune.spec import TrialSpec
     from raybiphase.finetune.trial import resolve_hf_dir, run_trial
 
     uri = f"{s3_bucket}/{uuid.uuid4().hex}/step-00000008"  # checkpoint folders are never rewritten: a fresh one
     fs, path = storage.filesystem(storage.hf_dir(uri))
     pafs.copy_files(str(tiny_checkpoint), path, destination_filesystem=fs)
-    remote = run_trial(uri, "tweets", lr=5e-4, seed=0, cfg=TINY_RUN)
-    local = run_trial(tiny_checkpoint, "tweets", lr=5e-4, seed=0, cfg=TINY_RUN)
-    assert remote["test_per_example"] == local["test_per_example"] and remote["val_score"] == local["val_score"]
+    remote = run_trial(TrialSpec.plain(uri, "tweets", lr=5e-4, seed=0), cfg=TINY_RUN)
+    local = run_trial(TrialSpec.plain(tiny_checkpoint, "tweets", lr=5e-4, seed=0), cfg=TINY_RUN)
+    assert remote.test_per_example == local.test_per_example and remote.val_score == local.val_score
     copy = resolve_hf_dir(uri)
     assert copy != tiny_checkpoint and (copy / "config.json").read_bytes() == (tiny_checkpoint / "config.json").read_bytes()
     with pytest.raises(UserError, match="does not exist"):
-        run_trial(uri.replace("00000008", "00000009"), "tweets", lr=5e-4, seed=0, cfg=TINY_RUN)
+        run_trial(TrialSpec.plain(uri.replace("00000008", "00000009"), "tweets", lr=5e-4, seed=0), cfg=TINY_RUN)
 
 
 def test_a_trial_whose_loss_turns_nan_is_recorded_as_diverged_and_scores_the_floor(tiny_checkpoint):
     """Issue 27: a diverged seed counts against its LR at the metric's floor: the majority class for accuracy."""
     from raybiphase.finetune.baselines import floor_scores
+    from raybiphase.finetune.spec import TrialSpec
     from raybiphase.finetune.trial import run_trial
-    from raybiphase.results.rows import FinetuneRow, finished_row
 
     reports = []
-    result = run_trial(tiny_checkpoint, "tweets", lr=1e9, seed=0, cfg=TINY_RUN, report=reports.append)
+    result = run_trial(TrialSpec.plain(tiny_checkpoint, "tweets", lr=1e9, seed=0), cfg=TINY_RUN, report=reports.append)
     floor = floor_scores("tweets", max_examples=TINY_RUN.max_examples)
-    assert result["diverged"] and 0 < result["val_score"] == floor["val_score"] < 1
-    assert result["test_score"] == floor["test_score"] == sum(result["test_per_example"]) / 48
+    assert result.diverged and 0 < result.val_score == floor["val_score"] < 1
+    assert result.test_score == floor["test_score"] == sum(result.test_per_example) / 48
     assert reports[-1]["final"] is not None and reports[-1]["val_score"] == floor["val_score"]
-    row = finished_row(FinetuneRow(run="r", pretrain_step=8, task="tweets", lr=1e9, seed=0), result)
+    row = TrialSpec.plain(tiny_checkpoint, "tweets", lr=1e9, seed=0).finished(result)
     assert row.diverged and row.test_score == floor["test_score"]
-    healthy = run_trial(tiny_checkpoint, "tweets", lr=5e-4, seed=0, cfg=TINY_RUN)
-    assert healthy["diverged"] is False and not math.isnan(healthy["test_score"])
+    healthy = run_trial(TrialSpec.plain(tiny_checkpoint, "tweets", lr=5e-4, seed=0), cfg=TINY_RUN)
+    assert healthy.diverged is False and not math.isnan(healthy.test_score)
     commas = floor_scores("squad_commas", max_examples=48)  # no entity predicted: F1 0, each sentence's gold kept
     assert commas["test_score"] == 0.0 and len(commas["test_per_example"]) == 48
 
@@ -119,29 +122,31 @@ def test_a_trial_whose_loss_turns_nan_is_recorded_as_diverged_and_scores_the_flo
 def test_a_gpu_trial_on_a_node_without_cuda_is_a_one_line_error(tiny_checkpoint):
     import torch
 
+    from raybiphase.finetune.spec import TrialSpec
     from raybiphase.finetune.trial import run_trial
 
     if torch.cuda.is_available():
         pytest.skip("this node has CUDA")
     with pytest.raises(UserError, match="finetune.gpus_per_trial: 0.5 asked for, but this node's torch sees no CUDA"):
-        run_trial(tiny_checkpoint, "tweets", lr=5e-4, seed=0, cfg=dataclasses.replace(TINY_RUN, gpus_per_trial=0.5))
+        run_trial(TrialSpec.plain(tiny_checkpoint, "tweets", lr=5e-4, seed=0), cfg=dataclasses.replace(TINY_RUN, gpus_per_trial=0.5))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("task", ["tweets", "squad_shuffle", "squad_commas", "squad_sentence", "squad_retrieval"])
 def test_a_gpu_trial_trains_on_cuda_in_bf16_and_scores_like_cpu(tiny_checkpoint, task):
     """Every family runs on the trial's GPU (bf16 autocast); the scores are in range and close to the CPU's."""
+    from raybiphase.finetune.spec import TrialSpec
     from raybiphase.finetune.trial import run_trial
 
     cfg = dataclasses.replace(TINY_RUN, max_len=96)
-    gpu = run_trial(tiny_checkpoint, task, lr=1e-3, seed=0, cfg=dataclasses.replace(cfg, gpus_per_trial=1))
-    cpu = run_trial(tiny_checkpoint, task, lr=1e-3, seed=0, cfg=cfg)
-    assert 0.0 <= gpu["test_score"] <= 1.0 and len(gpu["test_per_example"]) == len(cpu["test_per_example"])
-    assert abs(gpu["test_score"] - cpu["test_score"]) < 0.25
+    gpu = run_trial(TrialSpec.plain(tiny_checkpoint, task, lr=1e-3, seed=0), cfg=dataclasses.replace(cfg, gpus_per_trial=1))
+    cpu = run_trial(TrialSpec.plain(tiny_checkpoint, task, lr=1e-3, seed=0), cfg=cfg)
+    assert 0.0 <= gpu.test_score <= 1.0 and len(gpu.test_per_example) == len(cpu.test_per_example)
+    assert abs(gpu.test_score - cpu.test_score) < 0.25
 
 
 def test_trial_resources_follow_the_finetune_settings():
-    from raybiphase.finetune.fanout import trial_resources
+    from raybiphase.finetune.tuner import trial_resources
     from raybiphase.finetune.records import trial_settings
 
     assert trial_resources(FinetuneConfig()) == {"cpu": 1.0}
@@ -161,13 +166,14 @@ def test_trial_resources_follow_the_finetune_settings():
                                   "squad_retrieval", "qnli"])
 def test_every_family_trains_and_scores(tiny_checkpoint, task):
     from raybiphase.finetune.tasks import get_task
+    from raybiphase.finetune.spec import TrialSpec
     from raybiphase.finetune.trial import run_trial
 
-    result = run_trial(tiny_checkpoint, task, lr=1e-3, seed=0, cfg=dataclasses.replace(TINY_RUN, max_len=96))
-    assert 0.0 <= result["val_score"] <= 1.0 and 0.0 <= result["test_score"] <= 1.0
-    assert len(result["test_per_example"]) == 48
+    result = run_trial(TrialSpec.plain(tiny_checkpoint, task, lr=1e-3, seed=0), cfg=dataclasses.replace(TINY_RUN, max_len=96))
+    assert 0.0 <= result.val_score <= 1.0 and 0.0 <= result.test_score <= 1.0
+    assert len(result.test_per_example) == 48
     if get_task(task).family == "QA":
-        assert result["secondary_metric"] == "exact_match" and 0.0 <= result["test_secondary"] <= result["test_score"]
+        assert result.secondary_metric == "exact_match" and 0.0 <= result.test_secondary <= result.test_score
 
 
 @pytest.mark.parametrize("task", ["squad", "squad_sentence"])
@@ -324,6 +330,7 @@ def test_tc_labels_is_a_checked_setting():
 def test_a_max_len_beyond_the_checkpoints_positions_is_a_one_line_user_error(tiny_checkpoint, tmp_path):
     import json
 
+    from raybiphase.finetune.spec import TrialSpec
     from raybiphase.finetune.trial import run_trial
 
     short = tmp_path / "short"  # as `raybiphase export` writes a run pretrained on 64-token blocks
@@ -331,18 +338,19 @@ def test_a_max_len_beyond_the_checkpoints_positions_is_a_one_line_user_error(tin
     config = json.loads((short / "config.json").read_text())
     (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
     with pytest.raises(UserError, match="finetune.max_len: 128 exceeds the 64 positions") as err:
-        run_trial(short, "tweets", lr=1e-4, seed=0, cfg=dataclasses.replace(TINY_RUN, max_len=128))
+        run_trial(TrialSpec.plain(short, "tweets", lr=1e-4, seed=0), cfg=dataclasses.replace(TINY_RUN, max_len=128))
     assert "\n" not in str(err.value)
-    result = run_trial(short, "tweets", lr=1e-4, seed=0, cfg=dataclasses.replace(TINY_RUN, max_len=64, max_steps=2))
-    assert 0.0 <= result["test_score"] <= 1.0  # at the length it was trained on, it fine-tunes
+    result = run_trial(TrialSpec.plain(short, "tweets", lr=1e-4, seed=0), cfg=dataclasses.replace(TINY_RUN, max_len=64, max_steps=2))
+    assert 0.0 <= result.test_score <= 1.0  # at the length it was trained on, it fine-tunes
 
 
 def test_bad_checkpoints_and_tasks_are_one_line_user_errors(tiny_checkpoint, tmp_path):
+    from raybiphase.finetune.spec import TrialSpec
     from raybiphase.finetune.trial import run_trial
 
     def error(hf_dir, task="tweets") -> str:
         with pytest.raises(UserError) as err:
-            run_trial(hf_dir, task, lr=1e-4, seed=0, cfg=TINY_RUN)
+            run_trial(TrialSpec.plain(hf_dir, task, lr=1e-4, seed=0), cfg=TINY_RUN)
         assert "\n" not in str(err.value)
         return str(err.value)
 

@@ -76,11 +76,9 @@ def test_a_stopped_riders_row_keeps_its_own_validation_score_not_the_trained_tas
     from raybiphase.finetune import fanout
     from raybiphase.results.rows import FinetuneRow
 
-    def row(task: str) -> dict:
-        return {"run": "r", "pretrain_step": 8, "task": task, "lr": 1e-4, "seed": 0}
+    from raybiphase.finetune.spec import TrialSpec
 
-    trial = fanout.TrialInput.from_config({"row": row("msmarco"), "record": "unused", "riders": [
-        {"row": row(name), "record": "unused"} for name in ("nq", "mldr")]})
+    trial = TrialSpec.plain("unused", "msmarco", lr=1e-4, seed=0, also_test=("nq", "mldr"))
     written: dict[str, FinetuneRow] = {}
     fanout_write, fanout_read = fanout.write_record, fanout.read_record
     try:

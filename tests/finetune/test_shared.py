@@ -1,6 +1,6 @@
 """Issue 27, point 3: shared weights are fine-tuned once. A checkpoint several runs pass through (an export inside a
 shared prefix) gets one set of trials; every run that shares it gets a copy of the rows, naming the run they ran
-under. The fan-out's Tune launch is replaced by a recorder here (no Ray): what is asserted is what gets launched."""
+under. The scheduler's trial runner is replaced by a recorder here (no Ray): what is asserted is what gets launched."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 
 from raybiphase.config import FinetuneGrid, SweepSpec, from_dict, load
 from raybiphase.finetune import records
-from raybiphase.results.rows import FinetuneSource
+from raybiphase.finetune.spec import FinetuneSource
+from tests.finetune.recording import recording
 from raybiphase.sweep.plan import make_plan
 from tests.finetune.test_finetune import make_tiny_checkpoint
 
@@ -20,15 +21,21 @@ def checkpoint(offline_cache, tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("shared") / "hf")
 
 
-def _recording_launch(fanout, launched: list):
-    def launch(trials, cfg, *, experiment, **kwargs):
-        launched.extend(t.key for t in trials)
-        rows = [dataclasses.replace(t, val_score=0.6 + t.lr, test_score=0.5 + t.seed / 10, steps=9, steps_run=9)
-                for t in trials]
-        for row in rows:
-            records.write_record(records.record_path(experiment, row.key, records.trial_settings(cfg.finetune)), row)
-        return rows
-    return launch
+def _recording(launched: list):
+    """Each trial finishes at once with a record scored by its LR and seed."""
+    def outcome(spec) -> dict:
+        records.write_record(spec.record, dataclasses.replace(spec.planned(), val_score=0.6 + spec.lr,
+                                                              test_score=0.5 + spec.seed / 10, steps=9, steps_run=9))
+        return {"step": 9, "finished": 1}
+    return recording(launched, outcome)
+
+
+def _run(source, cfg, tmp_path, launched, done=frozenset()):
+    from raybiphase.finetune.fanout import Fanout
+    from raybiphase.sweep.scheduler import finetune_checkpoints
+
+    return finetune_checkpoints([source], Fanout.of(cfg), storage=str(tmp_path), name="ft", done=done,
+                                trials=_recording(launched))
 
 
 def test_a_shared_checkpoint_is_fine_tuned_once_and_every_run_sharing_it_gets_its_rows(checkpoint, tmp_path,
@@ -40,9 +47,8 @@ def test_a_shared_checkpoint_is_fine_tuned_once_and_every_run_sharing_it_gets_it
     source = FinetuneSource("a", 8, str(checkpoint), {"phases.steps": 8},
                             shared_by=(FinetuneSource("b", 8, str(checkpoint), {"phases.steps": 16}),))
     launched = []
-    monkeypatch.setattr(fanout, "_launch", _recording_launch(fanout, launched))
-    rows = fanout.run_fanout([source], fanout.Fanout.of(cfg), storage=str(tmp_path), name="ft")
-    assert len(launched) == 4 and {key[0] for key in launched} == {"a"}  # 2 LRs x 2 seeds, once
+    rows = _run(source, cfg, tmp_path, launched)
+    assert len(launched) == 4 and {spec.run for spec in launched} == {"a"}  # 2 LRs x 2 seeds, once
     by_run = {run: sorted((r["lr"], r["seed"], r["test_score"]) for r in rows if r["run"] == run) for run in "ab"}
     assert by_run["a"] == by_run["b"] and len(by_run["a"]) == 4
     assert {r["trials_of"] for r in rows if r["run"] == "b"} == {"a"}
@@ -54,7 +60,7 @@ def test_a_shared_checkpoint_is_fine_tuned_once_and_every_run_sharing_it_gets_it
     # a rerun where only the sharer's rows are missing (say, a run added to the spec) copies them, runs nothing
     launched.clear()
     done = {(r["run"], r["pretrain_step"], r["task"], r["lr"], r["seed"]) for r in rows if r["run"] == "a"}
-    again = fanout.run_fanout([source], fanout.Fanout.of(cfg), storage=str(tmp_path), name="ft", done=done)
+    again = _run(source, cfg, tmp_path, launched, done=done)
     assert launched == [] and sorted(r["run"] for r in again) == ["b"] * 4
 
 

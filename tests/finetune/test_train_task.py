@@ -1,11 +1,12 @@
 """Tasks that train on another's pairs share its trial. nq and mldr train on MS MARCO's pairs, so one trial per
 checkpoint, LR and seed trains the model and scores it on each task's own validation and test splits; each task
 keeps its own row, with its own validation score (each chooses its LR on its own validation, as the authors'
-evaluation code does). The fan-out's Tune launch is replaced by a recorder (no Ray, no hub); the trial-level
+evaluation code does). The scheduler's trial runner is replaced by a recorder (no Ray, no hub); the trial-level
 mechanism runs on offline retrieval tasks."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -14,7 +15,8 @@ import pytest
 from raybiphase.config import FinetuneConfig, SweepSpec, from_dict
 from raybiphase.errors import UserError
 from raybiphase.finetune import records
-from raybiphase.results.rows import FinetuneSource
+from raybiphase.finetune.spec import FinetuneSource, TrialSpec
+from tests.finetune.recording import recording, result
 from tests.finetune.test_finetune import make_tiny_checkpoint
 
 RETRIEVAL = ["msmarco", "nq", "mldr"]
@@ -59,17 +61,18 @@ def test_the_planned_trials_are_the_trained_ones_and_every_task_keeps_its_row():
     cfg = from_dict(SweepSpec, {"finetune": {"tasks": ["nq", "sst2", "msmarco", "mldr"], "lrs": [1e-4, 2e-3],
                                              "seeds": [0, 1]}}).finetune
     source = FinetuneSource("a", 8, "/nowhere/hf", {"phases.steps": 8})
-    rows = fanout.plan_rows([source], cfg)
-    trials = fanout.plan_trials([source], cfg)
+    rows = fanout.plan_specs([source], cfg, experiment="/x")
+    trials = fanout.plan_trials([source], cfg, experiment="/x")
     assert len(rows) == 16 and len(trials) == 8  # 4 tasks x 2 LRs x 2 seeds; msmarco and sst2 train
-    assert [t.task for t in trials] == ["sst2"] * 4 + ["msmarco"] * 4
-    for trial in (t for t in trials if t.task == "msmarco"):
-        riders = fanout.riders(trial, cfg.tasks)
-        assert [r.task for r in riders] == ["nq", "mldr"]
+    assert [t.task.name for t in trials] == ["sst2"] * 4 + ["msmarco"] * 4
+    settings = records.trial_settings(cfg)
+    for trial in (t for t in trials if t.task.name == "msmarco"):
+        riders = trial.riders
+        assert [r.task.name for r in riders] == ["nq", "mldr"]
         assert all(r.key[:2] == trial.key[:2] and r.key[3:] == trial.key[3:] for r in riders)
-        assert {r.dataset for r in riders} == {fanout.get_task(n).dataset for n in ("nq", "mldr")}
-        assert all(fanout.trained_in(r, cfg.tasks) == trial for r in riders)
-    assert all(fanout.riders(t, cfg.tasks) == [] for t in trials if t.task == "sst2")
+        assert all(r.record == records.record_path("/x", r.key, settings) for r in [trial, *riders])
+        assert all(fanout.trained_in(r, cfg.tasks, "/x", settings) == trial for r in riders)
+    assert all(t.riders == () for t in trials if t.task.name == "sst2")
 
 
 # ------------------------------------------------------------------------------------------------ the fan-out
@@ -80,28 +83,31 @@ def _spec(tasks, **finetune):
                                               "max_steps": 9, "eval_every": 3, "max_examples": 64, **finetune}})
 
 
-def _recording_launch(fanout, launched: list, stop=frozenset()):
-    """A Tune launch without Ray: each trial 'runs' to the result run_trial gives (its riders' under "also_tested")
-    unless ASHA is on and its (lr, seed) is in `stop` (stopped at step 3); records and rows as the real launch makes them."""
-    def result(trial, task, score):
-        return {"val_score": _validation(trial.lr, task), "test_score": score, "test_per_example": [score, score],
-                "test_secondary": score / 2, "steps": 9, "seconds": 1.0, "diverged": False}
+def _recording(launched: list, stop=frozenset()):
+    """Each trial 'runs' to a result like run_trial's (its riders' under `also_tested`) unless ASHA is on and its
+    (lr, seed) is in `stop` (stopped at step 3: no record); ended with the last report Tune would give."""
+    def outcome(spec: TrialSpec) -> dict:
+        if not (spec.asha and (spec.lr, spec.seed) in stop):
+            tests = {r.task.name: result(r.task, val=_validation(spec.lr, r.task.name), test=0.1 * (i + 2))
+                     for i, r in enumerate(spec.riders)}
+            fanout.record_final(spec, result(spec.task, val=_validation(spec.lr, spec.task.name), test=0.1,
+                                             also_tested=tests))
+        return {"val_score": 0.5, **{fanout.rider_metric(r.task.name): 0.4 for r in spec.riders}, "step": 3,
+                "time_total_s": 2.0}
 
-    def launch(trials, cfg, *, experiment, asha, **kwargs):
-        rows, settings = [], records.trial_settings(cfg.finetune)
-        for trial in trials:
-            config = fanout.TrialInput.of(trial, cfg.finetune.tasks, experiment, settings).to_config()
-            launched.append(config)  # what Tune's config carries; the trainable reads it back as a TrialInput
-            trial_input = fanout.TrialInput.from_config(config)
-            if not (asha and (trial.lr, trial.seed) in stop):
-                tests = {rider.row.task: result(trial, rider.row.task, 0.1 * (i + 2))
-                         for i, rider in enumerate(trial_input.riders)}
-                fanout.record_final(trial_input, {**result(trial, trial.task, 0.1), "also_tested": tests})
-            riders = {fanout.rider_metric(r.row.task): 0.4 for r in trial_input.riders}
-            rows += fanout.trial_rows(trial_input, {"val_score": 0.5, **riders, "step": 3, "time_total_s": 2.0},
-                                      failed=False)
-        return rows
-    return launch
+    from raybiphase.finetune import fanout
+
+    return recording(launched, outcome)
+
+
+def _run(sources, spec, tmp_path, launched, *, name="ft", stop=frozenset(), done=frozenset(), complete_best=True):
+    """The fan-out of `sources` through the scheduler, on the recorder."""
+    from raybiphase.finetune.fanout import Fanout
+    from raybiphase.sweep.scheduler import finetune_checkpoints
+
+    cfg = dataclasses.replace(Fanout.of(spec), complete_best=complete_best)
+    return finetune_checkpoints(sources, cfg, storage=str(tmp_path), name=name, done=done,
+                                trials=_recording(launched, stop))
 
 
 def _validation(lr: float, task: str) -> float:
@@ -117,16 +123,15 @@ def test_one_trial_per_checkpoint_lr_and_seed_trains_for_the_group_and_every_tas
     source = FinetuneSource("a", 8, str(checkpoint), {"phases.steps": 8},
                             shared_by=(FinetuneSource("b", 8, str(checkpoint), {"phases.steps": 16}),))
     launched = []
-    monkeypatch.setattr(fanout, "_launch", _recording_launch(fanout, launched))
-    rows = fanout.run_fanout([source], fanout.Fanout.of(_spec(tasks)), storage=str(tmp_path), name="ft")
+    rows = _run([source], _spec(tasks), tmp_path, launched)
 
     assert len(launched) == 4  # 2 LRs x 2 seeds, once for every task of the group
-    assert {c["row"]["task"] for c in launched} == {trained} and {c["row"]["run"] for c in launched} == {"a"}
-    assert all(c["group"] == ["a", 8, trained] for c in launched)  # one ASHA: the trained trials
+    assert {c.task.name for c in launched} == {trained} and {c.run for c in launched} == {"a"}
+    assert all(c.group == ("a", 8, trained) for c in launched)  # one ASHA: the trained trials
     riders = [t for t in tasks if t != trained]
-    assert all([r["row"]["task"] for r in c["riders"]] == riders for c in launched)
+    assert all([r.task.name for r in c.riders] == riders for c in launched)
     for config in launched:  # three rows per launch (two when msmarco is not asked for), each its task's own
-        lr, seed = config["row"]["lr"], config["row"]["seed"]
+        lr, seed = config.lr, config.seed
         own = sorted((r for r in rows if (r["run"], r["lr"], r["seed"]) == ("a", lr, seed)), key=lambda r: r["task"])
         assert sorted(r["task"] for r in own) == sorted(tasks)
         assert all(r["dataset"] == fanout.get_task(r["task"]).dataset for r in own)
@@ -139,14 +144,14 @@ def test_one_trial_per_checkpoint_lr_and_seed_trains_for_the_group_and_every_tas
 
     # resumed: every task's row is read back from its record, nothing launches
     launched.clear()
-    again = fanout.run_fanout([source], fanout.Fanout.of(_spec(tasks)), storage=str(tmp_path), name="ft")
+    again = _run([source], _spec(tasks), tmp_path, launched)
     assert launched == [] and sorted(map(_key, again)) == sorted(map(_key, rows))
     # a rider's row alone missing from the table reruns the trial that trains its model, and only its row returns
     settings = records.trial_settings(_spec(tasks).finetune)
     Path(records.record_path(str(tmp_path / "ft"), ("a", 8, riders[0], 1e-4, 0), settings)).unlink()
     done = {_key(r)[:5] for r in rows} - {(run, 8, riders[0], 1e-4, 0) for run in "ab"}
-    again = fanout.run_fanout([source], fanout.Fanout.of(_spec(tasks)), storage=str(tmp_path), name="ft", done=done)
-    assert [(c["row"]["task"], c["row"]["lr"], c["row"]["seed"]) for c in launched] == [(trained, 1e-4, 0)]
+    again = _run([source], _spec(tasks), tmp_path, launched, done=done)
+    assert [(c.task.name, c.lr, c.seed) for c in launched] == [(trained, 1e-4, 0)]
     assert sorted((r["run"], r["task"]) for r in again) == [("a", riders[0]), ("b", riders[0])]
 
 
@@ -160,11 +165,10 @@ def test_a_stopped_trial_stops_every_task_of_its_group_and_the_completion_pass_r
 
     launched = []
     # 2e-3 leads on its finished seed (0.602 > 0.6001) for every task, so its stopped seed 1 is completed once
-    monkeypatch.setattr(fanout, "_launch", _recording_launch(fanout, launched, stop={(2e-3, 1)}))
     source = FinetuneSource("a", 8, str(checkpoint))
-    rows = fanout.run_fanout([source], fanout.Fanout.of(_spec(RETRIEVAL, asha=True)), storage=str(tmp_path), name="ft")
+    rows = _run([source], _spec(RETRIEVAL, asha=True), tmp_path, launched, stop={(2e-3, 1)})
     first, completion = launched[:4], launched[4:]
-    assert [(c["row"]["task"], c["row"]["lr"], c["row"]["seed"]) for c in completion] == [("msmarco", 2e-3, 1)]
+    assert [(c.task.name, c.lr, c.seed, c.asha) for c in completion] == [("msmarco", 2e-3, 1, False)]
     cell = sorted((r for r in rows if (r["lr"], r["seed"]) == (2e-3, 1)), key=lambda r: r["task"])
     assert [r["task"] for r in cell] == ["mldr", "msmarco", "nq"]
     assert all(r["completed_after_stop"] and r["steps_run"] == 3 + 9 and not math.isnan(r["test_score"])
@@ -173,17 +177,15 @@ def test_a_stopped_trial_stops_every_task_of_its_group_and_the_completion_pass_r
 
     # without completion the group's rows stay stopped; with ASHA then turned off, they are one trial to run again
     launched.clear()
-    monkeypatch.setattr(fanout, "_launch", _recording_launch(fanout, launched, stop={(1e-4, 1)}))
-    stopped = fanout.run_fanout([source], fanout.Fanout.of(_spec(RETRIEVAL, asha=True)), storage=str(tmp_path), name="ft2",
-                                complete_best=False)
+    stopped = _run([source], _spec(RETRIEVAL, asha=True), tmp_path, launched, name="ft2", stop={(1e-4, 1)},
+                   complete_best=False)
     cell = [r for r in stopped if (r["lr"], r["seed"]) == (1e-4, 1)]
     assert sorted(r["task"] for r in cell) == sorted(RETRIEVAL)
     assert all(r["stopped_early"] and r["steps"] == 3 and math.isnan(r["test_score"]) for r in cell)
     assert {r["task"]: r["val_score"] for r in cell} == {"msmarco": 0.5, "nq": 0.4, "mldr": 0.4}  # each its own
     launched.clear()
-    fanout.run_fanout([source], fanout.Fanout.of(_spec(RETRIEVAL, asha=False)), storage=str(tmp_path), name="ft2",
-                      complete_best=False)
-    assert [(c["row"]["task"], c["row"]["lr"], c["row"]["seed"]) for c in launched] == [("msmarco", 1e-4, 1)]
+    _run([source], _spec(RETRIEVAL, asha=False), tmp_path, launched, name="ft2", complete_best=False)
+    assert [(c.task.name, c.lr, c.seed) for c in launched] == [("msmarco", 1e-4, 1)]
 
 
 # ------------------------------------------------------------------------------------------------ the trial
@@ -199,18 +201,18 @@ def test_a_trial_tests_the_model_it_trained_on_each_extra_test_split(checkpoint,
     from raybiphase.finetune.tasks import get_task, load_splits
     from raybiphase.finetune.trial import load_checked_tokenizer, run_trial
 
-    plain = run_trial(checkpoint, "squad_retrieval", lr=1e-3, seed=0, cfg=TINY_IR)
+    plain = run_trial(TrialSpec.plain(checkpoint, "squad_retrieval", lr=1e-3, seed=0), cfg=TINY_IR)
     models, load_model = [], RetrievalHead.load_model
     monkeypatch.setattr(RetrievalHead, "load_model", lambda self, hf_dir: models.append(load_model(self, hf_dir))
                         or models[-1])
     reports = []
-    riding = run_trial(checkpoint, "squad_retrieval", lr=1e-3, seed=0, cfg=TINY_IR, also_test=("wiki_retrieval",),
-                       report=reports.append)
-    assert "also_tested" not in plain
-    assert riding["val_score"] == plain["val_score"] and riding["test_per_example"] == plain["test_per_example"]
-    extra = riding["also_tested"]["wiki_retrieval"]
-    assert extra["steps"] == plain["steps"] == 4
-    assert extra["metric"] == "ndcg@10" and extra["secondary_metric"] == "mrr@10" and not extra["diverged"]
+    riding = run_trial(TrialSpec.plain(checkpoint, "squad_retrieval", lr=1e-3, seed=0, also_test=("wiki_retrieval",)),
+                       cfg=TINY_IR, report=reports.append)
+    assert plain.also_tested == {}
+    assert riding.val_score == plain.val_score and riding.test_per_example == plain.test_per_example
+    extra = riding.also_tested["wiki_retrieval"]
+    assert extra.steps == plain.steps == 4
+    assert extra.metric == "ndcg@10" and extra.secondary_metric == "mrr@10" and not extra.diverged
 
     (model,) = models  # the trained model, evaluated here on wiki_retrieval's test split
     head = head_for(get_task("wiki_retrieval"), load_checked_tokenizer(checkpoint), TINY_IR.max_len)
@@ -218,26 +220,26 @@ def test_a_trial_tests_the_model_it_trained_on_each_extra_test_split(checkpoint,
     test = splits.test
     evaluation = head.evaluate(model.eval(), head.prepare_eval(test))
     validation = head.evaluate(model, head.prepare_eval(splits.val)).score  # its own validation, not squad's
-    assert extra["val_score"] == validation != plain["val_score"]
+    assert extra.val_score == validation != plain.val_score
     assert reports[-1]["also_val"] == {"wiki_retrieval": validation}
-    assert extra["test_score"] == evaluation.score and extra["test_per_example"] == evaluation.per_example
-    assert extra["test_secondary"] == evaluation.secondary and len(extra["test_per_example"]) == len(test["queries"])
-    assert extra["test_per_example"] != riding["test_per_example"]
+    assert extra.test_score == evaluation.score and extra.test_per_example == evaluation.per_example
+    assert extra.test_secondary == evaluation.secondary and len(extra.test_per_example) == len(test["queries"])
+    assert extra.test_per_example != riding.test_per_example
 
-    # the fan-out's records: one row per task from the trial's last report
-    config = {"row": {"run": "r", "pretrain_step": 8, "task": "squad_retrieval", "lr": 1e-3, "seed": 0},
-              "record": "unused", "riders": [{"row": {"run": "r", "pretrain_step": 8, "task": "wiki_retrieval",
-                                                       "lr": 1e-3, "seed": 0}, "record": "unused"}]}
+    # the fan-out's records: one row per task from the trial's last report, each built from its spec and result
+    spec = dataclasses.replace(TrialSpec.plain(checkpoint, "squad_retrieval", lr=1e-3, seed=0,
+                                               also_test=("wiki_retrieval",)), run="r", pretrain_step=8)
+    spec = TrialSpec.from_config(spec.to_config())  # what the trial's process reads from Tune's config
     written = {}
     monkeypatch.setattr(fanout, "write_record", lambda location, row: written.setdefault(row.task, row))
-    fanout.record_final(fanout.TrialInput.from_config(config), reports[-1]["final"])
+    fanout.record_final(spec, reports[-1]["final"])
     assert list(written) == ["wiki_retrieval", "squad_retrieval"]  # the riders' first: the trial's own last
     assert written["wiki_retrieval"].test_score == evaluation.score
-    assert written["wiki_retrieval"].val_score == validation and written["squad_retrieval"].val_score == plain["val_score"]
+    assert written["wiki_retrieval"].val_score == validation and written["squad_retrieval"].val_score == plain.val_score
 
 
 def test_a_task_of_another_family_cannot_ride_along(checkpoint):
     from raybiphase.finetune.trial import run_trial
 
     with pytest.raises(UserError, match="cannot be tested on a model trained for 'squad_retrieval'"):
-        run_trial(checkpoint, "squad_retrieval", lr=1e-3, seed=0, cfg=TINY_IR, also_test=("tweets",))
+        run_trial(TrialSpec.plain(checkpoint, "squad_retrieval", lr=1e-3, seed=0, also_test=("tweets",)), cfg=TINY_IR)

@@ -173,18 +173,21 @@ def test_write_summary_aggregates_finetune_rows(tmp_path) -> None:
 
 def test_typed_rows_flatten_to_dotted_columns_and_back():
     from raybiphase.config import RunConfig, from_dict
+    from raybiphase.finetune.spec import TrialSpec
     from raybiphase.finetune.tasks import get_task
-    from raybiphase.results.rows import FinetuneRow, FinetuneSource, config_columns, finished_row, trial_row
+    from raybiphase.finetune.trial import TrialResult
+    from raybiphase.results.rows import FinetuneRow, config_columns
 
     run = from_dict(RunConfig, {"phases": {"steps": 40, "clm_steps": 10}})
     columns = config_columns(run)
     assert columns["phases.clm_share"] == 0.25 and columns["phases.clm_steps"] == 10  # resolved, whichever way given
     assert "clm_share" not in columns
-    planned = trial_row(FinetuneSource("tiny-clm-10-mlm40-40-abc123", 40, "/ckpt/hf", columns),
-                        task=get_task("tweets"), lr=1e-4, seed=2, sweep="s")
-    assert planned.key == ("tiny-clm-10-mlm40-40-abc123", 40, "tweets", 1e-4, 2)  # run and step stay apart
-    done = finished_row(planned, {"val_score": 0.5, "test_score": 0.6, "test_secondary": float("nan"),
-                                  "test_per_example": [1.0, 0.0], "steps": 9, "seconds": 1.5})
+    spec = TrialSpec("tiny-clm-10-mlm40-40-abc123", 40, "/ckpt/hf", get_task("tweets"), 1e-4, 2, "/r.json", "s",
+                     columns)
+    assert spec.planned().key == ("tiny-clm-10-mlm40-40-abc123", 40, "tweets", 1e-4, 2)  # run and step stay apart
+    done = spec.finished(TrialResult(val_score=0.5, test_score=0.6, metric="accuracy", steps=9, seconds=1.5,
+                                     test_per_example=[1.0, 0.0], secondary_metric=None,
+                                     test_secondary=float("nan")))
     record = done.record()
     assert record["phases.clm_share"] == 0.25 and record["pretrain_step"] == 40 and record["steps_run"] == 9
     assert FinetuneRow.from_record(record) == done

@@ -78,16 +78,17 @@ def checkpoint(offline_cache, tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("grids") / "hf")
 
 
-def _recording_launch(fanout, launched: list):
-    """Records the trials launched and writes their rows and their riders' (among the tasks of their checkpoint)."""
-    def launch(trials, cfg, *, experiment, tasks, **kwargs):
-        launched.extend(t.key for t in trials)
-        rows = [member for t in trials for member in [t, *fanout.riders(t, tasks[(t.run, t.pretrain_step)])]]
-        rows = [dataclasses.replace(r, val_score=0.5, test_score=0.5, steps=9, steps_run=9) for r in rows]
-        for row in rows:
-            records.write_record(records.record_path(experiment, row.key, records.trial_settings(cfg.finetune)), row)
-        return rows
-    return launch
+def _recording(launched: list):
+    """Records the trials launched and writes their rows and their riders'."""
+    from tests.finetune.recording import recording
+
+    def outcome(spec) -> dict:
+        launched.append(spec.key)
+        for member in [spec, *spec.riders]:
+            records.write_record(member.record, dataclasses.replace(member.planned(), val_score=0.5, test_score=0.5,
+                                                                    steps=9, steps_run=9))
+        return {"step": 9, "finished": 1}
+    return recording([], outcome)
 
 
 def test_the_fanout_runs_exactly_the_named_grid_at_an_intermediate_checkpoint(checkpoint, tmp_path, monkeypatch):
@@ -95,6 +96,7 @@ def test_the_fanout_runs_exactly_the_named_grid_at_an_intermediate_checkpoint(ch
     from raybiphase.storage import SweepPaths
     from raybiphase.sweep.context import SweepContext
     from raybiphase.sweep.finetuning import finetune_sources
+    from raybiphase.sweep.scheduler import finetune_checkpoints
 
     spec = _small(EXPORTS)
     sources = finetune_sources(SweepContext(spec, make_plan(spec), SweepPaths.of(str(tmp_path), "small")))
@@ -103,8 +105,8 @@ def test_the_fanout_runs_exactly_the_named_grid_at_an_intermediate_checkpoint(ch
     assert early.grid == FinetuneGrid(("sst2", "nq"), (2e-3,), (0, 1, 2)) and final.grid == spec.finetune.grid()
     picked = [dataclasses.replace(s, hf_dir=str(checkpoint)) for s in (early, final)]
     launched = []
-    monkeypatch.setattr(fanout, "_launch", _recording_launch(fanout, launched))
-    rows = fanout.run_fanout(picked, fanout.Fanout.of(spec), storage=str(tmp_path), name="ft")
+    rows = finetune_checkpoints(picked, fanout.Fanout.of(spec), storage=str(tmp_path), name="ft",
+                                trials=_recording(launched))
     at_200 = sorted((task, lr, seed) for run, step, task, lr, seed in launched if step == 200)
     assert at_200 == sorted((task, 2e-3, seed) for task in ("sst2", "nq") for seed in (0, 1, 2))  # nq trains itself
     at_800 = {(task, lr, seed) for run, step, task, lr, seed in launched if step == 800}

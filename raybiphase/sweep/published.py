@@ -1,6 +1,6 @@
 """`raybiphase finetune MODEL OUT`: any encoder checkpoint in HF format (a released EuroBERT or ModernBERT folder, or
-one of a sweep's exports) through the sweep's own fan-out, protocol and rows, so published models sit beside the
-user's in one report.
+one of a sweep's exports) through the sweep's own scheduler (with no segments), fan-out, protocol and rows, so
+published models sit beside the user's in one report.
 
     raybiphase finetune path/to/610m-mlm40-42k results/published --set "finetune.tasks=[sst2, squad]"
     raybiphase finetune results/quickstart/controls/tiny-init-69ac65/hf results/mine sweeps/quickstart.yaml
@@ -17,26 +17,25 @@ from pathlib import Path
 
 from raybiphase import storage
 from raybiphase.config import SweepSpec
-from raybiphase.errors import UserError
-from raybiphase.finetune.fanout import Fanout, run_fanout
+from raybiphase.finetune.fanout import Fanout, check_tasks
 from raybiphase.finetune.records import check_settings
+from raybiphase.finetune.spec import FinetuneSource
 from raybiphase.results import rows as result_rows
 from raybiphase.results import store
 from raybiphase.results.report import write_report
+from raybiphase.sweep.scheduler import finetune_checkpoints
 
 
 def finetune_model(model: str, out: str, spec: SweepSpec, name: str | None = None) -> list[dict]:
     """Fine-tune one HF checkpoint over spec.finetune's tasks x LRs x seeds into OUT; the new rows."""
-
-    if not spec.finetune.tasks:
-        raise UserError("finetune.tasks: empty; name at least one task, e.g. --set 'finetune.tasks=[sst2]'")
+    check_tasks(spec.finetune)
     out = storage.absolute(out)
     name = name or Path(str(model).rstrip("/")).name
-    source = result_rows.FinetuneSource(name, 0, str(model), {"model.init_from": str(model)})
+    source = FinetuneSource(name, 0, str(model), {"model.init_from": str(model)})
     path = storage.join(out, storage.FINETUNE_FILE)
     check_settings(path, spec.finetune)
     done = {key[:-1] for key in store.done_keys(path, result_rows.FINETUNE_KEY) if key[-1] == result_rows.OURS}
-    rows = run_fanout([source], Fanout.of(spec), storage=out, name="finetune", done=done)
+    rows = finetune_checkpoints([source], Fanout.of(spec), storage=out, name="finetune", done=done)
     if rows:
         store.append_rows(path, rows, key=result_rows.FINETUNE_KEY)
     if storage.exists(path):

@@ -1,0 +1,273 @@
+"""Fine-tuning trials on one long-lived Ray Tune Tuner, fed trial by trial through Tune's public extension points.
+
+`TuneTrials` runs one `tune.Tuner` in a background thread for as long as its caller has trials to give it
+(raybiphase.sweep.scheduler: the sweep's one loop). Trials reach it through `FeedSearcher`, a
+`ray.tune.search.Searcher`: `submit` queues a trial with its rank, and Tune's `suggest` hands out the lowest-ranked
+one while fewer trials are live than `capacity()` allows (read at that moment, so a trial never starts on a slot a
+segment took); `close` says no more will come, and the Tuner ends once the live ones have. Each ended trial is
+passed to `ended(ticket, metrics, error)` from the Tuner's thread (a Tune `Callback`).
+
+What keeps this working on Tune's public surface:
+- `num_samples=-1`: the searcher, not a sample count, says when the search is over.
+- A zero-CPU keep-alive trial runs until the searcher is closed: with no trial live, Tune waits for the next one
+  without handling events, so ended trials' actors would keep their CPUs (or GPU share) from the segments.
+  It reports a placeholder `val_score` (Tune checks the scheduler's metric in every result) and ASHA passes it.
+- `reuse_actors=False`: an ended trial's actor is stopped, freeing what it held, instead of kept idle for reuse.
+- `max_concurrent_trials`: Tune starts one trial at a time from a custom searcher otherwise.
+- The searcher and callback keep their lock and callables out of pickles (Tune pickles both with the experiment).
+- A failed trial runs again from its start up to `TRIAL_RETRIES` times (a node lost); only then is it ended.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import pickle
+import threading
+import time
+from collections.abc import Callable
+
+from ray.tune import Callback, Stopper
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+from ray.tune.search import Searcher
+
+from raybiphase import storage
+from raybiphase.config import FinetuneConfig
+from raybiphase.finetune.fanout import record_final, rider_metric
+from raybiphase.finetune.spec import TrialSpec
+from raybiphase.finetune.trial import run_trial
+from raybiphase.raycluster import ensure_ray
+
+TRIAL_RETRIES = 2
+"""Times a failed trial runs again from its start (a trial whose node was lost; a deterministic failure costs
+three attempts before it is reported)."""
+KEEPALIVE = "keepalive"
+"""The keep-alive trial's config key (and its reports')."""
+
+
+def _trainable(config: dict, finetune: FinetuneConfig) -> None:
+    """One Tune trial: the keep-alive loop, or `run_trial` on the spec Tune's config carries. A finished trial's
+    records are written before its last report, at which ASHA may end the process."""
+    from ray import tune
+
+    if config.get(KEEPALIVE):
+        while True:
+            time.sleep(1.0)
+            tune.report({KEEPALIVE: 1, "step": 0, "val_score": -1.0})
+    import torch
+
+    spec = TrialSpec.from_config(config["spec"])
+    torch.set_num_threads(max(1, int(finetune.cpus_per_trial)))
+
+    def report(metrics: dict) -> None:
+        if "final" in metrics:
+            record_final(spec, metrics["final"])
+        score = metrics["val_score"]
+        # a diverged trial reports its floor score (NaN only from rows of old), which ranks it low for ASHA
+        tune.report({"step": metrics["step"], "val_score": -1.0 if math.isnan(score) else score,
+                     **{rider_metric(name): value for name, value in metrics.get("also_val", {}).items()},
+                     "finished": int("final" in metrics)})  # else a trial that ended was stopped
+
+    run_trial(spec, cfg=finetune, report=report)
+
+
+def trial_resources(cfg: FinetuneConfig) -> dict[str, float]:
+    """What one fine-tuning trial asks Ray for."""
+    return {"cpu": cfg.cpus_per_trial, **({"gpu": cfg.gpus_per_trial} if cfg.gpus_per_trial else {})}
+
+
+class FeedSearcher(Searcher):
+    """Trials come from `submit` (any thread), ranked; `suggest` (Tune's thread) hands out the keep-alive trial
+    first, then the lowest-ranked queued trial while fewer than `capacity()` are live, else None (Tune asks again
+    next step); FINISHED once closed with nothing queued. A trial is live from its hand-out to its completion,
+    retries included. One lock guards the queue, the live set and the closed flag."""
+
+    def __init__(self, capacity: Callable[[], int] | None = None):
+        super().__init__()
+        self._lock, self._capacity = threading.Lock(), capacity
+        self._queue: list[tuple] = []  # (rank, n, config) heap
+        self._numbers = itertools.count()
+        self._live: dict[str, dict] = {}
+        self._closed = self._kept_alive = False
+
+    def submit(self, rank: tuple, config: dict) -> None:
+        with self._lock:
+            heapq.heappush(self._queue, (rank, next(self._numbers), config))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+    def drained(self) -> bool:
+        with self._lock:
+            return self._closed and not self._queue
+
+    def suggest(self, trial_id: str):
+        capacity = self._capacity() if self._capacity else math.inf  # outside the lock: it takes none of ours
+        with self._lock:
+            if not self._kept_alive:
+                self._kept_alive = True
+                return {KEEPALIVE: True}
+            if not self._queue:
+                return Searcher.FINISHED if self._closed else None
+            if len(self._live) >= capacity:
+                return None
+            config = heapq.heappop(self._queue)[2]
+            self._live[trial_id] = config
+            return config
+
+    def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
+        with self._lock:
+            self._live.pop(trial_id, None)
+
+    def save(self, checkpoint_path: str) -> None:
+        with self._lock:
+            state = {"queue": list(self._queue), "live": dict(self._live), "closed": self._closed}
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump(state, f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            state = pickle.load(f)
+        with self._lock:
+            self._queue, self._live, self._closed = state["queue"], state["live"], state["closed"]
+            heapq.heapify(self._queue)
+
+    def __getstate__(self):
+        return {**self.__dict__, "_lock": None, "_capacity": None, "_numbers": None}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock, self._numbers = threading.Lock(), itertools.count(len(self._queue) + len(self._live))
+
+
+class KeepAliveStopper(Stopper):
+    """Stops the keep-alive trial once the searcher is closed with nothing queued; never stops the others."""
+
+    def __init__(self, searcher: FeedSearcher):
+        self.searcher = searcher
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return bool(result.get(KEEPALIVE)) and self.searcher.drained()
+
+    def stop_all(self) -> bool:
+        return False
+
+
+class GroupedASHA(FIFOScheduler):
+    """One ASHA per trial group (run x task): its rungs compare trials of one task on one checkpoint only. A trial
+    with no group (the keep-alive trial, a completion-pass rerun, finetune.asha off) is never stopped."""
+
+    def __init__(self, make_asha):
+        super().__init__()
+        self._make_asha, self._by_group, self._metric = make_asha, {}, "val_score"
+
+    def _asha(self, trial) -> ASHAScheduler | None:
+        group = trial.config.get("group")
+        if not group:
+            return None
+        if tuple(group) not in self._by_group:
+            self._by_group[tuple(group)] = self._make_asha()
+        return self._by_group[tuple(group)]
+
+    def set_search_properties(self, metric, mode, **spec) -> bool:
+        return True
+
+    def on_trial_add(self, controller, trial):
+        if asha := self._asha(trial):
+            asha.on_trial_add(controller, trial)
+
+    def on_trial_result(self, controller, trial, result):
+        asha = self._asha(trial)
+        return asha.on_trial_result(controller, trial, result) if asha else FIFOScheduler.CONTINUE
+
+    def on_trial_complete(self, controller, trial, result):
+        if asha := self._asha(trial):
+            asha.on_trial_complete(controller, trial, result)
+
+    def on_trial_remove(self, controller, trial):
+        if asha := self._asha(trial):
+            asha.on_trial_remove(controller, trial)
+
+    def on_trial_error(self, controller, trial):
+        if asha := self._asha(trial):
+            asha.on_trial_error(controller, trial)
+
+
+class Ended(Callback):
+    """Passes every trial Tune ended (finished, stopped, or failed for good) but the keep-alive one to `ended`."""
+
+    def __init__(self, ended: Callable):
+        self.ended = ended
+
+    def __getstate__(self):
+        return {**self.__dict__, "ended": None}
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        if self.ended and not trial.config.get(KEEPALIVE):
+            self.ended(trial.config["ticket"], dict(trial.last_result or {}), None)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        if self.ended and not trial.config.get(KEEPALIVE):
+            error = trial.get_pickled_error() or trial.get_error() or RuntimeError("the trial failed")
+            self.ended(trial.config["ticket"], dict(trial.last_result or {}), error)
+
+
+class TuneTrials:
+    """One Tuner for every trial its caller submits (module docstring): started by the first `submit`, ended by
+    `close` once its live trials end. `ended(ticket, metrics, error)` runs in the Tuner's thread; a Tuner that
+    fails as a whole gives `ended(None, {}, error)`."""
+
+    def __init__(self, finetune: FinetuneConfig, *, experiment: str, max_concurrent: int,
+                 capacity: Callable[[], int], ended: Callable, grace_period: int | None = None,
+                 reduction_factor: float = 3):
+        self.finetune, self.experiment, self.ended = finetune, experiment, ended
+        self.searcher = FeedSearcher(capacity)
+        self.max_concurrent = max_concurrent
+        self.asha = dict(grace_period=grace_period or finetune.eval_every, reduction_factor=reduction_factor)
+        self.thread: threading.Thread | None = None
+
+    def submit(self, ticket: int, rank: tuple, spec: TrialSpec) -> None:
+        if self.thread is None:
+            self._start()
+        group = list(spec.group) if spec.asha else None
+        self.searcher.submit(rank, {"ticket": ticket, "group": group, "spec": spec.to_config()})
+
+    def close(self) -> None:
+        self.searcher.close()
+
+    def join(self) -> None:
+        while self.thread is not None and self.thread.is_alive():
+            self.thread.join(timeout=0.5)  # short joins: Ctrl-C still reaches the main thread
+
+    def _start(self) -> None:
+        import functools
+
+        from ray import tune
+
+        ensure_ray()
+        cfg = self.finetune
+        resources = trial_resources(cfg)
+        trainable = tune.with_resources(tune.with_parameters(_trainable, finetune=cfg),
+                                        lambda config: {"cpu": 0, "memory": 1 << 20} if config.get(KEEPALIVE)
+                                        else resources)
+        scheduler = GroupedASHA(functools.partial(ASHAScheduler, time_attr="step", metric="val_score", mode="max",
+                                                  max_t=cfg.max_steps, **self.asha))
+        tuner = tune.Tuner(
+            trainable, param_space={},
+            tune_config=tune.TuneConfig(search_alg=self.searcher, scheduler=scheduler, num_samples=-1,
+                                        reuse_actors=False, max_concurrent_trials=self.max_concurrent + 1,
+                                        trial_dirname_creator=lambda t: f"trial_{t.trial_id}"),
+            run_config=tune.RunConfig(storage_path=storage.parent(self.experiment),
+                                      name=storage.basename(self.experiment), verbose=0,
+                                      stop=KeepAliveStopper(self.searcher), callbacks=[Ended(self.ended)],
+                                      failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES)))
+        self.thread = threading.Thread(target=self._fit, args=(tuner,), name="fine-tuning trials", daemon=True)
+        self.thread.start()
+
+    def _fit(self, tuner) -> None:
+        try:
+            tuner.fit()
+        except BaseException as err:  # every trial still live or queued is lost with it
+            self.ended(None, {}, err)

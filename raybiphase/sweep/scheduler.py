@@ -1,0 +1,299 @@
+"""The sweep's one scheduler: every segment and every fine-tuning trial, in one loop, on one slot budget.
+
+The sweep is a graph of jobs. A *segment* (raybiphase.sweep.plan) starts once the segments it depends on are done;
+its TorchTrainer is fit from the driver, in a thread of its own (fit blocks). Each checkpoint a segment holds
+(and each untrained control, at once) is then a *fine-tuning job* (raybiphase.finetune.fanout.fanout_work): its
+trials, then its completion passes, each wave waiting for the last, then its rows appended to the table.
+
+One loop, in the driver's main thread, waits on whatever ends first: a segment (its thread posts to the loop's
+event queue) or a fine-tuning trial (the Tuner's thread posts, raybiphase.finetune.tuner), and starts what became
+ready. Nothing else decides what runs:
+- Segments hold `resources.max_concurrent` slots; among the ready ones, the longest remaining chain starts first
+  (raybiphase.sweep.timeline.by_priority).
+- Trials (at most finetune.max_concurrent, default resources.max_concurrent) run only in the share of the slots
+  that segments leave free while pretraining goes on (`trial_capacity`, read each time Tune would start a trial);
+  once no segment runs or waits, every trial slot is open. A ready segment waits at most for running trials.
+- Trials of an earlier job start first (a job's number is its rank; a completion pass keeps its job's rank).
+
+Failure policy: after a segment fails no segment starts, the running ones end, fine-tuning what was ready goes on,
+then the first failure is raised as a UserError naming the segment. A failed fine-tuning job is said at once;
+the running jobs go on, none starts after it, and its error is raised once the loop ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable, Generator
+from typing import Protocol
+
+from raybiphase.errors import UserError
+from raybiphase.finetune.fanout import Fanout, check_tasks, fanout_work, trial_rows
+from raybiphase.finetune.spec import FinetuneSource, TrialSpec
+from raybiphase.finetune.tuner import TuneTrials
+from raybiphase.results import rows as result_rows
+from raybiphase.results import store
+from raybiphase.storage import absolute, join
+from raybiphase.sweep.plan import Segment
+from raybiphase.sweep.timeline import by_priority
+from raybiphase.telemetry.progress import interval, trials_line
+
+
+def trial_capacity(trials: int, slots: int, running_segments: int, pretraining: bool) -> int:
+    """Trials that may run now: all `trials` once pretraining is over, else their share of the `slots` segment
+    slots that no running segment holds (rounded up: a free slot always admits one)."""
+    if not pretraining:
+        return trials
+    return math.ceil(trials * max(0, slots - running_segments) / slots)
+
+
+class Pretraining(Protocol):
+    """What the loop needs of the sweep's segments (raybiphase.sweep.driver gives it)."""
+
+    todo: list[Segment]
+    done: set[str]
+    chain: dict[str, float]
+
+    def ready(self, segment: Segment) -> bool: ...
+    def fit(self, segment: Segment) -> None: ...
+    def started(self, segment: Segment, running: int) -> None: ...
+    def ended(self, segment: Segment, seconds: float | None, running: dict[str, float]) -> None: ...
+    def sources(self, segments: set[str]) -> list[FinetuneSource]: ...
+
+
+@dataclasses.dataclass
+class Job:
+    """One checkpoint's fine-tuning: its work, and the wave of trials it waits on."""
+
+    number: int
+    name: str
+    work: Generator
+    waiting: set[int] = dataclasses.field(default_factory=set)
+    """Tickets of the wave's trials not yet ended."""
+    size: int = 0
+    rows: list = dataclasses.field(default_factory=list)
+    failures: list[str] = dataclasses.field(default_factory=list)
+
+
+class Scheduler:
+    """The loop (module docstring). `run(pretraining, sources)` runs it until nothing is left and returns the rows
+    fine-tuning appended to `table` (None: kept, not written). `trials(capacity, ended)` makes the trial runner;
+    by default the one long-lived Tuner (raybiphase.finetune.tuner.TuneTrials) under `experiment`."""
+
+    def __init__(self, fanout: Fanout | None, *, slots: int, experiment: str = "", table: str | None = None,
+                 say: Callable[[str], None] = print, done: Callable[[], set] = set, trials=None):
+        self.fanout, self.slots, self.experiment, self.table, self.say = fanout, slots, experiment, table, say
+        self.done_keys = done
+        self.events: queue.Queue = queue.Queue()
+        make = trials or (lambda capacity, ended: TuneTrials(
+            fanout.finetune, experiment=experiment, max_concurrent=fanout.max_concurrent, capacity=capacity,
+            ended=ended, grace_period=fanout.grace_period, reduction_factor=fanout.reduction_factor))
+        self.trials = make(self.capacity, lambda *event: self.events.put(("trial", *event))) if fanout else None
+        self.pending: list[Segment] = []
+        self.running: dict[str, float] = {}  # segment id -> when it started
+        self.segment_errors: dict[str, BaseException] = {}
+        self.jobs: dict[int, Job] = {}
+        self.tickets: dict[int, tuple[Job, TrialSpec]] = {}
+        self.numbers, self.ticket_numbers, self.batches = itertools.count(1), itertools.count(), 0
+        self.error: BaseException | None = None  # the first fine-tuning failure
+        self.rows: list[dict] = []
+        self.most = 0
+        self.count = {"done": 0, "total": 0, "stopped": 0, "printed": 0.0}
+        self.began = self.finetuning_ended = time.perf_counter()
+
+    @property
+    def pretraining(self) -> bool:
+        return bool(self.running) or (bool(self.pending) and not self.segment_errors)
+
+    def capacity(self) -> int:
+        """Trials that may run now (read by the Tuner's thread before it starts one)."""
+        return trial_capacity(self.fanout.max_concurrent, self.slots, len(self.running), self.pretraining)
+
+    # ------------------------------------------------------------------------------------------------ the loop
+
+    def run(self, pretraining: Pretraining | None, sources: Callable[[], list[FinetuneSource]]) -> list[dict]:
+        self.pending = list(pretraining.todo) if pretraining else []
+        self.add_jobs(sources)
+        while True:
+            if pretraining:
+                self.start_segments(pretraining)
+            if not self.running and not self.jobs:
+                break  # segments still pending can never start: one failed
+            try:
+                kind, *event = self.events.get(timeout=0.5)  # short waits: Ctrl-C still reaches this thread
+            except queue.Empty:
+                continue
+            if kind == "segment":
+                self.segment_ended(pretraining, *event)
+            else:
+                self.trial_ended(*event)
+        if self.trials:
+            self.trials.close()
+            self.trials.join()
+        if self.segment_errors:
+            raise segment_failure(self.segment_errors, [s.id for s in pretraining.todo], self.say)
+        if self.error is not None:
+            raise self.error
+        return self.rows
+
+    def start_segments(self, pretraining: Pretraining) -> None:
+        """Ready segments, longest remaining chain first, into the slots no segment holds; none after a failure."""
+        if self.segment_errors:
+            return
+        ready = [s for s in self.pending if pretraining.ready(s)]
+        for segment in by_priority(ready, pretraining.chain)[:max(0, self.slots - len(self.running))]:
+            self.pending.remove(segment)
+            self.running[segment.id] = time.time()
+            self.most = max(self.most, len(self.running))
+            pretraining.started(segment, len(self.running))
+            threading.Thread(target=self._fit, args=(pretraining, segment), daemon=True,
+                             name=f"segment {segment.id}").start()
+
+    def _fit(self, pretraining: Pretraining, segment: Segment) -> None:
+        error = None
+        try:
+            pretraining.fit(segment)
+        except Exception as err:  # raised once every running segment has ended
+            error = err
+        finally:
+            self.events.put(("segment", segment.id, error))
+
+    def segment_ended(self, pretraining: Pretraining, sid: str, error: BaseException | None) -> None:
+        """A segment's end: its record (the driver's `ended`), then its checkpoints' fine-tuning, at once."""
+        started = self.running.pop(sid)
+        segment = next(s for s in pretraining.todo if s.id == sid)
+        if error is not None:
+            self.segment_errors[sid] = error
+            pretraining.ended(segment, None, {})
+            return
+        pretraining.done.add(sid)
+        now = time.time()
+        pretraining.ended(segment, now - started, {s: now - t for s, t in self.running.items()})
+        if self.fanout:
+            self.add_jobs(lambda: pretraining.sources({sid}))
+
+    # ------------------------------------------------------------------------------------------------ fine-tuning
+
+    def add_jobs(self, sources: Callable[[], list[FinetuneSource]]) -> None:
+        """A job per checkpoint `sources()` gives, each started at once, ranked after every job before it; none
+        after a fine-tuning failure."""
+        if not self.fanout or self.error is not None:
+            return
+        try:
+            ready = sources()
+        except Exception as err:
+            self.failed(err)
+            return
+        if not ready:
+            return
+        self.batches += 1
+        names = ", ".join(f"{s.run}@{s.pretrain_step}" for s in ready)
+        self.say(f"fine-tuning: batch {self.batches}, {len(ready)} checkpoint(s) ready: {names}"
+                 + (f" ({len(self.running)} segment(s) still training)" if self.pretraining else ""))
+        done = self.done_keys()
+        for source in ready:
+            number = next(self.numbers)
+            job = Job(number, f"{source.run}@{source.pretrain_step}",
+                      fanout_work([source], self.fanout, experiment=self.experiment, done=done))
+            self.jobs[number] = job
+            self.advance(job, lambda: next(job.work))
+
+    def advance(self, job: Job, step: Callable[[], list[TrialSpec]]) -> None:
+        """Run the job to its next wave and submit that wave's trials; or append its rows once it has ended."""
+        try:
+            wave = step()
+        except StopIteration as end:
+            del self.jobs[job.number]
+            self.finished(job, end.value or [])
+            return
+        except Exception as err:
+            del self.jobs[job.number]
+            self.failed(err)
+            return
+        job.size, job.rows, job.failures = len(wave), [], []
+        for spec in wave:
+            ticket = next(self.ticket_numbers)
+            self.tickets[ticket] = (job, spec)
+            job.waiting.add(ticket)
+            self.trials.submit(ticket, (job.number,), spec)
+        self.count["total"] += len(wave)
+
+    def trial_ended(self, ticket: int | None, metrics: dict, error: BaseException | None) -> None:
+        """A trial's rows (trial_rows), its line of progress, and its job's next step once its wave has ended."""
+        if ticket is None:  # the Tuner itself failed: every trial waiting is lost
+            for job in list(self.jobs.values()):
+                del self.jobs[job.number]
+                self.failed(error)
+            return
+        job, spec = self.tickets.pop(ticket)
+        job.waiting.discard(ticket)
+        rows = trial_rows(spec, metrics, failed=error is not None)
+        if rows is None:
+            first = (str(error).strip().splitlines() or [""])[0]
+            job.failures.append(f"{spec.key}: {type(error).__name__}: {first}")
+        else:
+            job.rows += rows
+        self.progress(stopped=error is None and not metrics.get("finished"))
+        if job.waiting or job.number not in self.jobs:
+            return
+        if job.failures:
+            del self.jobs[job.number]
+            self.failed(RuntimeError(f"{len(job.failures)} of {job.size} fine-tuning trials failed; first: "
+                                     f"{job.failures[0]}"))
+            return
+        self.advance(job, lambda: job.work.send(job.rows))
+
+    def progress(self, *, stopped: bool) -> None:
+        """A line at most every RAYBIPHASE_PROGRESS_S seconds, and once every trial submitted so far has ended."""
+        count, now = self.count, time.perf_counter()
+        count["done"] += 1
+        count["stopped"] += stopped
+        every = interval()
+        if every > 0 and (now - count["printed"] >= every or count["done"] == count["total"]):
+            count["printed"] = now
+            running = min(len(self.tickets), self.capacity())
+            self.say(trials_line(count["done"], count["total"], count["stopped"], running, now - self.began))
+
+    def finished(self, job: Job, rows: list[dict]) -> None:
+        if self.table and rows:
+            store.append_rows(self.table, rows, key=result_rows.FINETUNE_KEY)
+        self.rows += rows
+        self.finetuning_ended = time.perf_counter()
+        self.say(f"fine-tuning: {len(rows)} trial row(s) recorded for {job.name}")
+
+    def failed(self, err: BaseException) -> None:
+        """Say a failure at once; the first is raised when the loop ends."""
+        self.error = self.error or err
+        self.finetuning_ended = time.perf_counter()
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        self.say(f"fine-tuning: failed ({type(err).__name__}: {first})"
+                 + ("; pretraining goes on, the error is raised when it ends" if self.pretraining else ""))
+
+
+def segment_failure(errors: dict[str, BaseException], order: list[str], say: Callable[[str], None]) -> UserError:
+    """The first failed segment (in `order`) said whole, and the one-line error raised for it: the first line of
+    Ray Train's error and its last cause (the workers' errors follow line one)."""
+    first = next(sid for sid in order if sid in errors)
+    text = str(errors[first]).strip()
+    say(f"pretraining: {first} failed:\n{text}")
+    lines = [line.strip() for line in text.splitlines() if line.strip()] or [type(errors[first]).__name__]
+    causes = [line for line in lines[1:] if re.match(r"^[\w.]*(Error|Exception)\b", line)]
+    message = lines[0] + (f" {causes[-1]}" if causes else "")
+    return UserError(f"sweep: {len(errors)} segment(s) failed, first: {first}: {message}")
+
+
+def finetune_checkpoints(sources: list[FinetuneSource], fanout: Fanout, *, storage: str, name: str,
+                         done=frozenset(), out=None, trials=None) -> list[dict]:
+    """Fine-tune `sources` with no pretraining beside them (`raybiphase finetune`, the benchmarks): the same loop,
+    every trial slot open. Records go under <storage>/<name>; returns the rows (the caller writes them). Bad task
+    names or checkpoints raise UserError before anything runs."""
+    check_tasks(fanout.finetune)
+    say = (lambda line: print(line, file=out, flush=True)) if out else print
+    scheduler = Scheduler(fanout, slots=fanout.max_concurrent, experiment=join(absolute(storage), name), say=say,
+                          done=lambda: set(done), trials=trials)
+    return scheduler.run(None, lambda: sources)
