@@ -20,6 +20,7 @@ What keeps this working on Tune's public surface:
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -242,8 +243,6 @@ class TuneTrials:
             self.thread.join(timeout=0.5)  # short joins: Ctrl-C still reaches the main thread
 
     def _start(self) -> None:
-        import functools
-
         from ray import tune
 
         ensure_ray()
