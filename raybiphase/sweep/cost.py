@@ -18,12 +18,16 @@ def _hours(flops: float, spec: SweepSpec) -> float:
     return flops / (spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.mfu) / 3600
 
 
+def vocab_size(config) -> int:
+    """A run's vocabulary for the estimates: Llama-3's 128,256 unless a tokenizer is trained, then data.vocab_size."""
+    return config.data.vocab_size if config.data.tokenizer == "train-bpe" else LLAMA3_VOCAB
+
+
 def segment_gpu_hours(item, spec: SweepSpec) -> float:
-    """The GPU-hours of one segment's (or one run's) steps: its model's FLOPs per token (vocabulary: Llama-3's
-    128,256 unless a tokenizer is trained, then data.vocab_size) x train.global_batch_tokens x its steps."""
+    """The GPU-hours of one segment's (or one run's) steps: its model's FLOPs per token (`vocab_size`) x
+    train.global_batch_tokens x its steps."""
     c = item.config
-    vocab = c.data.vocab_size if c.data.tokenizer == "train-bpe" else LLAMA3_VOCAB
-    return _hours(SIZES[c.model.size].flops_per_token(vocab, c.data.seq_len) * c.train.global_batch_tokens
+    return _hours(SIZES[c.model.size].flops_per_token(vocab_size(c), c.data.seq_len) * c.train.global_batch_tokens
                   * item.steps, spec)
 
 
