@@ -37,7 +37,7 @@ from raybiphase.pretrain.model import block_parameters, initial_model, loss_term
 from raybiphase.pretrain.parallel import apply_fsdp, use_bf16, wrap_blocks
 from raybiphase.pretrain.schedule import Schedule
 from raybiphase.telemetry import wandb as wandb_log
-from raybiphase.telemetry.history import History
+from raybiphase.telemetry.history import RESUME_POINT, History
 from raybiphase.telemetry.progress import Beacon
 
 
@@ -243,7 +243,8 @@ class Worker:
         `save` asks for one; whether it reported."""
         run, step = self.run, self.step
         do_eval = step % run.train.eval_every == 0 or step in self.milestones
-        do_save = save or step % run.train.checkpoint_every == 0 or step in self.milestones
+        due_save = step % run.train.checkpoint_every == 0 or step in self.milestones
+        do_save = save or due_save
         if not (do_eval or do_save):
             return False
         if self.world > 1:
@@ -255,6 +256,8 @@ class Worker:
                    "data_epochs": epochs_read(self.data_start + step * self.rows_per_step, self.manifest.train_rows)}
         if self.peak:
             metrics["mfu"] = self.fpt * metrics["tokens_per_s"] / (self.peak * self.world)
+        if not (do_eval or due_save):  # only a preemption notice's checkpoint: a resume point, not a result
+            metrics[RESUME_POINT] = True
         if self.device.type == "cuda":
             metrics["peak_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
         if do_eval:

@@ -47,7 +47,7 @@ from raybiphase.sweep.plan import Plan, Segment, dependencies
 from raybiphase.sweep.preflight import plan_sweep
 from raybiphase.sweep.timeline import by_priority, remaining_chain, simulate, wall_hours
 from raybiphase.telemetry.clock import Clock, step_seconds
-from raybiphase.telemetry.history import read_history
+from raybiphase.telemetry.history import read_history, results
 from raybiphase.telemetry.progress import Watch, interval
 from raybiphase.telemetry.wandb import log_pretraining_run, sweep_settings
 
@@ -280,9 +280,10 @@ def prune_checkpoints(ctx: SweepContext, segment: Segment) -> list[int]:
 
 
 def record_pretraining(ctx: SweepContext, segment: Segment) -> int:
-    """Rows for every run through the segment, one per report: (run, step) keyed, appended once."""
+    """Rows for every run through the segment, one per report an uninterrupted run makes (a preemption notice's
+    resume point is not one): (run, step) keyed, appended once."""
     paths, plan = ctx.paths, ctx.plan
-    reports = {r["step"]: r for r in read_history(paths.run_dir(segment.id))}
+    reports = {r["step"]: r for r in results(read_history(paths.run_dir(segment.id)))}
     end = paths.checkpoint(segment.id, segment.end)
     if segment.end not in reports and storage.is_checkpoint(end):  # the driver died between checkpoint and history
         reports[segment.end] = {**read_meta(end).metrics, "checkpoint": end}
@@ -300,7 +301,7 @@ def log_runs(ctx: SweepContext, *, finished: set[str], done: set[str]) -> None:
     for run in ctx.plan.runs.values() if settings else ():
         if set(run.segments) <= done and finished & set(run.segments):
             segments = [ctx.plan.segments[s] for s in run.segments]
-            history = [r for s in segments for r in read_history(ctx.paths.run_dir(s.id))
+            history = [r for s in segments for r in results(read_history(ctx.paths.run_dir(s.id)))
                        if s.start < r["step"] <= s.end]
             log_pretraining_run(settings, run.name, flatten(run.config), history)
 

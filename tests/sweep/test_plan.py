@@ -287,3 +287,26 @@ def test_the_sizes_of_the_miniature_order_as_the_papers():
 
     counts = [SIZES[size].params(4096) for size in ("micro", "tiny", "mini")]
     assert counts == sorted(counts) and len(set(counts)) == 3
+
+
+def test_a_preemption_notices_resume_point_leaves_no_row(tmp_path):
+    """A notice checkpoints at a step no report was due at; the run restarts from it. pretrain.parquet then holds
+    what an uninterrupted run holds: the reports of the due steps, for every run through the segment, once."""
+    from raybiphase import storage
+    from raybiphase.results.store import read_rows
+    from raybiphase.storage import SweepPaths
+    from raybiphase.sweep.driver import SweepContext, record_pretraining
+    from raybiphase.telemetry.history import RESUME_POINT, History
+
+    spec = load(SweepSpec, "sweeps/quickstart.yaml", [f"sweep.storage={tmp_path}"])
+    plan = make_plan(spec)
+    prefix = next(s for s in plan.segments.values() if s.start == 0 and len(s.runs) == 2)  # the shared CLM prefix
+    paths = SweepPaths.of(spec.sweep.storage, spec.sweep.name)
+    history = History(paths.run_dir(prefix.id))
+    for step in (100, 200, 250, 300, 400):
+        history.add({"step": step, "train/clm_loss": 5.0, **({RESUME_POINT: True} if step == 250 else
+                                                           {"val/clm_loss": 5.5})})
+    record_pretraining(SweepContext(spec, plan, paths), prefix)
+    rows = read_rows(paths.table(storage.PRETRAIN_FILE))
+    assert len(rows) == 2 * 4 and set(rows["run"]) == set(prefix.runs)
+    assert sorted(set(rows["step"])) == [100, 200, 300, 400] and rows["val/clm_loss"].notna().all()
