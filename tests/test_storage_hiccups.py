@@ -1,4 +1,4 @@
-"""Storage hiccups (issue 29, point 6), against a real S3-compatible server on 127.0.0.1 that goes down and comes
+"""Storage hiccups, against a real S3-compatible server on 127.0.0.1 that goes down and comes
 back: bucket operations retry with backoff and succeed once it is back; a checkpoint whose upload was cut short
 has no meta (it is written last) and is never the one a resume or a child segment starts from; a committed
 checkpoint whose files were damaged afterwards refuses to load."""

@@ -1,4 +1,4 @@
-"""Masking beyond one fixed ratio (issue 30): a ratio that changes linearly over an MLM phase (Ankner et al.) and a
+"""Masking beyond one fixed ratio: a ratio that changes linearly over an MLM phase (Ankner et al.) and a
 ratio drawn per sequence from a range (the masking-rate control for CLM), each a pure function of (seed, sample,
 position, step), validated with one-line errors and planned exactly."""
 

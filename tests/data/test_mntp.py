@@ -1,4 +1,4 @@
-"""Masked next-token prediction (issue 30, LLM2Vec's adaptation step): MLM's masked inputs and bidirectional
+"""Masked next-token prediction (LLM2Vec's adaptation step): MLM's masked inputs and bidirectional
 attention, each masked token predicted from the position before it; an objective beside clm and mlm in any phase,
 named, planned and evaluated like them."""
 

@@ -1,4 +1,4 @@
-"""Layer freezing during a phase (issue 30, point 5): a phase's frozen blocks get no update and no moment change,
+"""Layer freezing during a phase: a phase's frozen blocks get no update and no moment change,
 end the phase bit for bit as they began it, resume exactly from a checkpoint taken while frozen, and enter a run's
 identity and the planner's per-step signature only in the phases that set them."""
 

@@ -1,4 +1,4 @@
-"""The optimizer at the objective switch (issue 30, point 1): carry AdamW's moments (the paper's one WSD run) or
+"""The optimizer at the objective switch: carry AdamW's moments (the paper's one WSD run) or
 reset them with an optional re-warmup (Ettin's cross-objective recipe); carry and reset share every step before
 the switch."""
 

@@ -231,7 +231,7 @@ def test_keep_checkpoints_prunes_only_what_no_resume_branch_or_export_needs(tmp_
 
 @pytest.mark.parametrize("lengths", [[200, 100], [100, 200]])
 def test_a_shared_segment_exports_what_every_run_through_it_fine_tunes(lengths):
-    """Issue 27, point 4: with no decay the 100-step run is the 200-step run's prefix; their shared segment must
+    """With no decay the 100-step run is the 200-step run's prefix; their shared segment must
     export step 100 (the short run's end) whichever run the grid lists first, and step 50 for both."""
     spec = load(SweepSpec, "sweeps/quickstart.yaml",
                 [f"sweep.grid={{phases.steps: {lengths}}}", "optim.decay_steps=0", "train.export_steps=[50]",

@@ -1,4 +1,4 @@
-"""How long a sweep takes, before it runs (issue 29): the timeline's segments start as their dependencies end,
+"""How long a sweep takes, before it runs: the timeline's segments start as their dependencies end,
 longest remaining chain first, and the paper's plan gives the figures the issue measured with the same model."""
 
 from __future__ import annotations
