@@ -40,7 +40,7 @@ from raybiphase.config.run import check_frozen_layers
 from raybiphase.config.sizes import SIZES
 from raybiphase.data.framing import frame_like_pretraining
 from raybiphase.errors import UserError
-from raybiphase.pretrain.schedule import Schedule
+from raybiphase.schedule import Schedule
 from raybiphase.telemetry.provenance import code_version
 
 

@@ -35,7 +35,7 @@ from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.loss import token_weighted
 from raybiphase.pretrain.model import block_parameters, initial_model, loss_terms
 from raybiphase.pretrain.parallel import apply_fsdp, use_bf16, wrap_blocks
-from raybiphase.pretrain.schedule import Schedule
+from raybiphase.schedule import Schedule
 from raybiphase.telemetry import wandb as wandb_log
 from raybiphase.telemetry.history import History
 from raybiphase.telemetry.progress import Beacon
