@@ -17,6 +17,7 @@ LAYERS = (
     ("config",),  # the run config and the sweep spec (with the size table they validate against)
     ("naming",),  # run names and the phase tag rule, from a RunConfig
     ("schedule",),  # phases and the WSD learning rate, step by step and piece by piece (pure: planning needs no torch)
+    ("checkpoint_meta",),  # a checkpoint's typed meta, read and checked without torch (the tensors: pretrain)
     ("raycluster",),  # starting or joining Ray, counting its CPUs
     ("data",),  # corpora, tokenizer, shards, the stream and its masking
     ("telemetry",),  # progress, clock, history, W&B, provenance: what workers and drivers both report with

@@ -22,13 +22,13 @@ import threading
 import time
 
 from raybiphase import storage
+from raybiphase.checkpoint_meta import read_meta
 from raybiphase.config import SweepSpec, flatten
 from raybiphase.data import assets
 from raybiphase.data.prepare import check_data, fingerprint, prepare
 from raybiphase.errors import UserError
 from raybiphase.finetune.heldout import evaluation_texts
 from raybiphase.finetune.records import check_settings
-from raybiphase.pretrain.checkpoint import read_meta
 from raybiphase.pretrain.export import write_card
 from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.trainer import make_trainer

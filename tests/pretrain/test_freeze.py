@@ -75,7 +75,7 @@ def test_a_checkpoint_taken_while_blocks_are_frozen_resumes_bit_for_bit(tmp_path
     (torch raises a CheckpointException, a BaseException)."""
     from raybiphase.config import to_dict
     from raybiphase.pretrain import checkpoint
-    from raybiphase.pretrain.checkpoint import CheckpointMeta
+    from raybiphase.checkpoint_meta import CheckpointMeta
 
     def frozen_phase(model, optimizer):
         if fill:
@@ -146,7 +146,7 @@ def test_frozen_layers_are_checked_against_the_depth_of_a_decoder_the_run_starts
     import json
 
     from raybiphase.config import ConfigError
-    from raybiphase.pretrain.checkpoint import check_blocks
+    from raybiphase.checkpoint_meta import check_blocks
     from raybiphase.pretrain.trainer import run_pretrain
     from raybiphase.sweep.preflight import plan_sweep
     from tests.conftest import SMALL_DATA, TINY_BASE

@@ -286,3 +286,31 @@ def test_the_sizes_of_the_miniature_order_as_the_papers():
 
     counts = [SIZES[size].params(4096) for size in ("micro", "tiny", "mini")]
     assert counts == sorted(counts) and len(set(counts)) == 3
+
+
+def test_the_dry_run_imports_no_torch():
+    """Planning is arithmetic on configs: the dry run (the CLI's own path, with a data budget and a continued run)
+    runs in a fresh interpreter without torch ever being imported, so it answers in seconds on any machine."""
+    import subprocess
+    import sys
+
+    code = ("import io, sys\n"
+            "from raybiphase.config import SweepSpec, load\n"
+            "from raybiphase.sweep.preflight import plan_sweep\n"
+            "plan_sweep(load(SweepSpec, 'sweeps/beyond.yaml'), dry_run=True, out=io.StringIO())\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray', 'transformers')))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_run_s_data_end_is_config_arithmetic_the_checkpoint_meta_agrees_with():
+    from raybiphase.checkpoint_meta import CheckpointMeta
+    from raybiphase.config import to_dict
+
+    run = load(SweepSpec, "sweeps/split_grid.yaml").run
+    assert run.rows_per_step == 1152  # 2,359,296 tokens a step in blocks of 2,048
+    assert run.data_end(100, 42_000) == 100 + 42_000 * 1152
+    meta = CheckpointMeta(run=to_dict(run), step=42_000, data_start=100, metrics={})
+    assert meta.data_end == run.data_end(100, 42_000)
