@@ -116,11 +116,11 @@ class Schedule:
     def from_config(cls, cfg: RunConfig) -> "Schedule":
         return cls(cfg.phases.resolved(), cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.decay_steps)
 
-    @property
+    @functools.cached_property
     def total_steps(self) -> int:
         return sum(p.steps for p in self.phases)
 
-    @property
+    @functools.cached_property
     def boundaries(self) -> tuple[int, ...]:
         """First step of each phase, and the end."""
         out = [0]

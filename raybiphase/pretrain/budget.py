@@ -138,6 +138,7 @@ def data_budget(plan, spec: SweepSpec, train_blocks: Mapping[str, int] | None = 
     starts: dict[str, int] = {}
     budgets: dict[str, RunBudget] = {}
     sizes: dict[str, tuple[int | None, bool, dict | None]] = {}
+    locations: dict[DataConfig, str] = {}  # a sweep's runs mostly share one data config: hashed once
 
     def start_of(name: str) -> int:
         if name not in starts:
@@ -149,7 +150,9 @@ def data_budget(plan, spec: SweepSpec, train_blocks: Mapping[str, int] | None = 
     def budget_of(name: str) -> RunBudget:
         if name not in budgets:
             run = plan.runs[name]
-            location = dataset_location(run.config.data, spec.sweep.storage)
+            if run.config.data not in locations:
+                locations[run.config.data] = dataset_location(run.config.data, spec.sweep.storage)
+            location = locations[run.config.data]
             if location not in sizes:
                 sizes[location] = source_size(run.config.data, location, train_blocks)
             budgets[name] = run_budget(name, run.config, steps=run.steps, data_start=start_of(name),

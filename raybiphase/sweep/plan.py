@@ -20,6 +20,7 @@ run's last segment.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 from dataclasses import dataclass, field
@@ -51,7 +52,7 @@ class Run:
     def steps(self) -> int:
         return self.schedule.total_steps
 
-    @property
+    @functools.cached_property
     def finetune_steps(self) -> list[int]:
         """The checkpoints fine-tuned: the final one and the requested intermediate ones (train.export_steps)."""
         return sorted({*[s for s in self.config.train.export_steps if s < self.steps], self.steps})
@@ -112,9 +113,12 @@ class Plan:
         many runs pass through it)."""
         out: dict[tuple[str, int], list[str]] = {}
         for run in self.runs.values():
+            chain = iter(self.segments[s] for s in run.segments)  # in step order, as are the steps
+            segment = next(chain)
             for step in run.finetune_steps:
-                segment = next(s for s in run.segments if self.segments[s].start < step <= self.segments[s].end)
-                out.setdefault((segment, step), []).append(run.name)
+                while not segment.start < step <= segment.end:
+                    segment = next(chain)
+                out.setdefault((segment.id, step), []).append(run.name)
         return out
 
     def grids(self, spec: SweepSpec) -> dict[tuple[str, int], FinetuneGrid]:
@@ -301,43 +305,71 @@ def _check_exports(runs: dict[str, Run]) -> None:
 def _share(group: list[Run], start: int, parent: str | None, after_run: str | None,
            segments: dict[str, Segment], prefix) -> None:
     """Add to `segments` the segment the runs of `group` share from `start` (as far as their steps agree), then the
-    segments of those that go on past it; a group that disagrees at `start` splits by that step. `prefix` is a
-    sha256 of the base and steps [0, start), which every run of `group` takes alike."""
+    segments of those that go on past it, depth first; a group that disagrees at a step splits by that step.
+    `prefix` is a sha256 of the base and steps [0, start), which every run of `group` takes alike. A stack, not
+    recursion: a grid's trie may be deeper than Python's recursion limit."""
+    todo = [(group, start, parent, after_run, prefix, None)]
+    while todo:
+        group, start, parent, after_run, prefix, parted = todo.pop()
+        parted = _parted(group, start) if parted is None else parted  # where each run parts from the longest
+        end = min([*parted.values(), *(r.steps for r in group)])
+        if end == start:  # the group disagrees at `start`: split it by the step, listed in the order of step_order
+            for members in reversed(_split(group, start, parted)):  # the longest run's part keeps its comparisons
+                kept = {r.name: parted[r.name] for r in members if r.name in parted}
+                todo.append((members, start, parent, after_run, prefix, kept if len(kept) == len(members) - 1 else None))
+            continue
+        seg, hashed = _segment(group, start, end, parent, after_run, prefix)
+        segments[seg.id] = seg
+        rest = [r for r in group if r.steps > end]
+        if rest:  # the longest run goes on: what was compared with it holds
+            todo.append((rest, end, seg.id, None, hashed, {r.name: parted[r.name] for r in rest if r.name in parted}))
+
+
+def _segment(group: list[Run], start: int, end: int, parent: str | None, after_run: str | None, prefix):
+    """The segment `group` shares on [start, end), and the sha256 of the base and steps [0, end) its id ends with;
+    each run of the group lists it."""
     first = group[0]
-    end = min(r.steps for r in group)
-    for other in group[1:]:
-        end = first_difference(first.schedule, other.schedule, start, end)
-    if end == start:  # the group disagrees at `start`: split it by the step, listed in the order of step_order
-        parts: dict[tuple, list[Run]] = {}
-        for run in sorted(group, key=lambda r: step_order(r.schedule, start)):
-            parts.setdefault(step_value(run.schedule, start), []).append(run)
-        for members in parts.values():
-            _share(members, start, parent, after_run, segments, prefix)
-        return
     hashed = prefix.copy()
     hashed.update(id_bytes(first.schedule, start, end))
     seg_id = (f"{first.config.model.size}-{step_tag(first.schedule, end - 1)}-{steps_label(start)}-"
               f"{steps_label(end)}-{hashed.hexdigest()[:8]}")
     seg = Segment(seg_id, start, end, parent, after_run, [r.name for r in group], first.config)
-    segments[seg.id] = seg
     for r in group:
         r.segments.append(seg.id)
     seg.ends_runs = [r.name for r in group if r.steps == end]
     seg.exports = sorted({s for r in group for s in r.finetune_steps if start < s <= end})
-    rest = [r for r in group if r.steps > end]
-    if rest:
-        _share(rest, end, seg.id, None, segments, hashed)
+    return seg, hashed
+
+
+def _split(group: list[Run], start: int, parted: dict[str, int]) -> list[list[Run]]:
+    """`group` by its runs' step `start`, the parts in the order of step_order and each in the group's order; a run
+    that parts from the longest run later than `start` takes the longest run's step there."""
+    longest = next(r for r in group if r.name not in parted)
+    same = step_value(longest.schedule, start)
+    parts: dict[tuple, list[Run]] = {}
+    for run in group:
+        value = same if parted.get(run.name, start + 1) > start else step_value(run.schedule, start)
+        parts.setdefault(value, []).append(run)
+    return [members for _, members in sorted(parts.items(), key=lambda part: step_order(part[0]))]
+
+
+def _parted(group: list[Run], start: int) -> dict[str, int]:
+    """For each run of `group` but its longest (the first of the longest), the first step from `start` where the two
+    part (or the run's end). The group's shared steps end at the least of these, whichever run they are measured
+    from, as runs that agree with one run up to two different steps agree with each other up to the earlier; and
+    the longest run stays in the group until its end, so its comparisons serve every segment below."""
+    longest = max(group, key=lambda r: r.steps)
+    return {r.name: first_difference(longest.schedule, r.schedule, start, r.steps) for r in group if r is not longest}
 
 
 def _dependency_order(segments: dict[str, Segment], runs: dict[str, Run]) -> dict[str, Segment]:
-    done: dict[str, Segment] = {}
-    remaining = list(segments.values())
-    while remaining:
-        ready = [s for s in remaining if all(d in done for d in dependencies(s, runs))]
-        for s in ready:
-            done[s.id] = s
-        remaining = [s for s in remaining if s.id not in done]
-    return done
+    """The segments by their depth below a root (each waits for at most one: `dependencies`), in the order they were
+    made within a depth: each after the one it waits for."""
+    depth: dict[str, int] = {}
+    for seg in segments.values():  # parents come before their children, and a source run's segments before its heirs
+        depth[seg.id] = max((depth[d] + 1 for d in dependencies(seg, runs)), default=0)
+    order = {sid: i for i, sid in enumerate(segments)}
+    return {sid: segments[sid] for sid in sorted(segments, key=lambda sid: (depth[sid], order[sid]))}
 
 
 def dependencies(segment: Segment, runs: dict[str, Run]) -> list[str]:

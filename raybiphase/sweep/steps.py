@@ -18,6 +18,7 @@ its name and value where it is set (`_extra_bytes`), so a new setting of a step 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -40,19 +41,23 @@ def frozen_code(layers: tuple[int, ...]) -> float:
     return (1 + int(digest({"frozen_layers": list(layers)}, 12), 16)) / (16**12 + 2)
 
 
+@functools.cache
 def _objective_code(kind: StepKind) -> float:
     code = OBJECTIVE_CODE[kind.objective] + frozen_code(kind.frozen_layers)
     return code + RESET if kind.reset else code
 
 
-def _ratios(piece: Piece, steps: np.ndarray) -> np.ndarray:
-    """The masking column over `steps` of one piece: the ratio, 0 for CLM, a code above 1 for a per-sequence range."""
+@functools.cache
+def _range_code(bounds: tuple[float, float]) -> float:
+    return 1.0 + int(digest({"mask_ratio_range": list(bounds)}, 12), 16) / 16**12
+
+
+def _ratios(piece: Piece, steps):
+    """The masking column at `steps` (a step or a numpy range) of one piece: the ratio, 0 for CLM, a code above 1
+    for a per-sequence range."""
     if piece.kind.mask_ratio_range is not None:
-        code = 1.0 + int(digest({"mask_ratio_range": list(piece.kind.mask_ratio_range)}, 12), 16) / 16**12
-        return np.full(len(steps), code)
-    if piece.mask_ratio is None:
-        return np.zeros(len(steps))
-    return np.broadcast_to(piece.mask_ratio.at(steps), steps.shape)
+        return _range_code(piece.kind.mask_ratio_range)
+    return 0.0 if piece.mask_ratio is None else piece.mask_ratio.at(steps)
 
 
 def _overlapping(schedule: Schedule, start: int, end: int):
@@ -72,7 +77,7 @@ def id_rows(schedule: Schedule, start: int, end: int) -> np.ndarray:
         block = rows[steps[0] - start:steps[-1] + 1 - start]
         block[:, 0] = _objective_code(piece.kind)
         block[:, 1] = _ratios(piece, steps)
-        block[:, 2] = np.broadcast_to(piece.lr.at(steps), steps.shape)
+        block[:, 2] = piece.lr.at(steps)
     return rows
 
 
@@ -109,9 +114,13 @@ def step_value(schedule: Schedule, step: int) -> tuple:
     return piece.kind, ratio, float(piece.lr.at(step))
 
 
-def step_order(schedule: Schedule, step: int) -> list[float]:
-    """The order the planner lists runs that part at `step` in: the step's table row."""
-    return id_rows(schedule, step, step + 1)[0].tolist()
+def step_order(value: tuple) -> tuple[float, float, float]:
+    """The order the planner lists runs that part at a step in, from the step's `step_value`: the step's row of
+    `id_rows`, with the same float operations."""
+    kind, ratio, lr = value
+    if kind.mask_ratio_range is not None:
+        ratio = _range_code(kind.mask_ratio_range)
+    return _objective_code(kind), 0.0 if ratio is None else ratio, lr
 
 
 def step_tag(schedule: Schedule, step: int) -> str:

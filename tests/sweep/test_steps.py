@@ -15,7 +15,8 @@ from raybiphase.config import MASKED, SweepSpec, from_dict, load
 from raybiphase.config.identity import digest
 from raybiphase.schedule import Schedule, StepKind
 from raybiphase.sweep.plan import make_plan
-from raybiphase.sweep.steps import OBJECTIVE_CODE, RESET, first_difference, id_bytes, id_rows, step_value
+from raybiphase.sweep.steps import (OBJECTIVE_CODE, RESET, first_difference, id_bytes, id_rows, step_order,
+                                    step_value)
 
 
 def _run(steps: int, plan: list[dict], lr: float = 1e-3, warmup: int = 2, decay: int = 2):
@@ -70,7 +71,9 @@ def test_the_table_ids_hash_is_the_step_by_step_one_on_random_schedules():
     for _ in range(60):
         run = _random_run(rng)
         schedule = Schedule.from_config(run)
-        assert id_rows(schedule, 0, schedule.total_steps).tobytes() == _reference_rows(run).tobytes()
+        rows = id_rows(schedule, 0, schedule.total_steps)
+        assert rows.tobytes() == _reference_rows(run).tobytes()
+        assert [list(step_order(step_value(schedule, t))) for t in range(schedule.total_steps)] == rows.tolist()
 
 
 def test_runs_part_where_a_step_by_step_comparison_parts_them():
