@@ -20,6 +20,7 @@ or a numpy array of steps, so the planner compares runs piece by piece and the l
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -181,7 +182,7 @@ class Schedule:
                 rule = wsd_rule(low, peak=self.peak_lr, total=total, warmup=self.warmup_steps,
                                 decay=self.decay_steps)
                 if ramp and low < start + ramp[1] - 1:
-                    rule = LrRule(rule.peak, rule.offset, rule.slope, rule.divisor, ramp)
+                    rule = dataclasses.replace(rule, rewarmup=ramp)
                 out.append(Piece(low, high, _kind(phase, reset=low == start and phase.optimizer == "reset"), rule,
                                  _mask_ratio(phase, start)))
         return tuple(out)
