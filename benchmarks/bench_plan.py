@@ -88,7 +88,7 @@ def _print(label: str, sizes: list[dict]) -> None:
     for m in sizes:
         print(f"{label} {m['grid_points']:>5,} grid points ({m['runs']:,} runs, {m['segments']:,} segments): "
               f"make_plan {m['make_plan_s']:.2f} s, dry run {m['dry_run_s']:.2f} s "
-              f"(CPU {m.get('dry_run_cpu_s', float('nan')):.2f} s; "
+              f"({'CPU %.2f s' % m['dry_run_cpu_s'] if 'dry_run_cpu_s' in m else 'CPU not recorded'}; "
               f"{m['dry_run_s'] / max(first['dry_run_s'], 0.01):.1f}x the first size's wall time), peak RSS "
               f"{m['peak_rss_mib']:,} MiB ({m['peak_rss_mib'] - m['rss_before_mib']:,} MiB over the loaded modules), "
               f"torch loaded: {'yes' if m['torch_loaded'] else 'no'}")
@@ -138,8 +138,8 @@ def main() -> None:
         record["before"] = {"code": before["code"], "sizes": before["sizes"]}
         record["before_over_now"] = _compare(sizes, before)
         for points, ratio in record["before_over_now"].items():
-            print(f"{int(points):>5,} grid points: before / now {ratio['dry_run_time']}x the wall time "
-                  f"({ratio['dry_run_cpu']}x the CPU time), "
+            cpu = f" ({ratio['dry_run_cpu']}x the CPU time)" if ratio["dry_run_cpu"] is not None else ""
+            print(f"{int(points):>5,} grid points: before / now {ratio['dry_run_time']}x the wall time{cpu}, "
                   f"{ratio['peak_rss']}x the peak memory, same dry-run text: yes")
     if args.out:
         Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
