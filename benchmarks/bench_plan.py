@@ -137,6 +137,10 @@ def main() -> None:
         _print("before", before["sizes"])
         record["before"] = {"code": before["code"], "sizes": before["sizes"]}
         record["before_over_now"] = _compare(sizes, before)
+        old = next((m for m in before["sizes"] if m["grid_points"] == last["grid_points"]), None)
+        if old is not None:
+            record["headline"] += (f"; before ({before['code']}): {old['dry_run_s']:.1f} s, peak RSS "
+                                   f"{old['peak_rss_mib']:,} MiB, the same text")
         for points, ratio in record["before_over_now"].items():
             cpu = f" ({ratio['dry_run_cpu']}x the CPU time)" if ratio["dry_run_cpu"] is not None else ""
             print(f"{int(points):>5,} grid points: before / now {ratio['dry_run_time']}x the wall time{cpu}, "
