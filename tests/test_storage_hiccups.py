@@ -121,7 +121,7 @@ def _tiny_checkpoint(local, step: int = 3):
     from raybiphase.config import RunConfig, from_dict, to_dict
     from raybiphase.optim import adamw
     from raybiphase.pretrain import checkpoint
-    from raybiphase.pretrain.checkpoint import CheckpointMeta
+    from raybiphase.checkpoint_meta import CheckpointMeta
     from raybiphase.pretrain.model import build_model
 
     run = from_dict(RunConfig, {"phases": {"steps": 10, "clm_share": 0.5}, "optim": {"warmup_steps": 2,

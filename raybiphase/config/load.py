@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import re
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -76,8 +78,10 @@ def location(value: str | None, key: str) -> None:
 # --------------------------------------------------------------------------------------------- strict loading
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+@functools.cache
+def _hints(cls: type) -> Mapping[str, Any]:
+    """A config class's field types, read once per class (a grid of many runs builds each class many times)."""
+    return types.MappingProxyType(typing.get_type_hints(cls))
 
 
 def field_type(root: type, dotted: str) -> Any:
@@ -293,14 +297,16 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
 def to_dict(cfg: Any) -> dict[str, Any]:
     """Nested plain dict (YAML/JSON-ready) that `from_dict(type(cfg), ...)` reads back to an equal config."""
 
-    def plain(value: Any) -> Any:
+    def plain(value: Any) -> Any:  # dataclasses.asdict without its deep copies: a config's leaves are immutable
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
         if isinstance(value, (list, tuple)):
             return [plain(v) for v in value]
         if isinstance(value, dict):
             return {k: plain(v) for k, v in value.items()}
         return value
 
-    return plain(dataclasses.asdict(cfg))
+    return plain(cfg)
 
 
 def replace(cfg: T, overrides: dict[str, Any]) -> T:

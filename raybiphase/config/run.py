@@ -255,7 +255,7 @@ class PhasesConfig:
 def check_frozen_layers(phases: PhasesConfig, layers: int, model: str) -> None:
     """ConfigError naming phases.plan.N.frozen_layers unless every phase's frozen blocks exist in the model trained,
     `layers` blocks deep (`model` says which), and leave one block training. RunConfig checks a model.size's depth;
-    a decoder's in model.init_from is read before the run starts (raybiphase.pretrain.checkpoint.check_blocks)."""
+    a decoder's in model.init_from is read before the run starts (raybiphase.checkpoint_meta.check_blocks)."""
     for i, phase in enumerate(phases.plan):
         check(all(x < layers for x in phase.frozen_layers), f"phases.plan.{i}.frozen_layers",
               f"{list(phase.frozen_layers)} is out of range; {model} has blocks 0 to {layers - 1}")
@@ -419,6 +419,15 @@ class RunConfig:
         init_from = self.model.init_from
         if not init_from or init_from.startswith("@"):  # a folder may hold a decoder of its own depth: checked there
             check_frozen_layers(self.phases, SIZES[self.model.size].layers, self.model.size)
+
+    @property
+    def rows_per_step(self) -> int:
+        """Packed blocks one optimizer step reads, over all workers: the global batch's tokens over the block length."""
+        return self.train.global_batch_tokens // self.data.seq_len
+
+    def data_end(self, data_start: int, steps: int) -> int:
+        """The next unread sample after `steps` steps from sample `data_start` (raybiphase.data.stream)."""
+        return data_start + steps * self.rows_per_step
 
     @property
     def clm_share(self) -> float:

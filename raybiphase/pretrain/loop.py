@@ -24,18 +24,18 @@ import torch
 import torch.distributed as dist
 
 from raybiphase import storage
+from raybiphase.checkpoint_meta import CheckpointMeta
 from raybiphase.config import MASKED, Phase, RunConfig, flatten, to_dict
 from raybiphase.config.sizes import PEAK_BF16_TFLOPS, flops_per_token
 from raybiphase.data.masking import IGNORE_INDEX, MaskingSpec
 from raybiphase.data.stream import epochs_read, open_dataset, phase_stream, validation_batches
 from raybiphase.optim import adamw, drop_grads, fill_fresh_state, reset_moments, set_lr
 from raybiphase.pretrain import checkpoint, preemption
-from raybiphase.pretrain.checkpoint import CheckpointMeta
 from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.loss import token_weighted
 from raybiphase.pretrain.model import block_parameters, initial_model, loss_terms
 from raybiphase.pretrain.parallel import apply_fsdp, use_bf16, wrap_blocks
-from raybiphase.pretrain.schedule import Schedule
+from raybiphase.schedule import Schedule
 from raybiphase.telemetry import wandb as wandb_log
 from raybiphase.telemetry.history import RESUME_POINT, History
 from raybiphase.telemetry.progress import Beacon
@@ -130,7 +130,7 @@ class Worker:
         torch.use_deterministic_algorithms(True, warn_only=True)
         self.manifest = open_dataset(job.data_dir, seq_len=run.data.seq_len)
         self.schedule = Schedule.from_config(run)
-        self.rows_per_step = run.train.global_batch_tokens // run.data.seq_len
+        self.rows_per_step = run.rows_per_step
         self.accum = self.rows_per_step // self.world // run.train.micro_batch_size
         self.tokens_per_step = self.rows_per_step * run.data.seq_len
         self.bf16 = use_bf16(run.train.precision)

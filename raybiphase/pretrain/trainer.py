@@ -9,13 +9,13 @@ run is not recomputed. Workers receive the run config only; the sweep section sa
 from __future__ import annotations
 
 from raybiphase import storage
+from raybiphase.checkpoint_meta import check_blocks
 from raybiphase.config import SweepSpec
 from raybiphase.data import assets
 from raybiphase.data.prepare import check_data, prepare
 from raybiphase.errors import UserError
 from raybiphase.naming import run_name
 from raybiphase.pretrain.budget import check_run_budget
-from raybiphase.pretrain.checkpoint import check_blocks
 from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.loop import train_loop
 from raybiphase.raycluster import ensure_ray

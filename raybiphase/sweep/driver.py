@@ -22,16 +22,15 @@ import threading
 import time
 
 from raybiphase import storage
+from raybiphase.checkpoint_meta import read_meta
 from raybiphase.config import SweepSpec, flatten
 from raybiphase.data import assets
 from raybiphase.data.prepare import check_data, fingerprint, prepare
 from raybiphase.errors import UserError
 from raybiphase.finetune.heldout import evaluation_texts
 from raybiphase.finetune.records import check_settings
-from raybiphase.pretrain.checkpoint import read_meta
 from raybiphase.pretrain.export import write_card
 from raybiphase.pretrain.job import SegmentJob
-from raybiphase.pretrain.schedule import Schedule
 from raybiphase.pretrain.trainer import make_trainer
 from raybiphase.raycluster import ensure_ray
 from raybiphase.results import rows as result_rows
@@ -39,6 +38,7 @@ from raybiphase.results import store
 from raybiphase.results import wandb as results_wandb
 from raybiphase.results.html import run_info
 from raybiphase.results.report import write_report
+from raybiphase.schedule import Schedule
 from raybiphase.storage import SweepPaths
 from raybiphase.pretrain.budget import check_budget, data_budget
 from raybiphase.sweep.context import SweepContext

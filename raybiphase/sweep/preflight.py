@@ -7,11 +7,11 @@ from __future__ import annotations
 import sys
 
 from raybiphase import storage
+from raybiphase.checkpoint_meta import check_blocks
 from raybiphase.config import ConfigError, SweepSpec, replace
 from raybiphase.finetune.heldout import check_held_out_tasks
 from raybiphase.finetune.tasks import get_task
 from raybiphase.pretrain.budget import check_budget, data_budget
-from raybiphase.pretrain.checkpoint import check_blocks
 from raybiphase.sweep.bill import bill_lines
 from raybiphase.sweep.plan import Plan, describe, make_plan
 from raybiphase.sweep.timeline import timeline_lines

@@ -17,7 +17,7 @@ def saved(small_shards, tmp_path):
     from raybiphase.config import RunConfig, from_dict, to_dict
     from raybiphase.optim import adamw
     from raybiphase.pretrain import checkpoint
-    from raybiphase.pretrain.checkpoint import CheckpointMeta
+    from raybiphase.checkpoint_meta import CheckpointMeta
     from raybiphase.pretrain.model import build_model, forward_loss
 
     data, manifest = small_shards

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from raybiphase.pretrain.checkpoint import read_meta
+from raybiphase.checkpoint_meta import read_meta
 from tests.conftest import TINY_BASE, tiny_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from raybiphase.config import ConfigError, SweepSpec, from_dict, load
 from raybiphase.finetune.tasks import get_task
-from raybiphase.sweep.plan import describe, expand, make_plan, signature
+from raybiphase.sweep.plan import describe, expand, make_plan, plan_runs, shared_steps
 
 SWEEPS = sorted((Path(__file__).resolve().parents[2] / "sweeps").glob("*.yaml"))
 
@@ -32,15 +31,15 @@ def test_every_run_is_a_chain_of_segments_covering_its_steps():
         assert all(a.end == b.start and b.parent == a.id for a, b in zip(chain, chain[1:]))
         for seg in chain:  # a segment's steps are identical for every run through it
             for other in seg.runs:
-                assert np.array_equal(plan.runs[other].signature[seg.start:seg.end], run.signature[seg.start:seg.end])
+                assert shared_steps(plan.runs[other], run) >= seg.end
 
 
 def test_runs_diverge_where_their_schedules_differ():
     base = {"optim": {"warmup_steps": 2, "decay_steps": 2}, "train": {"global_batch_tokens": 2048}}
     a = from_dict(SweepSpec, base, {"phases.steps": 10, "phases.clm_share": 1.0})
     b = from_dict(SweepSpec, base, {"phases.steps": 20, "phases.clm_share": 1.0})
-    diff = np.nonzero((signature(a) != signature(b)[:10]).any(axis=1))[0]
-    assert diff[0] == 8  # the shorter run's decay starts at step 8; until then they are the same run
+    short, long = plan_runs([a.run, b.run]).values()
+    assert shared_steps(short, long) == 8  # the shorter run's decay starts at step 8; until then they are the same run
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
@@ -287,6 +286,34 @@ def test_the_sizes_of_the_miniature_order_as_the_papers():
 
     counts = [SIZES[size].params(4096) for size in ("micro", "tiny", "mini")]
     assert counts == sorted(counts) and len(set(counts)) == 3
+
+
+def test_the_dry_run_imports_no_torch():
+    """Planning is arithmetic on configs: the dry run (the CLI's own path, with a data budget and a continued run)
+    runs in a fresh interpreter without torch ever being imported, so it answers in seconds on any machine."""
+    import subprocess
+    import sys
+
+    code = ("import io, sys\n"
+            "from raybiphase.config import SweepSpec, load\n"
+            "from raybiphase.sweep.preflight import plan_sweep\n"
+            "plan_sweep(load(SweepSpec, 'sweeps/beyond.yaml'), dry_run=True, out=io.StringIO())\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray', 'transformers')))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_run_s_data_end_is_config_arithmetic_the_checkpoint_meta_agrees_with():
+    from raybiphase.checkpoint_meta import CheckpointMeta
+    from raybiphase.config import to_dict
+
+    run = load(SweepSpec, "sweeps/split_grid.yaml").run
+    assert run.rows_per_step == 1152  # 2,359,296 tokens a step in blocks of 2,048
+    assert run.data_end(100, 42_000) == 100 + 42_000 * 1152
+    meta = CheckpointMeta(run=to_dict(run), step=42_000, data_start=100, metrics={})
+    assert meta.data_end == run.data_end(100, 42_000)
 
 
 def test_a_preemption_notices_resume_point_leaves_no_row(tmp_path):
