@@ -109,6 +109,14 @@ def _unknown(prefix: str, key: str, known: list[str]) -> typing.NoReturn:
     raise ConfigError(f"{name}: unknown key{hint}; allowed: {', '.join(sorted(known))}")
 
 
+def _kind(tp: Any) -> str:
+    """A type as an error names it: 'an int', or a Literal's values."""
+    if typing.get_origin(tp) is Literal:
+        return ", ".join(map(repr, typing.get_args(tp)))
+    name = getattr(tp, "__name__", str(tp))
+    return f"an {name}" if name[:1] in "aeiou" else f"a {name}"
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check `value` against type `tp` and convert YAML lists to tuples; ConfigError on a mismatch."""
     origin = typing.get_origin(tp)
@@ -123,6 +131,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, option, key)
             except ConfigError as err:
                 errors.append(err)
+        if len(options) > 1 and not isinstance(value, (dict, list, tuple)):
+            raise ConfigError(f"{key}: {value!r} is not allowed; allowed: {' or '.join(map(_kind, options))}")
         raise errors[0]
     if origin is Literal:
         check(value in args, key, f"{value!r} is not allowed; allowed: {', '.join(map(str, args))}")

@@ -317,8 +317,9 @@ class TrainConfig:
     """Report the held-out CLM and MLM losses every N steps (and at the end)."""
     eval_batches: int = field(default=2, metadata=NOT_WEIGHTS)
     """Held-out batches per evaluation (the same in every phase and run)."""
-    checkpoint_every: int = field(default=50, metadata=NOT_WEIGHTS)
-    """Sharded checkpoint every N steps (phase boundaries, decay start and the end always get one)."""
+    checkpoint_every: int | Literal["auto"] = field(default=50, metadata=NOT_WEIGHTS)
+    """Sharded checkpoint every N steps (phase boundaries, decay start and the end always get one); 'auto': the
+    interval that loses least to checkpoint stalls and preemptions on the sweep's GPUs (the dry run's advice)."""
     export_steps: tuple[int, ...] = field(default=(), metadata=NOT_WEIGHTS)
     """Extra steps at which to write an HF export (the end always gets one)."""
     keep_checkpoints: int | None = field(default=None, metadata=NOT_WEIGHTS)
@@ -351,7 +352,8 @@ class TrainConfig:
         positive(self.head_chunk_rows, "train.head_chunk_rows")
         non_negative(self.eval_batches, "train.eval_batches")
         ratio(self.eval_mask_ratio, "train.eval_mask_ratio")
-        positive(self.checkpoint_every, "train.checkpoint_every")
+        if self.checkpoint_every != "auto":
+            positive(self.checkpoint_every, "train.checkpoint_every")
         if self.keep_checkpoints is not None:
             non_negative(self.keep_checkpoints, "train.keep_checkpoints")
         for i, step in enumerate(self.export_steps):

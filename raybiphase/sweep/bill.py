@@ -22,13 +22,9 @@ import math
 from dataclasses import dataclass
 
 from raybiphase.config import SweepSpec
-from raybiphase.config.sizes import SIZES
-from raybiphase.sweep.cost import vocab_size
+from raybiphase.config.estimates import best_interval_hours, checkpoint_hours, mtbf_hours, segment_gpus, segment_nodes
 from raybiphase.sweep.plan import Plan, Segment
-from raybiphase.sweep.timeline import segment_gpus, wall_hours
-
-CHECKPOINT_BYTES_PER_PARAM = 12
-"""fp32 weights and AdamW's two fp32 moments: what a sharded checkpoint holds per parameter."""
+from raybiphase.sweep.timeline import wall_hours
 
 
 @dataclass(frozen=True)
@@ -50,32 +46,10 @@ def overhead(interval_h: float, checkpoint_h: float, restart_h: float, mtbf_h: f
     return Interval(interval_h, checkpoint_h / interval_h, rework)
 
 
-def best_interval_hours(checkpoint_h: float, mtbf_h: float) -> float:
-    """Young's optimum sqrt(2 C M); infinite without preemptions (only the stall counts, so fewer is better)."""
-    return math.sqrt(2 * checkpoint_h * mtbf_h) if math.isfinite(mtbf_h) else math.inf
-
-
-def segment_nodes(spec: SweepSpec) -> int:
-    return max(1, math.ceil(segment_gpus(spec) / spec.sweep.gpus_per_node))
-
-
-def mtbf_hours(spec: SweepSpec) -> float:
-    """A segment's mean hours between preemptions: any of its nodes may be taken."""
-    rate = spec.sweep.preemptions_per_node_hour * segment_nodes(spec)
-    return 1 / rate if rate > 0 else math.inf
-
-
-def checkpoint_hours(segment: Segment, spec: SweepSpec) -> float:
-    """The stall of one checkpoint of the segment's model: its bytes at sweep.checkpoint_gb_per_s."""
-    config = segment.config
-    params = SIZES[config.model.size].params(vocab_size(config))
-    return params * CHECKPOINT_BYTES_PER_PARAM / (spec.sweep.checkpoint_gb_per_s * 1e9) / 3600
-
-
 def pretraining_rework(plan: Plan, spec: SweepSpec) -> float:
     """Expected GPU-hours spot adds to pretraining: each segment's preemptions (its wall hours / M), each costing
     half its checkpoint interval and a restart on every GPU it holds."""
-    hours, mtbf, gpus = wall_hours(plan, spec), mtbf_hours(spec), segment_gpus(spec)
+    hours, mtbf, gpus = wall_hours(plan, spec), mtbf_hours(spec, spec.sweep), segment_gpus(spec)
     if not math.isfinite(mtbf):
         return 0.0
     restart = spec.sweep.restart_minutes / 60
@@ -109,7 +83,7 @@ def bill_lines(plan: Plan, spec: SweepSpec) -> list[str]:
              f"(${sw.gpu_hour_usd:.2f}/GPU-hour); on spot (${sw.spot_gpu_hour_usd:.2f}) "
              f"{_usd((pretraining + rework) * sw.spot_gpu_hour_usd)} with {_gpu_hours(rework)} GPU-hours of expected rework "
              f"({_share(rework, pretraining)} more wall-clock; {sw.preemptions_per_node_hour:g} preemptions per "
-             f"node-hour, segments on {segment_nodes(spec)} node(s), {sw.restart_minutes:g}-minute restarts)"]
+             f"node-hour, segments on {segment_nodes(spec, sw)} node(s), {sw.restart_minutes:g}-minute restarts)"]
     if spec.finetune.tasks:
         finetuning, again = plan.finetune_gpu_hours(spec), finetuning_rework(plan, spec)
         lines.append(f"bill: fine-tuning at most {_gpu_hours(finetuning)} GPU-hours: {_usd(finetuning * sw.gpu_hour_usd)} "
@@ -123,7 +97,7 @@ def bill_lines(plan: Plan, spec: SweepSpec) -> list[str]:
 def checkpoint_lines(plan: Plan, spec: SweepSpec) -> list[str]:
     """Per model size, its longest segment's checkpoint interval: the stall, the expected overhead on spot, and the
     interval (in steps) that minimises it."""
-    hours, mtbf, restart = wall_hours(plan, spec), mtbf_hours(spec), spec.sweep.restart_minutes / 60
+    hours, mtbf, restart = wall_hours(plan, spec), mtbf_hours(spec, spec.sweep), spec.sweep.restart_minutes / 60
     longest: dict[str, Segment] = {}
     for segment in plan.segments.values():
         size = segment.config.model.size
@@ -133,7 +107,7 @@ def checkpoint_lines(plan: Plan, spec: SweepSpec) -> list[str]:
     for size, segment in longest.items():
         step_h = hours[segment.id] / segment.steps
         every = segment.config.train.checkpoint_every
-        stall = checkpoint_hours(segment, spec)
+        stall = checkpoint_hours(segment.config, spec.sweep)
         now = overhead(every * step_h, stall, restart, mtbf)
         best_h = best_interval_hours(stall, mtbf)
         best_steps = min(round(best_h / step_h), segment.steps) if math.isfinite(best_h) else segment.steps
@@ -142,7 +116,8 @@ def checkpoint_lines(plan: Plan, spec: SweepSpec) -> list[str]:
                   f"{_pct(best.overhead)}" if best_steps < segment.steps
                   else f"it is lowest with one checkpoint at the segment's end ({segment.steps:,} steps), "
                        f"{_pct(best.overhead)}")
-        lines.append(f"checkpoints ({size}): every {every:,} steps ({_time(every * step_h)}), each stalling "
+        auto = " (auto)" if spec.train.checkpoint_every == "auto" else ""
+        lines.append(f"checkpoints ({size}): every {every:,} steps{auto} ({_time(every * step_h)}), each stalling "
                      f"{_time(stall)}; expected overhead on spot {_pct(now.overhead)} (stalls {_pct(now.stall)}, "
                      f"rework {_pct(now.rework)}); {advice}")
     return lines

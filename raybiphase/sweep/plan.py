@@ -26,6 +26,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from raybiphase.config import ConfigError, FinetuneGrid, RunConfig, SweepSpec, from_dict, to_dict, weights_settings
+from raybiphase.config.estimates import resolve_checkpoint_every
 from raybiphase.config.identity import digest
 from raybiphase.naming import run_name, steps_label
 from raybiphase.pretrain.budget import budget_lines, data_budget
@@ -149,14 +150,17 @@ class Plan:
 
 
 def expand(spec: SweepSpec) -> list[RunConfig]:
-    """The grid's cross product plus the explicit runs, each a validated RunConfig; errors name the swept key."""
+    """The grid's cross product plus the explicit runs, each a validated RunConfig (`train.checkpoint_every: auto`
+    resolved for it); errors name the swept key."""
+    resolve_checkpoint_every(spec, spec.sweep)  # a base run that cannot resolve 'auto' is said as the base's error
     base = to_dict(spec.run)
     keys = list(spec.sweep.grid)
     combos = [dict(zip(keys, values)) for values in itertools.product(*spec.sweep.grid.values())] if keys else [{}]
     configs = []
     for combo, origin in zip(combos + [dict(run) for run in spec.sweep.runs], origins(spec)):
         try:
-            configs.append(from_dict(RunConfig, base, _with_shorthand(combo, base)))
+            configs.append(resolve_checkpoint_every(from_dict(RunConfig, base, _with_shorthand(combo, base)),
+                                                    spec.sweep))
         except ConfigError as err:
             where = origin or "sweep.grid (" + ", ".join(f"{k}={v}" for k, v in combo.items()) + ")"
             raise ConfigError(f"{where}: {err}") from None

@@ -14,6 +14,7 @@ import heapq
 import math
 
 from raybiphase.config import SweepSpec
+from raybiphase.config.estimates import segment_gpus
 from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, segment_gpu_hours
 from raybiphase.sweep.plan import Plan, Segment, dependencies
 
@@ -25,12 +26,6 @@ class Timeline:
     pretraining_hours: float  # until the last segment ends
     total_hours: float  # until the last fine-tuning trial ends too (at most: the full grid)
     chain_hours: float  # the longest chain of segments: no cluster finishes pretraining sooner
-
-
-def segment_gpus(spec: SweepSpec) -> int:
-    """GPUs one segment holds (a CPU run counts its workers, so the arithmetic stays the same)."""
-    res = spec.resources
-    return max(1, round(res.num_workers * res.gpus_per_worker) if res.gpus_per_worker > 0 else res.num_workers)
 
 
 def wall_hours(plan: Plan, spec: SweepSpec) -> dict[str, float]:

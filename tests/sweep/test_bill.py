@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from raybiphase.config import ConfigError, SweepSpec, load
-from raybiphase.sweep.bill import (bill_lines, best_interval_hours, finetuning_rework, overhead, pretraining_rework,
-                                   segment_nodes)
+from raybiphase.config.estimates import best_interval_hours, segment_nodes
+from raybiphase.sweep.bill import bill_lines, finetuning_rework, overhead, pretraining_rework
 from raybiphase.sweep.plan import make_plan
 
 
@@ -43,7 +43,7 @@ def test_the_rework_grows_with_the_preemption_rate_and_the_nodes_a_segment_spans
     def rework(*overrides):
         spec = load(SweepSpec, "sweeps/split_grid.yaml", list(overrides))
         plan = make_plan(spec)
-        return pretraining_rework(plan, spec), finetuning_rework(plan, spec), segment_nodes(spec)
+        return pretraining_rework(plan, spec), finetuning_rework(plan, spec), segment_nodes(spec, spec.sweep)
 
     once, twice = rework("sweep.preemptions_per_node_hour=0.01"), rework("sweep.preemptions_per_node_hour=0.02")
     assert twice[0] == pytest.approx(2 * once[0]) and twice[1] == pytest.approx(2 * once[1]) and once[0] > 0
@@ -76,3 +76,33 @@ def test_a_sweep_on_cpus_has_no_bill():
 def test_a_bad_price_or_rate_is_one_line_naming_it(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load(SweepSpec, "sweeps/paper.yaml", [override])
+
+
+def test_checkpoint_every_auto_is_each_runs_advised_interval():
+    spec = load(SweepSpec, "sweeps/paper.yaml", ["train.checkpoint_every=auto"])
+    plan = make_plan(spec)
+    advised = {}
+    for line in bill_lines(plan, spec)[3:]:
+        size, every, best = re.match(r"checkpoints \((\w+)\): every ([\d,]+) steps \(auto\).*minimises it: ([\d,]+) "
+                                     r"steps", line).groups()
+        assert every == best  # auto is the advice
+        advised[size] = int(best.replace(",", ""))
+    assert len(advised) == 3 and len(set(advised.values())) == 3  # one per size: bigger models checkpoint slower
+    for run in plan.runs.values():  # every run, the continued ones included, at its own size's interval
+        assert run.config.train.checkpoint_every == min(advised[run.config.model.size], run.steps)
+
+
+def test_checkpoint_every_auto_without_preemptions_saves_only_the_milestones():
+    spec = load(SweepSpec, "sweeps/split_grid.yaml", ["train.checkpoint_every=auto",
+                                                      "sweep.preemptions_per_node_hour=0"])
+    assert all(run.config.train.checkpoint_every == run.steps for run in make_plan(spec).runs.values())
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["train.checkpoint_every=auto"], "train.checkpoint_every: auto weighs a step's GPU time against preemptions "
+                                      "and needs GPU workers"),
+    (["train.checkpoint_every=autp"], "train.checkpoint_every: 'autp' is not allowed; allowed: an int or 'auto'"),
+])
+def test_checkpoint_every_auto_on_cpus_or_misspelt_is_one_line(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        make_plan(load(SweepSpec, "sweeps/quickstart.yaml", overrides))
