@@ -92,7 +92,7 @@ RULES: list[tuple[str, str]] = [  # (a regex the whole command matches, how it i
     (r"(python -m raybiphase\.sweep|raybiphase sweep) sweeps/quickstart\.yaml",
      _test("tests/test_multinode.py::test_the_quickstart_on_two_nodes_crosses_only_through_the_bucket")),
     (r"raybiphase report results/quickstart", _test("tests/results/test_report.py")),
-    (r"python -m raybiphase\.sweep sweeps/paper_mini\.yaml",
+    (r"(python -m raybiphase\.sweep|raybiphase sweep) sweeps/paper_mini\.yaml",
      _test("tests/sweep/test_paper_mini.py::test_the_shortened_miniature_reports_per_size_what_its_rows_imply")),
     # the local rehearsal of a cluster: the two-node test starts the same head, worker node, bucket and job
     (r"cluster/make-token\.sh|export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=~/\.raybiphase/ray-token|"
