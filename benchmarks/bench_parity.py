@@ -26,12 +26,12 @@ accumulates: a later invocation at the same settings adds its seeds and orders, 
 holds for a seed is not trained again (both sides are deterministic on CPU at a fixed seed; `--fresh` retrains).
 
 What the two sides may still do differently is the order of the blocks. The project's stream
-(raybiphase.data.stream.locate) permutes whole shards per epoch and, with `data.row_order: shuffled` (the default
-since issue 27), each shard's rows too; with `stored` it reads a shard's rows in their stored order, and prepared
+(raybiphase.data.stream.locate) permutes whole shards per epoch and, with `data.row_order: shuffled` (the
+default), each shard's rows too; with `stored` it reads a shard's rows in their stored order, and prepared
 rows are consecutive text, so each batch is 2,048 consecutive tokens of about 11 documents, where a Trainer batch
 draws its blocks from the whole corpus and touches about 26 (128-token blocks). The ablations:
 
-* `--ours-order stream`: the project's loop with `data.row_order: stored` (the order before issue 27);
+* `--ours-order stream`: the project's loop with `data.row_order: stored` (the order the shards were written in);
   `rows-shuffled` (the default): with `shuffled`;
 * `--peer-order ours`: the Trainer reads the project's global samples 0, 1, 2, ... in the stored order (sequential
   sampler);
@@ -68,7 +68,7 @@ from raybiphase.config import SweepSpec, from_dict  # noqa: E402
 from raybiphase.config.load import parse_override, read_yaml  # noqa: E402
 from raybiphase.data.stream import open_dataset, read_samples, validation_batches  # noqa: E402
 from raybiphase.optim import param_groups  # noqa: E402
-from raybiphase.pretrain.schedule import Schedule  # noqa: E402
+from raybiphase.schedule import Schedule  # noqa: E402
 from raybiphase.results.aggregate import mean_ci  # noqa: E402
 from raybiphase.telemetry.provenance import code_version  # noqa: E402
 

@@ -7,7 +7,7 @@ Reads the sweep's own tables (summary.parquet, finetune.parquet, pretrain.parque
 machine (CPU model, cores), the code version, each run's held-out loss at its end, and per task and objective the
 test score (x 100) with its 95% interval half-width and seed count, the control's, the baselines', and how many trials
 diverged. It prints the README's table. `tests/test_readme.py` checks that every cell of the README's table is this
-record's (issue 27: every figure in the README comes from a run of the code it documents).
+record's (every figure in the README comes from a run of the code it documents).
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """The optimizer, set up one way for pretraining and fine-tuning alike: AdamW, one weight-decay rule, one LR shape.
 
 Weight decay: matrices decay; norms and biases (1-D parameters) never do; embedding matrices decay unless
-`decay_embeddings=False` (pretraining: `optim.decay_embeddings`). The learning rate is warmup-stable-decay:
-linear warmup from 0 to the peak over `warmup` steps, constant, then linear decay towards 0 over the last `decay`
-steps. Fine-tuning is the special case that decays from the end of its warmup (`decay = total - warmup`).
+`decay_embeddings=False` (pretraining: `optim.decay_embeddings`). The learning rate is warmup-stable-decay
+(raybiphase.schedule.wsd_lr, pure so that planning needs no torch): linear warmup from 0 to the peak over `warmup`
+steps, constant, then linear decay towards 0 over the last `decay` steps. Fine-tuning is the special case that
+decays from the end of its warmup (`decay = total - warmup`).
 
     optimizer = adamw(model, lr=5e-4, betas=(0.9, 0.95), eps=1e-5, weight_decay=0.1)
-    for group in optimizer.param_groups: group["lr"] = wsd_lr(step, peak=5e-4, total=100, warmup=10, decay=10)
+    set_lr(optimizer, wsd_lr(step, peak=5e-4, total=100, warmup=10, decay=10))
 """
 
 from __future__ import annotations
@@ -31,19 +32,6 @@ def adamw(model: torch.nn.Module, *, lr: float, betas: tuple[float, float], eps:
     """AdamW over `param_groups`; `options` go to torch (foreach, fused)."""
     groups = param_groups(model, weight_decay, decay_embeddings=decay_embeddings)
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **options)
-
-
-def wsd_lr(step: int, *, peak: float, total: int, warmup: int, decay: int) -> float:
-    """LR of the update with 0-based index `step` in a run of `total` updates.
-
-    Until the decay starts it depends on neither `total` nor `decay`, which lets sweeps share the prefix of runs
-    of different lengths; the step after the last would be 0.
-    """
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    if step >= total - decay:
-        return peak * (total - step) / (decay + 1)
-    return peak
 
 
 def reset_moments(optimizer: torch.optim.Optimizer) -> None:

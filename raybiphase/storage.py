@@ -5,7 +5,7 @@ by name outside this module. The layout of a sweep, under `<sweep.storage>/<swee
 
     runs/<segment>/history.json             every metrics report of a segment            SweepPaths.history
     runs/<segment>/step-00000040/           a checkpoint (Ray Train's folder name)        SweepPaths.checkpoint
-        meta.json                           typed meta (raybiphase.pretrain.checkpoint)   meta_path(ckpt)
+        meta.json                           typed meta (raybiphase.checkpoint_meta)       meta_path(ckpt)
         hf/                                 save_pretrained export                        hf_dir(ckpt)
     tune/                                   Ray Tune's experiment folders                 SweepPaths.tune
     finetune/records/<trial>.json           one record per finished fine-tuning trial    SweepPaths.finetune

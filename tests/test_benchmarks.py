@@ -58,3 +58,18 @@ def test_parity_benchmark_trains_both_sides_and_clm_equals_the_trainer_when_both
 def test_every_committed_benchmark_record_is_valid_json(record):
     """A record nothing can read back is no evidence (`python3 -m json.tool` must read it)."""
     json.loads(record.read_text())
+
+
+@pytest.mark.slow
+def test_plan_benchmark_measures_each_size_apart_and_compares_with_a_record(tmp_path):
+    """bench_plan.py at two toy sizes writes a record; run again with that record as `--before`, it prints the
+    ratios and checks the dry run printed the same text (the same code: it must)."""
+    record, again = tmp_path / "plan.json", tmp_path / "again.json"
+    for out, extra in ((record, []), (again, ["--before", str(record)])):
+        proc = subprocess.run([sys.executable, "benchmarks/bench_plan.py", "--sizes", "20", "40", "--out", str(out),
+                               *extra], cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(again.read_text())
+    assert [m["grid_points"] for m in data["sizes"]] == [20, 40] and not any(m["torch_loaded"] for m in data["sizes"])
+    assert data["before_over_now"]["40"]["same_text"] and "grid points: before / now" in proc.stdout
+    assert data["headline"].startswith("dry run of 40 grid points")

@@ -211,6 +211,21 @@ def test_no_committed_file_holds_a_token():
         assert not own or own not in text, f"{path.relative_to(ROOT)} holds this machine's Ray token"
 
 
+def spot(node_type: dict) -> bool:
+    """Whether a node type asks its cloud for spot capacity (EC2's market type, Compute Engine's provisioning)."""
+    node_config = node_type["node_config"]
+    return (node_config.get("InstanceMarketOptions", {}).get("MarketType") == "spot"
+            or node_config.get("scheduling", {}).get("provisioningModel") == "SPOT")
+
+
+def test_gpu_workers_run_on_spot_and_the_head_on_demand(autoscaler):
+    """Segments and trials survive a reclaimed node (docs/cluster.md); the head holds the driver and Ray's control
+    plane, and a lost head ends the job."""
+    _, raw, _ = autoscaler
+    assert not spot(raw["available_node_types"][raw["head_node_type"]])
+    assert all(spot(node_type) for node_type in worker_types(raw).values())
+
+
 def test_aws_node_configs_are_valid_run_instances_arguments():
     """Ray hands each node_config to EC2's RunInstances unchanged; botocore's own model of that call checks the
     field names and types offline (ray-schema.json leaves node_config free-form)."""

@@ -16,11 +16,13 @@ LAYERS = (
     ("storage",),  # every path, URI and file name
     ("config",),  # the run config and the sweep spec (with the size table they validate against)
     ("naming",),  # run names and the phase tag rule, from a RunConfig
+    ("schedule",),  # phases and the WSD learning rate, step by step and piece by piece (pure: planning needs no torch)
+    ("checkpoint_meta",),  # a checkpoint's typed meta, read and checked without torch (the tensors: pretrain)
     ("raycluster",),  # starting or joining Ray, counting its CPUs
     ("data",),  # corpora, tokenizer, shards, the stream and its masking
     ("telemetry",),  # progress, clock, history, W&B, provenance: what workers and drivers both report with
     ("results",),  # rows, tables, statistics, verdicts, the report
-    ("optim",),  # AdamW groups and the WSD schedule both stages train with
+    ("optim",),  # AdamW and its weight-decay rule, the one optimizer both stages train with
     ("pretrain", "finetune"),  # the two training stages, side by side
     ("sweep",),  # the only package that drives pretraining, fine-tuning and results together
     ("commands",),  # argparse, then one library call (`python -m` entry points count as commands)

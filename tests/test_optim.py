@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raybiphase.optim import adamw, param_groups, wsd_lr
+from raybiphase.optim import adamw, param_groups
+from raybiphase.schedule import wsd_lr
 
 
 def _model() -> torch.nn.Module:

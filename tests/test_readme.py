@@ -87,3 +87,17 @@ def test_the_quickstart_table_is_the_recorded_run():
                 expected += [round(ci, 1)] if inside else [round(low, 1), round(high, 1)]
                 assert ("±" in cell) == inside, (task, objective, cell)
             assert numbers == pytest.approx(expected, abs=0.051), (task, objective, cell)
+
+
+def test_the_retrieval_figures_are_the_recorded_benchmarks():
+    """The README's ranking figures are those of the IR benchmark record it names."""
+    import json
+
+    text = (REPO / "README.md").read_text()
+    name = re.search(r"`benchmarks/results/(ir-rank-[\d-]+\.json)`", text)[1]
+    record = json.loads((REPO / "benchmarks" / "results" / name).read_text())
+    big, ratio = record["paper_scale"], record["same_shape"]["full_over_chunked"]
+    assert f"{big['queries']:,} queries against {big['passages']:,} passages in {big['ranking_mib']} MiB" in \
+        " ".join(text.split())
+    assert f"{ratio['memory']}x less memory and {ratio['time']}x less time" in " ".join(text.split())
+    assert record["same_shape"]["same_top10"] is True

@@ -1,4 +1,4 @@
-"""Storage hiccups (issue 29, point 6), against a real S3-compatible server on 127.0.0.1 that goes down and comes
+"""Storage hiccups, against a real S3-compatible server on 127.0.0.1 that goes down and comes
 back: bucket operations retry with backoff and succeed once it is back; a checkpoint whose upload was cut short
 has no meta (it is written last) and is never the one a resume or a child segment starts from; a committed
 checkpoint whose files were damaged afterwards refuses to load."""
@@ -121,7 +121,7 @@ def _tiny_checkpoint(local, step: int = 3):
     from raybiphase.config import RunConfig, from_dict, to_dict
     from raybiphase.optim import adamw
     from raybiphase.pretrain import checkpoint
-    from raybiphase.pretrain.checkpoint import CheckpointMeta
+    from raybiphase.checkpoint_meta import CheckpointMeta
     from raybiphase.pretrain.model import build_model
 
     run = from_dict(RunConfig, {"phases": {"steps": 10, "clm_share": 0.5}, "optim": {"warmup_steps": 2,

@@ -38,7 +38,7 @@ def _data_settings(data: DataConfig) -> dict[str, Any]:
 def _phase_settings(phase: Phase) -> dict[str, Any]:
     """A phase as it enters the run's identity; the masking and optimizer knobs only when set, so the runs that use
     none keep the names they had before the knobs existed."""
-    plain = dataclasses.asdict(phase)
+    plain = {f.name: getattr(phase, f.name) for f in dataclasses.fields(phase)}  # asdict: a phase's values are flat
     unset = {"mask_ratio_end": None, "mask_ratio_range": None, "optimizer": "carry", "rewarmup_steps": None,
              "frozen_layers": ()}
     return {k: v for k, v in plain.items() if k not in unset or v != unset[k]}

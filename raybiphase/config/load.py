@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import re
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -76,8 +78,10 @@ def location(value: str | None, key: str) -> None:
 # --------------------------------------------------------------------------------------------- strict loading
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+@functools.cache
+def _hints(cls: type) -> Mapping[str, Any]:
+    """A config class's field types, read once per class (a grid of many runs builds each class many times)."""
+    return types.MappingProxyType(typing.get_type_hints(cls))
 
 
 def field_type(root: type, dotted: str) -> Any:
@@ -105,6 +109,14 @@ def _unknown(prefix: str, key: str, known: list[str]) -> typing.NoReturn:
     raise ConfigError(f"{name}: unknown key{hint}; allowed: {', '.join(sorted(known))}")
 
 
+def _kind(tp: Any) -> str:
+    """A type as an error names it: 'an int', or a Literal's values."""
+    if typing.get_origin(tp) is Literal:
+        return ", ".join(map(repr, typing.get_args(tp)))
+    name = getattr(tp, "__name__", str(tp))
+    return f"an {name}" if name[:1] in "aeiou" else f"a {name}"
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check `value` against type `tp` and convert YAML lists to tuples; ConfigError on a mismatch."""
     origin = typing.get_origin(tp)
@@ -119,6 +131,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, option, key)
             except ConfigError as err:
                 errors.append(err)
+        if len(options) > 1 and not isinstance(value, (dict, list, tuple)):
+            raise ConfigError(f"{key}: {value!r} is not allowed; allowed: {' or '.join(map(_kind, options))}")
         raise errors[0]
     if origin is Literal:
         check(value in args, key, f"{value!r} is not allowed; allowed: {', '.join(map(str, args))}")
@@ -293,14 +307,16 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
 def to_dict(cfg: Any) -> dict[str, Any]:
     """Nested plain dict (YAML/JSON-ready) that `from_dict(type(cfg), ...)` reads back to an equal config."""
 
-    def plain(value: Any) -> Any:
+    def plain(value: Any) -> Any:  # dataclasses.asdict without its deep copies: a config's leaves are immutable
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
         if isinstance(value, (list, tuple)):
             return [plain(v) for v in value]
         if isinstance(value, dict):
             return {k: plain(v) for k, v in value.items()}
         return value
 
-    return plain(dataclasses.asdict(cfg))
+    return plain(cfg)
 
 
 def replace(cfg: T, overrides: dict[str, Any]) -> T:

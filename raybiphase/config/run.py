@@ -255,7 +255,7 @@ class PhasesConfig:
 def check_frozen_layers(phases: PhasesConfig, layers: int, model: str) -> None:
     """ConfigError naming phases.plan.N.frozen_layers unless every phase's frozen blocks exist in the model trained,
     `layers` blocks deep (`model` says which), and leave one block training. RunConfig checks a model.size's depth;
-    a decoder's in model.init_from is read before the run starts (raybiphase.pretrain.checkpoint.check_blocks)."""
+    a decoder's in model.init_from is read before the run starts (raybiphase.checkpoint_meta.check_blocks)."""
     for i, phase in enumerate(phases.plan):
         check(all(x < layers for x in phase.frozen_layers), f"phases.plan.{i}.frozen_layers",
               f"{list(phase.frozen_layers)} is out of range; {model} has blocks 0 to {layers - 1}")
@@ -317,8 +317,9 @@ class TrainConfig:
     """Report the held-out CLM and MLM losses every N steps (and at the end)."""
     eval_batches: int = field(default=2, metadata=NOT_WEIGHTS)
     """Held-out batches per evaluation (the same in every phase and run)."""
-    checkpoint_every: int = field(default=50, metadata=NOT_WEIGHTS)
-    """Sharded checkpoint every N steps (phase boundaries, decay start and the end always get one)."""
+    checkpoint_every: int | Literal["auto"] = field(default=50, metadata=NOT_WEIGHTS)
+    """Sharded checkpoint every N steps (phase boundaries, decay start and the end always get one); 'auto': the
+    interval that loses least to checkpoint stalls and preemptions on the sweep's GPUs (the dry run's advice)."""
     export_steps: tuple[int, ...] = field(default=(), metadata=NOT_WEIGHTS)
     """Extra steps at which to write an HF export (the end always gets one)."""
     keep_checkpoints: int | None = field(default=None, metadata=NOT_WEIGHTS)
@@ -351,7 +352,8 @@ class TrainConfig:
         positive(self.head_chunk_rows, "train.head_chunk_rows")
         non_negative(self.eval_batches, "train.eval_batches")
         ratio(self.eval_mask_ratio, "train.eval_mask_ratio")
-        positive(self.checkpoint_every, "train.checkpoint_every")
+        if self.checkpoint_every != "auto":
+            positive(self.checkpoint_every, "train.checkpoint_every")
         if self.keep_checkpoints is not None:
             non_negative(self.keep_checkpoints, "train.keep_checkpoints")
         for i, step in enumerate(self.export_steps):
@@ -419,6 +421,15 @@ class RunConfig:
         init_from = self.model.init_from
         if not init_from or init_from.startswith("@"):  # a folder may hold a decoder of its own depth: checked there
             check_frozen_layers(self.phases, SIZES[self.model.size].layers, self.model.size)
+
+    @property
+    def rows_per_step(self) -> int:
+        """Packed blocks one optimizer step reads, over all workers: the global batch's tokens over the block length."""
+        return self.train.global_batch_tokens // self.data.seq_len
+
+    def data_end(self, data_start: int, steps: int) -> int:
+        """The next unread sample after `steps` steps from sample `data_start` (raybiphase.data.stream)."""
+        return data_start + steps * self.rows_per_step
 
     @property
     def clm_share(self) -> float:

@@ -189,6 +189,23 @@ class SweepConfig:
     """Model FLOPs utilisation assumed by the dry run's GPU-hour estimate."""
     gpu_peak_tflops: float = PEAK_BF16_TFLOPS["H100"]
     """Peak dense bf16 TFLOP/s of one GPU for the estimate (H100 SXM: 989)."""
+    gpu_hour_usd: float = 4.0
+    """Price of one on-demand GPU-hour in the dry run's bill: an example to replace with your provider's price,
+    not a quote."""
+    spot_gpu_hour_usd: float = 1.6
+    """Price of one spot (preemptible) GPU-hour in the bill: an example, not a quote."""
+    preemptions_per_node_hour: float = 0.01
+    """How often a spot node is taken back, per node-hour (0.01: about once in four days of a node): the bill's
+    expected rework and the checkpoint-interval advice. An example: providers publish interruption rates by
+    instance type and region."""
+    gpus_per_node: int = 8
+    """GPUs of one worker node: a segment spans ceil(its GPUs / this) nodes, any of which a preemption can take."""
+    restart_minutes: float = 5.0
+    """What a lost node costs a segment besides the steps since its checkpoint: a replacement node, Ray Train's
+    restart, the restore and the compile (an example: measure yours)."""
+    checkpoint_gb_per_s: float = 2.0
+    """The rate a checkpoint reaches the bucket at, summed over a segment's workers: training waits for it. A
+    checkpoint holds 12 bytes per parameter (fp32 weights and AdamW's two moments)."""
     wandb_project: str | None = None
     """W&B project; runs go there (offline unless WANDB_MODE says otherwise). None disables W&B."""
 
@@ -212,6 +229,10 @@ class SweepSpec(RunConfig):
               "starting with '.' (results go to <sweep.storage>/<sweep.name>/)")
         ratio(self.sweep.mfu, "sweep.mfu")
         positive(self.sweep.gpu_peak_tflops, "sweep.gpu_peak_tflops")
+        for key in ("gpu_hour_usd", "spot_gpu_hour_usd", "preemptions_per_node_hour", "restart_minutes"):
+            non_negative(getattr(self.sweep, key), f"sweep.{key}")
+        positive(self.sweep.gpus_per_node, "sweep.gpus_per_node")
+        positive(self.sweep.checkpoint_gb_per_s, "sweep.checkpoint_gb_per_s")
         for key, values in self.sweep.grid.items():
             _run_key(key, "sweep.grid")
             check(isinstance(values, list) and len(values) > 0, f"sweep.grid.{key}", "expected a non-empty list of values")

@@ -48,7 +48,8 @@ from raybiphase.finetune.baselines import floor_scores
 from raybiphase.finetune.heads import head_for
 from raybiphase.finetune.spec import TrialSpec
 from raybiphase.finetune.tasks import get_task, load_splits
-from raybiphase.optim import adamw, set_lr, wsd_lr
+from raybiphase.optim import adamw, set_lr
+from raybiphase.schedule import wsd_lr
 
 ADAMW = {"betas": (0.9, 0.95), "eps": 1e-5, "weight_decay": 0.1}
 GRAD_CLIP = 1.0

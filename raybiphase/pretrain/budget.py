@@ -4,9 +4,10 @@ holds, so no run trains past the end of its data without a word. A sweep checks 
 `check_budget`, before anything starts and again once the data is prepared.
 
 Run r reads the global samples [data_start, data_end), data_end = data_start + steps x rows per step
-(raybiphase.data.stream); a continued run starts where its source stopped (CheckpointMeta.data_end), so its blocks
-are ones neither source model saw, as the paper's unique tokens are. Sample g lies in epoch g // N (N = training
-blocks): a run whose data_end passes N trains on repeated blocks, which `data.max_epochs` must allow.
+(RunConfig.data_end; raybiphase.data.stream); a continued run starts where its source stopped
+(CheckpointMeta.data_end), so its blocks are ones neither source model saw, as the paper's unique tokens are. Sample g
+lies in epoch g // N (N = training blocks): a run whose data_end passes N trains on repeated blocks, which
+`data.max_epochs` must allow.
 
 N comes from the prepared dataset's manifest when there is one (where `prepare` puts it), else from a stated size
 for a known hub source (`STATED_TOKENS`, over `data.seq_len`), else it is unknown: the line says so and the check lets
@@ -24,12 +25,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from raybiphase import storage
-from raybiphase.config import ConfigError, DataConfig, RunConfig, SweepSpec, to_dict
+from raybiphase.checkpoint_meta import source_end
+from raybiphase.config import ConfigError, DataConfig, RunConfig, SweepSpec
 from raybiphase.data import decontam
 from raybiphase.data.prepare import dataset_location
 from raybiphase.data.stream import MANIFEST, epochs_read
 from raybiphase.naming import run_name
-from raybiphase.pretrain.checkpoint import CheckpointMeta, source_end
 
 STATED_TOKENS = {
     ("HuggingFaceFW/fineweb-edu", "sample-10BT"): 10 * 10**9,
@@ -116,7 +117,7 @@ def run_budget(name: str, config: RunConfig, *, steps: int, data_start: int, loc
                size: tuple[int | None, bool, dict | None]) -> RunBudget:
     """The budget of run `name`: `steps` of `config` from sample `data_start`, against `size` (`source_size`)."""
     data = config.data
-    data_end = CheckpointMeta(run=to_dict(config), step=steps, data_start=data_start, metrics={}).data_end
+    data_end = config.data_end(data_start, steps)
     return RunBudget(run=name, source=_source_name(data), location=location, seq_len=data.seq_len,
                      data_start=data_start, data_end=data_end, max_epochs=data.max_epochs, blocks=size[0],
                      prepared=size[1], held_out=data.decontamination(), dropped=size[2])
@@ -137,6 +138,7 @@ def data_budget(plan, spec: SweepSpec, train_blocks: Mapping[str, int] | None = 
     starts: dict[str, int] = {}
     budgets: dict[str, RunBudget] = {}
     sizes: dict[str, tuple[int | None, bool, dict | None]] = {}
+    locations: dict[DataConfig, str] = {}  # a sweep's runs mostly share one data config: hashed once
 
     def start_of(name: str) -> int:
         if name not in starts:
@@ -148,7 +150,9 @@ def data_budget(plan, spec: SweepSpec, train_blocks: Mapping[str, int] | None = 
     def budget_of(name: str) -> RunBudget:
         if name not in budgets:
             run = plan.runs[name]
-            location = dataset_location(run.config.data, spec.sweep.storage)
+            if run.config.data not in locations:
+                locations[run.config.data] = dataset_location(run.config.data, spec.sweep.storage)
+            location = locations[run.config.data]
             if location not in sizes:
                 sizes[location] = source_size(run.config.data, location, train_blocks)
             budgets[name] = run_budget(name, run.config, steps=run.steps, data_start=start_of(name),

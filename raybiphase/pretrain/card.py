@@ -14,10 +14,10 @@ import math
 
 import yaml
 
+from raybiphase.checkpoint_meta import CheckpointMeta
 from raybiphase.config import MASKED, RunConfig
-from raybiphase.pretrain.checkpoint import CheckpointMeta
-from raybiphase.pretrain.schedule import Schedule
 from raybiphase.results.tables import mean_ci
+from raybiphase.schedule import Schedule
 
 CARD = "README.md"
 

@@ -23,6 +23,7 @@ import warnings
 from pathlib import Path
 
 from raybiphase import storage
+from raybiphase.checkpoint_meta import read_meta
 from raybiphase.config import RunConfig
 from raybiphase.data.assets import cache_dir
 from raybiphase.data.prepare import prepare
@@ -31,7 +32,7 @@ from raybiphase.errors import UserError
 from raybiphase.naming import run_name
 from raybiphase.pretrain import checkpoint as ckpt
 from raybiphase.pretrain.card import CARD, model_card, scores_for
-from raybiphase.pretrain.checkpoint import read_meta, record_trained_length
+from raybiphase.pretrain.checkpoint import record_trained_length
 from raybiphase.pretrain.model import initial_model
 from raybiphase.results.store import read_table
 

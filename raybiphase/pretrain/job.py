@@ -7,7 +7,7 @@ import dataclasses
 
 from raybiphase import storage
 from raybiphase.config import RunConfig
-from raybiphase.pretrain.schedule import Schedule
+from raybiphase.schedule import Schedule
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -24,20 +24,20 @@ import torch
 import torch.distributed as dist
 
 from raybiphase import storage
+from raybiphase.checkpoint_meta import CheckpointMeta
 from raybiphase.config import MASKED, Phase, RunConfig, flatten, to_dict
 from raybiphase.config.sizes import PEAK_BF16_TFLOPS, flops_per_token
 from raybiphase.data.masking import IGNORE_INDEX, MaskingSpec
 from raybiphase.data.stream import epochs_read, open_dataset, phase_stream, validation_batches
 from raybiphase.optim import adamw, drop_grads, fill_fresh_state, reset_moments, set_lr
 from raybiphase.pretrain import checkpoint, preemption
-from raybiphase.pretrain.checkpoint import CheckpointMeta
 from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.loss import token_weighted
 from raybiphase.pretrain.model import block_parameters, initial_model, loss_terms
 from raybiphase.pretrain.parallel import apply_fsdp, use_bf16, wrap_blocks
-from raybiphase.pretrain.schedule import Schedule
+from raybiphase.schedule import Schedule
 from raybiphase.telemetry import wandb as wandb_log
-from raybiphase.telemetry.history import History
+from raybiphase.telemetry.history import RESUME_POINT, History
 from raybiphase.telemetry.progress import Beacon
 
 
@@ -130,7 +130,7 @@ class Worker:
         torch.use_deterministic_algorithms(True, warn_only=True)
         self.manifest = open_dataset(job.data_dir, seq_len=run.data.seq_len)
         self.schedule = Schedule.from_config(run)
-        self.rows_per_step = run.train.global_batch_tokens // run.data.seq_len
+        self.rows_per_step = run.rows_per_step
         self.accum = self.rows_per_step // self.world // run.train.micro_batch_size
         self.tokens_per_step = self.rows_per_step * run.data.seq_len
         self.bf16 = use_bf16(run.train.precision)
@@ -243,7 +243,8 @@ class Worker:
         `save` asks for one; whether it reported."""
         run, step = self.run, self.step
         do_eval = step % run.train.eval_every == 0 or step in self.milestones
-        do_save = save or step % run.train.checkpoint_every == 0 or step in self.milestones
+        due_save = step % run.train.checkpoint_every == 0 or step in self.milestones
+        do_save = save or due_save
         if not (do_eval or do_save):
             return False
         if self.world > 1:
@@ -255,6 +256,8 @@ class Worker:
                    "data_epochs": epochs_read(self.data_start + step * self.rows_per_step, self.manifest.train_rows)}
         if self.peak:
             metrics["mfu"] = self.fpt * metrics["tokens_per_s"] / (self.peak * self.world)
+        if not (do_eval or due_save):  # only a preemption notice's checkpoint: a resume point, not a result
+            metrics[RESUME_POINT] = True
         if self.device.type == "cuda":
             metrics["peak_mem_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
         if do_eval:

@@ -9,13 +9,14 @@ run is not recomputed. Workers receive the run config only; the sweep section sa
 from __future__ import annotations
 
 from raybiphase import storage
+from raybiphase.checkpoint_meta import check_blocks
 from raybiphase.config import SweepSpec
+from raybiphase.config.estimates import resolve_checkpoint_every
 from raybiphase.data import assets
 from raybiphase.data.prepare import check_data, prepare
 from raybiphase.errors import UserError
 from raybiphase.naming import run_name
 from raybiphase.pretrain.budget import check_run_budget
-from raybiphase.pretrain.checkpoint import check_blocks
 from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.loop import train_loop
 from raybiphase.raycluster import ensure_ray
@@ -57,7 +58,7 @@ def run_pretrain(spec: SweepSpec, *, resume_from: str | None = None, max_failure
     if spec.sweep.grid or spec.sweep.runs:
         raise UserError("sweep.grid: this config is a sweep; run it with raybiphase sweep")
 
-    run, root = spec.run, storage.absolute(spec.sweep.storage)
+    run, root = resolve_checkpoint_every(spec.run, spec.sweep), storage.absolute(spec.sweep.storage)
     storage.check_writable(root, "sweep.storage")
     check_data(run.data, storage_root=root)  # before Ray starts, as are these
     check_run_budget(run, root)  # reads model.init_from; the size stated, or the manifest of data already prepared

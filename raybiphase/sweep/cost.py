@@ -7,11 +7,10 @@ from __future__ import annotations
 import math
 
 from raybiphase.config import FinetuneGrid, SweepSpec
+from raybiphase.config.estimates import step_gpu_hours
 from raybiphase.config.sizes import SIZES
 from raybiphase.finetune.eval_sizes import evaluation_inputs
 from raybiphase.finetune.tasks import training_groups
-
-LLAMA3_VOCAB = 128_256
 
 
 def _hours(flops: float, spec: SweepSpec) -> float:
@@ -19,12 +18,8 @@ def _hours(flops: float, spec: SweepSpec) -> float:
 
 
 def segment_gpu_hours(item, spec: SweepSpec) -> float:
-    """The GPU-hours of one segment's (or one run's) steps: its model's FLOPs per token (vocabulary: Llama-3's
-    128,256 unless a tokenizer is trained, then data.vocab_size) x train.global_batch_tokens x its steps."""
-    c = item.config
-    vocab = c.data.vocab_size if c.data.tokenizer == "train-bpe" else LLAMA3_VOCAB
-    return _hours(SIZES[c.model.size].flops_per_token(vocab, c.data.seq_len) * c.train.global_batch_tokens
-                  * item.steps, spec)
+    """The GPU-hours of one segment's (or one run's) steps (raybiphase.config.estimates.step_gpu_hours)."""
+    return step_gpu_hours(item.config, spec.sweep, item.steps)
 
 
 def checkpoint_finetune_gpu_hours(size: str, spec: SweepSpec, grid: FinetuneGrid | None = None, *,

@@ -20,16 +20,15 @@ import sys
 import time
 
 from raybiphase import storage
+from raybiphase.checkpoint_meta import read_meta
 from raybiphase.config import SweepSpec, flatten
 from raybiphase.data import assets
 from raybiphase.data.prepare import check_data, fingerprint, prepare
 from raybiphase.finetune.fanout import Fanout
 from raybiphase.finetune.heldout import evaluation_texts
 from raybiphase.finetune.records import check_settings
-from raybiphase.pretrain.checkpoint import read_meta
 from raybiphase.pretrain.export import write_card
 from raybiphase.pretrain.job import SegmentJob
-from raybiphase.pretrain.schedule import Schedule
 from raybiphase.pretrain.trainer import make_trainer
 from raybiphase.raycluster import ensure_ray
 from raybiphase.results import rows as result_rows
@@ -37,6 +36,7 @@ from raybiphase.results import store
 from raybiphase.results import wandb as results_wandb
 from raybiphase.results.html import run_info
 from raybiphase.results.report import write_report
+from raybiphase.schedule import Schedule
 from raybiphase.storage import SweepPaths
 from raybiphase.pretrain.budget import check_budget, data_budget
 from raybiphase.sweep.context import SweepContext
@@ -46,7 +46,7 @@ from raybiphase.sweep.preflight import plan_sweep
 from raybiphase.sweep.scheduler import Scheduler
 from raybiphase.sweep.timeline import remaining_chain, simulate, wall_hours
 from raybiphase.telemetry.clock import Clock, step_seconds
-from raybiphase.telemetry.history import read_history
+from raybiphase.telemetry.history import read_history, results
 from raybiphase.telemetry.progress import Watch, interval
 from raybiphase.telemetry.wandb import log_pretraining_run, sweep_settings
 
@@ -250,9 +250,10 @@ def prune_checkpoints(ctx: SweepContext, segment: Segment) -> list[int]:
 
 
 def record_pretraining(ctx: SweepContext, segment: Segment) -> int:
-    """Rows for every run through the segment, one per report: (run, step) keyed, appended once."""
+    """Rows for every run through the segment, one per report an uninterrupted run makes (a preemption notice's
+    resume point is not one): (run, step) keyed, appended once."""
     paths, plan = ctx.paths, ctx.plan
-    reports = {r["step"]: r for r in read_history(paths.run_dir(segment.id))}
+    reports = {r["step"]: r for r in results(read_history(paths.run_dir(segment.id)))}
     end = paths.checkpoint(segment.id, segment.end)
     if segment.end not in reports and storage.is_checkpoint(end):  # the driver died between checkpoint and history
         reports[segment.end] = {**read_meta(end).metrics, "checkpoint": end}
@@ -270,7 +271,7 @@ def log_runs(ctx: SweepContext, *, finished: set[str], done: set[str]) -> None:
     for run in ctx.plan.runs.values() if settings else ():
         if set(run.segments) <= done and finished & set(run.segments):
             segments = [ctx.plan.segments[s] for s in run.segments]
-            history = [r for s in segments for r in read_history(ctx.paths.run_dir(s.id))
+            history = [r for s in segments for r in results(read_history(ctx.paths.run_dir(s.id)))
                        if s.start < r["step"] <= s.end]
             log_pretraining_run(settings, run.name, flatten(run.config), history)
 

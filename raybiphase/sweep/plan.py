@@ -1,13 +1,14 @@
 """The sweep planner (pure, no Ray): a grid of runs -> a tree of shared segments, each run once.
 
 Two runs take the same optimizer step t when everything that shapes the weights is equal (model, data, seed,
-batch, optimizer settings, masking probabilities: the run's *base*) and every step before t used the same
-objective, mask ratio and learning rate. Under WSD a 42k-step run is therefore, until its decay starts, the same
-run as its 12k and 22k siblings, and a CLM->MLM run is a CLM run until its switch. The planner compares these
-per-step signatures exactly (numpy, one entry per step) and builds a trie: a segment covers steps [start, end) of
-every run below it, starts from its parent's checkpoint at `start`, and leaves one at `end`. Executing a run as a
-chain of segments gives the same weights as running it alone (tests/sweep/test_driver.py). A segment's id hashes the
-base and the whole signature up to its end, so a changed spec finds the segments it already has.
+batch, optimizer settings, masking probabilities: the run's *base*) and every step up to t is the same step: the
+same kind (objective, optimizer reset, frozen blocks, masking range), masking ratio and learning rate
+(raybiphase.sweep.steps). Under WSD a 42k-step run is therefore, until its decay starts, the same run as its 12k and
+22k siblings, and a CLM->MLM run is a CLM run until its switch. The planner compares runs exactly, piece by piece of
+their schedules (raybiphase.schedule), and builds a trie: a segment covers steps [start, end) of every run below it,
+starts from its parent's checkpoint at `start`, and leaves one at `end`. Executing a run as a chain of segments gives
+the same weights as running it alone (tests/sweep/test_driver.py). A segment's id hashes the base and every step up
+to its end, so a changed spec finds the segments it already has.
 
 Continued pretraining: `model.init_from: "@NAME"` names another run of the sweep (by its name without the hash,
 e.g. `@610m-clm-42k`, or by its full name where several runs share that); the continuing run's tree hangs below that
@@ -19,24 +20,23 @@ run's last segment.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from raybiphase.config import (ConfigError, FinetuneGrid, Phase, RunConfig, SweepSpec, from_dict, to_dict,
-                               weights_settings)
+from raybiphase.config import ConfigError, FinetuneGrid, RunConfig, SweepSpec, from_dict, to_dict, weights_settings
+from raybiphase.config.estimates import resolve_checkpoint_every
 from raybiphase.config.identity import digest
-from raybiphase.config.run import MASKED
-from raybiphase.naming import phase_tag, run_name, steps_label
-from raybiphase.pretrain.schedule import Schedule
+from raybiphase.naming import run_name, steps_label
 from raybiphase.pretrain.budget import budget_lines, data_budget
+from raybiphase.schedule import Schedule
 from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, segment_gpu_hours
 from raybiphase.sweep.grids import check_export_grids, checkpoint_grid, grid_lines, grid_trials
 from raybiphase.sweep.replicates import replicate_lines
+from raybiphase.sweep.steps import first_difference, id_bytes, step_order, step_tag, step_value
 
-# per-step settings: the signature compares them step by step, so they stay out of a run's base
+# per-step settings: the planner compares them step by step, so they stay out of a run's base
 _PER_STEP = {"phases": {"plan"}, "optim": {"lr", "warmup_steps", "decay_steps"}}
 
 
@@ -44,16 +44,16 @@ _PER_STEP = {"phases": {"plan"}, "optim": {"lr", "warmup_steps", "decay_steps"}}
 class Run:
     name: str
     config: RunConfig
-    signature: np.ndarray  # (steps, 3): objective code, mask ratio, learning rate
+    schedule: Schedule  # what each step does, piece by piece
     base: str
     source: str | None = None  # the run this one continues (init_from '@NAME'), by name
     segments: list[str] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
-        return len(self.signature)
+        return self.schedule.total_steps
 
-    @property
+    @functools.cached_property
     def finetune_steps(self) -> list[int]:
         """The checkpoints fine-tuned: the final one and the requested intermediate ones (train.export_steps)."""
         return sorted({*[s for s in self.config.train.export_steps if s < self.steps], self.steps})
@@ -114,9 +114,12 @@ class Plan:
         many runs pass through it)."""
         out: dict[tuple[str, int], list[str]] = {}
         for run in self.runs.values():
+            chain = iter(self.segments[s] for s in run.segments)  # in step order, as are the steps
+            segment = next(chain)
             for step in run.finetune_steps:
-                segment = next(s for s in run.segments if self.segments[s].start < step <= self.segments[s].end)
-                out.setdefault((segment, step), []).append(run.name)
+                while not segment.start < step <= segment.end:
+                    segment = next(chain)
+                out.setdefault((segment.id, step), []).append(run.name)
         return out
 
     def grids(self, spec: SweepSpec) -> dict[tuple[str, int], FinetuneGrid]:
@@ -147,14 +150,17 @@ class Plan:
 
 
 def expand(spec: SweepSpec) -> list[RunConfig]:
-    """The grid's cross product plus the explicit runs, each a validated RunConfig; errors name the swept key."""
+    """The grid's cross product plus the explicit runs, each a validated RunConfig (`train.checkpoint_every: auto`
+    resolved for it); errors name the swept key."""
+    resolve_checkpoint_every(spec, spec.sweep)  # a base run that cannot resolve 'auto' is said as the base's error
     base = to_dict(spec.run)
     keys = list(spec.sweep.grid)
     combos = [dict(zip(keys, values)) for values in itertools.product(*spec.sweep.grid.values())] if keys else [{}]
     configs = []
     for combo, origin in zip(combos + [dict(run) for run in spec.sweep.runs], origins(spec)):
         try:
-            configs.append(from_dict(RunConfig, base, _with_shorthand(combo, base)))
+            configs.append(resolve_checkpoint_every(from_dict(RunConfig, base, _with_shorthand(combo, base)),
+                                                    spec.sweep))
         except ConfigError as err:
             where = origin or "sweep.grid (" + ", ".join(f"{k}={v}" for k, v in combo.items()) + ")"
             raise ConfigError(f"{where}: {err}") from None
@@ -180,54 +186,9 @@ def _with_shorthand(combo: dict, base: dict) -> dict:
     return out
 
 
-OBJECTIVE_CODE = {"clm": 0.0, "mlm": 1.0, "mntp": 2.0}
-RESET = 10.0
-"""Added to the objective code of a step that starts with AdamW's moments reset."""
-
-
-def frozen_code(layers: tuple[int, ...]) -> float:
-    """The fraction added to the objective code of a step that leaves `layers` untouched: 0 for none, else a
-    number in (0, 1) two different sets never share (so runs freezing different blocks share no step)."""
-    if not layers:
-        return 0.0
-    return (1 + int(digest({"frozen_layers": list(layers)}, 12), 16)) / (16**12 + 2)
-
-
-def signature(cfg: RunConfig) -> np.ndarray:
-    """Per-step (objective, mask ratio, learning rate): what a step does besides the base; the objective code is 0
-    for CLM, 1 for MLM, 2 for MNTP (OBJECTIVE_CODE), plus RESET where the phase resets the optimizer, plus a
-    fraction for the blocks it freezes (frozen_code)."""
-    schedule = Schedule.from_config(cfg)
-    rows = []
-    for phase in schedule.phases:
-        block = np.zeros((phase.steps, 3))
-        block[:, 0] = OBJECTIVE_CODE[phase.objective] + frozen_code(phase.frozen_layers)
-        if phase.objective in MASKED:
-            block[:, 1] = _ratio_column(phase)
-        rows.append(block)
-    sig = np.concatenate(rows)
-    sig[:, 2] = [schedule.lr(t) for t in range(len(sig))]
-    for start, phase in zip(schedule.boundaries, schedule.phases):
-        if phase.optimizer == "reset":
-            sig[start, 0] += RESET  # the step after a reset differs from one after carried moments
-    return sig
-
-
-def _ratio_column(phase: Phase) -> np.ndarray | float:
-    """The masking column of an MLM phase's signature: each step's ratio (fixed, or linear to mask_ratio_end, as
-    data.masking.MaskingSpec.row_ratios computes it), or for a per-sequence range a code above 1 no fixed ratio takes
-    (two ranges share steps only when they are equal)."""
-    if phase.mask_ratio_range is not None:
-        return 1.0 + int(digest({"mask_ratio_range": list(phase.mask_ratio_range)}, 12), 16) / 16**12
-    if phase.mask_ratio_end is None:
-        return phase.mask_ratio
-    index = np.arange(phase.steps)
-    return phase.mask_ratio + (phase.mask_ratio_end - phase.mask_ratio) * index / max(phase.steps - 1, 1)
-
-
 def base_key(cfg: RunConfig, source: str | None) -> str:
     """What two runs must share to share any step: the settings that shape the weights (raybiphase.config.run),
-    less the per-step ones the signature compares, with a continued run's source named by its run."""
+    less the per-step ones the planner compares (raybiphase.sweep.steps), with a continued run's source named by its run."""
     data = weights_settings(cfg)
     for section, keys in _PER_STEP.items():
         data[section] = {k: v for k, v in data[section].items() if k not in keys}
@@ -254,18 +215,9 @@ def plan_controls(runs: dict[str, Run]) -> dict[str, Control]:
     return controls
 
 
-def signature_tag(row: np.ndarray) -> str:
-    """The phase tag of one step of a signature (its objective code, then the masking ratio)."""
-    objective = next(name for name, code in OBJECTIVE_CODE.items() if code == (row[0] % RESET) // 1)
-    if objective == "clm":
-        return "clm"
-    return f"{objective}u" if row[1] >= 1 else phase_tag(objective, float(row[1]))
-
-
-def _segment_id(run: Run, end: int, start: int) -> str:
-    digest = hashlib.sha256(run.base.encode() + run.signature[:end].tobytes()).hexdigest()[:8]
-    last = signature_tag(run.signature[end - 1])
-    return f"{run.config.model.size}-{last}-{steps_label(start)}-{steps_label(end)}-{digest}"
+def shared_steps(a: Run, b: Run) -> int:
+    """How many first steps runs `a` and `b` take alike (their bases aside): where the planner parts them."""
+    return first_difference(a.schedule, b.schedule, 0, min(a.steps, b.steps))
 
 
 def _short(name: str) -> str:
@@ -282,7 +234,7 @@ def make_plan(spec: SweepSpec) -> Plan:
         group = [r for r in runs.values() if (r.source is not None) == continued]
         for _, members in itertools.groupby(sorted(group, key=lambda r: r.base), key=lambda r: r.base):
             members = list(members)
-            _share(members, 0, None, members[0].source, segments)
+            _share(members, 0, None, members[0].source, segments, hashlib.sha256(members[0].base.encode()))
     ordered = _dependency_order(segments, runs)
     return Plan(runs=runs, segments=ordered, controls=plan_controls(runs) if spec.finetune.control else {})
 
@@ -301,13 +253,14 @@ def plan_runs(configs: list[RunConfig], origin: list[str | None] | None = None) 
         if cfg.model.init_from and cfg.model.init_from.startswith("@"):
             pending.append((cfg, where))
             continue
-        run = Run(run_name(cfg), cfg, signature(cfg), base_key(cfg, None))
+        run = Run(run_name(cfg), cfg, Schedule.from_config(cfg), base_key(cfg, None))
         if _add(runs, entries, run, where):
             by_short.setdefault(_short(run.name), []).append(run.name)
     for cfg, where in pending:
         source = runs[_source(cfg.model.init_from[1:], runs, by_short, where)]
-        name = run_name(cfg, source_label=signature_tag(source.signature[-1]), source_steps=source.steps)
-        _add(runs, entries, Run(name, cfg, signature(cfg), base_key(cfg, source.name), source=source.name), where)
+        name = run_name(cfg, source_label=step_tag(source.schedule, source.steps - 1), source_steps=source.steps)
+        run = Run(name, cfg, Schedule.from_config(cfg), base_key(cfg, source.name), source=source.name)
+        _add(runs, entries, run, where)
     return runs
 
 
@@ -354,40 +307,73 @@ def _check_exports(runs: dict[str, Run]) -> None:
 
 
 def _share(group: list[Run], start: int, parent: str | None, after_run: str | None,
-           segments: dict[str, Segment]) -> None:
-    """Add to `segments` the segment the runs of `group` share from `start` (as far as their per-step signatures
-    agree), then the segments of those that go on past it; a group that disagrees at `start` splits by it."""
+           segments: dict[str, Segment], prefix) -> None:
+    """Add to `segments` the segment the runs of `group` share from `start` (as far as their steps agree), then the
+    segments of those that go on past it, depth first; a group that disagrees at a step splits by that step.
+    `prefix` is a sha256 of the base and steps [0, start), which every run of `group` takes alike. A stack, not
+    recursion: a grid's trie may be deeper than Python's recursion limit."""
+    todo = [(group, start, parent, after_run, prefix, None)]
+    while todo:
+        group, start, parent, after_run, prefix, parted = todo.pop()
+        parted = _parted(group, start) if parted is None else parted  # where each run parts from the longest
+        end = min([*parted.values(), *(r.steps for r in group)])
+        if end == start:  # the group disagrees at `start`: split it by the step, listed in the order of step_order
+            for members in reversed(_split(group, start, parted)):  # the longest run's part keeps its comparisons
+                kept = {r.name: parted[r.name] for r in members if r.name in parted}
+                todo.append((members, start, parent, after_run, prefix, kept if len(kept) == len(members) - 1 else None))
+            continue
+        seg, hashed = _segment(group, start, end, parent, after_run, prefix)
+        segments[seg.id] = seg
+        rest = [r for r in group if r.steps > end]
+        if rest:  # the longest run goes on: what was compared with it holds
+            todo.append((rest, end, seg.id, None, hashed, {r.name: parted[r.name] for r in rest if r.name in parted}))
+
+
+def _segment(group: list[Run], start: int, end: int, parent: str | None, after_run: str | None, prefix):
+    """The segment `group` shares on [start, end), and the sha256 of the base and steps [0, end) its id ends with;
+    each run of the group lists it."""
     first = group[0]
-    end = min(r.steps for r in group)
-    for other in group[1:]:
-        differ = np.nonzero((first.signature[start:end] != other.signature[start:end]).any(axis=1))[0]
-        if len(differ):
-            end = start + int(differ[0])
-    if end == start:  # the group disagrees at `start`: split it by the step's signature
-        for _, members in itertools.groupby(sorted(group, key=lambda r: r.signature[start].tolist()),
-                                            key=lambda r: r.signature[start].tolist()):
-            _share(list(members), start, parent, after_run, segments)
-        return
-    seg = Segment(_segment_id(first, end, start), start, end, parent, after_run, [r.name for r in group], first.config)
-    segments[seg.id] = seg
+    hashed = prefix.copy()
+    hashed.update(id_bytes(first.schedule, start, end))
+    seg_id = (f"{first.config.model.size}-{step_tag(first.schedule, end - 1)}-{steps_label(start)}-"
+              f"{steps_label(end)}-{hashed.hexdigest()[:8]}")
+    seg = Segment(seg_id, start, end, parent, after_run, [r.name for r in group], first.config)
     for r in group:
         r.segments.append(seg.id)
     seg.ends_runs = [r.name for r in group if r.steps == end]
     seg.exports = sorted({s for r in group for s in r.finetune_steps if start < s <= end})
-    rest = [r for r in group if r.steps > end]
-    if rest:
-        _share(rest, end, seg.id, None, segments)
+    return seg, hashed
+
+
+def _split(group: list[Run], start: int, parted: dict[str, int]) -> list[list[Run]]:
+    """`group` by its runs' step `start`, the parts in the order of step_order and each in the group's order; a run
+    that parts from the longest run later than `start` takes the longest run's step there."""
+    longest = next(r for r in group if r.name not in parted)
+    same = step_value(longest.schedule, start)
+    parts: dict[tuple, list[Run]] = {}
+    for run in group:
+        value = same if parted.get(run.name, start + 1) > start else step_value(run.schedule, start)
+        parts.setdefault(value, []).append(run)
+    return [members for _, members in sorted(parts.items(), key=lambda part: step_order(part[0]))]
+
+
+def _parted(group: list[Run], start: int) -> dict[str, int]:
+    """For each run of `group` but its longest (the first of the longest), the first step from `start` where the two
+    part (or the run's end). The group's shared steps end at the least of these, whichever run they are measured
+    from, as runs that agree with one run up to two different steps agree with each other up to the earlier; and
+    the longest run stays in the group until its end, so its comparisons serve every segment below."""
+    longest = max(group, key=lambda r: r.steps)
+    return {r.name: first_difference(longest.schedule, r.schedule, start, r.steps) for r in group if r is not longest}
 
 
 def _dependency_order(segments: dict[str, Segment], runs: dict[str, Run]) -> dict[str, Segment]:
-    done: dict[str, Segment] = {}
-    remaining = list(segments.values())
-    while remaining:
-        ready = [s for s in remaining if all(d in done for d in dependencies(s, runs))]
-        for s in ready:
-            done[s.id] = s
-        remaining = [s for s in remaining if s.id not in done]
-    return done
+    """The segments by their depth below a root (each waits for at most one: `dependencies`), in the order they were
+    made within a depth: each after the one it waits for."""
+    depth: dict[str, int] = {}
+    for seg in segments.values():  # parents come before their children, and a source run's segments before its heirs
+        depth[seg.id] = max((depth[d] + 1 for d in dependencies(seg, runs)), default=0)
+    order = {sid: i for i, sid in enumerate(segments)}
+    return {sid: segments[sid] for sid in sorted(segments, key=lambda sid: (depth[sid], order[sid]))}
 
 
 def dependencies(segment: Segment, runs: dict[str, Run]) -> list[str]:

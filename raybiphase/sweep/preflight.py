@@ -7,11 +7,12 @@ from __future__ import annotations
 import sys
 
 from raybiphase import storage
+from raybiphase.checkpoint_meta import check_blocks
 from raybiphase.config import ConfigError, SweepSpec, replace
 from raybiphase.finetune.heldout import check_held_out_tasks
 from raybiphase.finetune.tasks import get_task
 from raybiphase.pretrain.budget import check_budget, data_budget
-from raybiphase.pretrain.checkpoint import check_blocks
+from raybiphase.sweep.bill import bill_lines
 from raybiphase.sweep.plan import Plan, describe, make_plan
 from raybiphase.sweep.timeline import timeline_lines
 
@@ -30,7 +31,7 @@ def plan_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> tup
     for run in plan.runs.values():
         check_held_out_tasks(run.config.data)
     check_finetune_length(plan, spec)
-    text = "\n".join([describe(plan, spec), *timeline_lines(plan, spec)])
+    text = "\n".join([describe(plan, spec), *timeline_lines(plan, spec), *bill_lines(plan, spec)])
     lines = text.splitlines()
     print(text if dry_run else "\n".join([lines[0], *(x for x in lines if x.startswith("steps:"))]), file=out)
     check_budget(data_budget(plan, spec))  # a run that would repeat data stops here, dry run included

@@ -16,7 +16,8 @@ def replicate_arms(plan) -> dict[str, list[str]]:
     """The arms pretrained more than once: the first replicate's run name -> every replicate's, lowest seed first."""
     arms: dict[str, list] = {}
     for run in plan.runs.values():
-        arms.setdefault(run_hash(replace(run.config, {"train.seed": 0})), []).append(run)
+        first = run.config if run.config.train.seed == 0 else replace(run.config, {"train.seed": 0})
+        arms.setdefault(run_hash(first), []).append(run)
     return {runs[0].name: [r.name for r in runs] for runs in
             (sorted(group, key=lambda r: r.config.train.seed) for group in arms.values()) if len(runs) > 1}
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 
 from raybiphase.config import SweepSpec
+from raybiphase.config.estimates import segment_gpus
 from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, segment_gpu_hours
 from raybiphase.sweep.plan import Plan, Segment, dependencies
 
@@ -24,12 +26,6 @@ class Timeline:
     pretraining_hours: float  # until the last segment ends
     total_hours: float  # until the last fine-tuning trial ends too (at most: the full grid)
     chain_hours: float  # the longest chain of segments: no cluster finishes pretraining sooner
-
-
-def segment_gpus(spec: SweepSpec) -> int:
-    """GPUs one segment holds (a CPU run counts its workers, so the arithmetic stays the same)."""
-    res = spec.resources
-    return max(1, round(res.num_workers * res.gpus_per_worker) if res.gpus_per_worker > 0 else res.num_workers)
 
 
 def wall_hours(plan: Plan, spec: SweepSpec) -> dict[str, float]:
@@ -56,32 +52,75 @@ def by_priority(segments: list[Segment], chain: dict[str, float]) -> list[Segmen
     return sorted(segments, key=lambda s: (-chain[s.id], order[s.id]))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Work:
+    """What a simulation plays out, computed once per plan and spec however many slot counts are tried."""
+
+    hours: dict[str, float]  # segment -> wall hours
+    chain: dict[str, float]  # segment -> remaining chain (`remaining_chain`)
+    after: dict[str, list[str]]  # segment -> the segments that wait for it
+    waits_on: dict[str, int]  # segment -> how many segments it waits for
+    order: dict[str, int]  # segment -> its place in plan order (ties in priority)
+    finetune: dict[str | None, float]  # `_finetune_hours`
+    per_gpus: int  # GPUs one segment holds
+
+
+def _work(plan: Plan, spec: SweepSpec) -> _Work:
+    hours = wall_hours(plan, spec)
+    after: dict[str, list[str]] = {s: [] for s in plan.segments}
+    waits_on = {}
+    for segment in plan.segments.values():
+        deps = dependencies(segment, plan.runs)
+        waits_on[segment.id] = len(deps)
+        for dep in deps:
+            after[dep].append(segment.id)
+    return _Work(hours, remaining_chain(plan, hours), after, waits_on, {s: i for i, s in enumerate(plan.segments)},
+                 _finetune_hours(plan, spec), segment_gpus(spec))
+
+
 def simulate(plan: Plan, spec: SweepSpec, slots: int | None = None, *, done: frozenset[str] = frozenset(),
              running: dict[str, float] | None = None) -> Timeline:
     """The driver's schedule, played out with each segment's estimated hours (module docstring); from a sweep under
     way: `done` segments are over, `running` ones need the given hours more."""
-    slots = slots or spec.resources.max_concurrent
-    hours, per_gpus = wall_hours(plan, spec), segment_gpus(spec)
-    chain = remaining_chain(plan, hours)
-    finetune = _finetune_hours(plan, spec)  # segment id -> GPU-hours its checkpoints' trials need
-    gpus = slots * per_gpus
-    done = set(done)
-    todo = [s for s in plan.segments.values() if s.id not in done and s.id not in (running or {})]
-    heap = [(left, sid) for sid, left in (running or {}).items()]  # (end time, segment id)
+    return _simulate(_work(plan, spec), slots or spec.resources.max_concurrent, done, running or {})
+
+
+def _simulate(work: _Work, slots: int, done: frozenset[str], running: dict[str, float]) -> Timeline:
+    pretraining, total, _ = _play(work, slots, done, running)
+    return Timeline(slots, slots * work.per_gpus, pretraining, total, max(work.chain.values(), default=0.0))
+
+
+def _play(work: _Work, slots: int, done: frozenset[str], running: dict[str, float]) -> tuple[float, float, int]:
+    """(hours until the last segment ends, until the last fine-tuning trial ends, most segments ever running at
+    once): an event per segment end, each on heaps (ready segments by priority, running ones by end time), so a
+    play costs O(segments x log segments). Ready segments start while fewer than `slots` run."""
+    gpus = slots * work.per_gpus
+    waiting = {sid: count for sid, count in work.waits_on.items() if sid not in done and sid not in running}
+    for sid in done:
+        for child in work.after[sid]:
+            if child in waiting:
+                waiting[child] -= 1
+    ready = [(-work.chain[sid], work.order[sid], sid) for sid, count in waiting.items() if count == 0]
+    heapq.heapify(ready)
+    heap = [(left, sid) for sid, left in running.items()]  # (end time, segment id)
     heapq.heapify(heap)
-    now, backlog = 0.0, 0.0 if done or running else finetune.pop(None, 0.0)  # the controls' trials: at once
-    while todo or heap:
-        ready = by_priority([s for s in todo if all(d in done for d in dependencies(s, plan.runs))], chain)
-        for segment in ready[:slots - len(heap)]:
-            heapq.heappush(heap, (now + hours[segment.id], segment.id))
-            todo.remove(segment)
+    now, backlog = 0.0, 0.0 if done or running else work.finetune.get(None, 0.0)  # the controls' trials: at once
+    widest = len(heap)
+    while ready or heap:
+        while ready and len(heap) < slots:
+            sid = heapq.heappop(ready)[2]
+            heapq.heappush(heap, (now + work.hours[sid], sid))
+        widest = max(widest, len(heap))
         end, sid = heapq.heappop(heap)
-        backlog = max(0.0, backlog - (gpus - (len(heap) + 1) * per_gpus) * (end - now))  # idle GPUs fine-tune
+        backlog = max(0.0, backlog - (gpus - (len(heap) + 1) * work.per_gpus) * (end - now))  # idle GPUs fine-tune
         now = end
-        done.add(sid)
-        backlog += finetune.get(sid, 0.0)
-    total = now + backlog / gpus
-    return Timeline(slots, gpus, now, total, max(chain.values(), default=0.0))
+        backlog += work.finetune.get(sid, 0.0)
+        for child in work.after[sid]:
+            if child in waiting:
+                waiting[child] -= 1
+                if waiting[child] == 0:
+                    heapq.heappush(ready, (-work.chain[child], work.order[child], child))
+    return now, now + backlog / gpus, widest
 
 
 def _finetune_hours(plan: Plan, spec: SweepSpec) -> dict[str | None, float]:
@@ -99,18 +138,39 @@ def _finetune_hours(plan: Plan, spec: SweepSpec) -> dict[str | None, float]:
 
 
 def fewest_slots_for_the_chain(plan: Plan, spec: SweepSpec, tolerance: float = 0.01) -> int:
-    """The fewest segments at once whose pretraining ends within `tolerance` of the longest chain."""
-    chain = max(remaining_chain(plan, wall_hours(plan, spec)).values(), default=0.0)
-    for slots in range(1, len(plan.segments) + 1):
-        if simulate(plan, spec, slots).pretraining_hours <= chain * (1 + tolerance):
-            return slots
-    return len(plan.segments)
+    """The fewest segments at once whose pretraining ends within `tolerance` of the longest chain (all the segments
+    when no count reaches it); `_fewest_slots` says how it is searched."""
+    return _fewest_slots(_work(plan, spec), tolerance)
+
+
+def _fewest_slots(work: _Work, tolerance: float) -> int:
+    """A bisection over slot counts, a play each: below the work's own bound (every segment's hours over the slots
+    already exceed the target) no count reaches the chain, and from the most segments the unbounded schedule ever
+    runs at once the schedule is that one, so the search lies between and takes about log2 of that many plays. It
+    returns a count that reaches the target where one fewer does not: the fewest wherever reaching it does not come
+    and go as slots grow. A greedy schedule's hours can grow with its slots (Graham's anomalies), so that is checked,
+    not proved: tests compare this search with one over every count on random plans and on every committed spec."""
+    count = len(work.hours)
+    target = max(work.chain.values(), default=0.0) * (1 + tolerance)
+    unbounded, _, widest = _play(work, count, frozenset(), {})
+    if unbounded > target or count == 0:  # no count reaches it
+        return count
+    low = max(1, min(widest, math.floor(sum(work.hours.values()) / (target * (1 + 1e-9))))) if target > 0 else 1
+    high = max(widest, 1)  # reaches it
+    while low < high:
+        middle = (low + high) // 2
+        if _play(work, middle, frozenset(), {})[0] <= target:
+            high = middle
+        else:
+            low = middle + 1
+    return high
 
 
 def timeline_lines(plan: Plan, spec: SweepSpec) -> list[str]:
     """The dry run's answer to "how long": for the spec's cluster, and what more segments at once would buy."""
-    asked = simulate(plan, spec)
-    reach = fewest_slots_for_the_chain(plan, spec)
+    work = _work(plan, spec)
+    asked = _simulate(work, spec.resources.max_concurrent, frozenset(), {})
+    reach = _fewest_slots(work, 0.01)
     days = lambda hours: f"{hours / 24:,.1f} days" if hours >= 48 else f"{hours:,.1f} hours"  # noqa: E731
     lines = [f"wall-clock: {days(asked.pretraining_hours)} of pretraining with {asked.slots} segment(s) at once "
              f"({asked.gpus} GPUs, segments started as their dependencies end, longest remaining chain first)"

@@ -10,9 +10,19 @@ from __future__ import annotations
 from raybiphase import storage
 
 
+RESUME_POINT = "resume_point"
+"""Marks a report made only because a preemption notice asked for a checkpoint at that step: a place to resume
+from, not a result (a run never interrupted has no report there, so the results tables leave it out)."""
+
+
 def read_history(run_dir: str) -> list[dict]:
     """Every metrics report of a run (rank 0's), one dict per step, in step order."""
     return storage.read_json(storage.join(run_dir, storage.HISTORY)) or []
+
+
+def results(history: list[dict]) -> list[dict]:
+    """The reports a run never interrupted would also have made: without the preemption notices' resume points."""
+    return [report for report in history if not report.get(RESUME_POINT)]
 
 
 class History:

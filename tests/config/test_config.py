@@ -214,7 +214,7 @@ def test_the_row_order_shapes_the_weights_but_not_the_shards():
 
     shuffled = from_dict(RunConfig, {})
     stored = from_dict(RunConfig, {"data": {"row_order": "stored"}})
-    assert shuffled.data.row_order == "shuffled"  # the default since issue 27
+    assert shuffled.data.row_order == "shuffled"  # the default
     assert run_hash(shuffled) != run_hash(stored)  # another order trains other weights: another run
     assert fingerprint(shuffled.data) == fingerprint(stored.data)  # read from the same shards
     with pytest.raises(ConfigError, match="data.row_order"):

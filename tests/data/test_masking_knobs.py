@@ -1,4 +1,4 @@
-"""Masking beyond one fixed ratio (issue 30): a ratio that changes linearly over an MLM phase (Ankner et al.) and a
+"""Masking beyond one fixed ratio: a ratio that changes linearly over an MLM phase (Ankner et al.) and a
 ratio drawn per sequence from a range (the masking-rate control for CLM), each a pure function of (seed, sample,
 position, step), validated with one-line errors and planned exactly."""
 
@@ -10,7 +10,7 @@ import pytest
 from raybiphase.config import ConfigError, RunConfig, SweepSpec, from_dict, run_hash, weights_settings
 from raybiphase.data.masking import MaskingSpec, mlm_mask
 from raybiphase.naming import run_name
-from raybiphase.sweep.plan import make_plan
+from raybiphase.sweep.plan import make_plan, shared_steps
 
 VOCAB, SPECIALS, MASK = 1000, (0, 1, 2, 3), 3
 
@@ -83,9 +83,8 @@ def test_the_planner_shares_what_the_knobs_leave_identical():
     plan = make_plan(spec)
     fixed, ramp, ranged = (plan.runs[n] for n in plan.runs)
     assert "mlm40to15" in ramp.name and "mlmu15to60" in ranged.name
-    shared = lambda a, b: int(np.argmax((a.signature != b.signature).any(axis=1)))  # noqa: E731
-    assert shared(fixed, ramp) == 11  # the CLM half and the ramp's first MLM step (its ratio is the fixed one)
-    assert shared(fixed, ranged) == 10  # a per-sequence rate differs from the first MLM step
+    assert shared_steps(fixed, ramp) == 11  # the CLM half and the ramp's first MLM step (its ratio is the fixed one)
+    assert shared_steps(fixed, ranged) == 10  # a per-sequence rate differs from the first MLM step
     prefix = {s for s in fixed.segments} & {s for s in ramp.segments} & {s for s in ranged.segments}
     assert [plan.segments[s].end for s in prefix] == [10]
 

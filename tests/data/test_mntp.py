@@ -1,4 +1,4 @@
-"""Masked next-token prediction (issue 30, LLM2Vec's adaptation step): MLM's masked inputs and bidirectional
+"""Masked next-token prediction (LLM2Vec's adaptation step): MLM's masked inputs and bidirectional
 attention, each masked token predicted from the position before it; an objective beside clm and mlm in any phase,
 named, planned and evaluated like them."""
 
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from raybiphase.config import ConfigError, RunConfig, SweepSpec, from_dict
 from raybiphase.data.masking import MaskingSpec, mask_batch, mntp_labels
 from raybiphase.naming import parse_phase_tag, run_name, source_objective
-from raybiphase.sweep.plan import make_plan
+from raybiphase.sweep.plan import make_plan, shared_steps
 
 VOCAB, SPECIALS, MASK = 97, {"bos_token": 0, "eos_token": 1, "pad_token": 2, "mask_token": 3}, 3
 OPTIM = {"warmup_steps": 2, "decay_steps": 2}
@@ -72,7 +72,7 @@ def test_mntp_is_a_phase_objective_named_and_planned_like_the_others():
     plan = make_plan(spec)
     mlm, mntp = plan.runs.values()
     assert "mlm40" in mlm.name and "mntp40" in mntp.name
-    assert int(np.argmax((mlm.signature != mntp.signature).any(axis=1))) == 10  # the CLM half is shared
+    assert shared_steps(mlm, mntp) == 10  # the CLM half is shared
     assert [plan.segments[s].end for s in set(mlm.segments) & set(mntp.segments)] == [10]
 
 

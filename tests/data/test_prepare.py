@@ -172,7 +172,7 @@ def test_a_llama3_tokenizer_keeps_its_vocabulary_and_masks_with_its_reserved_tok
 
 
 def test_shards_of_an_earlier_offline_corpus_are_not_reused(monkeypatch):
-    """Issue 27: the offline corpus changed what it holds (held-out evaluation text); its version is in the shards'
+    """The offline corpus changed what it holds (held-out evaluation text); its version is in the shards'
     fingerprint, so a cache prepared from the earlier corpus is never found again. Other sources ignore it."""
     from raybiphase.config import DataConfig
     from raybiphase.data import sources

@@ -100,7 +100,7 @@ def test_a_trial_reads_its_checkpoint_from_a_bucket(tiny_checkpoint, s3_bucket):
 
 
 def test_a_trial_whose_loss_turns_nan_is_recorded_as_diverged_and_scores_the_floor(tiny_checkpoint):
-    """Issue 27: a diverged seed counts against its LR at the metric's floor: the majority class for accuracy."""
+    """A diverged seed counts against its LR at the metric's floor: the majority class for accuracy."""
     from raybiphase.finetune.baselines import floor_scores
     from raybiphase.finetune.spec import TrialSpec
     from raybiphase.finetune.trial import run_trial

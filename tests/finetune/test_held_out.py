@@ -1,4 +1,4 @@
-"""No offline task validates or tests on text a model pretrained on (issue 27): every validation and test text of every
+"""No offline task validates or tests on text a model pretrained on: every validation and test text of every
 offline task is looked for in the whole offline pretraining corpus, and validation stays about 5% of training, drawn
 the same way in every process. No model, no Ray."""
 

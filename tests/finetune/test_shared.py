@@ -1,4 +1,4 @@
-"""Issue 27, point 3: shared weights are fine-tuned once. A checkpoint several runs pass through (an export inside a
+"""Shared weights are fine-tuned once. A checkpoint several runs pass through (an export inside a
 shared prefix) gets one set of trials; every run that shares it gets a copy of the rows, naming the run they ran
 under. The scheduler's trial runner is replaced by a recorder here (no Ray): what is asserted is what gets launched."""
 

@@ -17,7 +17,7 @@ def saved(small_shards, tmp_path):
     from raybiphase.config import RunConfig, from_dict, to_dict
     from raybiphase.optim import adamw
     from raybiphase.pretrain import checkpoint
-    from raybiphase.pretrain.checkpoint import CheckpointMeta
+    from raybiphase.checkpoint_meta import CheckpointMeta
     from raybiphase.pretrain.model import build_model, forward_loss
 
     data, manifest = small_shards
@@ -85,7 +85,7 @@ def test_bad_input_stops_before_anything_is_written(saved, tmp_path, monkeypatch
 @pytest.mark.parametrize("exported_by_the_run", [False, True])
 def test_an_export_says_the_length_it_was_trained_on_and_computes_the_same(saved, small_shards, tmp_path,
                                                                           exported_by_the_run):
-    """Issue 27: max_position_embeddings is the run's data.seq_len (an evaluation harness sizes its inputs from
+    """`max_position_embeddings` is the run's data.seq_len (an evaluation harness sizes its inputs from
     it), not EuroBERT's 8,192, whether the step is rebuilt or the run's own export is copied; RoPE does not read
     it, so the logits are the same as the trained model's."""
     import json

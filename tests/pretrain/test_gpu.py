@@ -114,7 +114,7 @@ def test_a_checkpoint_saved_on_cuda_resumes_to_the_same_next_step(tmp_path):
     from raybiphase.config import RunConfig, from_dict, to_dict
     from raybiphase.optim import adamw
     from raybiphase.pretrain import checkpoint
-    from raybiphase.pretrain.checkpoint import CheckpointMeta
+    from raybiphase.checkpoint_meta import CheckpointMeta
 
     torch.use_deterministic_algorithms(True, warn_only=True)
 

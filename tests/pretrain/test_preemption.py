@@ -1,4 +1,4 @@
-"""The preemption notice in one process (issue 29, point 5; the Ray Train test is in test_trainer.py): the first
+"""The preemption notice in one process (the Ray Train test is in test_trainer.py): the first
 SIGTERM only raises the flag the loop checks after each step, the second takes the handler that was there before
 (Ray's: the process exits)."""
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from raybiphase.pretrain.checkpoint import read_meta
+from raybiphase.checkpoint_meta import read_meta
 from tests.conftest import TINY_BASE, tiny_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -104,7 +104,7 @@ def _loop_interrupted(loop_config: dict, *, notice_at: int, kill_at: int, marks:
 
 def test_a_preemption_notice_and_a_killed_worker_each_resume_to_identical_weights(uninterrupted, small_data,
                                                                                   tmp_path):
-    """Issue 29, point 5, and a lost worker. SIGTERM after step 2: the workers finish step 3, write a checkpoint
+    """A preemption notice and a lost worker. SIGTERM after step 2: the workers finish step 3, write a checkpoint
     there (no periodic or milestone checkpoint falls on it) and Ray Train restarts the group from it, so nothing
     finished is redone. A worker killed hard after step 5: the group restarts from the latest checkpoint (step 4,
     the phase switch). The weights end as without either."""

@@ -13,7 +13,7 @@ from raybiphase.results.aggregate import best_lr, bootstrap_ci, lr_table, mean_c
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
-# ../shared/paper.md: SST-2 test accuracy (%) of four 610m models through the paper's protocol.
+# The paper's SST-2 test accuracy (%) of four 610m models through the paper's protocol.
 PAPER_SST2 = {
     "610m-mlm40-42k": (1e-4, 91.74, 0.35),
     "610m-clm-42k": (5e-5, 91.08, 0.56),
@@ -59,7 +59,7 @@ def test_hand_computed_example() -> None:
 
 def test_asha_stopped_trials_are_left_out_of_the_means_and_their_lr_waits_for_completion() -> None:
     # LR 1e-3 lost a seed to ASHA (NaN scores): its means are over the 2 seeds that finished, and it is not chosen
-    # on them (issue 27): the completion pass finishes its stopped seed first, as it leads on what it has.
+    # on them: the completion pass finishes its stopped seed first, as it leads on what it has.
     trials = pd.DataFrame(_rows("A", 1e-4, [0.80, 0.80, 0.80], [0.70, 0.70, 0.70])
                           + _rows("A", 1e-3, [0.90, 0.92, math.nan], [0.91, 0.93, math.nan]))
     row = summarize(trials).iloc[0]

@@ -1,4 +1,4 @@
-"""The report's questions beyond the paper (issue 30): each run with a knob is paired with the run that differs
+"""The report's questions beyond the paper: each run with a knob is paired with the run that differs
 from it only by not having it, and each question is judged by the findings' interval rule (held / not held /
 mixed / not resolved); runs with knobs stay out of the paper's findings."""
 

@@ -1,4 +1,4 @@
-"""Issue 27, point 1: a diverged seed counts. It scores the metric's floor and stays in its LR's mean, an LR is chosen
+"""A diverged seed counts. It scores the metric's floor and stays in its LR's mean, an LR is chosen
 only over all its seeds, and the LR spread includes it."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_no_complete_lr_gives_no_score_rather_than_a_partial_one():
 
 
 def test_the_lr_sensitivity_figure_draws_complete_cells_only_and_says_so():
-    """Issue 27, point 7: finding 2's figure is not drawn from ASHA's survivors."""
+    """Finding 2's figure is not drawn from ASHA's survivors."""
     from raybiphase.results import report
 
     trials = pd.concat([_trials({1e-5: [(0.8, 0.8, False)] * 2, 1e-3: [(0.9, 0.9, False), (0.2, math.nan, False)]})

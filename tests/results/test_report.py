@@ -168,7 +168,7 @@ def test_the_header_names_the_sweep_that_made_the_rows(tmp_path) -> None:
 
 @pytest.mark.parametrize("tc_labels, said", [("all_subtokens", "majority vote"), ("first_subtoken", "first sub-token")])
 def test_the_header_says_how_token_classification_was_labelled(tmp_path, tc_labels, said) -> None:
-    """Issue 27: the report says which token-classification protocol its scores come from."""
+    """The report says which token-classification protocol its scores come from."""
     from raybiphase.config import FinetuneConfig
     from raybiphase.results.html import run_info
     from raybiphase.storage import RUN_INFO

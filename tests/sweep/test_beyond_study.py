@@ -93,7 +93,7 @@ def _alone(study, tmp_path, name: str, **overrides) -> Path:
 
 
 def _branch(study, tag: str) -> Path:
-    from raybiphase.pretrain.checkpoint import read_meta
+    from raybiphase.checkpoint_meta import read_meta
 
     exports = [p for p in (study["root"] / "runs").glob("*/step-*") if (p / "hf").is_dir()]  # the runs' finals
     (branch,) = [p for p in exports if any(tag in run for run in read_meta(p).serves)]

@@ -1,4 +1,4 @@
-"""The data budget: no run trains past the end of its data unless the spec allows it (issue 27, point 2)."""
+"""The data budget: no run trains past the end of its data unless the spec allows it."""
 
 from __future__ import annotations
 

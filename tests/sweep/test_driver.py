@@ -89,7 +89,7 @@ def test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once(finis
     last = finished_sweep["output"].strip().splitlines()[-1]  # where the time went, stage by stage
     assert last.startswith("time: ") and "5 segment(s), at most" in last and "in optimizer steps" in last
     assert finished_sweep["first"].stat().st_mtime_ns == finished_sweep["stamp"]  # not recomputed
-    from raybiphase.pretrain.checkpoint import read_meta
+    from raybiphase.checkpoint_meta import read_meta
 
     shared = read_meta(finished_sweep["first"].parent)  # the CLM prefix says whose weights it holds: both grid runs
     assert len(shared.serves) == 2 and all(name.startswith("tiny-clm-") for name in shared.serves)
@@ -108,7 +108,7 @@ def test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once(finis
 
 
 def test_continued_run_starts_from_the_decayed_source_with_its_own_schedule(finished_sweep):
-    from raybiphase.pretrain.checkpoint import read_meta
+    from raybiphase.checkpoint_meta import read_meta
 
     (source,) = (finished_sweep["root"] / "runs").glob("tiny-clm-4-8-*/step-00000008")
     source = read_meta(source)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from raybiphase.config import ConfigError, SweepSpec, from_dict, load
 from raybiphase.finetune.tasks import get_task
-from raybiphase.sweep.plan import describe, expand, make_plan, signature
+from raybiphase.sweep.plan import describe, expand, make_plan, plan_runs, shared_steps
 
 SWEEPS = sorted((Path(__file__).resolve().parents[2] / "sweeps").glob("*.yaml"))
 
@@ -32,15 +31,15 @@ def test_every_run_is_a_chain_of_segments_covering_its_steps():
         assert all(a.end == b.start and b.parent == a.id for a, b in zip(chain, chain[1:]))
         for seg in chain:  # a segment's steps are identical for every run through it
             for other in seg.runs:
-                assert np.array_equal(plan.runs[other].signature[seg.start:seg.end], run.signature[seg.start:seg.end])
+                assert shared_steps(plan.runs[other], run) >= seg.end
 
 
 def test_runs_diverge_where_their_schedules_differ():
     base = {"optim": {"warmup_steps": 2, "decay_steps": 2}, "train": {"global_batch_tokens": 2048}}
     a = from_dict(SweepSpec, base, {"phases.steps": 10, "phases.clm_share": 1.0})
     b = from_dict(SweepSpec, base, {"phases.steps": 20, "phases.clm_share": 1.0})
-    diff = np.nonzero((signature(a) != signature(b)[:10]).any(axis=1))[0]
-    assert diff[0] == 8  # the shorter run's decay starts at step 8; until then they are the same run
+    short, long = plan_runs([a.run, b.run]).values()
+    assert shared_steps(short, long) == 8  # the shorter run's decay starts at step 8; until then they are the same run
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
@@ -231,7 +230,7 @@ def test_keep_checkpoints_prunes_only_what_no_resume_branch_or_export_needs(tmp_
 
 @pytest.mark.parametrize("lengths", [[200, 100], [100, 200]])
 def test_a_shared_segment_exports_what_every_run_through_it_fine_tunes(lengths):
-    """Issue 27, point 4: with no decay the 100-step run is the 200-step run's prefix; their shared segment must
+    """With no decay the 100-step run is the 200-step run's prefix; their shared segment must
     export step 100 (the short run's end) whichever run the grid lists first, and step 50 for both."""
     spec = load(SweepSpec, "sweeps/quickstart.yaml",
                 [f"sweep.grid={{phases.steps: {lengths}}}", "optim.decay_steps=0", "train.export_steps=[50]",
@@ -287,3 +286,54 @@ def test_the_sizes_of_the_miniature_order_as_the_papers():
 
     counts = [SIZES[size].params(4096) for size in ("micro", "tiny", "mini")]
     assert counts == sorted(counts) and len(set(counts)) == 3
+
+
+def test_the_dry_run_imports_no_torch():
+    """Planning is arithmetic on configs: the dry run (the CLI's own path, with a data budget and a continued run)
+    runs in a fresh interpreter without torch ever being imported, so it answers in seconds on any machine."""
+    import subprocess
+    import sys
+
+    code = ("import io, sys\n"
+            "from raybiphase.config import SweepSpec, load\n"
+            "from raybiphase.sweep.preflight import plan_sweep\n"
+            "plan_sweep(load(SweepSpec, 'sweeps/beyond.yaml'), dry_run=True, out=io.StringIO())\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray', 'transformers')))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_run_s_data_end_is_config_arithmetic_the_checkpoint_meta_agrees_with():
+    from raybiphase.checkpoint_meta import CheckpointMeta
+    from raybiphase.config import to_dict
+
+    run = load(SweepSpec, "sweeps/split_grid.yaml").run
+    assert run.rows_per_step == 1152  # 2,359,296 tokens a step in blocks of 2,048
+    assert run.data_end(100, 42_000) == 100 + 42_000 * 1152
+    meta = CheckpointMeta(run=to_dict(run), step=42_000, data_start=100, metrics={})
+    assert meta.data_end == run.data_end(100, 42_000)
+
+
+def test_a_preemption_notices_resume_point_leaves_no_row(tmp_path):
+    """A notice checkpoints at a step no report was due at; the run restarts from it. pretrain.parquet then holds
+    what an uninterrupted run holds: the reports of the due steps, for every run through the segment, once."""
+    from raybiphase import storage
+    from raybiphase.results.store import read_rows
+    from raybiphase.storage import SweepPaths
+    from raybiphase.sweep.driver import SweepContext, record_pretraining
+    from raybiphase.telemetry.history import RESUME_POINT, History
+
+    spec = load(SweepSpec, "sweeps/quickstart.yaml", [f"sweep.storage={tmp_path}"])
+    plan = make_plan(spec)
+    prefix = next(s for s in plan.segments.values() if s.start == 0 and len(s.runs) == 2)  # the shared CLM prefix
+    paths = SweepPaths.of(spec.sweep.storage, spec.sweep.name)
+    history = History(paths.run_dir(prefix.id))
+    for step in (100, 200, 250, 300, 400):
+        history.add({"step": step, "train/clm_loss": 5.0, **({RESUME_POINT: True} if step == 250 else
+                                                           {"val/clm_loss": 5.5})})
+    record_pretraining(SweepContext(spec, plan, paths), prefix)
+    rows = read_rows(paths.table(storage.PRETRAIN_FILE))
+    assert len(rows) == 2 * 4 and set(rows["run"]) == set(prefix.runs)
+    assert sorted(set(rows["step"])) == [100, 200, 300, 400] and rows["val/clm_loss"].notna().all()

@@ -1,16 +1,20 @@
-"""How long a sweep takes, before it runs (issue 29): the timeline's segments start as their dependencies end,
+"""How long a sweep takes, before it runs: the timeline's segments start as their dependencies end,
 longest remaining chain first, and the paper's plan gives the figures the issue measured with the same model."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from raybiphase.config import SweepSpec, load
-from raybiphase.sweep.plan import make_plan
+from raybiphase.sweep.plan import dependencies, make_plan
 from raybiphase.sweep.timeline import (
+    _finetune_hours,
     by_priority,
     fewest_slots_for_the_chain,
     remaining_chain,
+    segment_gpus,
     simulate,
     timeline_lines,
     wall_hours,
@@ -79,3 +83,59 @@ def test_the_dry_run_says_how_long_and_what_more_slots_buy(paper):
     assert lines[0].startswith("wall-clock: 2.4 days of pretraining with 4 segment(s) at once (128 GPUs")
     assert lines[0].endswith("with fine-tuning (full grid, filling idle GPUs) at most 4.6 days")  # each checkpoint's grid
     assert lines[1].startswith("longest chain: 15.2 hours; 20 segment(s) at once (640 GPUs) reach it")
+
+
+def _stepwise(plan, spec, slots, done=frozenset(), running=None):
+    """The schedule played the plain way, as a reference: every event rescans the segments left for the ready ones,
+    longest remaining chain first, and starts as many as there are free slots."""
+    import heapq
+
+    hours, per_gpus = wall_hours(plan, spec), segment_gpus(spec)
+    chain = remaining_chain(plan, hours)
+    finetune = _finetune_hours(plan, spec)
+    done, todo = set(done), [s for s in plan.segments.values() if s.id not in done and s.id not in (running or {})]
+    heap = sorted((left, sid) for sid, left in (running or {}).items())
+    now, backlog = 0.0, 0.0 if done or running else finetune.get(None, 0.0)
+    while todo or heap:
+        ready = by_priority([s for s in todo if all(d in done for d in dependencies(s, plan.runs))], chain)
+        for segment in ready[:max(0, slots - len(heap))]:
+            heapq.heappush(heap, (now + hours[segment.id], segment.id))
+            todo.remove(segment)
+        end, sid = heapq.heappop(heap)
+        backlog = max(0.0, backlog - (slots * per_gpus - (len(heap) + 1) * per_gpus) * (end - now))
+        now = end
+        done.add(sid)
+        backlog += finetune.get(sid, 0.0)
+    return now, now + backlog / (slots * per_gpus)
+
+
+def _random_plans(count: int):
+    rng = random.Random(7)
+    for _ in range(count):
+        grid = {"phases.steps": rng.sample([200, 400, 600, 800], rng.randint(1, 3)),
+                "phases.clm_share": rng.sample([0.0, 0.25, 0.5, 0.75, 1.0], rng.randint(1, 4)),
+                "phases.mask_ratio": rng.sample([0.2, 0.3, 0.4], rng.randint(1, 2))}
+        spec = load(SweepSpec, "sweeps/quickstart.yaml", [f"sweep.grid={grid}", "optim.warmup_steps=20",
+                                                          "optim.decay_steps=40"])
+        yield spec, make_plan(spec)
+
+
+def test_the_heap_schedule_plays_out_as_the_stepwise_one_from_any_state():
+    rng = random.Random(3)
+    for spec, plan in _random_plans(12):
+        ids = list(plan.segments)
+        done = frozenset(ids[:rng.randint(0, len(ids) // 2)])
+        running = {s: rng.random() for s in ids if s not in done and rng.random() < 0.3 and
+                   all(d in done for d in dependencies(plan.segments[s], plan.runs))}
+        for slots in (1, 2, 3, 5, len(ids)):
+            for state in ({}, {"done": done, "running": running}):
+                timeline = simulate(plan, spec, slots, **state)
+                assert (timeline.pretraining_hours, timeline.total_hours) == _stepwise(plan, spec, slots, **state)
+
+
+def test_the_slot_search_finds_what_trying_every_count_finds():
+    for spec, plan in _random_plans(25):
+        chain = simulate(plan, spec).chain_hours
+        every = next((n for n in range(1, len(plan.segments) + 1)
+                      if simulate(plan, spec, n).pretraining_hours <= chain * 1.01), len(plan.segments))
+        assert fewest_slots_for_the_chain(plan, spec) == every

@@ -1,9 +1,10 @@
 """Phases as data and one WSD learning rate over the run."""
 
+import numpy as np
 import pytest
 
 from raybiphase.config import SweepSpec, from_dict
-from raybiphase.pretrain.schedule import Schedule
+from raybiphase.schedule import Schedule
 
 
 def _schedule(steps=20, share=0.5, warmup=4, decay=4, **phases):
@@ -44,3 +45,18 @@ def test_until_decay_the_lr_does_not_depend_on_the_run_length():
 def test_steps_outside_the_run_are_refused():
     with pytest.raises(IndexError, match="outside the run's 20 steps"):
         _schedule().at(20)
+
+
+def test_a_run_is_a_few_pieces_whose_rules_give_every_step_s_rate():
+    """Pieces cover the run in order, grow with the phases and not the steps, and their rules, evaluated on a numpy
+    range, give bit for bit the rates Schedule.lr gives step by step (a re-warmup and a ratio schedule included)."""
+    plan = [{"objective": "clm", "steps": 300}, {"objective": "mlm", "steps": 500, "mask_ratio_end": 0.15},
+            {"objective": "mlm", "steps": 200, "optimizer": "reset", "rewarmup_steps": 50}]
+    s = _schedule(steps=1000, share=None, warmup=100, decay=100, plan=plan)
+    pieces = s.pieces()
+    assert [p.start for p in pieces[1:]] == [p.end for p in pieces[:-1]] and pieces[-1].end == 1000
+    assert len(pieces) == 7  # warmup, stable CLM, MLM, the reset step, its re-warmup, stable, decay
+    rates = np.concatenate([np.broadcast_to(p.lr.at(np.arange(p.start, p.end)), (p.end - p.start,)) for p in pieces])
+    assert rates.tolist() == [s.lr(t) for t in range(1000)]
+    assert s.piece_at(800).kind.reset and not s.piece_at(801).kind.reset
+    assert s.piece_at(300).mask_ratio.at(799) == pytest.approx(0.15)
