@@ -151,13 +151,13 @@ def record_final(spec: TrialSpec, final: TrialResult) -> None:
 def trial_rows(spec: TrialSpec, metrics: dict, *, failed: bool) -> list[FinetuneRow] | None:
     """The rows of a trial Tune ended (its own, then its riders'), from their records; a row with none was stopped
     by ASHA at the trial's last report (`metrics`): its stopped row is recorded here. None when the trial `failed`
-    before recording a row."""
+    before recording a row (a stopped row on disk then is an earlier attempt's: this one was run to replace it)."""
     rows = []
     for member in [spec, *spec.riders]:
         record = read_record(member.record)
+        if failed and (record is None or record.stopped_early):
+            return None
         if record is None:
-            if failed:
-                return None
             metric = "val_score" if member is spec else rider_metric(member.task.name)
             record = member.stopped(val_score=metrics.get(metric, math.nan), step=int(metrics.get("step", 0)),
                                     seconds=float(metrics.get("time_total_s", 0.0)))

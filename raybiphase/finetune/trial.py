@@ -127,9 +127,9 @@ TOKENIZED_KEPT = 8  # tasks x tokenizers one process keeps tokenized
 
 def _tokenized(hf_path: Path, task: str, caps: tuple[int, int], max_len: int, source: str,
                tc_labels: str = "all_subtokens", ir_corpus: str = "judged") -> tuple:
-    """Head, training units, prepared validation and test: shared by the trials one process runs (a benchmark,
-    a test; a Tune trial has a process of its own), which differ in checkpoint, LR and seed but share the sweep's tokenizer; each checkpoint is still
-    checked against that tokenizer."""
+    """Head, training units, prepared validation and test: shared by the trials one process runs (a benchmark, a
+    test, Tune's trials once pretraining is over: raybiphase.finetune.tuner), which differ in checkpoint, LR and
+    seed but share the sweep's tokenizer; each checkpoint is still checked against that tokenizer."""
     key = (tokenizer_digest(hf_path), task, caps, max_len, source, tc_labels, ir_corpus)
     if key in _TOKENIZED:
         _TOKENIZED.move_to_end(key)

@@ -1,18 +1,24 @@
-"""Fine-tuning trials on one long-lived Ray Tune Tuner, fed trial by trial through Tune's public extension points.
+"""Fine-tuning trials on long-lived Ray Tune Tuners, fed trial by trial through Tune's public extension points.
 
-`TuneTrials` runs one `tune.Tuner` in a background thread for as long as its caller has trials to give it
-(raybiphase.sweep.scheduler: the sweep's one loop). Trials reach it through `FeedSearcher`, a
-`ray.tune.search.Searcher`: `submit` queues a trial with its rank, and Tune's `suggest` hands out the lowest-ranked
-one while fewer trials are live than `capacity()` allows (read at that moment, so a trial never starts on a slot a
-segment took); `close` says no more will come, and the Tuner ends once the live ones have. Each ended trial is
-passed to `ended(ticket, metrics, error)` from the Tuner's thread (a Tune `Callback`).
+`TuneTrials` runs a `tune.Tuner` in a background thread for as long as its caller has trials to give it
+(raybiphase.sweep.scheduler: the sweep's one loop): one while pretraining goes on, then one for the rest (below).
+Trials reach it through `FeedSearcher`, a `ray.tune.search.Searcher`: `submit` queues a trial with its rank, and
+Tune's `suggest` hands out the lowest-ranked one while fewer trials are live than `capacity()` allows (read at that
+moment, so a trial never starts on a slot a segment took); `close` says no more will come, and a Tuner ends once
+its live trials have. Each ended trial is passed to `ended(ticket, metrics, error)` from the Tuner's thread (a
+Tune `Callback`).
 
 What keeps this working on Tune's public surface:
 - `num_samples=-1`: the searcher, not a sample count, says when the search is over.
 - A zero-CPU keep-alive trial runs until the searcher is closed: with no trial live, Tune waits for the next one
   without handling events, so ended trials' actors would keep their CPUs (or GPU share) from the segments.
   It reports a placeholder `val_score` (Tune checks the scheduler's metric in every result) and ASHA passes it.
-- `reuse_actors=False`: an ended trial's actor is stopped, freeing what it held, instead of kept idle for reuse.
+- While segments may still need a slot, `reuse_actors=False`: an ended trial's actor is stopped, freeing what it
+  held (Tune keeps one idle actor for reuse, and no public switch frees it: a segment placed on its CPU would wait
+  for good). Once no segment will run again (`settle`), the queued trials move to a second Tuner that reuses its
+  trials' processes: a trial then skips the new process's imports, task tokenization and model code loading
+  (several seconds each, against a few seconds of training per quickstart trial). Both Tuners share one ASHA
+  per group and one count of live trials, so the overlap while the first one's last trials end stays in bounds.
 - `max_concurrent_trials`: Tune starts one trial at a time from a custom searcher otherwise.
 - The searcher and callback keep their lock and callables out of pickles (Tune pickles both with the experiment).
 - A failed trial runs again from its start up to `TRIAL_RETRIES` times (a node lost); only then is it ended.
@@ -84,9 +90,10 @@ class FeedSearcher(Searcher):
     next step); FINISHED once closed with nothing queued. A trial is live from its hand-out to its completion,
     retries included. One lock guards the queue, the live set and the closed flag."""
 
-    def __init__(self, capacity: Callable[[], int] | None = None):
+    def __init__(self, capacity: Callable[[], int] | None = None, live: Callable[[], int] | None = None):
+        """`capacity()`: how many trials may be live now; `live()`: how many are live on other Tuners."""
         super().__init__()
-        self._lock, self._capacity = threading.Lock(), capacity
+        self._lock, self._capacity, self._live_total = threading.Lock(), capacity, live
         self._queue: list[tuple] = []  # (rank, n, config) heap
         self._numbers = itertools.count()
         self._live: dict[str, dict] = {}
@@ -100,19 +107,30 @@ class FeedSearcher(Searcher):
         with self._lock:
             self._closed = True
 
+    def hand_back(self) -> list[tuple]:
+        """Close, and give back every queued trial (its rank and config) for another Tuner to run."""
+        with self._lock:
+            self._closed, queued, self._queue = True, sorted(self._queue), []
+        return [(rank, config) for rank, _, config in queued]
+
+    def live(self) -> int:
+        with self._lock:
+            return len(self._live)
+
     def drained(self) -> bool:
         with self._lock:
             return self._closed and not self._queue
 
     def suggest(self, trial_id: str):
         capacity = self._capacity() if self._capacity else math.inf  # outside the lock: it takes none of ours
+        elsewhere = self._live_total() if self._live_total else 0  # another Tuner's: takes only its own lock
         with self._lock:
             if not self._kept_alive:
                 self._kept_alive = True
                 return {KEEPALIVE: True}
             if not self._queue:
                 return Searcher.FINISHED if self._closed else None
-            if len(self._live) >= capacity:
+            if len(self._live) + elsewhere >= capacity:
                 return None
             config = heapq.heappop(self._queue)[2]
             self._live[trial_id] = config
@@ -136,7 +154,7 @@ class FeedSearcher(Searcher):
             heapq.heapify(self._queue)
 
     def __getstate__(self):
-        return {**self.__dict__, "_lock": None, "_capacity": None, "_numbers": None}
+        return {**self.__dict__, "_lock": None, "_capacity": None, "_live_total": None, "_numbers": None}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -158,11 +176,20 @@ class KeepAliveStopper(Stopper):
 
 class GroupedASHA(FIFOScheduler):
     """One ASHA per trial group (run x task): its rungs compare trials of one task on one checkpoint only. A trial
-    with no group (the keep-alive trial, a completion-pass rerun, finetune.asha off) is never stopped."""
+    with no group (the keep-alive trial, a completion-pass rerun, finetune.asha off) is never stopped. Shared by
+    the Tuners of one `TuneTrials` (a group's trials may run on both): a lock serialises their threads' calls."""
 
     def __init__(self, make_asha):
         super().__init__()
         self._make_asha, self._by_group, self._metric = make_asha, {}, "val_score"
+        self._lock = threading.RLock()
+
+    def __getstate__(self):
+        return {**self.__dict__, "_lock": None}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     def _asha(self, trial) -> ASHAScheduler | None:
         group = trial.config.get("group")
@@ -176,24 +203,29 @@ class GroupedASHA(FIFOScheduler):
         return True
 
     def on_trial_add(self, controller, trial):
-        if asha := self._asha(trial):
-            asha.on_trial_add(controller, trial)
+        with self._lock:
+            if asha := self._asha(trial):
+                asha.on_trial_add(controller, trial)
 
     def on_trial_result(self, controller, trial, result):
-        asha = self._asha(trial)
-        return asha.on_trial_result(controller, trial, result) if asha else FIFOScheduler.CONTINUE
+        with self._lock:
+            asha = self._asha(trial)
+            return asha.on_trial_result(controller, trial, result) if asha else FIFOScheduler.CONTINUE
 
     def on_trial_complete(self, controller, trial, result):
-        if asha := self._asha(trial):
-            asha.on_trial_complete(controller, trial, result)
+        with self._lock:
+            if asha := self._asha(trial):
+                asha.on_trial_complete(controller, trial, result)
 
     def on_trial_remove(self, controller, trial):
-        if asha := self._asha(trial):
-            asha.on_trial_remove(controller, trial)
+        with self._lock:
+            if asha := self._asha(trial):
+                asha.on_trial_remove(controller, trial)
 
     def on_trial_error(self, controller, trial):
-        if asha := self._asha(trial):
-            asha.on_trial_error(controller, trial)
+        with self._lock:
+            if asha := self._asha(trial):
+                asha.on_trial_error(controller, trial)
 
 
 class Ended(Callback):
@@ -216,54 +248,79 @@ class Ended(Callback):
 
 
 class TuneTrials:
-    """One Tuner for every trial its caller submits (module docstring): started by the first `submit`, ended by
-    `close` once its live trials end. `ended(ticket, metrics, error)` runs in the Tuner's thread; a Tuner that
-    fails as a whole gives `ended(None, {}, error)`."""
+    """The Tuners for every trial its caller submits (module docstring): the first starts with the first `submit`;
+    `settle` moves what is queued to one that reuses processes; `close` ends them once their live trials end.
+    `ended(ticket, metrics, error)` runs in a Tuner's thread; a Tuner that fails as a whole gives
+    `ended(None, {}, error)`."""
 
     def __init__(self, finetune: FinetuneConfig, *, experiment: str, max_concurrent: int,
                  capacity: Callable[[], int], ended: Callable, grace_period: int | None = None,
                  reduction_factor: float = 3):
         self.finetune, self.experiment, self.ended = finetune, experiment, ended
-        self.searcher = FeedSearcher(capacity)
-        self.max_concurrent = max_concurrent
-        self.asha = dict(grace_period=grace_period or finetune.eval_every, reduction_factor=reduction_factor)
-        self.thread: threading.Thread | None = None
+        self.capacity, self.max_concurrent = capacity, max_concurrent
+        self.asha = GroupedASHA(functools.partial(
+            ASHAScheduler, time_attr="step", metric="val_score", mode="max", max_t=finetune.max_steps,
+            grace_period=grace_period or finetune.eval_every, reduction_factor=reduction_factor))
+        self.searchers: list[FeedSearcher] = []
+        self.threads: list[threading.Thread] = []
+        self.reuse = self.reusing = False  # whether trials should reuse processes; whether the last Tuner does
 
     def submit(self, ticket: int, rank: tuple, spec: TrialSpec) -> None:
-        if self.thread is None:
-            self._start()
         group = list(spec.group) if spec.asha else None
-        self.searcher.submit(rank, {"ticket": ticket, "group": group, "spec": spec.to_config()})
+        self._queue(rank, {"ticket": ticket, "group": group, "spec": spec.to_config()})
+
+    def settle(self) -> None:
+        """No segment will need a slot again: trials from now on reuse their processes (module docstring)."""
+        if self.reuse:
+            return
+        self.reuse = True
+        if self.searchers:
+            for rank, config in self.searchers[-1].hand_back():
+                self._queue(rank, config)
 
     def close(self) -> None:
-        self.searcher.close()
+        for searcher in self.searchers:
+            searcher.close()
 
     def join(self) -> None:
-        while self.thread is not None and self.thread.is_alive():
-            self.thread.join(timeout=0.5)  # short joins: Ctrl-C still reaches the main thread
+        for thread in self.threads:
+            while thread.is_alive():
+                thread.join(timeout=0.5)  # short joins: Ctrl-C still reaches the main thread
+
+    def _queue(self, rank: tuple, config: dict) -> None:
+        if not self.searchers or self.reuse != self.reusing:
+            self._start()
+        self.searchers[-1].submit(rank, config)
+
+    def _live_elsewhere(self, number: int) -> int:
+        """Trials live on the Tuners but Tuner `number` (the first one's last trials, after `settle`)."""
+        return sum(other.live() for i, other in enumerate(self.searchers) if i != number)
 
     def _start(self) -> None:
         from ray import tune
 
         ensure_ray()
-        cfg = self.finetune
+        cfg, number = self.finetune, len(self.searchers)
+        searcher = FeedSearcher(self.capacity, live=functools.partial(self._live_elsewhere, number))
+        self.reusing = self.reuse
         resources = trial_resources(cfg)
         trainable = tune.with_resources(tune.with_parameters(_trainable, finetune=cfg),
                                         lambda config: {"cpu": 0, "memory": 1 << 20} if config.get(KEEPALIVE)
                                         else resources)
-        scheduler = GroupedASHA(functools.partial(ASHAScheduler, time_attr="step", metric="val_score", mode="max",
-                                                  max_t=cfg.max_steps, **self.asha))
+        name = storage.basename(self.experiment) + (f"-{number + 1}" if number else "")  # a folder per Tuner
         tuner = tune.Tuner(
             trainable, param_space={},
-            tune_config=tune.TuneConfig(search_alg=self.searcher, scheduler=scheduler, num_samples=-1,
-                                        reuse_actors=False, max_concurrent_trials=self.max_concurrent + 1,
+            tune_config=tune.TuneConfig(search_alg=searcher, scheduler=self.asha, num_samples=-1,
+                                        reuse_actors=self.reuse, max_concurrent_trials=self.max_concurrent + 1,
                                         trial_dirname_creator=lambda t: f"trial_{t.trial_id}"),
-            run_config=tune.RunConfig(storage_path=storage.parent(self.experiment),
-                                      name=storage.basename(self.experiment), verbose=0,
-                                      stop=KeepAliveStopper(self.searcher), callbacks=[Ended(self.ended)],
+            run_config=tune.RunConfig(storage_path=storage.parent(self.experiment), name=name, verbose=0,
+                                      stop=KeepAliveStopper(searcher), callbacks=[Ended(self.ended)],
                                       failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES)))
-        self.thread = threading.Thread(target=self._fit, args=(tuner,), name="fine-tuning trials", daemon=True)
-        self.thread.start()
+        thread = threading.Thread(target=self._fit, args=(tuner,), name=f"fine-tuning trials {number + 1}",
+                                  daemon=True)
+        self.searchers.append(searcher)
+        self.threads.append(thread)
+        thread.start()
 
     def _fit(self, tuner) -> None:
         try:

@@ -118,10 +118,12 @@ class Scheduler:
 
     def run(self, pretraining: Pretraining | None, sources: Callable[[], list[FinetuneSource]]) -> list[dict]:
         self.pending = list(pretraining.todo) if pretraining else []
+        self.settle()
         self.add_jobs(sources)
         while True:
             if pretraining:
                 self.start_segments(pretraining)
+                self.settle()
             if not self.running and not self.jobs:
                 break  # segments still pending can never start: one failed
             try:
@@ -176,6 +178,11 @@ class Scheduler:
         pretraining.ended(segment, now - started, {s: now - t for s, t in self.running.items()})
         if self.fanout:
             self.add_jobs(lambda: pretraining.sources({sid}))
+
+    def settle(self) -> None:
+        """Once no segment runs or will start, trials may keep their processes between them (TuneTrials.settle)."""
+        if self.trials and not self.pretraining:
+            self.trials.settle()
 
     # ------------------------------------------------------------------------------------------------ fine-tuning
 

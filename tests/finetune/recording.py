@@ -20,6 +20,9 @@ class RecordingTrials:
             return
         self.ended(ticket, metrics, None)
 
+    def settle(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
