@@ -7,7 +7,7 @@ import dataclasses
 
 from raybiphase import storage
 from raybiphase.config import RunConfig
-from raybiphase.schedule import Schedule
+from raybiphase.pretrain.policy import CheckpointPolicy
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -40,10 +40,6 @@ class SegmentJob:
     def progress(self) -> str:
         return storage.join(self.run_dir, storage.PROGRESS_FILE)
 
-    def last_step(self, schedule: Schedule) -> int:
-        return min(self.stop_at or schedule.total_steps, schedule.total_steps)
-
-    def export_steps(self, schedule: Schedule) -> set[int]:
-        if self.exports is not None:
-            return set(self.exports)
-        return {*self.run.train.export_steps, schedule.total_steps}
+    def policy(self) -> CheckpointPolicy:
+        """What the workers evaluate and save; the sweep's driver prunes by the same (CheckpointPolicy.of)."""
+        return CheckpointPolicy.of(self.run, stop_at=self.stop_at, exports=self.exports)

@@ -145,10 +145,8 @@ class Worker:
                                       batches=run.train.eval_batches, mask_ratio=run.train.eval_mask_ratio,
                                       mntp=any(p.objective == "mntp" for p in self.schedule.phases))
         self.fpt, self.peak = model_flops_per_token(self.model, run.data.seq_len), peak_flops()
-        self.stop_at = job.last_step(self.schedule)  # a sweep segment's end
-        self.exports = job.export_steps(self.schedule)
-        self.milestones = {*self.schedule.boundaries[1:], self.schedule.decay_start, self.stop_at,
-                           *self.exports}  # always evaluated and saved
+        self.policy = job.policy()  # which steps are evaluated and saved (raybiphase.pretrain.policy)
+        self.stop_at = self.policy.stop_at  # a sweep segment's end
         # rank 0 keeps the run's history.json as it reports (raybiphase.telemetry.history)
         self.history = History(job.run_dir) if self.rank == 0 else None
         self.beacon = Beacon(job.progress if self.rank == 0 else None, stop_at=self.stop_at,
@@ -241,9 +239,8 @@ class Worker:
                 seconds: float, window_tokens: int, save: bool = False) -> bool:
         """Eval and report at this step when it is due, with a checkpoint (and an HF export) when that is due or
         `save` asks for one; whether it reported."""
-        run, step = self.run, self.step
-        do_eval = step % run.train.eval_every == 0 or step in self.milestones
-        due_save = step % run.train.checkpoint_every == 0 or step in self.milestones
+        step = self.step
+        do_eval, due_save = self.policy.evaluates(step), self.policy.saves(step)
         do_save = save or due_save
         if not (do_eval or do_save):
             return False
@@ -281,7 +278,7 @@ class Worker:
         name = storage.checkpoint_name(self.step)
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint.save_shards(Path(tmp), self.model, self.optimizer)
-            if self.step in self.exports:
+            if self.step in self.policy.exports:
                 checkpoint.export_hf(Path(storage.hf_dir(tmp)), self.model, self.manifest.local_tokenizer(),
                                      seq_len=self.run.data.seq_len)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp), checkpoint_dir_name=name)

@@ -29,6 +29,7 @@ from raybiphase.finetune.heldout import evaluation_texts
 from raybiphase.finetune.records import check_settings
 from raybiphase.pretrain.export import write_card
 from raybiphase.pretrain.job import SegmentJob
+from raybiphase.pretrain.policy import CheckpointPolicy
 from raybiphase.pretrain.trainer import make_trainer
 from raybiphase.raycluster import ensure_ray
 from raybiphase.results import rows as result_rows
@@ -36,7 +37,6 @@ from raybiphase.results import store
 from raybiphase.results import wandb as results_wandb
 from raybiphase.results.html import run_info
 from raybiphase.results.report import write_report
-from raybiphase.schedule import Schedule
 from raybiphase.storage import SweepPaths
 from raybiphase.pretrain.budget import check_budget, data_budget
 from raybiphase.sweep.context import SweepContext
@@ -224,26 +224,20 @@ def segment_job(ctx: SweepContext, segment: Segment) -> SegmentJob:
     # W&B gets one run per pretraining run from the driver (log_runs), not one per segment: no `wandb` here
 
 
-def kept_steps(plan: Plan, segment: Segment) -> set[int]:
-    """The steps of a segment whose checkpoints are always kept: its end (a resume or a child segment starts
-    there), and for every run through it the phase boundaries, the decay start and the HF exports."""
-    keep = {segment.end}
-    for name in segment.runs:
-        config = plan.runs[name].config
-        schedule = Schedule.from_config(config)
-        keep |= {*schedule.boundaries, schedule.decay_start, *config.train.export_steps}
-    return {step for step in keep if segment.start < step <= segment.end}
+def checkpoint_policy(segment: Segment) -> CheckpointPolicy:
+    """The segment's checkpoint policy: the one its workers train by (segment_job gives them the same config,
+    end and exports), so what they saved as a milestone is what pruning keeps."""
+    return CheckpointPolicy.of(segment.config, stop_at=segment.end, exports=segment.exports)
 
 
 def prune_checkpoints(ctx: SweepContext, segment: Segment) -> list[int]:
-    """After a segment is done, delete the periodic checkpoints beyond train.keep_checkpoints (the last N are
-    kept, and every one of `kept_steps`); returns the deleted steps."""
-    keep_last = segment.config.train.keep_checkpoints
-    if keep_last is None or not ctx.segment_done(segment):
+    """After a segment is done, delete the checkpoints its policy does not keep (CheckpointPolicy.kept: the
+    milestones and the last train.keep_checkpoints); returns the deleted steps."""
+    if segment.config.train.keep_checkpoints is None or not ctx.segment_done(segment):
         return []
     steps = ctx.paths.checkpoint_steps(segment.id)
-    protected = kept_steps(ctx.plan, segment) | set(steps[len(steps) - keep_last:] if keep_last else [])
-    doomed = [step for step in steps if step not in protected]
+    kept = checkpoint_policy(segment).kept(steps)
+    doomed = [step for step in steps if step not in kept]
     for step in doomed:
         storage.delete(ctx.paths.checkpoint(segment.id, step))
     return doomed

@@ -202,7 +202,7 @@ def test_cpu_study_plans_the_papers_comparisons():
 
 def test_keep_checkpoints_prunes_only_what_no_resume_branch_or_export_needs(tmp_path):
     from raybiphase.storage import SweepPaths
-    from raybiphase.sweep.driver import SweepContext, kept_steps, prune_checkpoints
+    from raybiphase.sweep.driver import SweepContext, checkpoint_policy, prune_checkpoints
 
     # the quickstart's CLM-only run: its segment 400-800 has the decay start (720) and, here, an export at 600
     spec = load(SweepSpec, "sweeps/quickstart.yaml", ["train.keep_checkpoints=1", "train.export_steps=[600]",
@@ -215,17 +215,45 @@ def test_keep_checkpoints_prunes_only_what_no_resume_branch_or_export_needs(tmp_
         folder = Path(paths.checkpoint(segment.id, step))
         folder.mkdir(parents=True)
         (folder / "meta.json").write_text("{}")
-    assert kept_steps(plan, segment) == {600, 720, 800}
+    assert checkpoint_policy(segment).milestones == {600, 720, 800}
     assert prune_checkpoints(SweepContext(spec, plan, paths), segment) == [500, 700, 740, 760, 780]  # 800 is also the last one
     assert sorted(int(p.name.split("-")[1]) for p in Path(paths.run_dir(segment.id)).iterdir()) == [600, 720, 800]
     parent = plan.segments[segment.parent]  # the shared CLM prefix ends at 400: the children start from it
-    assert 400 in kept_steps(plan, parent)
+    assert 400 in checkpoint_policy(parent).milestones
     unfinished = next(s for s in plan.segments.values() if s.id != segment.id and s.start == 400)
     assert prune_checkpoints(SweepContext(spec, plan, paths), unfinished) == []  # a segment not done is never touched
     keep_all = load(SweepSpec, "sweeps/quickstart.yaml", [f"sweep.storage={tmp_path}"])
     default = make_plan(keep_all)
     assert segment.id in default.segments  # how many checkpoints are kept does not change what a segment is
     assert prune_checkpoints(SweepContext(keep_all, default, paths), default.segments[segment.id]) == []  # the default keeps them all
+
+
+@pytest.mark.parametrize("path", ["sweeps/quickstart.yaml", "sweeps/paper_mini.yaml"])
+def test_workers_save_by_the_policy_pruning_keeps_by_and_every_runs_milestones_are_kept(path):
+    """One checkpoint policy: the one a segment's workers get (segment_job) is the one pruning reads; each run's
+    own phase boundaries, decay start, exports and end are milestones of the segment that trains that step."""
+    from raybiphase.pretrain.policy import CheckpointPolicy
+    from raybiphase.storage import SweepPaths
+    from raybiphase.sweep.driver import SweepContext, checkpoint_policy, segment_job
+
+    class AnyData(dict):
+        def __missing__(self, key):
+            return "data"
+
+    spec = load(SweepSpec, path, ["train.keep_checkpoints=1"])
+    plan = make_plan(spec)
+    ctx = SweepContext(spec, plan, SweepPaths.of("/tmp/unused", spec.sweep.name), AnyData())
+    for segment in plan.segments.values():
+        policy = checkpoint_policy(segment)
+        assert segment_job(ctx, segment).policy() == policy
+        assert segment.end in policy.milestones and all(policy.evaluates(m) and policy.saves(m) for m in policy.milestones)
+        assert [s for s in range(segment.start + 1, segment.end) if policy.saves(s) and s not in policy.milestones] == \
+            [s for s in range(segment.start + 1, segment.end) if s % spec.train.checkpoint_every == 0 and s not in policy.milestones]
+    for run in plan.runs.values():
+        alone = CheckpointPolicy.of(run.config, exports=run.finetune_steps)
+        for step in alone.milestones:
+            holder = next(plan.segments[s] for s in run.segments if plan.segments[s].start < step <= plan.segments[s].end)
+            assert step in checkpoint_policy(holder).milestones, (run.name, step)
 
 
 @pytest.mark.parametrize("lengths", [[200, 100], [100, 200]])
