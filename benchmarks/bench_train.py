@@ -80,6 +80,7 @@ from raybiphase.pretrain.loop import step_tokens  # noqa: E402
 from raybiphase.pretrain.loss import token_weighted  # noqa: E402
 from raybiphase.pretrain.model import build_model, loss_terms  # noqa: E402
 from raybiphase.pretrain.parallel import use_bf16  # noqa: E402
+from raybiphase.pretrain.policy import CheckpointPolicy  # noqa: E402
 from raybiphase.schedule import Schedule  # noqa: E402
 from raybiphase.data.stream import make_inputs, open_dataset, read_samples  # noqa: E402
 
@@ -100,10 +101,8 @@ def make_config(args, storage: str, *, size: str) -> SweepSpec:
 
 def report_steps(cfg: SweepSpec) -> list[int]:
     """The steps at which train_loop reports (and so closes a timing window)."""
-    schedule = Schedule.from_config(cfg)
-    saves = {*schedule.boundaries[1:], schedule.decay_start, schedule.total_steps}
-    return [s for s in range(1, schedule.total_steps + 1) if s % cfg.train.eval_every == 0 or s in saves
-            or s % cfg.train.checkpoint_every == 0]
+    policy = CheckpointPolicy.of(cfg.run)  # what a run's workers evaluate and save (raybiphase.pretrain.policy)
+    return [s for s in range(1, policy.stop_at + 1) if policy.evaluates(s) or policy.saves(s)]
 
 
 # ------------------------------------------------------------------------------------------------ plain loop
@@ -113,23 +112,23 @@ def plain_loop(cfg: SweepSpec, manifest, device: torch.device) -> tuple[list[flo
     """Per-step seconds, per-step losses and the wall time (model build included) of the plain baseline."""
     started = time.perf_counter()
     torch.use_deterministic_algorithms(True, warn_only=True)  # as train_loop
-    schedule = Schedule.from_config(cfg)
-    rows = cfg.train.global_batch_tokens // cfg.data.seq_len
-    micro = cfg.train.micro_batch_size
+    schedule = Schedule.from_config(cfg.run)
+    rows = cfg.run.train.global_batch_tokens // cfg.run.data.seq_len
+    micro = cfg.run.train.micro_batch_size
     accum = rows // micro
-    seed = cfg.train.seed
-    bf16 = use_bf16(cfg.train.precision) and device.type == "cuda"
-    model = build_model(cfg.model.size, vocab_size=manifest.vocab_size, special_ids=manifest.special_ids, seed=seed,
-                        attn_implementation=cfg.model.attn_implementation).to(device).train()
-    o = cfg.optim
+    seed = cfg.run.train.seed
+    bf16 = use_bf16(cfg.run.train.precision) and device.type == "cuda"
+    model = build_model(cfg.run.model.size, vocab_size=manifest.vocab_size, special_ids=manifest.special_ids, seed=seed,
+                        attn_implementation=cfg.run.model.attn_implementation).to(device).train()
+    o = cfg.run.optim
     optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps,
                                   weight_decay=o.weight_decay, foreach=False)
     seconds, losses = [], []
     for step in range(schedule.total_steps):
         t0 = time.perf_counter()
         phase, lr = schedule.at(step)
-        mask = (MaskingSpec(mask_ratio=phase.mask_ratio, mask_prob=cfg.phases.mask_prob,
-                            random_prob=cfg.phases.random_prob) if phase.objective == "mlm" else None)
+        mask = (MaskingSpec(mask_ratio=phase.mask_ratio, mask_prob=cfg.run.phases.mask_prob,
+                            random_prob=cfg.run.phases.random_prob) if phase.objective == "mlm" else None)
         for group in optimizer.param_groups:
             group["lr"] = lr
         total = torch.zeros((), device=device)
@@ -188,7 +187,7 @@ def windows(history: list[dict], tokens_per_step: int) -> list[tuple[int, int, s
 
 def compare(cfg: SweepSpec, manifest, device: torch.device, repeats: int, label: str) -> dict:
     """plain, (Ray, plain) x repeats; per-window and steady tokens/s of both sides."""
-    tps = cfg.train.global_batch_tokens
+    tps = cfg.run.train.global_batch_tokens
     plains = [plain_loop(cfg, manifest, device)]
     rays = []
     for _ in range(repeats):
@@ -216,10 +215,10 @@ def compare(cfg: SweepSpec, manifest, device: torch.device, repeats: int, label:
         (b - a + 1) * tps for a, b, *_ in rw[1:]) / sum(plain_ws[i][1:]))
     pw, plain_losses = plain_ws[best_plain], plains[best_plain][1]
 
-    print(f"\n{label}: {cfg.model.size} EuroBERT, {Schedule.from_config(cfg).total_steps} steps "
-          f"(CLM then MLM {cfg.phases.mask_ratio:.0%}), global batch {tps // cfg.data.seq_len} x {cfg.data.seq_len} "
-          f"= {tps:,} tokens, micro-batch {cfg.train.micro_batch_size}; Ray Train: {cfg.resources.num_workers} "
-          f"workers x {cfg.resources.cpus_per_worker} CPU; plain: 1 process, {torch.get_num_threads()} threads "
+    print(f"\n{label}: {cfg.run.model.size} EuroBERT, {Schedule.from_config(cfg.run).total_steps} steps "
+          f"(CLM then MLM {cfg.run.phases.mask_ratio:.0%}), global batch {tps // cfg.run.data.seq_len} x {cfg.run.data.seq_len} "
+          f"= {tps:,} tokens, micro-batch {cfg.run.train.micro_batch_size}; Ray Train: {cfg.run.resources.num_workers} "
+          f"workers x {cfg.run.resources.cpus_per_worker} CPU; plain: 1 process, {torch.get_num_threads()} threads "
           f"(best of {len(plains)} plain, {len(rays)} Ray)")
     print(f"{'steps':>7} {'phase':>5} {'Ray tok/s':>10} {'plain tok/s':>11} {'Ray/plain':>9} "
           f"{'Ray loss':>9} {'plain loss':>10}")
@@ -233,7 +232,7 @@ def compare(cfg: SweepSpec, manifest, device: torch.device, repeats: int, label:
     plain_rate = steady_tokens / sum(pw[1:])
     print(f"{'steady':>7} {'':>5} {ray_rate:>10,.0f} {plain_rate:>11,.0f} {ray_rate / plain_rate:>9.3f}   "
           f"(steps {rw[1][0]}-{rw[-1][1]}: {steady_tokens:,} tokens)")
-    starts = set(Schedule.from_config(cfg).boundaries[:-1])
+    starts = set(Schedule.from_config(cfg.run).boundaries[:-1])
     keep = [i for i, w in enumerate(rw) if w[0] - 1 not in starts]  # windows that open no phase
     if keep:
         kept_tokens = sum((rw[i][1] - rw[i][0] + 1) * tps for i in keep)
@@ -269,7 +268,7 @@ def prepared(args):
     from raybiphase.data.prepare import prepare
 
     cfg = make_config(args, "/tmp", size=args.size)
-    return open_dataset(prepare(cfg.data, quiet=True), seq_len=args.seq_len)
+    return open_dataset(prepare(cfg.run.data, quiet=True), seq_len=args.seq_len)
 
 
 def run_gpu(args) -> int:
@@ -334,9 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     result = compare(cfg, manifest, torch.device("cpu"), args.repeats, "CPU")
     print(f"\n# total {time.perf_counter() - started:.0f}s; load average (1, 5, 15 min) at start {load0}, at end "
           f"{load_average()} (other processes share these 2 cores: compare runs made under a similar load)")
-    print(f"summary: Ray Train ({cfg.resources.num_workers} workers, FSDP2/gloo) / plain loop ({args.threads} threads) "
+    print(f"summary: Ray Train ({cfg.run.resources.num_workers} workers, FSDP2/gloo) / plain loop ({args.threads} threads) "
           f"= {result['ray'] / result['plain']:.3f} ({result['ray']:,.0f} vs {result['plain']:,.0f} tokens/s, "
-          f"{cfg.model.size}, steady state; {result['ratio_no_phase_starts']:.3f} without phase starts; aim >= 0.9); "
+          f"{cfg.run.model.size}, steady state; {result['ratio_no_phase_starts']:.3f} without phase starts; aim >= 0.9); "
           f"fit wall {result['fit_wall']:.1f}s end to end")
     return 0
 

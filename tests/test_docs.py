@@ -155,8 +155,10 @@ def test_every_relative_link_resolves_to_a_file_and_heading(page):
 
 def test_the_settings_page_lists_every_field_of_every_section():
     from raybiphase.config import SweepSpec
-    from raybiphase.config.docs import setting_list
+    from raybiphase.config.docs import sections, setting_list
+    from raybiphase.config.run import RUN_SECTIONS
 
     page = pages(REPO)["docs/settings.md"]
     assert all(f"| `{s.name}` |" in page for s in setting_list(SweepSpec))
-    assert [f.name for f in dataclasses.fields(SweepSpec)] == re.findall(r"^## (\w+)$", page, flags=re.M)
+    assert list(sections(SweepSpec)) == re.findall(r"^## (\w+)$", page, flags=re.M)
+    assert list(sections(SweepSpec)) == [*RUN_SECTIONS, "finetune", "sweep"]

@@ -10,7 +10,7 @@ from raybiphase.schedule import Schedule
 def _schedule(steps=20, share=0.5, warmup=4, decay=4, **phases):
     cfg = from_dict(SweepSpec, {"phases": {"steps": steps, "clm_share": share, **phases},
                             "optim": {"lr": 1e-3, "warmup_steps": warmup, "decay_steps": decay}})
-    return Schedule.from_config(cfg)
+    return Schedule.from_config(cfg.run)
 
 
 def test_wsd_warms_up_holds_and_decays_linearly_to_zero():

@@ -18,7 +18,7 @@ from typing import Any
 
 from raybiphase import storage
 from raybiphase.config import SweepSpec
-from raybiphase.config.docs import REQUIRED, field_docs, setting_list, type_name
+from raybiphase.config.docs import REQUIRED, field_docs, sections, setting_list, type_name
 from raybiphase.config.run import RUN_SECTIONS
 from raybiphase.results.aggregate import BOOTSTRAP_COLUMNS, SUMMARY_COLUMNS, SUMMARY_KEY
 from raybiphase.results.rows import FINETUNE_KEY, PRETRAIN_KEY, FinetuneRow, PretrainRow
@@ -50,10 +50,9 @@ def settings_page(spec: type = SweepSpec) -> str:
              "setting never changes a run's weights (it is left out of the run's name hash and of the planner's "
              "shared segments); finetune and sweep settings are not run settings (—). Every dotted setting is also "
              "a column of the results tables ([results.md](results.md))."]
-    section_docs = field_docs(spec)
     entries = setting_list(spec)
-    for section in [f.name for f in dataclasses.fields(spec)]:
-        lines += ["", f"## {section}", "", section_docs.get(section, ""), ""]
+    for section, doc in sections(spec).items():
+        lines += ["", f"## {section}", "", doc, ""]
         rows = [(f"`{s.name}`", f"`{s.type}`", s.default if s.default is REQUIRED else f"`{s.default!r}`",
                  ("yes" if s.weights else "no") if section in RUN_SECTIONS else MISSING, s.doc)
                 for s in entries if s.name.split(".")[0] == section]

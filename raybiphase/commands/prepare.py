@@ -16,7 +16,7 @@ def main() -> int:
     from raybiphase.data.prepare import prepare
     from raybiphase.finetune.heldout import check_held_out_tasks, evaluation_texts
 
-    check_held_out_tasks(cfg.data)
+    check_held_out_tasks(cfg.run.data)
     assets.use_mirror(storage.absolute(cfg.sweep.storage))
-    prepare(cfg.data, storage_root=storage.absolute(cfg.sweep.storage), evaluation_texts=evaluation_texts)
+    prepare(cfg.run.data, storage_root=storage.absolute(cfg.sweep.storage), evaluation_texts=evaluation_texts)
     return 0

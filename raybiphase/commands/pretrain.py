@@ -25,7 +25,7 @@ def main() -> int:
     from raybiphase.finetune.heldout import check_held_out_tasks, evaluation_texts
     from raybiphase.pretrain.trainer import run_pretrain  # lazy: --help and a bad config answer before torch loads
 
-    check_held_out_tasks(spec.data)
+    check_held_out_tasks(spec.run.data)
     result = run_pretrain(spec, resume_from=args.resume_from, max_failures=args.max_failures,
                           evaluation_texts=evaluation_texts)
     print(f"pretrain: done; final metrics {result.metrics}; "

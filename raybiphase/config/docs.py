@@ -32,6 +32,15 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def sections(cls: type) -> dict[str, str]:
+    """{section name as a file writes it: the docstring under it}, an INLINE section's own sections in its place
+    (a sweep spec: model, data, ..., resources, finetune, sweep)."""
+    docs, hints, out = field_docs(cls), typing.get_type_hints(cls), {}
+    for f in dataclasses.fields(cls):
+        out.update(sections(hints[f.name]) if f.metadata.get("inline") else {f.name: docs.get(f.name, "")})
+    return out
+
+
 def _default(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
@@ -71,8 +80,8 @@ def setting_list(cls: type, prefix: str = "", weights: bool = True) -> list[Sett
     docs, hints = field_docs(cls), typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         value, shaping = _default(f), weights and f.metadata.get("weights", True)
-        if dataclasses.is_dataclass(value):
-            out += setting_list(type(value), f"{prefix}{f.name}.", shaping)
+        if dataclasses.is_dataclass(value):  # an INLINE section's settings are named at this level
+            out += setting_list(type(value), prefix if f.metadata.get("inline") else f"{prefix}{f.name}.", shaping)
             continue
         out.append(Setting(f"{prefix}{f.name}", type_name(hints[f.name]), value, docs.get(f.name, ""), shaping))
         entry = typing.get_args(hints[f.name])[:1]

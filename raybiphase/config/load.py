@@ -7,7 +7,9 @@ the last). The same dotted names (`phases.mask_ratio`) are used by `--set` overr
 the sweep grid, Tune's search space, Parquet columns and W&B (`flatten`).
 
 A field whose value never changes a run's weights says so once, on the field: `field(..., metadata=NOT_WEIGHTS)`
-(raybiphase.config.identity.weights_settings reads it).
+(raybiphase.config.identity.weights_settings reads it). A section marked `metadata=INLINE` is written at the level
+above: a sweep spec holds its base run as `spec.run`, and its file and dotted names say `train.lr`, not
+`run.train.lr` (every function here reads and writes it that way).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ T = TypeVar("T")
 
 NOT_WEIGHTS = {"weights": False}
 """Field metadata: this setting never changes a run's weights (where results go, how often it evaluates...)."""
+INLINE = {"inline": True}
+"""Field metadata: this section's settings are written at the level above (module docstring)."""
 
 _FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
 """Exponent notation without a dot (3e-3), which YAML 1.1 leaves a string."""
@@ -78,10 +82,26 @@ def location(value: str | None, key: str) -> None:
 # --------------------------------------------------------------------------------------------- strict loading
 
 
+def inline(f: dataclasses.Field) -> bool:
+    return bool(f.metadata.get("inline"))
+
+
 @functools.cache
 def _hints(cls: type) -> Mapping[str, Any]:
-    """A config class's field types, read once per class (a grid of many runs builds each class many times)."""
-    return types.MappingProxyType(typing.get_type_hints(cls))
+    """A config class's settings by the name its file gives them, each with its type, read once per class (a grid
+    of many runs builds each class many times): an INLINE section's settings in its place."""
+    hints, out = typing.get_type_hints(cls), {}
+    for f in dataclasses.fields(cls):
+        out.update(_hints(hints[f.name]) if inline(f) else {f.name: hints[f.name]})
+    return types.MappingProxyType(out)
+
+
+@functools.cache
+def _inline_of(cls: type) -> Mapping[str, tuple[str, type]]:
+    """{setting name: (the INLINE field holding it, that field's class)} of a config class."""
+    hints = typing.get_type_hints(cls)
+    return types.MappingProxyType({name: (f.name, hints[f.name]) for f in dataclasses.fields(cls) if inline(f)
+                                   for name in _hints(hints[f.name])})
 
 
 def field_type(root: type, dotted: str) -> Any:
@@ -174,13 +194,19 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 
 def _build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
-    hints = _hints(cls)
-    kwargs = {}
+    hints, held = _hints(cls), _inline_of(cls)
+    kwargs: dict[str, Any] = {}
+    sections: dict[str, dict[str, Any]] = {name: {} for name, _ in held.values()}
     for key, value in data.items():
         if key not in hints:
             _unknown(prefix, str(key), list(hints))
-        kwargs[key] = _coerce(value, hints[key], f"{prefix}.{key}" if prefix else key)
+        value = _coerce(value, hints[key], f"{prefix}.{key}" if prefix else key)
+        if key in held:
+            sections[held[key][0]][key] = value
+        else:
+            kwargs[key] = value
     try:
+        kwargs.update({name: section_cls(**sections[name]) for name, section_cls in set(held.values())})
         return cls(**kwargs)
     except TypeError as err:  # a required field is missing
         raise ConfigError(f"{prefix or 'config'}: {err}") from None
@@ -296,7 +322,7 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
         key = f"{prefix}.{f.name}" if prefix else f.name
         value = getattr(cfg, f.name)
         if dataclasses.is_dataclass(value):
-            out.update(flatten(value, key))
+            out.update(flatten(value, prefix if inline(f) else key))
         elif isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
             out[key] = [dataclasses.asdict(v) for v in value]
         else:
@@ -309,7 +335,11 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
     def plain(value: Any) -> Any:  # dataclasses.asdict without its deep copies: a config's leaves are immutable
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+            out = {}
+            for f in dataclasses.fields(value):
+                part = plain(getattr(value, f.name))
+                out.update(part if inline(f) else {f.name: part})
+            return out
         if isinstance(value, (list, tuple)):
             return [plain(v) for v in value]
         if isinstance(value, dict):

@@ -2,8 +2,9 @@
 
 A spec file holds the run sections (`model`, `data`, `phases`, `optim`, `train`, `resources`: the base run) and
 two of its own: `finetune` (downstream evaluation of every final checkpoint) and `sweep` (the grid, extra runs,
-storage, estimates, W&B). `spec.run` is the base run as a plain RunConfig; the planner expands the grid into
-RunConfigs, and only those travel to Ray Train workers.
+storage, estimates, W&B). A `SweepSpec` is made of the three parts: `spec.run` (a RunConfig, whose sections the
+file and the dotted names write at the top level: `train.lr`), `spec.finetune` and `spec.sweep`. The planner
+expands the grid into RunConfigs, and only those travel to Ray Train workers.
 
     spec = load(SweepSpec, "sweeps/split_grid.yaml", ["sweep.storage=s3://bucket/results"])
     spec.run, spec.sweep.grid, spec.finetune.tasks
@@ -17,16 +18,15 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal, get_args
 
 from raybiphase.config.load import (
+    INLINE,
     NOT_WEIGHTS,
     check,
     distinct,
     field_type,
-    from_dict,
     location,
     non_negative,
     positive,
     ratio,
-    to_dict,
 )
 from raybiphase.config.run import RUN_SECTIONS, RunConfig
 from raybiphase.config.sizes import PEAK_BF16_TFLOPS
@@ -211,18 +211,22 @@ class SweepConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SweepSpec(RunConfig):
-    """A base run (the RunConfig sections) plus `finetune` and `sweep`; the same dotted names as a run config."""
+class SweepSpec:
+    """A base run, its fine-tuning and the sweep around it; the base run's settings keep a run config's dotted
+    names (`train.lr`), the others are `finetune.*` and `sweep.*`."""
 
+    run: RunConfig = field(default_factory=RunConfig, metadata=INLINE)
+    """The base run: the sections of a run config, written at the top level of the file."""
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     """Downstream evaluation."""
     sweep: SweepConfig = field(default_factory=SweepConfig)
     """Grid, extra runs, storage, estimates and W&B."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if not self.data.decontam_tasks:  # the spec decides what is held out: the tasks it fine-tunes on
-            object.__setattr__(self, "data", dataclasses.replace(self.data, decontam_tasks=self.finetune.tasks))
+        data = self.run.data
+        if not data.decontam_tasks:  # the spec decides what is held out: the tasks it fine-tunes on
+            data = dataclasses.replace(data, decontam_tasks=self.finetune.tasks)
+            object.__setattr__(self, "run", dataclasses.replace(self.run, data=data))
         location(self.sweep.storage, "sweep.storage")
         check(_FOLDER.fullmatch(self.sweep.name) is not None and ".." not in self.sweep.name, "sweep.name",
               f"{self.sweep.name!r} is not a plain folder name; allowed: letters, digits, '.', '_' and '-', not "
@@ -242,12 +246,6 @@ class SweepSpec(RunConfig):
         for i, run in enumerate(self.sweep.runs):
             for key in run:
                 _run_key(key, f"sweep.runs.{i}")
-
-    @property
-    def run(self) -> RunConfig:
-        """The base run, without the sweep's own sections."""
-        plain = to_dict(self)
-        return from_dict(RunConfig, {name: plain[name] for name in RUN_SECTIONS})
 
 
 def shapes_weights(key: str) -> bool:

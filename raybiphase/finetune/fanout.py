@@ -79,7 +79,7 @@ class Fanout:
 
     @classmethod
     def of(cls, spec: SweepSpec) -> Fanout:
-        return cls(spec.finetune, spec.sweep.name, spec.finetune.max_concurrent or spec.resources.max_concurrent,
+        return cls(spec.finetune, spec.sweep.name, spec.finetune.max_concurrent or spec.run.resources.max_concurrent,
                    sweep_settings(spec))
 
 

@@ -49,7 +49,7 @@ def overhead(interval_h: float, checkpoint_h: float, restart_h: float, mtbf_h: f
 def pretraining_rework(plan: Plan, spec: SweepSpec) -> float:
     """Expected GPU-hours spot adds to pretraining: each segment's preemptions (its wall hours / M), each costing
     half its checkpoint interval and a restart on every GPU it holds."""
-    hours, mtbf, gpus = wall_hours(plan, spec), mtbf_hours(spec, spec.sweep), segment_gpus(spec)
+    hours, mtbf, gpus = wall_hours(plan, spec), mtbf_hours(spec.run, spec.sweep), segment_gpus(spec.run)
     if not math.isfinite(mtbf):
         return 0.0
     restart = spec.sweep.restart_minutes / 60
@@ -76,14 +76,14 @@ def bill_lines(plan: Plan, spec: SweepSpec) -> list[str]:
     checkpoint advice per model size. None for a sweep on CPUs (resources.gpus_per_worker 0): its GPU-hours are a
     stand-in, with no price."""
     sw = spec.sweep
-    if not spec.resources.gpus_per_worker:
+    if not spec.run.resources.gpus_per_worker:
         return []
     pretraining, rework = plan.gpu_hours(spec), pretraining_rework(plan, spec)
     lines = [f"bill: pretraining {_gpu_hours(pretraining)} GPU-hours: {_usd(pretraining * sw.gpu_hour_usd)} on demand "
              f"(${sw.gpu_hour_usd:.2f}/GPU-hour); on spot (${sw.spot_gpu_hour_usd:.2f}) "
              f"{_usd((pretraining + rework) * sw.spot_gpu_hour_usd)} with {_gpu_hours(rework)} GPU-hours of expected rework "
              f"({_share(rework, pretraining)} more wall-clock; {sw.preemptions_per_node_hour:g} preemptions per "
-             f"node-hour, segments on {segment_nodes(spec, sw)} node(s), {sw.restart_minutes:g}-minute restarts)"]
+             f"node-hour, segments on {segment_nodes(spec.run, sw)} node(s), {sw.restart_minutes:g}-minute restarts)"]
     if spec.finetune.tasks:
         finetuning, again = plan.finetune_gpu_hours(spec), finetuning_rework(plan, spec)
         lines.append(f"bill: fine-tuning at most {_gpu_hours(finetuning)} GPU-hours: {_usd(finetuning * sw.gpu_hour_usd)} "
@@ -97,7 +97,7 @@ def bill_lines(plan: Plan, spec: SweepSpec) -> list[str]:
 def checkpoint_lines(plan: Plan, spec: SweepSpec) -> list[str]:
     """Per model size, its longest segment's checkpoint interval: the stall, the expected overhead on spot, and the
     interval (in steps) that minimises it."""
-    hours, mtbf, restart = wall_hours(plan, spec), mtbf_hours(spec, spec.sweep), spec.sweep.restart_minutes / 60
+    hours, mtbf, restart = wall_hours(plan, spec), mtbf_hours(spec.run, spec.sweep), spec.sweep.restart_minutes / 60
     longest: dict[str, Segment] = {}
     for segment in plan.segments.values():
         size = segment.config.model.size
@@ -116,7 +116,7 @@ def checkpoint_lines(plan: Plan, spec: SweepSpec) -> list[str]:
                   f"{_pct(best.overhead)}" if best_steps < segment.steps
                   else f"it is lowest with one checkpoint at the segment's end ({segment.steps:,} steps), "
                        f"{_pct(best.overhead)}")
-        auto = " (auto)" if spec.train.checkpoint_every == "auto" else ""
+        auto = " (auto)" if spec.run.train.checkpoint_every == "auto" else ""
         lines.append(f"checkpoints ({size}): every {every:,} steps{auto} ({_time(every * step_h)}), each stalling "
                      f"{_time(stall)}; expected overhead on spot {_pct(now.overhead)} (stalls {_pct(now.stall)}, "
                      f"rework {_pct(now.rework)}); {advice}")

@@ -120,7 +120,7 @@ def run_jobs(ctx: SweepContext, clock: Clock) -> list[dict]:
     if fanout:
         say_planned(ctx)
     table = paths.table(storage.FINETUNE_FILE)
-    scheduler = Scheduler(fanout, slots=spec.resources.max_concurrent, experiment=storage.join(paths.root, "finetune"),
+    scheduler = Scheduler(fanout, slots=spec.run.resources.max_concurrent, experiment=storage.join(paths.root, "finetune"),
                           table=table, say=ctx.say, done=lambda: trials_done(table))
     with Watch({}, out=ctx.out) as watch:  # a line per running segment every few seconds
         segments = SweepSegments(ctx, clock, todo, done, watch)

@@ -152,7 +152,7 @@ class Plan:
 def expand(spec: SweepSpec) -> list[RunConfig]:
     """The grid's cross product plus the explicit runs, each a validated RunConfig (`train.checkpoint_every: auto`
     resolved for it); errors name the swept key."""
-    resolve_checkpoint_every(spec, spec.sweep)  # a base run that cannot resolve 'auto' is said as the base's error
+    resolve_checkpoint_every(spec.run, spec.sweep)  # a base run that cannot resolve 'auto' is said as the base's error
     base = to_dict(spec.run)
     keys = list(spec.sweep.grid)
     combos = [dict(zip(keys, values)) for values in itertools.product(*spec.sweep.grid.values())] if keys else [{}]
@@ -405,7 +405,7 @@ def describe(plan: Plan, spec: SweepSpec) -> str:
     lines.append(f"steps: naive {plan.naive_steps:,}, planned {plan.planned_steps:,} ({saved:.0%} saved)")
     lines.append(f"estimate: {plan.gpu_hours(spec):,.0f} GPU-hours planned vs {plan.gpu_hours(spec, planned=False):,.0f} "
                  f"naive at {spec.sweep.mfu:.0%} MFU of {spec.sweep.gpu_peak_tflops:g} TFLOP/s")
-    res, ft = spec.resources, spec.finetune
+    res, ft = spec.run.resources, spec.finetune
     lines.append(f"resources: each pretraining segment holds {res.num_workers} Train worker(s) x {res.cpus_per_worker:g} "
                  f"CPU, {res.gpus_per_worker:g} GPU (up to {res.max_concurrent} segment(s) at once); each fine-tuning "
                  f"trial holds {ft.cpus_per_trial:g} CPU, {ft.gpus_per_trial:g} GPU")

@@ -4,11 +4,12 @@ imports neither Ray nor the training loop."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from raybiphase import storage
 from raybiphase.checkpoint_meta import check_blocks
-from raybiphase.config import ConfigError, SweepSpec, replace
+from raybiphase.config import ConfigError, SweepSpec
 from raybiphase.finetune.heldout import check_held_out_tasks
 from raybiphase.finetune.tasks import get_task
 from raybiphase.pretrain.budget import check_budget, data_budget
@@ -26,7 +27,8 @@ def plan_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> tup
     for key, location in (("sweep.storage", spec.sweep.storage), ("data.dir", data.dir), ("data.source", data.source)):
         if location:
             storage.check_reachable(location, key)
-    spec = replace(spec, {"sweep.storage": storage.absolute(spec.sweep.storage)})
+    where = storage.absolute(spec.sweep.storage)
+    spec = dataclasses.replace(spec, sweep=dataclasses.replace(spec.sweep, storage=where))
     plan = make_plan(spec)
     for run in plan.runs.values():
         check_held_out_tasks(run.config.data)

@@ -30,7 +30,7 @@ class Timeline:
 
 def wall_hours(plan: Plan, spec: SweepSpec) -> dict[str, float]:
     """Each segment's wall-clock hours on the GPUs it holds."""
-    gpus = segment_gpus(spec)
+    gpus = segment_gpus(spec.run)
     return {s.id: segment_gpu_hours(s, spec) / gpus for s in plan.segments.values()}
 
 
@@ -75,14 +75,14 @@ def _work(plan: Plan, spec: SweepSpec) -> _Work:
         for dep in deps:
             after[dep].append(segment.id)
     return _Work(hours, remaining_chain(plan, hours), after, waits_on, {s: i for i, s in enumerate(plan.segments)},
-                 _finetune_hours(plan, spec), segment_gpus(spec))
+                 _finetune_hours(plan, spec), segment_gpus(spec.run))
 
 
 def simulate(plan: Plan, spec: SweepSpec, slots: int | None = None, *, done: frozenset[str] = frozenset(),
              running: dict[str, float] | None = None) -> Timeline:
     """The driver's schedule, played out with each segment's estimated hours (module docstring); from a sweep under
     way: `done` segments are over, `running` ones need the given hours more."""
-    return _simulate(_work(plan, spec), slots or spec.resources.max_concurrent, done, running or {})
+    return _simulate(_work(plan, spec), slots or spec.run.resources.max_concurrent, done, running or {})
 
 
 def _simulate(work: _Work, slots: int, done: frozenset[str], running: dict[str, float]) -> Timeline:
@@ -169,7 +169,7 @@ def _fewest_slots(work: _Work, tolerance: float) -> int:
 def timeline_lines(plan: Plan, spec: SweepSpec) -> list[str]:
     """The dry run's answer to "how long": for the spec's cluster, and what more segments at once would buy."""
     work = _work(plan, spec)
-    asked = _simulate(work, spec.resources.max_concurrent, frozenset(), {})
+    asked = _simulate(work, spec.run.resources.max_concurrent, frozenset(), {})
     reach = _fewest_slots(work, 0.01)
     days = lambda hours: f"{hours / 24:,.1f} days" if hours >= 48 else f"{hours:,.1f} hours"  # noqa: E731
     lines = [f"wall-clock: {days(asked.pretraining_hours)} of pretraining with {asked.slots} segment(s) at once "
@@ -177,5 +177,5 @@ def timeline_lines(plan: Plan, spec: SweepSpec) -> list[str]:
              + (f"; with fine-tuning (full grid, filling idle GPUs) at most {days(asked.total_hours)}"
                 if spec.finetune.tasks else "")]
     lines.append(f"longest chain: {days(asked.chain_hours)}; {reach} segment(s) at once "
-                 f"({reach * segment_gpus(spec)} GPUs) reach it (--set resources.max_concurrent=N shows another)")
+                 f"({reach * segment_gpus(spec.run)} GPUs) reach it (--set resources.max_concurrent=N shows another)")
     return lines

@@ -21,21 +21,21 @@ def test_defaults_are_valid_and_round_trip():
 
 def test_two_phase_shorthand_expands_to_phases():
     cfg = from_dict(SweepSpec, {"phases": {"steps": 22000, "clm_share": 0.25, "mask_ratio": 0.4}}, {"optim.warmup_steps": 2000, "optim.decay_steps": 2000, "train.global_batch_tokens": 2048})
-    clm, mlm = cfg.phases.resolved()
+    clm, mlm = cfg.run.phases.resolved()
     assert (clm.objective, clm.steps) == ("clm", 5500)  # the paper's 25% of 22k
     assert (mlm.objective, mlm.steps, mlm.mask_ratio) == ("mlm", 16500, 0.4)
 
 
 def test_pure_objectives_have_one_phase():
-    assert [p.objective for p in from_dict(SweepSpec, {"phases": {"clm_share": 1.0}}).phases.resolved()] == ["clm"]
-    assert [p.objective for p in from_dict(SweepSpec, {"phases": {"clm_share": 0.0}}).phases.resolved()] == ["mlm"]
+    assert [p.objective for p in from_dict(SweepSpec, {"phases": {"clm_share": 1.0}}).run.phases.resolved()] == ["clm"]
+    assert [p.objective for p in from_dict(SweepSpec, {"phases": {"clm_share": 0.0}}).run.phases.resolved()] == ["mlm"]
 
 
 def test_overrides_use_the_dotted_names_that_flatten_reports():
     cfg = from_dict(SweepSpec, {}, {"phases.mask_ratio": 0.3, "model.size": "mini"})
     flat = flatten(cfg)
     assert flat["phases.mask_ratio"] == 0.3 and flat["model.size"] == "mini"
-    assert replace(cfg, {"phases.mask_ratio": 0.2}).phases.mask_ratio == 0.2
+    assert replace(cfg, {"phases.mask_ratio": 0.2}).run.phases.mask_ratio == 0.2
 
 
 @pytest.mark.parametrize(

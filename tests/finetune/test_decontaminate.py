@@ -145,7 +145,7 @@ def test_prepare_drops_exactly_the_planted_documents_and_counts_them_per_task(hu
     spec = from_dict(SweepSpec, {"data": {**_plain(data), "dir": out}, "phases": {"steps": 2},
                                  "optim": {"warmup_steps": 0, "decay_steps": 0},
                                  "train": {"global_batch_tokens": 32 * 8 * 2}, "finetune": {"tasks": ["sst2"]}})
-    assert spec.data.decontam_tasks == ("sst2", "squad_v2")  # named in data: kept over finetune.tasks
+    assert spec.run.data.decontam_tasks == ("sst2", "squad_v2")  # named in data: kept over finetune.tasks
     lines = budget_lines(data_budget(make_plan(spec), spec))
     assert lines[1] == ("  decontamination: 2 task(s) held out by 13-grams (squad_v2, sst2): dropped 4 documents "
                         f"({record['dropped']['tokens']:,} tokens); per task: squad_v2 2 "

@@ -43,7 +43,7 @@ def test_the_rework_grows_with_the_preemption_rate_and_the_nodes_a_segment_spans
     def rework(*overrides):
         spec = load(SweepSpec, "sweeps/split_grid.yaml", list(overrides))
         plan = make_plan(spec)
-        return pretraining_rework(plan, spec), finetuning_rework(plan, spec), segment_nodes(spec, spec.sweep)
+        return pretraining_rework(plan, spec), finetuning_rework(plan, spec), segment_nodes(spec.run, spec.sweep)
 
     once, twice = rework("sweep.preemptions_per_node_hour=0.01"), rework("sweep.preemptions_per_node_hour=0.02")
     assert twice[0] == pytest.approx(2 * once[0]) and twice[1] == pytest.approx(2 * once[1]) and once[0] > 0

@@ -248,7 +248,7 @@ def test_workers_save_by_the_policy_pruning_keeps_by_and_every_runs_milestones_a
         assert segment_job(ctx, segment).policy() == policy
         assert segment.end in policy.milestones and all(policy.evaluates(m) and policy.saves(m) for m in policy.milestones)
         assert [s for s in range(segment.start + 1, segment.end) if policy.saves(s) and s not in policy.milestones] == \
-            [s for s in range(segment.start + 1, segment.end) if s % spec.train.checkpoint_every == 0 and s not in policy.milestones]
+            [s for s in range(segment.start + 1, segment.end) if s % spec.run.train.checkpoint_every == 0 and s not in policy.milestones]
     for run in plan.runs.values():
         alone = CheckpointPolicy.of(run.config, exports=run.finetune_steps)
         for step in alone.milestones:

@@ -46,7 +46,7 @@ def test_events_not_waves_bring_the_paper_down_to_its_longest_chain(paper, slots
     assert timeline.pretraining_hours / 24 == pytest.approx(days, abs=0.05)  # the issue's table, same model
     assert timeline.pretraining_hours >= timeline.chain_hours * (1 - 1e-9)  # no cluster beats the chain
     assert timeline.total_hours >= timeline.pretraining_hours
-    assert timeline.gpus == slots * spec.resources.num_workers
+    assert timeline.gpus == slots * spec.run.resources.num_workers
 
 
 def test_more_slots_never_take_longer_and_the_fewest_that_reach_the_chain_do(paper):
@@ -90,7 +90,7 @@ def _stepwise(plan, spec, slots, done=frozenset(), running=None):
     longest remaining chain first, and starts as many as there are free slots."""
     import heapq
 
-    hours, per_gpus = wall_hours(plan, spec), segment_gpus(spec)
+    hours, per_gpus = wall_hours(plan, spec), segment_gpus(spec.run)
     chain = remaining_chain(plan, hours)
     finetune = _finetune_hours(plan, spec)
     done, todo = set(done), [s for s in plan.segments.values() if s.id not in done and s.id not in (running or {})]
