@@ -57,6 +57,7 @@ def measure(points: int) -> dict:
     from raybiphase.config import SweepSpec, load
     from raybiphase.sweep.plan import make_plan
     from raybiphase.sweep.preflight import plan_sweep
+    from raybiphase.telemetry.console import Console
 
     spec = load(SweepSpec, REPO / "sweeps" / "split_grid.yaml", [grid(points)])
     before = _rss_mib()
@@ -65,7 +66,7 @@ def measure(points: int) -> dict:
     planned, planned_cpu = time.perf_counter() - began, time.process_time() - cpu
     text = io.StringIO()
     began, cpu = time.perf_counter(), time.process_time()
-    plan_sweep(spec, dry_run=True, out=text)
+    plan_sweep(spec, dry_run=True, console=Console(text))
     dry_run, dry_run_cpu = time.perf_counter() - began, time.process_time() - cpu
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"grid_points": points, "runs": len(plan.runs), "segments": len(plan.segments),

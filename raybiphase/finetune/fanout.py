@@ -1,11 +1,11 @@
 """The fine-tuning fan-out of checkpoints: tasks x learning rates x seeds, with ASHA stopping losers, as work that
-yields its trials wave by wave (`fanout_work`); raybiphase.sweep.scheduler runs those waves on one long-lived
-Tuner (raybiphase.finetune.tuner) beside the sweep's segments, or alone (`raybiphase finetune`, the benchmarks).
+yields its trials wave by wave (`fanout_work`); raybiphase.sweep.scheduler runs those waves on long-lived Tuners
+(raybiphase.finetune.tuner) beside the sweep's segments, or alone (`raybiphase finetune`, the benchmarks).
 
 One trial per (run, pretrain_step, task, lr, seed) of each distinct checkpoint's grid (`FinetuneSource.grid`: an
 intermediate checkpoint may take fewer tasks, LRs or seeds, finetune.exports; runs sharing a checkpoint get copies
 of its rows: `FinetuneSource.shared_by`), planned as a `TrialSpec` (raybiphase.finetune.spec) and fine-tuned by
-`raybiphase.finetune.trial.run_trial` in its own process. With `finetune.asha`, ASHA (time_attr="step",
+`raybiphase.finetune.trial.run_trial` in a Tune trial. With `finetune.asha`, ASHA (time_attr="step",
 metric="val_score", mode="max") stops weak trials at its rungs (grace_period = the first evaluation, reduction
 factor 3, max_t = finetune.max_steps); each checkpoint and task gets its own ASHA, so scores of different tasks
 never compete. Without it the full grid runs.

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 from raybiphase import storage
 from raybiphase.config import RunConfig, SweepSpec
 from raybiphase.data.prepare import fingerprint
 from raybiphase.storage import SweepPaths
 from raybiphase.sweep.plan import Plan, Segment
+from raybiphase.telemetry.console import STDOUT, Console
 
 
 @dataclasses.dataclass
@@ -21,7 +21,7 @@ class SweepContext:
     paths: SweepPaths
     data_dirs: dict[str, str] = dataclasses.field(default_factory=dict)
     """fingerprint(data config) -> prepared shards."""
-    out: object = sys.stdout
+    console: Console = STDOUT
 
     def data_dir(self, config: RunConfig) -> str:
         return self.data_dirs[fingerprint(config.data)]
@@ -34,4 +34,4 @@ class SweepContext:
         return self.paths.checkpoint(last.id, last.end)
 
     def say(self, line: str) -> None:
-        print(line, file=self.out, flush=True)
+        self.console.say(line)

@@ -16,7 +16,6 @@ RAYBIPHASE_STORAGE, when set, overrides sweep.storage (the KubeRay job uses it).
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 
 from raybiphase import storage
@@ -46,26 +45,27 @@ from raybiphase.sweep.preflight import plan_sweep
 from raybiphase.sweep.scheduler import Scheduler
 from raybiphase.sweep.timeline import remaining_chain, simulate, wall_hours
 from raybiphase.telemetry.clock import Clock, step_seconds
+from raybiphase.telemetry.console import STDOUT, Console
 from raybiphase.telemetry.history import read_history, results
 from raybiphase.telemetry.progress import Watch, interval
 from raybiphase.telemetry.wandb import log_pretraining_run, sweep_settings
 
 
-def run_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout, spec_path: str = "") -> Plan:
+def run_sweep(spec: SweepSpec, *, dry_run: bool = False, console: Console = STDOUT, spec_path: str = "") -> Plan:
     """Plan the spec (the dry run stops there), then prepare the data, pretrain every segment and, beside it,
     fine-tune every distinct checkpoint and the controls as they are ready, and draw the report; resumes where an
     earlier invocation stopped."""
-    spec, plan = plan_sweep(spec, dry_run=dry_run, out=out)
+    spec, plan = plan_sweep(spec, dry_run=dry_run, console=console)
     if dry_run:
         return plan
     clock = Clock()
-    ctx = SweepContext(spec, plan, SweepPaths.of(spec.sweep.storage, spec.sweep.name), out=out)
+    ctx = SweepContext(spec, plan, SweepPaths.of(spec.sweep.storage, spec.sweep.name), console=console)
     start(ctx, clock, spec_path)
     rows = run_jobs(ctx, clock)
     if spec.finetune.tasks:
         record_baselines(ctx, clock, rows)
     with clock.span("report"):
-        finish(ctx.paths, spec, out=out, cards=finetune_sources(ctx))
+        finish(ctx.paths, spec, console=console, cards=finetune_sources(ctx))
     ctx.say(clock.summary())
     return plan
 
@@ -121,8 +121,8 @@ def run_jobs(ctx: SweepContext, clock: Clock) -> list[dict]:
         say_planned(ctx)
     table = paths.table(storage.FINETUNE_FILE)
     scheduler = Scheduler(fanout, slots=spec.run.resources.max_concurrent, experiment=storage.join(paths.root, "finetune"),
-                          table=table, say=ctx.say, done=lambda: trials_done(table))
-    with Watch({}, out=ctx.out) as watch:  # a line per running segment every few seconds
+                          table=table, console=ctx.console, done=lambda: trials_done(table))
+    with Watch({}, ctx.console) as watch:  # a line per running segment every few seconds
         segments = SweepSegments(ctx, clock, todo, done, watch)
         try:
             rows = scheduler.run(segments if todo else None,
@@ -270,7 +270,7 @@ def log_runs(ctx: SweepContext, *, finished: set[str], done: set[str]) -> None:
             log_pretraining_run(settings, run.name, flatten(run.config), history)
 
 
-def finish(paths: SweepPaths, spec: SweepSpec, out=sys.stdout, cards=()) -> None:
+def finish(paths: SweepPaths, spec: SweepSpec, console: Console = STDOUT, cards=()) -> None:
     """summary.parquet, the model card of every export in `cards` (FinetuneSources: with their scores), the report,
     and W&B when configured."""
     if storage.exists(paths.table(storage.FINETUNE_FILE)):
@@ -280,4 +280,4 @@ def finish(paths: SweepPaths, spec: SweepSpec, out=sys.stdout, cards=()) -> None
         write_card(source.hf_dir, storage.parent(source.hf_dir), name=source.run, summary=summary)
     path, _ = write_report(paths.root)
     results_wandb.log_report(paths.root, spec.sweep.wandb_project, spec.sweep.name)
-    print(f"report: {path}", file=out)
+    console.say(f"report: {path}")

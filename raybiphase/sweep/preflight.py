@@ -5,7 +5,6 @@ imports neither Ray nor the training loop."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 from raybiphase import storage
 from raybiphase.checkpoint_meta import check_blocks
@@ -16,9 +15,10 @@ from raybiphase.pretrain.budget import check_budget, data_budget
 from raybiphase.sweep.bill import bill_lines
 from raybiphase.sweep.plan import Plan, describe, make_plan
 from raybiphase.sweep.timeline import timeline_lines
+from raybiphase.telemetry.console import STDOUT, Console
 
 
-def plan_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> tuple[SweepSpec, Plan]:
+def plan_sweep(spec: SweepSpec, *, dry_run: bool = False, console: Console = STDOUT) -> tuple[SweepSpec, Plan]:
     """The spec with its storage made absolute (trials run in other directories and on other nodes) and its plan;
     prints the whole plan on a dry run, its first line and step counts otherwise."""
     for task in spec.finetune.tasks:  # an unknown name fails here, dry run included, before anything runs
@@ -35,7 +35,7 @@ def plan_sweep(spec: SweepSpec, *, dry_run: bool = False, out=sys.stdout) -> tup
     check_finetune_length(plan, spec)
     text = "\n".join([describe(plan, spec), *timeline_lines(plan, spec), *bill_lines(plan, spec)])
     lines = text.splitlines()
-    print(text if dry_run else "\n".join([lines[0], *(x for x in lines if x.startswith("steps:"))]), file=out)
+    console.say(text if dry_run else "\n".join([lines[0], *(x for x in lines if x.startswith("steps:"))]))
     check_budget(data_budget(plan, spec))  # a run that would repeat data stops here, dry run included
     for run in plan.runs.values():  # frozen_layers against a decoder's own depth, read from model.init_from
         check_blocks(run.config)

@@ -41,6 +41,7 @@ from raybiphase.results import store
 from raybiphase.storage import absolute, join
 from raybiphase.sweep.plan import Segment
 from raybiphase.sweep.timeline import by_priority
+from raybiphase.telemetry.console import STDOUT, Console
 from raybiphase.telemetry.progress import interval, trials_line
 
 
@@ -83,11 +84,12 @@ class Job:
 class Scheduler:
     """The loop (module docstring). `run(pretraining, sources)` runs it until nothing is left and returns the rows
     fine-tuning appended to `table` (None: kept, not written). `trials(capacity, ended)` makes the trial runner;
-    by default the one long-lived Tuner (raybiphase.finetune.tuner.TuneTrials) under `experiment`."""
+    by default long-lived Tuners (raybiphase.finetune.tuner.TuneTrials) under `experiment`."""
 
     def __init__(self, fanout: Fanout | None, *, slots: int, experiment: str = "", table: str | None = None,
-                 say: Callable[[str], None] = print, done: Callable[[], set] = set, trials=None):
-        self.fanout, self.slots, self.experiment, self.table, self.say = fanout, slots, experiment, table, say
+                 console: Console = STDOUT, done: Callable[[], set] = set, trials=None):
+        self.fanout, self.slots, self.experiment, self.table = fanout, slots, experiment, table
+        self.say = console.say
         self.done_keys = done
         self.events: queue.Queue = queue.Queue()
         make = trials or (lambda capacity, ended: TuneTrials(
@@ -295,12 +297,11 @@ def segment_failure(errors: dict[str, BaseException], order: list[str], say: Cal
 
 
 def finetune_checkpoints(sources: list[FinetuneSource], fanout: Fanout, *, storage: str, name: str,
-                         done=frozenset(), out=None, trials=None) -> list[dict]:
+                         done=frozenset(), console: Console = STDOUT, trials=None) -> list[dict]:
     """Fine-tune `sources` with no pretraining beside them (`raybiphase finetune`, the benchmarks): the same loop,
     every trial slot open. Records go under <storage>/<name>; returns the rows (the caller writes them). Bad task
     names or checkpoints raise UserError before anything runs."""
     check_tasks(fanout.finetune)
-    say = (lambda line: print(line, file=out, flush=True)) if out else print
-    scheduler = Scheduler(fanout, slots=fanout.max_concurrent, experiment=join(absolute(storage), name), say=say,
+    scheduler = Scheduler(fanout, slots=fanout.max_concurrent, experiment=join(absolute(storage), name), console=console,
                           done=lambda: set(done), trials=trials)
     return scheduler.run(None, lambda: sources)

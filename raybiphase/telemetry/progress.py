@@ -8,19 +8,19 @@ Workers never print to the driver (Ray's log forwarding is off, see raybiphase.r
 writes a small `progress.json` beside the segment's history every `every_s` seconds (`Beacon`, called once per
 optimizer step; it syncs the device only when it writes), and a driver thread (`Watch`) reads those files and
 prints what moved. The files live in the sweep's storage, so this works the same from a bucket on a cluster. The
-fine-tuning line comes from a Tune callback on the driver (`TrialProgress`). RAYBIPHASE_PROGRESS_S sets the
-interval (default 10 s; 0 turns the lines off).
+fine-tuning line (`trials_line`) is the sweep's scheduler's, as trials end. RAYBIPHASE_PROGRESS_S sets the
+interval (default 10 s; 0 turns the lines off). Lines go to the driver's console (raybiphase.telemetry.console).
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 
 from raybiphase import storage
 from raybiphase.errors import env_number
 from raybiphase.telemetry.clock import duration
+from raybiphase.telemetry.console import STDOUT, Console
 
 
 def interval() -> float:
@@ -80,12 +80,12 @@ class Watch:
     """A driver thread printing each running segment's latest beat when it moved, every `every_s` seconds; the
     driver adds a segment's location to `locations` when it starts and drops it when it ends.
 
-        with Watch({}, out=sys.stdout) as watch:
+        with Watch({}, console) as watch:
             watch.locations[segment_id] = progress_location
     """
 
-    def __init__(self, locations: dict[str, str], *, out=sys.stdout, every_s: float | None = None):
-        self.locations, self.out = locations, out
+    def __init__(self, locations: dict[str, str], console: Console = STDOUT, *, every_s: float | None = None):
+        self.locations, self.console = locations, console
         self.every_s = interval() if every_s is None else every_s
         self.seen: dict[str, int] = {}
         self._stop = threading.Event()
@@ -95,8 +95,7 @@ class Watch:
     def drop(self, name: str) -> None:
         """Stop watching a segment that ended, after printing where it ended (if no poll has yet)."""
         if self.every_s > 0:
-            for text in self.poll(only=name):
-                print(text, file=self.out, flush=True)
+            self.console.say(*self.poll(only=name))
         self.locations.pop(name, None)
 
     def poll(self, only: str | None = None) -> list[str]:
@@ -117,8 +116,7 @@ class Watch:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
-            for text in self.poll():
-                print(text, file=self.out, flush=True)
+            self.console.say(*self.poll())
 
     def __enter__(self) -> "Watch":
         if self.every_s > 0:
@@ -129,8 +127,7 @@ class Watch:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
-            for text in self.poll():  # where each segment ended
-                print(text, file=self.out, flush=True)
+            self.console.say(*self.poll())  # where each segment ended
 
 
 def trials_line(done: int, total: int, stopped: int, running: int, elapsed: float, label: str = "fine-tuning") -> str:
@@ -141,32 +138,3 @@ def trials_line(done: int, total: int, stopped: int, running: int, elapsed: floa
     if 0 < done < total:
         text += f", ETA {duration(elapsed / done * (total - done))}"
     return text
-
-
-def trial_progress(total: int, *, label: str = "fine-tuning", out=sys.stdout, every_s: float | None = None):
-    """A Tune callback printing `trials_line` at most every `every_s` seconds and once when the last trial ends.
-    A trial that finished says so in its last report (`finished`); one that ended without it was stopped. Tune
-    pickles its callbacks with the experiment's state: the stream is left out (a restored one prints to stdout)."""
-    from ray.tune import Callback
-
-    class TrialProgress(Callback):
-        def __init__(self, total, label, out, every_s):  # arguments, not closure cells: cloudpickle keeps those
-            self.total, self.label, self.out = total, label, out
-            self.every_s = interval() if every_s is None else every_s
-            self.started = self.last = time.perf_counter()
-            self.done = self.stopped = 0
-
-        def __getstate__(self):
-            return {**self.__dict__, "out": None}
-
-        def on_trial_complete(self, iteration, trials, trial, **info):
-            self.done += 1
-            self.stopped += not (trial.last_result or {}).get("finished")
-            now = time.perf_counter()
-            if self.every_s > 0 and (now - self.last >= self.every_s or self.done == self.total):
-                self.last = now
-                running = sum(t.status == "RUNNING" and t is not trial for t in trials)
-                print(trials_line(self.done, self.total, self.stopped, running, now - self.started, self.label),
-                      file=self.out or sys.stdout, flush=True)
-
-    return TrialProgress(total, label, out, every_s)

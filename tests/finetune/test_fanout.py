@@ -18,6 +18,7 @@ from raybiphase.finetune import records
 from raybiphase.finetune.spec import FinetuneSource, TrialSpec
 from raybiphase.results.rows import FINETUNE_KEY, FinetuneRow, trial_key
 from raybiphase.sweep.scheduler import finetune_checkpoints
+from raybiphase.telemetry.console import Console
 from tests.finetune.recording import recording
 from tests.finetune.test_finetune import make_tiny_checkpoint
 
@@ -42,7 +43,7 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
     checkpoints = [FinetuneSource("tiny-run", 8, str(tiny_checkpoint), {"phases.clm_share": 0.5})]
     cfg = fanout_config()
     out = io.StringIO()
-    rows = finetune_checkpoints(checkpoints, fanout.Fanout.of(cfg), storage=str(tmp_path), name="ft", out=out)
+    rows = finetune_checkpoints(checkpoints, fanout.Fanout.of(cfg), storage=str(tmp_path), name="ft", console=Console(out))
     # progress on the driver: the last trial always prints its line, stops by ASHA counted
     stopped = sum(r["stopped_early"] or r["completed_after_stop"] for r in rows)  # in the first launch
     finals = [x for x in out.getvalue().splitlines() if x.startswith("fine-tuning: 4/4 trials done")]

@@ -51,12 +51,13 @@ def _weights(checkpoint: Path) -> dict[str, torch.Tensor]:
 def study(ray_cluster, small_data, tmp_path_factory):
     from raybiphase.config import SweepSpec, from_dict
     from raybiphase.sweep.driver import run_sweep
+    from raybiphase.telemetry.console import Console
 
     tmp = tmp_path_factory.mktemp("beyond")
     spec = from_dict(SweepSpec, shortened(tmp, small_data))
     dry = io.StringIO()
-    run_sweep(spec, dry_run=True, out=dry)
-    plan = run_sweep(spec, out=io.StringIO())
+    run_sweep(spec, dry_run=True, console=Console(dry))
+    plan = run_sweep(spec, console=Console(io.StringIO()))
     return {"spec": spec, "plan": plan, "dry": dry.getvalue(), "root": tmp / "beyond"}
 
 

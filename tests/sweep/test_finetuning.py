@@ -90,6 +90,7 @@ def _two_runs(tmp_path):
     """A two-run sweep sharing its CLM prefix (2 segment slots, one fine-tuning task): its plan, a context whose
     lines go to the returned buffer."""
     from raybiphase.sweep.context import SweepContext
+    from raybiphase.telemetry.console import Console
     from raybiphase.sweep.plan import make_plan
 
     spec = from_dict(SweepSpec, {"sweep": {"name": "s", "storage": str(tmp_path), "grid": {"phases.clm_share": [0.5, 1.0]}},
@@ -98,7 +99,7 @@ def _two_runs(tmp_path):
                                  "resources": {"max_concurrent": 2},
                                  "finetune": {"tasks": ["tweets"], "lrs": [1e-3], "seeds": [0]}})
     plan, out = make_plan(spec), io.StringIO()
-    return plan, SweepContext(spec, plan, _Paths(tmp_path / "s"), out=out), out
+    return plan, SweepContext(spec, plan, _Paths(tmp_path / "s"), console=Console(out)), out
 
 
 class _Segments:
@@ -133,6 +134,7 @@ def _scheduler(ctx, out, launched, monkeypatch, fail=()):
     from raybiphase.finetune.fanout import Fanout
     from raybiphase.finetune.spec import TrialSpec
     from raybiphase.sweep import scheduler
+    from raybiphase.telemetry.console import Console
     from tests.finetune.recording import recording
 
     from raybiphase.finetune.tasks import get_task
@@ -148,7 +150,7 @@ def _scheduler(ctx, out, launched, monkeypatch, fail=()):
 
     monkeypatch.setattr(scheduler, "fanout_work", work)
     monkeypatch.setattr(scheduler, "trial_rows", lambda spec, metrics, failed: None if failed else [spec])
-    return scheduler.Scheduler(Fanout.of(ctx.spec), slots=2, say=lambda line: out.write(line + "\n"),
+    return scheduler.Scheduler(Fanout.of(ctx.spec), slots=2, console=Console(out),
                                trials=recording(launched, outcome))
 
 

@@ -143,11 +143,12 @@ def section_table(report: str, title: str) -> list[str]:
 def test_the_shortened_miniature_reports_per_size_what_its_rows_imply(ray_cluster, small_data, tmp_path):
     from raybiphase.config import SweepSpec, from_dict
     from raybiphase.sweep.driver import run_sweep
+    from raybiphase.telemetry.console import Console
 
     from raybiphase.results.store import read_rows
 
     out = io.StringIO()
-    plan = run_sweep(from_dict(SweepSpec, shortened(tmp_path, small_data)), out=out)
+    plan = run_sweep(from_dict(SweepSpec, shortened(tmp_path, small_data)), console=Console(out))
     root = tmp_path / "paper_mini"
     assert len(plan.runs) == 11 and sorted(c.config.model.size for c in plan.controls.values()) == sorted(SIZES)
     assert set(read_rows(root / "pretrain.parquet")["run"]) == set(plan.runs)  # continued ones from their sources

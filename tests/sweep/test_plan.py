@@ -158,10 +158,11 @@ def test_paper_spec_plans_every_model_of_the_study_under_its_own_name():
 
     from raybiphase.results.importer import parse_model_name
     from raybiphase.sweep.driver import run_sweep
+    from raybiphase.telemetry.console import Console
 
     spec = load(SweepSpec, "sweeps/paper.yaml")
     out = io.StringIO()
-    plan = run_sweep(spec, dry_run=True, out=out)
+    plan = run_sweep(spec, dry_run=True, console=Console(out))
     replicates = {f"{arm}-s{seed}" for arm in ("610m-mlm40-42k", "610m-clm-10k-mlm40-42k") for seed in (1, 2)}
     assert {name.rsplit("-", 1)[0] for name in plan.runs} == STUDY | replicates
     assert len(plan.runs) == len(STUDY) + len(replicates)
@@ -325,7 +326,8 @@ def test_the_dry_run_imports_no_torch():
     code = ("import io, sys\n"
             "from raybiphase.config import SweepSpec, load\n"
             "from raybiphase.sweep.preflight import plan_sweep\n"
-            "plan_sweep(load(SweepSpec, 'sweeps/beyond.yaml'), dry_run=True, out=io.StringIO())\n"
+            "from raybiphase.telemetry.console import Console\n"
+            "plan_sweep(load(SweepSpec, 'sweeps/beyond.yaml'), dry_run=True, console=Console(io.StringIO()))\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray', 'transformers')))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[2])

@@ -16,12 +16,13 @@ from tests.conftest import SMALL_DATA, TINY_BASE
 def _sweep(tmp_path, data_dir, **data):
     from raybiphase.config import SweepSpec, from_dict
     from raybiphase.sweep.driver import run_sweep
+    from raybiphase.telemetry.console import Console
 
     spec = {**TINY_BASE, "sweep": {"name": "bad-data", "storage": str(tmp_path / "results")},
             "data": {**SMALL_DATA, "dir": str(data_dir), **data}}
     out = io.StringIO()
     with pytest.raises(UserError) as err:
-        run_sweep(from_dict(SweepSpec, spec), out=out)
+        run_sweep(from_dict(SweepSpec, spec), console=Console(out))
     assert "\n" not in str(err.value) and "pretraining:" not in out.getvalue()
     assert not (tmp_path / "results" / "bad-data" / "sweep.json").exists()  # no report header of a sweep never run
     return str(err.value)
@@ -112,10 +113,11 @@ def test_validate_refuses_what_the_sweep_would_refuse_in_its_grid_and_runs(tmp_p
 def test_fine_tuning_longer_than_pretraining_is_refused_before_anything_runs():
     from raybiphase.config import ConfigError, SweepSpec, load
     from raybiphase.sweep.preflight import plan_sweep
+    from raybiphase.telemetry.console import Console
 
     spec = load(SweepSpec, "sweeps/quickstart.yaml", ["finetune.max_len=4096"])
     with pytest.raises(ConfigError, match="^finetune.max_len: 4096 exceeds the 128-token blocks run tiny-"):
-        plan_sweep(spec, dry_run=True, out=io.StringIO())
+        plan_sweep(spec, dry_run=True, console=Console(io.StringIO()))
 
 
 def test_a_stale_record_of_a_ray_start_cluster_is_said_before_ray_starts(tmp_path, monkeypatch, capsys):

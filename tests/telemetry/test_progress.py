@@ -6,6 +6,7 @@ import json
 
 from raybiphase.telemetry import progress
 from raybiphase.telemetry.progress import Beacon, Watch, line, trials_line
+from raybiphase.telemetry.console import Console
 
 
 def test_a_beat_is_written_once_per_interval_and_reads_the_loss_only_then(tmp_path, monkeypatch):
@@ -53,7 +54,7 @@ def test_the_watch_prints_only_segments_that_moved(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     beat = {"step": 10, "stop_at": 20, "objective": "mlm", "loss": 6.0, "tokens_per_s": 100.0, "tokens_per_step": 10}
     a.write_text(json.dumps(beat))
-    watch = Watch({"seg-a": str(a), "seg-b": str(b)}, out=io.StringIO(), every_s=0)  # b has not beaten yet
+    watch = Watch({"seg-a": str(a), "seg-b": str(b)}, Console(io.StringIO()), every_s=0)  # b has not beaten yet
     assert [x.split(" step")[0] for x in watch.poll()] == ["pretraining: seg-a"]
     assert watch.poll() == []  # nothing moved
     b.write_text("{")  # being written: skipped, not an error
