@@ -19,6 +19,27 @@ def test_defaults_are_valid_and_round_trip():
     assert from_dict(SweepSpec, to_dict(cfg)) == cfg
 
 
+def test_a_spec_is_a_base_run_its_fine_tuning_and_its_sweep_written_as_one_flat_file():
+    """The spec is composed (run, finetune, sweep), its base run a RunConfig built once; the file, the dotted
+    names and the saved form keep the run's sections at the top level."""
+    import dataclasses
+
+    from raybiphase.config import RunConfig
+    from raybiphase.config.run import RUN_SECTIONS
+
+    spec = load(SweepSpec, REPO / "sweeps/quickstart.yaml", ["train.eval_every=40"])
+    assert [f.name for f in dataclasses.fields(SweepSpec)] == ["run", "finetune", "sweep"]
+    assert type(spec.run) is RunConfig and spec.run is spec.run and spec.run.train.eval_every == 40
+    assert not hasattr(spec, "train")  # one owner per setting: the base run's resources are spec.run.resources
+    plain = to_dict(spec)
+    assert list(plain) == [*RUN_SECTIONS, "finetune", "sweep"] and from_dict(SweepSpec, plain) == spec
+    assert "train.eval_every" in flatten(spec) and not any(k.startswith("run.") for k in flatten(spec))
+    with pytest.raises(ConfigError, match=r"^run: unknown key"):
+        from_dict(SweepSpec, {"run": {"train": {"eval_every": 5}}})
+    with pytest.raises(ConfigError, match=r"^trian: unknown key \(did you mean 'train'\?\)"):
+        from_dict(SweepSpec, {"trian": {}})
+
+
 def test_two_phase_shorthand_expands_to_phases():
     cfg = from_dict(SweepSpec, {"phases": {"steps": 22000, "clm_share": 0.25, "mask_ratio": 0.4}}, {"optim.warmup_steps": 2000, "optim.decay_steps": 2000, "train.global_batch_tokens": 2048})
     clm, mlm = cfg.run.phases.resolved()
