@@ -6,8 +6,10 @@
 Reads the sweep's own tables (summary.parquet, finetune.parquet, pretrain.parquet) and writes one JSON record: the
 machine (CPU model, cores), the code version, each run's held-out loss at its end, and per task and objective the
 test score (x 100) with its 95% interval half-width and seed count, the control's, the baselines', and how many trials
-diverged. It prints the README's table. `tests/test_readme.py` checks that every cell of the README's table is this
-record's (every figure in the README comes from a run of the code it documents).
+diverged. It prints the README's table (a cell in bold where its interval lies above the control's) and the line
+under it saying which families separate from the control at this scale. `tests/test_readme.py` checks that every
+cell, every bold and that line are this record's (every figure in the README comes from a run of the code it
+documents).
 """
 
 from __future__ import annotations
@@ -81,12 +83,43 @@ def record(results: Path) -> dict:
             "trials": int((trials["source"] == "raybiphase").sum()), "held_out_loss": losses, "scores": scores}
 
 
+def bounds(entry: dict, objective: str) -> tuple[float, float] | None:
+    """The clipped 95% interval of one objective's score on one task, None without one."""
+    if objective not in entry or entry[objective]["ci"] is None:
+        return None
+    return clipped(entry[objective]["score"], entry[objective]["ci"], POINTS)
+
+
+def above_control(entry: dict, objective: str) -> bool:
+    """Whether the objective's interval lies wholly above the untrained control's (the report's test)."""
+    mine, control = bounds(entry, objective), bounds(entry, "untrained")
+    return mine is not None and control is not None and mine[0] > control[1]
+
+
+def names(families: list[str]) -> str:
+    """'SC', 'SC and TC', 'SC, TC and QA'."""
+    return families[0] if len(families) == 1 else ", ".join(families[:-1]) + " and " + families[-1]
+
+
+def separation(rec: dict) -> str:
+    """The line under the table: which families separate from the control at this scale, which do not."""
+    apart = [e["family"] for e in rec["scores"].values() if any(above_control(e, o) for o in COLUMNS[:3])]
+    rest = [e["family"] for e in rec["scores"].values() if e["family"] not in apart]
+    if not rest:
+        return "At this scale every family separates from the control."
+    if not apart:
+        return f"At this scale no family separates from the control ({names(rest)})."
+    return (f"At this scale {names(rest)} do not separate from the control (no pretrained model's interval lies "
+            f"above the control's); {names(apart)} do.")
+
+
 def table(rec: dict) -> str:
     lines = ["| family | task (metric) | CLM then MLM | CLM only | MLM only | control | baseline |",
              "|---|---|---|---|---|---|---|"]
     for task, entry in rec["scores"].items():
         cells = [cell(entry[o]["score"], math.nan if entry[o]["ci"] is None else entry[o]["ci"]) if o in entry
                  else "n/a" for o in COLUMNS]
+        cells = [f"**{c}**" if above_control(entry, o) else c for c, o in zip(cells, COLUMNS)]
         baselines = ", ".join(f"{k.split(' ', 1)[1]} {v:.1f}" for k, v in entry.items() if k.startswith("baseline"))
         lines.append(f"| {entry['family']} | `{task}` ({entry['metric']}) | " + " | ".join(cells) + f" | {baselines} |")
     return "\n".join(lines)
@@ -101,6 +134,7 @@ def main() -> int:
     if args.out:
         args.out.write_text(json.dumps(rec, indent=2, ensure_ascii=False) + "\n")
     print(table(rec))
+    print(f"\n{separation(rec)}")
     return 0
 
 

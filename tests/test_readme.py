@@ -73,11 +73,18 @@ def test_the_quickstart_table_is_the_recorded_run():
     text = (REPO / "README.md").read_text()
     rows = re.findall(r"^\| (SC|TC|QA|IR) \| `(\w+)` \([^)]*\) \|(.+)\|\s*$", text, re.M)
     assert {task for _, task, _ in rows} == set(record["scores"])
+    separated = {family: False for family, _, _ in rows}
     for family, task, cells in rows:
         entry = record["scores"][task]
         assert entry["family"] == family
-        shown = [c.strip().replace("*", "") for c in cells.split("|")][:4]
-        for objective, cell in zip(("CLM→MLM", "CLM", "MLM", "untrained"), shown):
+        shown = [c.strip() for c in cells.split("|")][:4]
+        control = clipped(entry["untrained"]["score"], entry["untrained"]["ci"], POINTS)
+        for objective, cell in zip(("CLM→MLM", "CLM", "MLM"), shown):  # bold: the interval lies above the control's
+            ci = entry[objective]["ci"]
+            above = ci is not None and clipped(entry[objective]["score"], ci, POINTS)[0] > control[1]
+            assert cell.startswith("**") == above, (task, objective, cell)
+            separated[family] |= above
+        for objective, cell in zip(("CLM→MLM", "CLM", "MLM", "untrained"), [c.replace("*", "") for c in shown]):
             numbers = [float(x) for x in re.findall(r"\d+\.\d", cell)]
             score, ci = entry[objective]["score"], entry[objective]["ci"]
             expected = [round(score, 1)]
@@ -87,7 +94,10 @@ def test_the_quickstart_table_is_the_recorded_run():
                 expected += [round(ci, 1)] if inside else [round(low, 1), round(high, 1)]
                 assert ("±" in cell) == inside, (task, objective, cell)
             assert numbers == pytest.approx(expected, abs=0.051), (task, objective, cell)
-
+    # the line under the table names the families that do not separate from the control, and those that do
+    apart, rest = ([f for f, s in separated.items() if s == flag] for flag in (True, False))
+    line = re.search(r"At this scale (.+?) do not separate from the control .*?; (.+?) do\.", text, re.S)
+    assert line and re.findall(r"SC|TC|QA|IR", line[1]) == rest and re.findall(r"SC|TC|QA|IR", line[2]) == apart
 
 def test_the_retrieval_figures_are_the_recorded_benchmarks():
     """The README's ranking figures are those of the IR benchmark record it names."""
