@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,26 @@ def test_parity_benchmark_trains_both_sides_and_clm_equals_the_trainer_when_both
     clm = runs["clm"]
     assert clm["peer_order"] == "ours" and clm["ours"] < 8.3
     assert clm["peer"] == pytest.approx(clm["ours"], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_checkpoint_benchmark_times_the_save_and_the_upload_and_prices_the_stall_at_the_papers_sizes(tmp_path):
+    """bench_checkpoint.py at the smallest size: a DCP save and an upload timed, their ratio printed, and each
+    paper size's stall as a share of its advised interval, in a valid record."""
+    out = tmp_path / "checkpoint.json"
+    proc = subprocess.run([sys.executable, "benchmarks/bench_checkpoint.py", "--sizes", "tiny", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert re.search(r"tiny: [\d.]+ GB; save [\d.]+ s \+ upload [\d.]+ s = stall .* \([\d.]+x\)", proc.stdout)
+    record = json.loads(out.read_text())
+    (tiny,) = record["sizes"]
+    assert tiny["sync_stall_s"] == pytest.approx(tiny["save_s"] + tiny["upload_s"]) and tiny["gb"] > 0
+    assert {p["size"] for p in record["paper"]} == {"210m", "610m", "1b"}
+    for p in record["paper"]:  # the share stalled at Young's interval is the checkpoint's cost over that interval
+        for mode in ("sync", "background"):
+            m = p[mode]
+            assert m["stalled_share"] == pytest.approx(m["stall_s"] / 3600 / m["interval_hours"])
+        assert p["background"]["stalled_share"] <= p["sync"]["stalled_share"]
 
 
 @pytest.mark.parametrize("record", sorted((REPO / "benchmarks" / "results").glob("*.json")),
