@@ -344,7 +344,7 @@ def test_a_worker_node_lost_whole_mid_segment_costs_only_the_steps_since_its_che
 
 
 ELASTIC = [  # one 40-step run, its 2,048-token batch as 2 micro-batches; 1.5 CPUs a worker: one per 2-CPU node
-    "resources.num_workers=[1, 2]", "resources.cpus_per_worker=1.5", "resources.max_concurrent=1",
+    "sweep.grid={phases.clm_share: [0.5]}", "resources.num_workers=[1, 2]", "resources.cpus_per_worker=1.5", "resources.max_concurrent=1",
     "train.micro_batch_size=8", "data.max_documents=1200", f"phases.steps={PREFIX_STEPS}", "optim.warmup_steps=2",
     "optim.decay_steps=2", f"train.eval_every={CHECKPOINT_EVERY}", f"train.checkpoint_every={CHECKPOINT_EVERY}",
     "finetune.tasks=[]",
@@ -369,7 +369,12 @@ def test_an_elastic_segment_that_loses_a_node_for_good_finishes_on_the_node_left
     """A segment of 1 to 2 workers, each worker holding 1.5 of a node's 2 CPUs, starts on two worker nodes with 2
     workers; once its first checkpoint is committed, one node is SIGKILLed whole and never replaced. Ray Train
     restarts the group from that checkpoint with the 1 worker the node left can hold, and the sweep finishes there:
-    every report is in the results, those up to the checkpoint say workers=2, every later one workers=1."""
+    every report is in the results, those up to the checkpoint say workers=2, every later one workers=1.
+
+    Measured on 2 shared cores (two runs): the first step on the node left came 82 s and 96 s after the loss. Ray
+    Train saw the failed group at once and, 3 s later, restarted it at 2 workers, since Ray had not yet marked the
+    node dead (its health check did 13-14 s after the loss); that start waited out Ray Train's worker group start
+    timeout (60 s, RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S) before the restart at 1 worker, which took 14-26 s."""
     from raybiphase import storage
 
     while len(two_nodes.worker_namespaces) < 2:
@@ -383,7 +388,8 @@ def test_an_elastic_segment_that_loses_a_node_for_good_finishes_on_the_node_left
                 run = next((name for name in storage.list_folders(paths.runs)
                             if storage.is_checkpoint(paths.checkpoint(name, CHECKPOINT_EVERY))), None)
             time.sleep(0.2)
-        assert run is not None, "the segment never committed its first checkpoint"
+        assert run is not None, (job.communicate()[0][-4000:] if job.poll() is not None else
+                                 "the segment never committed its first checkpoint")
         killed, lost_at = two_nodes.lose_worker(), time.time()
         committed = max(step for step in paths.checkpoint_steps(run)
                         if storage.is_checkpoint(paths.checkpoint(run, step)))
@@ -401,8 +407,9 @@ def test_an_elastic_segment_that_loses_a_node_for_good_finishes_on_the_node_left
 
     fs, path = storage.filesystem(storage.join(paths.root, storage.PRETRAIN_FILE))
     rows = pq.read_table(path, filesystem=fs).to_pandas().sort_values("step")
-    assert rows["step"].tolist() == list(range(CHECKPOINT_EVERY, PREFIX_STEPS + 1, CHECKPOINT_EVERY))
-    workers = dict(zip(rows["step"], rows["workers"]))
+    steps = rows["step"].tolist()  # every 10th step and the decay's start (38), each once
+    assert steps == sorted({*range(CHECKPOINT_EVERY, PREFIX_STEPS + 1, CHECKPOINT_EVERY), PREFIX_STEPS - 2})
+    workers = dict(zip(steps, rows["workers"]))
     assert all(n == (2 if step <= committed else 1) for step, n in workers.items()), workers
 
 
