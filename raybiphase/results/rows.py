@@ -31,8 +31,11 @@ OURS, PAPER, BASELINE = "raybiphase", "paper", "baseline"
 
 
 def config_columns(run: RunConfig) -> dict[str, Any]:
-    """The run's settings as dotted columns (lists as text), the phases resolved."""
+    """The run's settings as dotted columns (lists as text), the phases resolved; an elastic `resources.num_workers`
+    [min, max] as its max, so the column stays a number when a sweep switches to a range and appends to the same
+    files (a pretraining row's `workers` says how many trained its step)."""
     columns = {k: (str(v) if isinstance(v, (list, dict)) else v) for k, v in flatten(run).items()}
+    columns["resources.num_workers"] = run.resources.max_workers
     phases = run.phases.resolved()
     columns["phases.clm_share"] = run.clm_share
     columns["phases.clm_steps"] = sum(p.steps for p in phases if p.objective == "clm")

@@ -76,3 +76,18 @@ def test_the_estimates_and_the_bill_plan_for_the_max():
     assert differ[0][0].startswith("resources: each pretraining segment holds 2 Train worker(s)")
     assert differ[0][1].startswith("resources: each pretraining segment holds 1 to 2 Train worker(s)")
     assert any(line.startswith("bill: pretraining") for line in elastic)
+
+
+def test_a_sweep_switched_to_a_range_appends_to_the_same_result_files(tmp_path):
+    """The rows' resources.num_workers column stays a number (the range's max), so a sweep that ran with 2 workers
+    and goes on with [1, 2] appends to its pretrain.parquet; `workers` holds the count that trained each step."""
+    from raybiphase.results.rows import PRETRAIN_KEY, pretrain_row
+    from raybiphase.results.store import append_rows, read_rows
+
+    path = tmp_path / "pretrain.parquet"
+    for step, value, trained in ((10, "2", 2), (20, "[1, 2]", 1)):
+        run = load(SweepSpec, "sweeps/quickstart.yaml", [*TWO_MICRO_BATCHES, f"resources.num_workers={value}"]).run
+        row = pretrain_row("r", run, sweep="s", segment="g", report={"step": step, "workers": trained})
+        append_rows(path, [row.record()], key=PRETRAIN_KEY)
+    rows = read_rows(path)
+    assert rows["resources.num_workers"].tolist() == [2, 2] and rows["workers"].tolist() == [2, 1]
