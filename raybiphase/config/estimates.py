@@ -23,9 +23,10 @@ def vocab_size(config: RunConfig) -> int:
 
 
 def segment_gpus(config: RunConfig) -> int:
-    """GPUs one segment holds (a CPU run counts its workers, so the arithmetic stays the same)."""
-    res = config.resources
-    return max(1, round(res.num_workers * res.gpus_per_worker) if res.gpus_per_worker > 0 else res.num_workers)
+    """GPUs one segment holds (a CPU run counts its workers, so the arithmetic stays the same); an elastic segment
+    (num_workers [min, max]) is planned at its max."""
+    res, workers = config.resources, config.resources.max_workers
+    return max(1, round(workers * res.gpus_per_worker) if res.gpus_per_worker > 0 else workers)
 
 
 def step_gpu_hours(config: RunConfig, sweep, steps: int = 1) -> float:

@@ -133,6 +133,8 @@ def _kind(tp: Any) -> str:
     """A type as an error names it: 'an int', or a Literal's values."""
     if typing.get_origin(tp) is Literal:
         return ", ".join(map(repr, typing.get_args(tp)))
+    if typing.get_origin(tp) is tuple and Ellipsis not in typing.get_args(tp):
+        return f"a list of {len(typing.get_args(tp))} values"
     name = getattr(tp, "__name__", str(tp))
     return f"an {name}" if name[:1] in "aeiou" else f"a {name}"
 
@@ -153,7 +155,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 errors.append(err)
         if len(options) > 1 and not isinstance(value, (dict, list, tuple)):
             raise ConfigError(f"{key}: {value!r} is not allowed; allowed: {' or '.join(map(_kind, options))}")
-        raise errors[0]
+        # a list is judged by the option that takes a list (int | tuple[int, int] given [1, 2, 3])
+        containers = [e for o, e in zip(options, errors) if typing.get_origin(o) in (tuple, list)]
+        raise (containers or errors)[0]
     if origin is Literal:
         check(value in args, key, f"{value!r} is not allowed; allowed: {', '.join(map(str, args))}")
         return value

@@ -25,6 +25,7 @@ from raybiphase.config.load import (
     ratio,
     share,
 )
+from raybiphase.config.resources import ResourcesConfig
 from raybiphase.config.sizes import SIZE_NAMES, SIZES
 
 
@@ -361,24 +362,6 @@ class TrainConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ResourcesConfig:
-    num_workers: int = field(default=2, metadata=NOT_WEIGHTS)
-    """Ray Train workers per pretraining segment (0: Ray Train's local mode, the loop runs in the process that fits the segment: the sweep's driver)."""
-    cpus_per_worker: float = field(default=0.5, metadata=NOT_WEIGHTS)
-    """CPUs each Train worker holds (leave room for Ray Data on small machines)."""
-    gpus_per_worker: float = field(default=0.0, metadata=NOT_WEIGHTS)
-    """GPUs each Train worker holds."""
-    max_concurrent: int = field(default=1, metadata=NOT_WEIGHTS)
-    """Segments or fine-tuning trials running at once."""
-
-    def __post_init__(self) -> None:
-        non_negative(self.num_workers, "resources.num_workers")
-        positive(self.cpus_per_worker, "resources.cpus_per_worker")
-        non_negative(self.gpus_per_worker, "resources.gpus_per_worker")
-        positive(self.max_concurrent, "resources.max_concurrent")
-
-
-@dataclass(frozen=True, kw_only=True)
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     """The encoder."""
@@ -406,13 +389,14 @@ class RunConfig:
             "optim.warmup_steps",
             f"warmup + decay = {span} steps is longer than the run (phases.steps={steps})",
         )
-        tokens_per_micro = self.train.micro_batch_size * self.data.seq_len * max(1, self.resources.num_workers)
+        tokens_per_micro = self.train.micro_batch_size * self.data.seq_len * max(1, self.resources.worker_counts[0])
         check(
             self.train.global_batch_tokens % tokens_per_micro == 0,
             "train.global_batch_tokens",
             f"{self.train.global_batch_tokens} is not a multiple of micro_batch_size x seq_len x workers "
             f"= {tokens_per_micro}",
         )
+        self._check_elastic_batch()
         check(
             self.model.size in SIZE_NAMES,
             "model.size",
@@ -421,6 +405,21 @@ class RunConfig:
         init_from = self.model.init_from
         if not init_from or init_from.startswith("@"):  # a folder may hold a decoder of its own depth: checked there
             check_frozen_layers(self.phases, SIZES[self.model.size].layers, self.model.size)
+
+    def _check_elastic_batch(self) -> None:
+        """Every worker count of an elastic range shares the global batch's micro-batches evenly, so a resized
+        segment trains on the same batches in the same order (raybiphase.data.stream.worker_sample_ids)."""
+        if not isinstance(self.resources.num_workers, tuple):
+            return  # one count, checked with the global batch
+        micro_batches = self.train.global_batch_tokens // (self.train.micro_batch_size * self.data.seq_len)
+        uneven = [n for n in self.resources.worker_counts if micro_batches % n]
+        check(
+            not uneven,
+            "resources.num_workers",
+            f"{list(self.resources.num_workers)}: the global batch is {micro_batches} micro-batches "
+            f"(train.global_batch_tokens / (micro_batch_size x seq_len)), which {', '.join(map(str, uneven))} "
+            f"worker(s) cannot share evenly; allowed: a range whose every size divides {micro_batches}",
+        )
 
     @property
     def rows_per_step(self) -> int:

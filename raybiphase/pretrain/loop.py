@@ -249,7 +249,7 @@ class Worker:
         total /= tokens.clamp(min=1)  # the step's loss: every labelled token of the global batch, once
         metrics = {"step": step, "tokens_seen": step * self.tokens_per_step, "phase": phase_idx,
                    "objective": objective, f"train/{objective}_loss": float(total), "lr": lr,
-                   "tokens_per_s": window_tokens / max(seconds, 1e-9),
+                   "tokens_per_s": window_tokens / max(seconds, 1e-9), "workers": self.world,
                    "data_epochs": epochs_read(self.data_start + step * self.rows_per_step, self.manifest.train_rows)}
         if self.peak:
             metrics["mfu"] = self.fpt * metrics["tokens_per_s"] / (self.peak * self.world)
@@ -284,7 +284,7 @@ class Worker:
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp), checkpoint_dir_name=name)
         if self.world > 1 and dist.is_initialized():
             dist.barrier()  # every rank's upload has returned: a shard still being copied is never committed
-        persisted = self.run.resources.num_workers > 0  # local mode (0 workers) persists no checkpoint
+        persisted = self.run.resources.max_workers > 0  # local mode (0 workers) persists no checkpoint
         if self.rank == 0 and persisted:
             checkpoint.commit(storage.join(self.job.run_dir, name), meta, ranks=self.world)  # where Ray put it
         if self.history is not None:

@@ -36,8 +36,11 @@ def make_trainer(job: SegmentJob, *, max_failures: int = 0, callbacks=(), train_
     return TorchTrainer(
         train_fn or train_loop,
         train_loop_config={"job": job},
+        # a [min, max] range makes the worker group elastic: Ray Train restarts it from the latest checkpoint with
+        # the workers it can place, and looks every resize_check_s for room to grow back to max
         scaling_config=ray.train.ScalingConfig(num_workers=res.num_workers, use_gpu=use_gpu,
-                                               resources_per_worker=per_worker if res.num_workers else None),
+                                               resources_per_worker=per_worker if res.max_workers else None,
+                                               elastic_resize_monitor_interval_s=res.resize_check_s),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         run_config=ray.train.RunConfig(
             name=job.name,

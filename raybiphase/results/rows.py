@@ -7,7 +7,7 @@ with the phases resolved: `phases.clm_share` and `phases.clm_steps` hold the run
 whichever way its phases were written. (run, pretrain_step) stay two fields from the planner to the Parquet file.
 
     pretrain   run, sweep, segment, step, tokens_seen, phase, objective, train/{clm,mlm}_loss, val/{clm,mlm}_loss,
-               lr, tokens_per_s, mfu (GPU), data_epochs, checkpoint ("" when none), the dotted settings
+               lr, tokens_per_s, workers, mfu (GPU), data_epochs, checkpoint ("" when none), the dotted settings
                                                                                                 key PRETRAIN_KEY
     finetune   run, pretrain_step, sweep, source, checkpoint, task, family, dataset, metric, lr, seed, val_score,
                test_score, steps, stopped_early, seconds, test_per_example, secondary_metric, test_secondary,
@@ -31,8 +31,11 @@ OURS, PAPER, BASELINE = "raybiphase", "paper", "baseline"
 
 
 def config_columns(run: RunConfig) -> dict[str, Any]:
-    """The run's settings as dotted columns (lists as text), the phases resolved."""
+    """The run's settings as dotted columns (lists as text), the phases resolved; an elastic `resources.num_workers`
+    [min, max] as its max, so the column stays a number when a sweep switches to a range and appends to the same
+    files (a pretraining row's `workers` says how many trained its step)."""
     columns = {k: (str(v) if isinstance(v, (list, dict)) else v) for k, v in flatten(run).items()}
+    columns["resources.num_workers"] = run.resources.max_workers
     phases = run.phases.resolved()
     columns["phases.clm_share"] = run.clm_share
     columns["phases.clm_steps"] = sum(p.steps for p in phases if p.objective == "clm")
@@ -53,7 +56,9 @@ class PretrainRow:
     """The pretraining step of the report."""
     metrics: dict[str, Any]
     """The report: tokens_seen, phase, objective, train/ and val/ losses, lr, tokens_per_s, mfu on GPU, data_epochs
-    (passes over the training blocks at this step, a continued run's source's included: above 1, repeated data)."""
+    (passes over the training blocks at this step, a continued run's source's included: above 1, repeated data),
+    workers (the Train workers that trained the step: in an elastic segment, resources.num_workers [min, max], as
+    many as were placed; the global batch and its order are the same at every count)."""
     checkpoint: str = ""
     """The checkpoint written with this report; "" when none."""
     settings: dict[str, Any] = field(default_factory=dict)

@@ -406,7 +406,9 @@ def describe(plan: Plan, spec: SweepSpec) -> str:
     lines.append(f"estimate: {plan.gpu_hours(spec):,.0f} GPU-hours planned vs {plan.gpu_hours(spec, planned=False):,.0f} "
                  f"naive at {spec.sweep.mfu:.0%} MFU of {spec.sweep.gpu_peak_tflops:g} TFLOP/s")
     res, ft = spec.run.resources, spec.finetune
-    lines.append(f"resources: each pretraining segment holds {res.num_workers} Train worker(s) x {res.cpus_per_worker:g} "
+    counts = res.worker_counts  # an elastic segment: as many as it can place between min and max
+    workers = counts[0] if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+    lines.append(f"resources: each pretraining segment holds {workers} Train worker(s) x {res.cpus_per_worker:g} "
                  f"CPU, {res.gpus_per_worker:g} GPU (up to {res.max_concurrent} segment(s) at once); each fine-tuning "
                  f"trial holds {ft.cpus_per_trial:g} CPU, {ft.gpus_per_trial:g} GPU")
     if ft.tasks:

@@ -1,0 +1,53 @@
+"""The resources section of a run config: how many Ray Train workers a pretraining segment holds, what each holds,
+and how many segments or trials run at once. None of it changes a run's weights (`metadata=NOT_WEIGHTS`), so none
+of it enters a run's name or the planner's shared segments (raybiphase.config.identity).
+
+`num_workers: [min, max]` makes a segment elastic (Ray Train's elastic worker group): it trains with any count in
+the range that the cluster can place, and the run config checks that every such count shares the global batch
+evenly (RunConfig), so the losses do not depend on the count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from raybiphase.config.load import NOT_WEIGHTS, check, non_negative, positive
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResourcesConfig:
+    num_workers: int | tuple[int, int] = field(default=2, metadata=NOT_WEIGHTS)
+    """Ray Train workers per pretraining segment (0: Ray Train's local mode, the loop runs in the process that fits the segment: the sweep's driver); [min, max]: an elastic segment on spot GPUs, which starts with as many as it can place (at least min), restarts from its latest checkpoint with those left when a node is lost, and grows back to max by the same restart (checked every resources.resize_check_s). Every size in the range reads the same global batch in the same order, so the losses do not depend on it; the cost estimates and the bill plan for max."""
+    resize_check_s: float = field(default=60.0, metadata=NOT_WEIGHTS)
+    """An elastic segment (num_workers [min, max]) below max looks this often, in seconds, for room to grow; each growth restarts the segment from its latest checkpoint, so the steps since it are trained again."""
+    cpus_per_worker: float = field(default=0.5, metadata=NOT_WEIGHTS)
+    """CPUs each Train worker holds (leave room for Ray Data on small machines)."""
+    gpus_per_worker: float = field(default=0.0, metadata=NOT_WEIGHTS)
+    """GPUs each Train worker holds."""
+    max_concurrent: int = field(default=1, metadata=NOT_WEIGHTS)
+    """Segments or fine-tuning trials running at once."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_workers, tuple):
+            low, high = self.num_workers
+            check(low >= 1, "resources.num_workers", f"{list(self.num_workers)}: the minimum {low} is out of range; "
+                  "allowed: [min, max] with 1 <= min <= max (0, local mode, is a plain number)")
+            check(low <= high, "resources.num_workers", f"{list(self.num_workers)}: the minimum is above the "
+                  "maximum; allowed: [min, max] with 1 <= min <= max")
+        else:
+            non_negative(self.num_workers, "resources.num_workers")
+        positive(self.resize_check_s, "resources.resize_check_s")
+        positive(self.cpus_per_worker, "resources.cpus_per_worker")
+        non_negative(self.gpus_per_worker, "resources.gpus_per_worker")
+        positive(self.max_concurrent, "resources.max_concurrent")
+
+    @property
+    def worker_counts(self) -> range:
+        """Every number of workers a segment may train with: the one given, or each size of [min, max]."""
+        low, high = self.num_workers if isinstance(self.num_workers, tuple) else (self.num_workers,) * 2
+        return range(low, high + 1)
+
+    @property
+    def max_workers(self) -> int:
+        """The most workers a segment holds: what the cost estimates, the bill and the timeline plan for."""
+        return self.worker_counts[-1]
