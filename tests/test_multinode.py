@@ -293,14 +293,10 @@ def test_a_worker_node_lost_whole_mid_segment_costs_only_the_steps_since_its_che
     if not storage.is_file(storage.join(clean, storage.FINETUNE_FILE)):
         two_nodes.run([f"sweep.storage={root}/results", f"data.dir={root}/shards", *SHRUNK])
     lost = f"{root}/results-lost/quickstart"
-    paths, prefix, started = storage.SweepPaths(lost), None, time.time()
+    paths, started = storage.SweepPaths(lost), time.time()
     job = two_nodes.submit([f"sweep.storage={root}/results-lost", f"data.dir={root}/shards", *SHRUNK])
     try:
-        while time.time() < started + 600 and job.poll() is None and prefix is None:
-            if storage.exists(paths.runs):
-                prefix = next((name for name in storage.list_folders(paths.runs)
-                               if storage.is_checkpoint(paths.checkpoint(name, CHECKPOINT_EVERY))), None)
-            time.sleep(0.2)
+        prefix = _first_checkpointed(paths, job, started)
         assert prefix is not None, "the shared prefix never committed its first checkpoint"
         killed, lost_at = two_nodes.lose_worker(), time.time()
         beat = storage.read_json(paths.progress(prefix)) or {}
@@ -351,6 +347,21 @@ ELASTIC = [  # one 40-step run, its 2,048-token batch as 2 micro-batches; 1.5 CP
 ]
 
 
+def _first_checkpointed(paths, job: subprocess.Popen, started: float) -> str | None:
+    """The first segment of the sweep at `paths` to commit its step-CHECKPOINT_EVERY checkpoint (None if the job
+    ends or 600 s pass first)."""
+    from raybiphase import storage
+
+    while time.time() < started + 600 and job.poll() is None:
+        if storage.exists(paths.runs):
+            found = next((name for name in storage.list_folders(paths.runs)
+                          if storage.is_checkpoint(paths.checkpoint(name, CHECKPOINT_EVERY))), None)
+            if found is not None:
+                return found
+        time.sleep(0.2)
+    return None
+
+
 def _first_beat_after(path: str, moment: float, job: subprocess.Popen) -> tuple[int | None, float | None]:
     """The step of the first progress beat written after `moment`, and when (None, None if the job ends first)."""
     from raybiphase import storage
@@ -380,14 +391,10 @@ def test_an_elastic_segment_that_loses_a_node_for_good_finishes_on_the_node_left
     while len(two_nodes.worker_namespaces) < 2:
         two_nodes.add_worker()
     root = f"{s3_bucket}/two-nodes"  # shards of its own: nothing held out, unlike the quickstart's
-    paths, run, started = storage.SweepPaths(f"{root}/results-elastic/quickstart"), None, time.time()
+    paths, started = storage.SweepPaths(f"{root}/results-elastic/quickstart"), time.time()
     job = two_nodes.submit([f"sweep.storage={root}/results-elastic", f"data.dir={root}/shards-elastic", *ELASTIC])
     try:
-        while time.time() < started + 600 and job.poll() is None and run is None:
-            if storage.exists(paths.runs):
-                run = next((name for name in storage.list_folders(paths.runs)
-                            if storage.is_checkpoint(paths.checkpoint(name, CHECKPOINT_EVERY))), None)
-            time.sleep(0.2)
+        run = _first_checkpointed(paths, job, started)
         assert run is not None, (job.communicate()[0][-4000:] if job.poll() is not None else
                                  "the segment never committed its first checkpoint")
         killed, lost_at = two_nodes.lose_worker(), time.time()
