@@ -248,9 +248,10 @@ def record_pretraining(ctx: SweepContext, segment: Segment) -> int:
     resume point is not one): (run, step) keyed, appended once."""
     paths, plan = ctx.paths, ctx.plan
     reports = {r["step"]: r for r in results(read_history(paths.run_dir(segment.id)))}
-    end = paths.checkpoint(segment.id, segment.end)
-    if segment.end not in reports and storage.is_checkpoint(end):  # the driver died between checkpoint and history
-        reports[segment.end] = {**read_meta(end).metrics, "checkpoint": end}
+    for step in paths.checkpoint_steps(segment.id):  # a worker died between a checkpoint's commit and its history
+        saved = paths.checkpoint(segment.id, step)
+        if step not in reports and storage.is_checkpoint(saved):
+            reports.update({step: {**m, "checkpoint": saved} for m in results([read_meta(saved).metrics])})
     rows = [result_rows.pretrain_row(name, plan.runs[name].config, sweep=ctx.spec.sweep.name, segment=segment.id,
                                      report=report).record()
             for report in reports.values() if segment.start < report["step"] <= segment.end
