@@ -1,4 +1,4 @@
-"""Fine-tuning pipelined with pretraining (issue 29, point 2), on a real local Ray: a two-run sweep whose runs share
+"""Fine-tuning pipelined with pretraining, on a real local Ray: a two-run sweep whose runs share
 their CLM prefix; the short run's child segment is pretrained, exported and fine-tuned while the long run's child
 still trains beside it."""
 
