@@ -164,7 +164,8 @@ class TwoNodes:
 
     def wait_for_cpus(self, cpus: float, timeout: float = 120) -> None:
         """Until the head counts `cpus` CPUs: a node `ray start` has started registers with it a moment later."""
-        probe = f"import ray; ray.init(address='127.0.0.1:{self.port}'); print('CPUs', ray.cluster_resources().get('CPU'))"
+        probe = (f"import ray; ray.init(address='127.0.0.1:{self.port}'); "
+                 "print('CPUs', ray.cluster_resources().get('CPU'))")
         deadline = time.time() + timeout
         while True:
             done = subprocess.run([sys.executable, "-c", probe], env=self.env, capture_output=True, text=True,
@@ -249,12 +250,6 @@ def _table(results: str, name: str):
     return pq.read_table(path, filesystem=fs).to_pandas()
 
 
-def _tables(results: str):
-    from raybiphase import storage
-
-    return _table(results, storage.FINETUNE_FILE), _table(results, storage.PRETRAIN_FILE)
-
-
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_a_job_without_the_clusters_token_is_refused_and_one_with_it_runs(two_nodes):
@@ -288,7 +283,7 @@ def test_the_quickstart_on_two_nodes_crosses_only_through_the_bucket(two_nodes, 
     print(f"two-node quickstart: {time.time() - started:.0f}s")
 
     results = f"{root}/results/quickstart"
-    finetune, _ = _tables(results)
+    finetune = _table(results, storage.FINETUNE_FILE)
     assert len(finetune[finetune["source"] == "raybiphase"]) == 3  # (two runs + their untrained control) x 1 x 1 x 1
     assert finetune["test_score"].between(0, 1).all()
     assert storage.is_file(storage.join(results, storage.PRETRAIN_FILE))
@@ -355,14 +350,15 @@ def test_a_worker_node_lost_whole_mid_segment_costs_only_the_steps_since_its_che
     for loss in losses:
         assert both[loss].fillna(-1.0).equals(both[f"{loss}_lost"].fillna(-1.0)), both[["run", "step", loss]]
     # every run's final export, what fine-tuning reads: the same bytes
-    final = 2 * PREFIX_STEPS
-    ends = [name for name in storage.list_folders(storage.SweepPaths(clean).runs)
-            if storage.is_file(storage.join(storage.SweepPaths(clean).checkpoint(name, final), "hf", "model.safetensors"))]
+    clean_paths = storage.SweepPaths(clean)
+
+    def weights(at: storage.SweepPaths, name: str) -> str:
+        return storage.join(storage.hf_dir(at.checkpoint(name, 2 * PREFIX_STEPS)), "model.safetensors")
+
+    ends = [name for name in storage.list_folders(clean_paths.runs) if storage.is_file(weights(clean_paths, name))]
     assert len(ends) == 2, ends
     for name in ends:
-        clean_bytes, lost_bytes = (storage.read_bytes(storage.join(storage.SweepPaths(at).checkpoint(name, final), "hf",
-                                                                   "model.safetensors")) for at in (clean, lost))
-        assert clean_bytes == lost_bytes, name
+        assert storage.read_bytes(weights(clean_paths, name)) == storage.read_bytes(weights(paths, name)), name
 
 
 # Ray Train's first restart after a node loss still asks for 2 workers (Ray marks the node dead 13-14 s after it
@@ -370,7 +366,8 @@ def test_a_worker_node_lost_whole_mid_segment_costs_only_the_steps_since_its_che
 # seen on 2 loaded cores took 21 s, and a start that times out is retried: Ray Train sets no limit on those)
 START_TIMEOUT, START_TIMEOUT_S = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", 30
 ELASTIC = [  # one 40-step run, its 2,048-token batch as 2 micro-batches; 1.5 CPUs a worker: one per 2-CPU node
-    "sweep.grid={phases.clm_share: [0.5]}", "resources.num_workers=[1, 2]", "resources.cpus_per_worker=1.5", "resources.max_concurrent=1",
+    "sweep.grid={phases.clm_share: [0.5]}", "resources.num_workers=[1, 2]", "resources.cpus_per_worker=1.5",
+    "resources.max_concurrent=1",
     "train.micro_batch_size=8", "data.max_documents=1200", f"phases.steps={PREFIX_STEPS}", "optim.warmup_steps=2",
     "optim.decay_steps=2", f"train.eval_every={CHECKPOINT_EVERY}", f"train.checkpoint_every={CHECKPOINT_EVERY}",
     "finetune.tasks=[]", "data.decontam_tasks=[tweets]",  # no fine-tuning, and the quickstart's shards (held out)

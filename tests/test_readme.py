@@ -99,6 +99,7 @@ def test_the_quickstart_table_is_the_recorded_run():
     line = re.search(r"At this scale (.+?) do not separate from the control .*?; (.+?) do\.", text, re.S)
     assert line and re.findall(r"SC|TC|QA|IR", line[1]) == rest and re.findall(r"SC|TC|QA|IR", line[2]) == apart
 
+
 def test_the_retrieval_figures_are_the_recorded_benchmarks():
     """The README's ranking figures are those of the IR benchmark record it names."""
     import json
