@@ -10,6 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks added here
 def pytest_collection_modifyitems(config, items):
     import torch
 
@@ -18,6 +19,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:  # a test that needs the shared Ray (directly or through a fixture) is a `ray` test
         if "ray_cluster" in item.fixturenames:
             item.add_marker(pytest.mark.ray)
+        # one pytest-xdist process runs every test that starts Ray or trains, in this order (the cluster tests
+        # last), while the other runs the unit layer: two Rays at once would share 2 cores, a cluster test's
+        # `ray stop` ends both, and slow tests beside the Ray ones cost those more than they save
+        if {"slow", "ray", "cluster"} & set(item.keywords):
+            item.add_marker(pytest.mark.xdist_group("ray"))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
