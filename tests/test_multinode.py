@@ -315,7 +315,7 @@ def test_a_worker_node_lost_whole_mid_segment_costs_only_the_steps_since_its_che
         prefix = _first_checkpointed(paths, job, started)
         assert prefix is not None, "the shared prefix never committed its first checkpoint"
         killed, lost_at = two_nodes.lose_worker(), time.time()
-        beat = storage.read_json(paths.progress(prefix)) or {}
+        beat = _beat(paths.progress(prefix))
         committed = max(step for step in paths.checkpoint_steps(prefix)
                         if storage.is_checkpoint(paths.checkpoint(prefix, step)))
         mid_segment = committed < PREFIX_STEPS
@@ -323,7 +323,7 @@ def test_a_worker_node_lost_whole_mid_segment_costs_only_the_steps_since_its_che
         two_nodes.add_worker()
         resumed = None  # the step of the prefix's first progress beat after the loss
         while job.poll() is None:
-            beat_after = storage.read_json(paths.progress(prefix)) or {}
+            beat_after = _beat(paths.progress(prefix))
             if resumed is None and beat_after.get("time", 0) > lost_at:
                 resumed = beat_after["step"]
             time.sleep(0.5)
@@ -389,12 +389,21 @@ def _first_checkpointed(paths, job: subprocess.Popen, started: float) -> str | N
     return None
 
 
-def _first_beat_after(path: str, moment: float, job: subprocess.Popen) -> tuple[int | None, float | None]:
-    """The step of the first progress beat written after `moment`, and when (None, None if the job ends first)."""
+def _beat(path: str) -> dict:
+    """A segment's last progress beat, read as the driver reads it: {} when there is none or it cannot be read (one
+    upload the lost node cut short was seen kept by moto, zero-padded)."""
     from raybiphase import storage
 
+    try:
+        return storage.read_json(path) or {}
+    except ValueError:
+        return {}
+
+
+def _first_beat_after(path: str, moment: float, job: subprocess.Popen) -> tuple[int | None, float | None]:
+    """The step of the first progress beat written after `moment`, and when (None, None if the job ends first)."""
     while job.poll() is None:
-        beat = storage.read_json(path) or {}
+        beat = _beat(path)
         if beat.get("time", 0) > moment:
             return beat["step"], time.time()
         time.sleep(0.5)
