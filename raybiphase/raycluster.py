@@ -54,6 +54,10 @@ def ensure_ray(num_cpus: int | None = None) -> None:
                            runtime_env=runtime_env)
     else:  # a Ray of our own even where `ray start` left one on this machine (RAY_ADDRESS=auto joins that one)
         say_other_clusters()
+        # one node this process owns: no autoscaler drains it, so Ray Train's preemption watcher (an actor per
+        # worker group, polling the GCS for drain notices) would watch for nothing. It costs about 1.5 CPU-seconds
+        # per segment; a SIGTERM still reaches the loop's own handler (raybiphase.pretrain.preemption).
+        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
         context = ray.init(
             address="local",
             num_cpus=num_cpus or int(env_number("RAYBIPHASE_NUM_CPUS", os.cpu_count() or 2, minimum=1)),

@@ -27,6 +27,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # where Ray looks for its mode and token
+LOCAL_ONLY = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 CHECKPOINT_EVERY, PREFIX_STEPS = 10, 40
 SHRUNK = [  # the quickstart's CLM->MLM and CLM runs (a shared 40-step CLM prefix continued from the bucket), small
     "sweep.grid={phases.clm_share: [0.5, 1.0]}", "resources.num_workers=1", "resources.max_concurrent=2",
@@ -120,7 +121,8 @@ class TwoNodes:
     of the user's on the same machine (a sweep under way) is left alone, where `ray stop` would stop it too."""
 
     def __init__(self):
-        self.env = {k: v for k, v in os.environ.items() if k not in {"RAY_ADDRESS", *AUTH_ENV}}
+        # not what ensure_ray set for the local Ray in this process (Ray Train's preemption watcher off)
+        self.env = {k: v for k, v in os.environ.items() if k not in {"RAY_ADDRESS", *AUTH_ENV, LOCAL_ONLY}}
         self.token_dir = Path(tempfile.mkdtemp(prefix="rbp-token-", dir="/dev/shm"))  # /dev/shm: not hidden
         self.token_file = self.token_dir / "ray-token"
         subprocess.run(["sh", str(REPO / "cluster" / "make-token.sh"), str(self.token_file)], check=True,
@@ -464,23 +466,25 @@ def test_an_elastic_segment_that_loses_a_node_for_good_finishes_on_the_node_left
 @pytest.mark.slow
 def test_a_driver_without_ray_address_starts_its_own_ray_beside_a_ray_start_cluster(two_nodes):
     """`ray start` left a cluster on this machine (the two nodes): a driver without RAY_ADDRESS starts a local Ray of
-    its own, sized by this machine's CPUs (Ray would join the other one, and refuse its size with a ValueError);
-    with RAY_ADDRESS it joins that one instead."""
-    probe = ("from raybiphase.raycluster import ensure_ray; import ray; ensure_ray(num_cpus=1); "
-             "print('cluster', ray.get_runtime_context().gcs_address, ray.cluster_resources().get('CPU'))")
+    its own, sized by this machine's CPUs (Ray would join the other one, and refuse its size with a ValueError),
+    without Ray Train's preemption watcher (nothing drains a node of its own); with RAY_ADDRESS it joins that one
+    instead, and Ray Train watches its nodes for drain notices."""
+    probe = ("import os; from raybiphase.raycluster import ensure_ray; import ray; ensure_ray(num_cpus=1); "
+             "print('cluster', ray.get_runtime_context().gcs_address, ray.cluster_resources().get('CPU'), "
+             "os.environ.get('RAY_TRAIN_ENABLE_PREEMPTION_WATCHER', 'default'))")
 
-    def cluster(env) -> tuple[str, float]:
+    def cluster(env) -> tuple[str, float, str]:
         done = subprocess.run([sys.executable, "-c", probe], env=env, cwd=REPO, capture_output=True, text=True,
                               timeout=120)
         line = next((line for line in done.stdout.splitlines() if line.startswith("cluster ")), None)
         assert done.returncode == 0 and line, done.stderr[-2000:]
         said.append(done.stdout)
-        address, cpus = line.split()[1:]
-        return address, float(cpus)
+        address, cpus, watcher = line.split()[1:]
+        return address, float(cpus), watcher
 
     said: list[str] = []
-    own, cpus = cluster(two_nodes.env)
-    assert not own.endswith(f":{two_nodes.port}") and cpus == 1.0
+    own, cpus, watcher = cluster(two_nodes.env)
+    assert not own.endswith(f":{two_nodes.port}") and cpus == 1.0 and watcher == "0"
     assert "Ray: a cluster already runs on this machine (" in said[0] and f":{two_nodes.port}" in said[0]  # said so
-    joined, cpus = cluster({**two_nodes.env, "RAY_ADDRESS": f"127.0.0.1:{two_nodes.port}"})
-    assert joined.endswith(f":{two_nodes.port}") and cpus == 2.0  # the worker node's CPUs (the head offers none)
+    joined, cpus, watcher = cluster({**two_nodes.env, "RAY_ADDRESS": f"127.0.0.1:{two_nodes.port}"})
+    assert joined.endswith(f":{two_nodes.port}") and cpus == 2.0 and watcher == "default"  # the worker node's CPUs (the head offers none)
