@@ -40,6 +40,7 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
+from raybiphase import storage  # noqa: E402
 from raybiphase.config import DataConfig, SweepSpec, from_dict  # noqa: E402
 from raybiphase.data.assets import cache_dir  # noqa: E402
 from raybiphase.data.prepare import prepare  # noqa: E402
@@ -66,7 +67,8 @@ def jobs_for(run, run_dir: str, data_dir: str, segments: int, steps: int) -> lis
 
 
 def final_weights(run_dir: str, step: int) -> dict[str, torch.Tensor]:
-    return load_file(str(Path(run_dir) / f"step-{step:08d}" / "hf" / "model.safetensors"))
+    return load_file(storage.join(storage.hf_dir(storage.join(run_dir, storage.checkpoint_name(step))),
+                                  "model.safetensors"))
 
 
 def main() -> int:

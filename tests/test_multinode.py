@@ -471,7 +471,7 @@ def test_a_driver_without_ray_address_starts_its_own_ray_beside_a_ray_start_clus
     instead, and Ray Train watches its nodes for drain notices."""
     probe = ("import os; from raybiphase.raycluster import ensure_ray; import ray; ensure_ray(num_cpus=1); "
              "print('cluster', ray.get_runtime_context().gcs_address, ray.cluster_resources().get('CPU'), "
-             "os.environ.get('RAY_TRAIN_ENABLE_PREEMPTION_WATCHER', 'default'))")
+             f"os.environ.get('{LOCAL_ONLY}', 'default'))")
 
     def cluster(env) -> tuple[str, float, str]:
         done = subprocess.run([sys.executable, "-c", probe], env=env, cwd=REPO, capture_output=True, text=True,
@@ -487,4 +487,5 @@ def test_a_driver_without_ray_address_starts_its_own_ray_beside_a_ray_start_clus
     assert not own.endswith(f":{two_nodes.port}") and cpus == 1.0 and watcher == "0"
     assert "Ray: a cluster already runs on this machine (" in said[0] and f":{two_nodes.port}" in said[0]  # said so
     joined, cpus, watcher = cluster({**two_nodes.env, "RAY_ADDRESS": f"127.0.0.1:{two_nodes.port}"})
-    assert joined.endswith(f":{two_nodes.port}") and cpus == 2.0 and watcher == "default"  # the worker node's CPUs (the head offers none)
+    # the worker node's CPUs (the head offers none); the watcher as Ray Train sets it by default
+    assert joined.endswith(f":{two_nodes.port}") and cpus == 2.0 and watcher == "default"
