@@ -133,6 +133,9 @@ def ours(hf_dir: Path, args, device) -> dict:
         def timed_load(path):
             with watch.phase("load"):
                 model = load_model(path).to(head.device)  # run_trial's own .to(device) is then a no-op
+            if args.compile:
+                for block in model.model.layers:  # as train.compile does in pretraining; compiled in the train phase
+                    block.compile()
             watch.start("train")
             return model
 
@@ -258,10 +261,10 @@ def profile_ours(hf_dir: Path, args, device, top: int = 20) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities, profile_memory=device.type == "cuda") as prof:
+    with profile(activities=activities) as prof:
         ours(hf_dir, args, device)
     table = prof.key_averages()
-    keys = ["cpu_time_total"] + (["self_cuda_time_total", "self_cuda_memory_usage"] if device.type == "cuda" else [])
+    keys = ["self_cpu_time_total"] + (["self_cuda_time_total"] if device.type == "cuda" else [])
     for key in keys:
         print(f"# profile of ours, by {key}:")
         print(table.table(sort_by=key, row_limit=top, max_name_column_width=70))
@@ -297,6 +300,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="which sides run, in this order; the ratio compares each side's last run. The default runs "
                         "each twice, so both are compared warm: a process's first trial builds cuDNN/cuBLAS plans "
                         "for each new padded width (on an H100, 210m: 128 examples/s cold, 472 warm)")
+    p.add_argument("--pad-multiple", type=int, default=None,
+                   help="ours: round each batch's width up to this multiple on CUDA (default: the heads' "
+                        "CUDA_PAD_MULTIPLE; 1 pads to the batch's longest, as the Trainer's collator does)")
+    p.add_argument("--compile", action="store_true",
+                   help="ours: torch.compile each transformer block, as pretraining's train.compile does (the "
+                        "compilation counts in the training time)")
+    p.add_argument("--hf-dir", help="fine-tune this checkpoint folder, made there first if absent (default: a "
+                                    "fresh one in a temporary folder); separate runs then start from the same weights")
     p.add_argument("--profile", action="store_true",
                    help="also run ours once more under torch.profiler and print the top operators (CPU and device)")
     p.add_argument("--json", help="write the records here")
@@ -304,7 +315,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import transformers
 
+    from raybiphase.finetune.heads import base
     from raybiphase.finetune.tasks import get_task, load_splits
+
+    if args.pad_multiple is not None:
+        base.CUDA_PAD_MULTIPLE = args.pad_multiple
 
     transformers.logging.set_verbosity_error()  # both sides load a head that is new by design: no load report
     transformers.logging.disable_progress_bar()
@@ -317,17 +332,21 @@ def main(argv: list[str] | None = None) -> int:
             "torch": torch.__version__, "transformers": transformers.__version__,
             "date": datetime.date.today().isoformat(), "command": shlex.join(["python", *sys.argv]),
             "size": args.size, "task": args.task, "batch_size": args.batch_size, "max_len": args.max_len}
+    # each side's batch widths: ours rounded up to this multiple on CUDA; the Trainer's collator pads to the longest
+    padding = {"ours": base.CUDA_PAD_MULTIPLE if device.type == "cuda" else 1, "trainer": 1}
     print(f"# {meta}", flush=True)
     splits = load_splits(task)  # read once for both sides (run_trial's call hits this cache)
     _warm_up(device)
     records = []
     with tempfile.TemporaryDirectory(prefix="bench_ft-") as tmp:
-        hf_dir = Path(tmp)
-        checkpoint(args.size, Path(args.data), hf_dir)
+        hf_dir = Path(args.hf_dir or tmp)
+        if not (hf_dir / "config.json").is_file():
+            checkpoint(args.size, Path(args.data), hf_dir)
         for run, side in enumerate(args.sides):
             _fresh(device)
             record = ours(hf_dir, args, device) if side == "ours" else trainer(hf_dir, args, device, splits)
-            records.append({**meta, "run": run, **record})
+            records.append({**meta, "run": run, "pad_multiple": padding[side],
+                            "compile": args.compile and side == "ours", **record})
             print(f"# {side}: {record['examples_per_s']:.1f} examples/s, test {record['test_score']:.4f}", flush=True)
         if args.profile:
             profile_ours(hf_dir, args, device)

@@ -33,8 +33,10 @@ device synchronised at each step's end. Results: a table, and one JSON record pe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
+import itertools
 import json
 import os
 import sys
@@ -160,6 +162,43 @@ class Side:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(total)  # waits for the device
+
+
+SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                 "math": "MATH"}
+
+
+def sdpa_priority(order: str):
+    """Torch's SDPA kernels tried in this order ("cudnn,flash,efficient,math"); "default" keeps torch's own."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if order == "default":
+        return contextlib.nullcontext()
+    return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[name]) for name in order.split(",")], set_priority=True)
+
+
+@contextlib.contextmanager
+def fused_head(head: str):
+    """"ours": the step's head as `raybiphase.pretrain.loss` calls liger-kernel (chunks of about CHUNK_ROWS rows, the
+    weight cast once under autocast); "liger-defaults": liger's own chunking (about rows / (vocabulary / hidden))
+    and the fp32 weight as it is, the baseline that call improves on."""
+    from raybiphase.pretrain import loss
+
+    if head == "ours" or not loss.fused_kernel_available():
+        yield
+        return
+
+    def liger_defaults(rows, weight, labels, bias, chunk_rows):
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+        out = liger_fused_linear_cross_entropy(rows, weight, labels, bias, reduction="sum")
+        return out[0] if isinstance(out, tuple) else out
+
+    ours, loss._fused = loss._fused, liger_defaults
+    try:
+        yield
+    finally:
+        loss._fused = ours
 
 
 def _free():
@@ -358,14 +397,19 @@ def cmd_run(args) -> int:
                 continue
             accum = max(1, ours * args.accum // m)  # the same global batch as ours
             variants = args.variants if mode == "plain" else ["eager"]
+            orders = args.sdpa if mode == "plain" else ["default"]
+            heads = args.heads if mode == "plain" else ["ours"]
             for objective in args.objectives:
-                for variant in variants:
+                for variant, order, head in itertools.product(variants, orders, heads):
                     compile = variant in ("compile", "compile+nondeterministic")
-                    keep(measure(mode, size, manifest, device, micro=m, accum=accum, objective=objective,
-                                 steps=args.steps, warmup=args.warmup + (3 if compile else 0), compile=compile,
-                                 deterministic="nondeterministic" not in variant,
-                                 profiled=args.profile and mode == "plain" and variant == variants[-1],
-                                 attn=args.attn if mode == "plain" else "sdpa"))
+                    with sdpa_priority(order), fused_head(head):  # held while compiling: kernels chosen at trace
+                        r = measure(mode, size, manifest, device, micro=m, accum=accum, objective=objective,
+                                    steps=args.steps, warmup=args.warmup + (3 if compile else 0), compile=compile,
+                                    deterministic="nondeterministic" not in variant,
+                                    profiled=args.profile and mode == "plain" and variant == variants[-1],
+                                    attn=args.attn if mode == "plain" else "sdpa")
+                    keep({**r, **({"sdpa_priority": order} if order != "default" else {}),
+                          **({"head": head} if mode == "plain" and fused_kernel_available() else {})})
         if "ray" in args.modes:
             for r in ray_side(size, root, micro=ours, accum=args.accum, steps=args.ray_steps,
                               report_every=args.report_every, compile="compile" in args.variants):
@@ -374,6 +418,12 @@ def cmd_run(args) -> int:
             keep(finetune_rate(size, root, args.finetune_task, args.finetune_batch, args.finetune_steps,
                                args.finetune_max_len))
     return 0
+
+
+def _sdpa_order(text: str) -> str:
+    if text != "default" and not set(text.split(",")) <= set(SDPA_BACKENDS):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 'default' or names from {', '.join(SDPA_BACKENDS)}")
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -399,6 +449,11 @@ def main(argv: list[str] | None = None) -> int:
                           "algorithms; Ray Train compiles when 'compile' is listed")
     run.add_argument("--attn", default="sdpa", choices=["sdpa", "flex_attention", "flash_attention_2"],
                      help="our step's attention backend (model.attn_implementation); the baseline keeps sdpa")
+    run.add_argument("--sdpa", nargs="+", default=["default"], type=_sdpa_order,
+                     help="ours: SDPA kernel priority orders to measure, each comma-separated from "
+                          f"{','.join(SDPA_BACKENDS)} (\"cudnn,flash,efficient,math\"), or \"default\" (torch's)")
+    run.add_argument("--heads", nargs="+", default=["ours"], choices=["ours", "liger-defaults"],
+                     help="ours: how the LM head's fused cross-entropy is called (see fused_head), each measured")
     run.add_argument("--profile", action="store_true", help="print the top kernels of the last variant of ours")
     run.add_argument("--ray-steps", type=int, default=16, help="steps per phase under Ray Train")
     run.add_argument("--report-every", type=int, default=4)

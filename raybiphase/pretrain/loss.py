@@ -74,11 +74,32 @@ def linear_cross_entropy(rows: torch.Tensor, weight: torch.Tensor, labels: torch
     if rows.shape[0] == 0:
         return (rows.sum() + weight.sum()) * 0.0  # keeps the graph (and FSDP's hooks) when a batch has no label
     if rows.is_cuda and fused_kernel_available():
-        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
-
-        out = liger_fused_linear_cross_entropy(rows, weight, labels, bias, reduction="sum")
-        return out[0] if isinstance(out, tuple) else out  # some versions also return the z-loss
+        return _fused(rows, weight, labels, bias, chunk_rows)
     return _ChunkedLinearCE.apply(rows, weight, bias, labels, chunk_rows)  # fp32, whatever the weights' dtype
+
+
+def _fused(rows: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias: torch.Tensor | None,
+           chunk_rows: int) -> torch.Tensor:
+    """liger-kernel's fused linear cross-entropy in chunks of about `chunk_rows` rows, summed.
+
+    Its default chunks are sized to the hidden states (about rows / (vocabulary / hidden): 128 rows at 610m's 1,152
+    and 128,256), and each chunk adds its product into the fp32 gradient of the whole head, which makes that
+    accumulation memory-bound; `chunk_mem_const` sets the chunks to about `chunk_rows` instead. Under autocast the
+    weight is cast to the autocast dtype once here rather than once per chunk inside the kernel's matmuls, and the
+    head's gradient accumulates in fp32 (`accum_dtype`) before its one rounding, as autocast rounds every other
+    layer's."""
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    n, hidden = rows.shape
+    vocabulary = weight.shape[0]
+    chunk_mem_const = max(1, round(vocabulary * chunk_rows / (hidden * n)))  # liger: chunk ~ n / (V / (c * H))
+    if torch.is_autocast_enabled("cuda"):
+        dtype = torch.get_autocast_dtype("cuda")
+        rows, weight = rows.to(dtype), weight.to(dtype)
+        bias = bias.to(dtype) if bias is not None else None
+    out = liger_fused_linear_cross_entropy(rows, weight, labels, bias, reduction="sum", accum_dtype=torch.float32,
+                                           chunk_mem_const=chunk_mem_const)
+    return out[0] if isinstance(out, tuple) else out  # some versions also return the z-loss
 
 
 @functools.cache

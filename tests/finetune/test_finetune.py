@@ -68,6 +68,27 @@ def test_a_trial_reports_at_each_evaluation_and_returns_scores_in_range(tiny_che
     assert len(result.test_per_example) == 48 and result.test_score == np.mean(result.test_per_example)
 
 
+def test_cuda_batches_come_in_a_few_widths_and_cpu_batches_at_their_longest(tiny_checkpoint):
+    """On CUDA a batch is padded to a multiple of CUDA_PAD_MULTIPLE, never past max_len, so a trial's process meets a
+    few shapes; on the CPU to its longest sequence."""
+    import torch
+
+    from raybiphase.finetune.heads import head_for
+    from raybiphase.finetune.heads.base import CUDA_PAD_MULTIPLE
+    from raybiphase.finetune.tasks import get_task
+    from raybiphase.finetune.trial import load_checked_tokenizer
+
+    head = head_for(get_task("tweets"), load_checked_tokenizer(tiny_checkpoint), max_len=100)
+    short, longer, longest = [7] * 3, [7] * (CUDA_PAD_MULTIPLE + 6), [7] * 100
+    ids, mask = head.batch([short, longer])
+    assert ids.shape == mask.shape == (2, CUDA_PAD_MULTIPLE + 6) and mask.sum().item() == 3 + CUDA_PAD_MULTIPLE + 6
+    assert (ids[0, 3:] == head.pad_id).all()
+    head.device = torch.device("cuda")  # the width depends on the device's type only
+    assert head.width([short]) == CUDA_PAD_MULTIPLE
+    assert head.width([short, longer]) == 100  # 128, capped at max_len
+    assert head.width([longest]) == 100
+
+
 def test_the_same_seed_gives_the_same_scores(tiny_checkpoint):
     from raybiphase.finetune.spec import TrialSpec
     from raybiphase.finetune.trial import run_trial

@@ -108,6 +108,31 @@ def test_the_fused_head_gives_the_full_logits_loss_on_cuda(objective):
     assert abs(float(total / tokens) - float(reference)) < 1e-2 * float(reference)
 
 
+def test_the_fused_heads_gradients_are_those_of_full_fp32_logits_on_cuda():
+    """Under bf16 autocast, in chunks (four here), the head's loss and the gradients of its weight and of the hidden
+    rows agree with fp32 logits computed whole, up to bf16 rounding."""
+    import torch.nn.functional as F
+
+    from raybiphase.pretrain.loss import linear_cross_entropy
+
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(8192, 256, generator=g).to(CUDA).requires_grad_()
+    weight = (torch.randn(32768, 256, generator=g) * 0.05).to(CUDA).requires_grad_()
+    labels = torch.randint(0, 32768, (8192,), generator=g).to(CUDA)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        total = linear_cross_entropy(rows, weight, labels)
+    total.backward()
+    got = (float(total), rows.grad.clone(), weight.grad.clone())
+    rows.grad = weight.grad = None
+    reference = F.cross_entropy(rows @ weight.T, labels, reduction="sum")
+    reference.backward()
+    assert abs(got[0] - float(reference)) < 1e-2 * float(reference)
+    for fused, full in zip(got[1:], (rows.grad, weight.grad)):
+        assert fused.dtype == full.dtype == torch.float32
+        assert float(F.cosine_similarity(fused.flatten(), full.flatten(), dim=0)) > 0.999
+        assert abs(float(fused.norm() / full.norm()) - 1) < 1e-2
+
+
 def test_a_checkpoint_saved_on_cuda_resumes_to_the_same_next_step(tmp_path):
     """Three bf16 steps on the GPU, save (DCP), load into other weights, one more step on each: the same loss and
     the same weights (the run's deterministic settings)."""

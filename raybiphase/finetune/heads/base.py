@@ -3,6 +3,12 @@
 Inputs are built from token ids, so any tokenizer works the same way: `<bos> A <eos>` or `<bos> A <eos> B <eos>`
 (bos/eos used when the tokenizer has them), at most `max_len` tokens: no more than the checkpoint's
 `max_position_embeddings` (a raybiphase export says the length it was pretrained on), else `UserError`.
+
+A batch is padded to its longest sequence; on CUDA that width is rounded up to a multiple of `CUDA_PAD_MULTIPLE`
+(never past `max_len`). On CUDA a process pays for each new width (kernel choice and plans for every matmul and
+attention shape, lazily loaded kernels), and a fan-out trial is a fresh process: a few widths instead of one per
+batch keep that cost to the first batches. Padded positions are masked out of attention, pooling and the loss, so
+a wider batch changes scores only by floating-point rounding. CPU batches keep their longest width.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from raybiphase.errors import UserError
 from raybiphase.finetune.tasks import Task
 
 EVAL_BATCH = 64
+CUDA_PAD_MULTIPLE = 64
 
 
 @dataclass(frozen=True)
@@ -41,8 +48,9 @@ def _quiet_transformers():
             logging.enable_progress_bar()
 
 
-def pad(sequences: list[list[int]], value: int) -> torch.Tensor:
-    width = max(len(s) for s in sequences)
+def pad(sequences: list[list[int]], value: int, width: int | None = None) -> torch.Tensor:
+    """(len(sequences), width) long tensor, each row right-padded with `value`; `width` defaults to the longest."""
+    width = width or max(len(s) for s in sequences)
     return torch.tensor([s + [value] * (width - len(s)) for s in sequences], dtype=torch.long)
 
 
@@ -72,9 +80,18 @@ class Head:
         """Labels or masks on the trial's device."""
         return torch.as_tensor(values, device=self.device)
 
+    def width(self, sequences: list[list[int]]) -> int:
+        """The padded width of a batch: its longest sequence, on CUDA rounded up to CUDA_PAD_MULTIPLE within
+        max_len (module docstring)."""
+        longest = max(len(s) for s in sequences)
+        if self.device.type != "cuda":
+            return longest
+        return max(longest, min(-(-longest // CUDA_PAD_MULTIPLE) * CUDA_PAD_MULTIPLE, self.max_len))
+
     def batch(self, sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = pad(sequences, self.pad_id).to(self.device, non_blocking=True)
-        mask = pad([[1] * len(s) for s in sequences], 0).to(self.device, non_blocking=True)
+        width = self.width(sequences)
+        ids = pad(sequences, self.pad_id, width).to(self.device, non_blocking=True)
+        mask = pad([[1] * len(s) for s in sequences], 0, width).to(self.device, non_blocking=True)
         return ids, mask
 
     def forward_logits(self, model, sequences: list[list[int]]) -> torch.Tensor:

@@ -96,7 +96,7 @@ class TokenClassificationHead(Head):
 
     def loss(self, model, units: list) -> torch.Tensor:
         logits = self.forward_logits(model, [u[0] for u in units])
-        labels = pad([u[1] for u in units], IGNORE_INDEX).to(self.device)
+        labels = pad([u[1] for u in units], IGNORE_INDEX, logits.shape[1]).to(self.device)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX)
 
     def prepare_eval(self, split):

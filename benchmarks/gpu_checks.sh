@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The GPU checks in one go on one CUDA machine, each record written to OUT_DIR as soon as it is measured, so a run
+# cut short keeps what it finished. Steps (all by default, in this order):
+#   tests     `pytest -m gpu`: the step and fine-tuning on CUDA, the fused head against full logits, attention leak
+#             tests on every kernel the GPU offers;
+#   finetune  fine-tuning throughput (210m, tweets, batch 32, 512 tokens, 100 steps) from one checkpoint, each case
+#             twice in its own process (run 0 cold, as a fan-out trial's first steps are; run 1 warm): ours (CUDA
+#             batch widths rounded to 64), ours with compiled blocks, transformers' Trainer, and ours padded per
+#             batch to the longest;
+#   mfu       the 610m step at 2,048 tokens (compiled, micro-batch 16), MLM and CLM, with its top kernels: the LM
+#             head's fused cross-entropy as the step calls it, and with liger-kernel's defaults;
+#   profile   one trial of ours under torch.profiler: the operators that take the host's and the device's time.
+# Needs the repository's dependencies (with the GPU image's torch) and `bench_train_gpu.py prepare` done once, on
+# any machine (DATA_DIR, default .gpu/bench); fine-tuning reads the task data from the asset cache
+# (`python -m raybiphase assets fetch`).
+#   DATA_DIR=.gpu/bench bash benchmarks/gpu_checks.sh OUT_DIR [STEP...]
+set -uo pipefail
+out=${1:?usage: gpu_checks.sh OUT_DIR [tests] [finetune] [mfu] [profile]}
+shift
+steps=${*:-tests finetune mfu profile}
+data=${DATA_DIR:-.gpu/bench}
+py=${PYTHON:-python3}
+mkdir -p "$out"
+ckpt=$(mktemp -d)/hf  # one checkpoint for every fine-tuning run
+
+step() {  # step NAME COMMAND...: run it, say how it ended and how long it took
+    local name=$1 began=$SECONDS
+    shift
+    echo "== $name: $*"
+    "$@"
+    echo "== $name: exit $? after $((SECONDS - began)) s"
+}
+
+finetune() {  # finetune NAME [OPTION...]: one case, ours or the Trainer's side twice in one process
+    local name=$1 side=ours
+    shift
+    if [ "$name" = trainer ]; then side=trainer; fi
+    step "finetune-$name" "$py" benchmarks/bench_finetune_gpu.py --data "$data" --hf-dir "$ckpt" --sides "$side" "$side" \
+        --json "$out/ft-$name.json" "$@"
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+for s in $steps; do
+    case $s in
+        tests) step gpu-tests "$py" -m pytest -m gpu -n 0 -p no:cacheprovider -q tests/pretrain/test_gpu.py \
+                   tests/finetune/test_finetune.py ;;
+        finetune) finetune bucketed; finetune compiled --compile; finetune trainer; finetune per-batch --pad-multiple 1 ;;
+        mfu) step mfu-610m "$py" benchmarks/bench_train_gpu.py run --data "$data" --sizes 610m --modes plain --micro 16 \
+                 --accum 1 --variants compile --steps 6 --objectives mlm clm --heads ours liger-defaults --profile \
+                 --json "$out/mfu-610m.json" ;;
+        profile) step finetune-profile "$py" benchmarks/bench_finetune_gpu.py --data "$data" --hf-dir "$ckpt" --sides ours \
+                     --profile ;;
+        *) echo "gpu_checks.sh: unknown step '$s' (tests, finetune, mfu, profile)" >&2; exit 2 ;;
+    esac
+done
