@@ -133,9 +133,6 @@ def ours(hf_dir: Path, args, device) -> dict:
         def timed_load(path):
             with watch.phase("load"):
                 model = load_model(path).to(head.device)  # run_trial's own .to(device) is then a no-op
-            if args.compile:
-                for block in model.model.layers:  # as train.compile does in pretraining; compiled in the train phase
-                    block.compile()
             watch.start("train")
             return model
 
@@ -148,7 +145,8 @@ def ours(hf_dir: Path, args, device) -> dict:
         return head, units, val, test
 
     cfg = FinetuneConfig(batch_size=args.batch_size, max_steps=args.steps, max_len=args.max_len,
-                         gpus_per_trial=1 if device.type == "cuda" else 0, eval_every=10**9)
+                         gpus_per_trial=1 if device.type == "cuda" else 0, eval_every=10**9,
+                         compile=args.compile)
     trial._tokenized = timed_tokenized
     try:
         began = time.perf_counter()
@@ -304,8 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="ours: round each batch's width up to this multiple on CUDA (default: the heads' "
                         "CUDA_PAD_MULTIPLE; 1 pads to the batch's longest, as the Trainer's collator does)")
     p.add_argument("--compile", action="store_true",
-                   help="ours: torch.compile each transformer block, as pretraining's train.compile does (the "
-                        "compilation counts in the training time)")
+                   help="ours: finetune.compile, torch.compile each transformer block (the compilation counts in "
+                        "the training time)")
     p.add_argument("--hf-dir", help="fine-tune this checkpoint folder, made there first if absent (default: a "
                                     "fresh one in a temporary folder); separate runs then start from the same weights")
     p.add_argument("--profile", action="store_true",

@@ -110,6 +110,12 @@ class FinetuneConfig:
     or `full`, the whole collection (MS MARCO: 8.8M passages encoded at every validation; the ranking's memory
     stays bounded, its time does not). The offline retrieval tasks always rank their whole corpus, and the BM25
     row always ranks the judged passages."""
+    compile: bool = False
+    """torch.compile each transformer block of the fine-tuned model, as train.compile does in pretraining.
+    Measured on an H100 at 210m (tweets, batch 32, 512 tokens): about 15 s of compilation in a trial's first steps,
+    then 1.93x the eager step's examples/s and 1.82x transformers' `Trainer`'s
+    (benchmarks/results/h100-2026-11-26.json): worth it from about 600 steps per trial. On a CPU compiling costs
+    more than it saves at test sizes."""
     cpus_per_trial: float = field(default=1.0, metadata=NOT_WEIGHTS)
     """CPUs a fine-tuning trial holds (its torch threads on CPU, its data loading on GPU)."""
     gpus_per_trial: float = field(default=0.0, metadata=NOT_WEIGHTS)

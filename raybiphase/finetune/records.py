@@ -41,6 +41,8 @@ def trial_settings(cfg: FinetuneConfig) -> str:
         settings.append(["tc_labels", cfg.tc_labels])
     if cfg.ir_corpus != "judged":
         settings.append(["ir_corpus", cfg.ir_corpus])
+    if cfg.compile:  # compiled kernels round differently
+        settings.append("compile")
     return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:8]
 
 
@@ -55,8 +57,8 @@ def check_settings(table: str, cfg: FinetuneConfig) -> None:
     made = set(rows[(rows["source"] == result_rows.OURS) & rows[SETTINGS_COLUMN].notna()][SETTINGS_COLUMN])
     if made - {trial_settings(cfg)}:
         raise UserError(f"finetune: {table} holds trials fine-tuned under other settings (finetune.batch_size, "
-                        "max_steps, warmup_ratio, eval_every, max_examples, max_eval_examples, max_len, tc_labels or "
-                        "ir_corpus); "
+                        "max_steps, warmup_ratio, eval_every, max_examples, max_eval_examples, max_len, tc_labels, "
+                        "ir_corpus or compile); "
                         "they would count as done and the report would mix them: set another sweep.name (or output "
                         "folder), or move that file away")
 

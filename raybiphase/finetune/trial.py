@@ -182,6 +182,16 @@ def trial_device(cfg: FinetuneConfig) -> torch.device:
     return torch.device("cpu")
 
 
+def model_on(head, hf_path: Path, device: torch.device, *, compile: bool) -> torch.nn.Module:
+    """The head's model on the trial's device; with `compile` (finetune.compile) each transformer block is
+    torch.compiled in place (the heads' models hold the encoder as `.model`, the retrieval head's is the encoder)."""
+    model = head.load_model(str(hf_path)).to(device)
+    if compile:
+        for block in getattr(model, "model", model).layers:
+            block.compile()
+    return model
+
+
 @dataclasses.dataclass(frozen=True)
 class TrialResult:
     """What one fine-tuning trial gives back (and its rows record): scores in [0, 1], per-example test scores for
@@ -246,7 +256,7 @@ def run_trial(spec: TrialSpec, *, cfg: FinetuneConfig, report: Callable[[dict], 
     autocast = (functools.partial(torch.autocast, "cuda", dtype=torch.bfloat16) if device.type == "cuda"
                 else contextlib.nullcontext)
     torch.manual_seed(seed)
-    model = head.load_model(str(hf_path)).to(device)
+    model = model_on(head, hf_path, device, compile=cfg.compile)
     optimizer = adamw(model, lr=lr, **ADAMW, fused=device.type == "cuda")
     total = min(cfg.max_steps, math.ceil(len(units) / cfg.batch_size))  # at most one epoch
     warmup = round(cfg.warmup_ratio * total)

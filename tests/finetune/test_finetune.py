@@ -140,6 +140,19 @@ def test_a_trial_whose_loss_turns_nan_is_recorded_as_diverged_and_scores_the_flo
     assert commas["test_score"] == 0.0 and len(commas["test_per_example"]) == 48
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("task", ["tweets", "squad_retrieval"])  # a classification model and the bare encoder
+def test_a_compiled_gpu_trial_scores_like_the_eager_one(tiny_checkpoint, task):
+    """finetune.compile: each block compiled, the trial's scores within bf16 noise of the eager trial's."""
+    from raybiphase.finetune.spec import TrialSpec
+    from raybiphase.finetune.trial import run_trial
+
+    cfg = dataclasses.replace(TINY_RUN, gpus_per_trial=1)
+    eager, compiled = (run_trial(TrialSpec.plain(tiny_checkpoint, task, lr=1e-3, seed=0),
+                                 cfg=dataclasses.replace(cfg, compile=flag)) for flag in (False, True))
+    assert abs(compiled.val_score - eager.val_score) < 0.1 and abs(compiled.test_score - eager.test_score) < 0.1
+
+
 def test_a_gpu_trial_on_a_node_without_cuda_is_a_one_line_error(tiny_checkpoint):
     import torch
 
@@ -178,6 +191,7 @@ def test_trial_resources_follow_the_finetune_settings():
     assert trial_settings(FinetuneConfig(gpus_per_trial=0.5)) != base != trial_settings(FinetuneConfig(max_len=512))
     assert trial_settings(FinetuneConfig(max_eval_examples=800)) != base
     assert trial_settings(FinetuneConfig(tc_labels="first_subtoken")) != base
+    assert trial_settings(FinetuneConfig(compile=True)) != base
     # pinned: a digest changes only on purpose (records.PROTOCOL: records of an older protocol are redone)
     assert base == "3d4acc5d"
 
