@@ -192,7 +192,13 @@ class SweepConfig:
     runs: tuple[dict[str, Any], ...] = ()
     """Further runs, each a mapping of dotted overrides on the base; model.init_from '@NAME' continues run NAME."""
     mfu: float = 0.4
-    """Model FLOPs utilisation assumed by the dry run's GPU-hour estimate."""
+    """Model FLOPs utilisation assumed by the dry run's GPU-hour estimate of pretraining."""
+    finetune_mfu: float = 0.24
+    """The share of the GPU's peak the dry run's fine-tuning estimate runs at, every input counted at
+    finetune.max_len tokens. 0.24 is a measured trial's steady rate: 210m on an H100, tweets at max_len 512, batch
+    32, bf16, eager, 634 examples/s (benchmarks/results/h100-2026-11-26.json). Short inputs are padded to about
+    their own length, not max_len, so a fine-tuning step is launch-bound rather than FLOP-bound; finetune.compile
+    runs such trials about 1.9x faster."""
     gpu_peak_tflops: float = PEAK_BF16_TFLOPS["H100"]
     """Peak dense bf16 TFLOP/s of one GPU for the estimate (H100 SXM: 989)."""
     gpu_hour_usd: float = 4.0
@@ -238,6 +244,7 @@ class SweepSpec:
               f"{self.sweep.name!r} is not a plain folder name; allowed: letters, digits, '.', '_' and '-', not "
               "starting with '.' (results go to <sweep.storage>/<sweep.name>/)")
         ratio(self.sweep.mfu, "sweep.mfu")
+        ratio(self.sweep.finetune_mfu, "sweep.finetune_mfu")
         positive(self.sweep.gpu_peak_tflops, "sweep.gpu_peak_tflops")
         for key in ("gpu_hour_usd", "spot_gpu_hour_usd", "preemptions_per_node_hour", "restart_minutes"):
             non_negative(getattr(self.sweep, key), f"sweep.{key}")

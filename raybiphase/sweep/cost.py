@@ -1,6 +1,7 @@
-"""What the plan's work costs in GPU-hours (no Ray, no torch): a pretraining segment's steps, and one checkpoint's
-fine-tuning grid with its evaluations, all at the spec's MFU of its GPU's peak (`sweep.mfu`,
-`sweep.gpu_peak_tflops`). The dry run's totals, the wall-clock simulation and the replicates' price add these up."""
+"""What the plan's work costs in GPU-hours (no Ray, no torch): a pretraining segment's steps at `sweep.mfu` of
+the GPU's peak (`sweep.gpu_peak_tflops`), and one checkpoint's fine-tuning grid with its evaluations at
+`sweep.finetune_mfu`, a measured trial's rate. The dry run's totals, the wall-clock simulation and the
+replicates' price add these up."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from raybiphase.finetune.eval_sizes import evaluation_inputs
 from raybiphase.finetune.tasks import training_groups
 
 
-def _hours(flops: float, spec: SweepSpec) -> float:
-    return flops / (spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.mfu) / 3600
+def _finetune_hours(flops: float, spec: SweepSpec) -> float:
+    return flops / (spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.finetune_mfu) / 3600
 
 
 def segment_gpu_hours(item, spec: SweepSpec) -> float:
@@ -28,7 +29,7 @@ def checkpoint_finetune_gpu_hours(size: str, spec: SweepSpec, grid: FinetuneGrid
     full grid; no ASHA stop), each finetune.max_steps steps of finetune.batch_size inputs of finetune.max_len tokens
     (no LM head), and their evaluations: every task validated ceil(max_steps / eval_every) times and tested once
     (`eval_sizes.evaluation_inputs`), each input counted at max_len tokens and a third of a training token's FLOPs
-    (a forward pass: no backward). `evaluation_only`: the evaluations' share alone."""
+    (a forward pass: no backward), all at sweep.finetune_mfu. `evaluation_only`: the evaluations' share alone."""
     ft = spec.finetune
     grid = grid or ft.grid()
     per_task = len(grid.lrs) * len(grid.seeds)  # trials of one task
@@ -36,4 +37,4 @@ def checkpoint_finetune_gpu_hours(size: str, spec: SweepSpec, grid: FinetuneGrid
     inputs = [evaluation_inputs(name, ft.max_eval_examples or ft.max_examples, ft.ir_corpus) for name in grid.tasks]
     evaluated = sum(evaluations * validation + test for validation, test in inputs) * ft.max_len / 3
     trained = 0 if evaluation_only else len(training_groups(grid.tasks)) * ft.max_steps * ft.batch_size * ft.max_len
-    return _hours(SIZES[size].flops_per_token(0, ft.max_len) * (trained + evaluated) * per_task, spec)
+    return _finetune_hours(SIZES[size].flops_per_token(0, ft.max_len) * (trained + evaluated) * per_task, spec)

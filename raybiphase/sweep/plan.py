@@ -420,7 +420,8 @@ def describe(plan: Plan, spec: SweepSpec) -> str:
                      f"ones fine-tuned once), {len(plan.controls)} control(s): {plan.finetune_trials(spec):,} trials "
                      f"(full grid; {plan.finetune_trials(spec, distinct=False):,} without de-duplication), at most "
                      f"{plan.finetune_gpu_hours(spec):,.1f} GPU-hours "
-                     f"({plan.finetune_gpu_hours(spec, evaluation_only=True):,.1f} of them evaluation) beside "
+                     f"({plan.finetune_gpu_hours(spec, evaluation_only=True):,.1f} of them evaluation; "
+                     f"{spec.sweep.finetune_mfu:.0%} MFU, inputs counted at max_len) beside "
                      f"pretraining's {plan.gpu_hours(spec):,.0f}")
     lines += grid_lines(plan, spec) + replicate_lines(plan, spec)
     return "\n".join(lines)

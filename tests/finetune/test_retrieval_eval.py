@@ -113,7 +113,7 @@ def test_the_dry_runs_fine_tuning_gpu_hours_count_every_evaluation_of_every_task
     evaluations = math.ceil(ft.max_steps / ft.eval_every)
     inputs = (evaluations * (6980 + 7437) + 43 + 9260) + (evaluations * (1726 + 4201) + 1726 + 4201) + \
         (evaluations * 1200 + 1800)
-    per_gpu_hour = spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.mfu * 3600
+    per_gpu_hour = spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.finetune_mfu * 3600
     forward = SIZES["tiny"].flops_per_token(0, ft.max_len) / 3
     evaluation = checkpoints * len(ft.lrs) * len(ft.seeds) * inputs * ft.max_len * forward / per_gpu_hour
     training = checkpoints * len(ft.lrs) * len(ft.seeds) * ft.max_steps * ft.batch_size * ft.max_len * 3 * forward \

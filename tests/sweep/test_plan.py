@@ -177,10 +177,10 @@ def test_paper_spec_plans_every_model_of_the_study_under_its_own_name():
             "610m-mlm40-42k-") in printed and "the 4 extra run(s) add 1,220 GPU-hours of pretraining" in printed
     assert "control: 610m-init-" in printed
     # 41 final checkpoints and 5 controls on the full grid (300 trials each), 147 intermediate ones on
-    # finetune.exports' (60 each); the full grid at 1k, 2k and 10k alone was 30,900 trials and 9,699.0 GPU-hours
+    # finetune.exports' (60 each); the full grid at 1k, 2k and 10k alone was 30,900 trials
     assert ("fine-tuning: 188 distinct checkpoints for 248 run checkpoints (shared ones fine-tuned once), 5 control(s):"
-            " 22,620 trials (full grid; 28,980 without de-duplication), at most 6,653.7 GPU-hours (3,072.7 of them "
-            "evaluation) beside pretraining's 7,360\n") in printed
+            " 22,620 trials (full grid; 28,980 without de-duplication), at most 11,089.6 GPU-hours (5,121.1 of them "
+            "evaluation; 24% MFU, inputs counted at max_len) beside pretraining's 7,360\n") in printed
     assert ("finetune.exports.0: 147 intermediate checkpoint(s) at steps 1k, 2k, 4k, 6k, 10k, 16k, 24k, 32k, 40k, each"
             " on 4 task(s) (sst2, conll2003, squad, msmarco) x 3 LR(s) x 5 seed(s): 60 trials each, where a final "
             "checkpoint takes 300\n") in printed
