@@ -82,9 +82,9 @@ def _fused(rows: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias:
            chunk_rows: int) -> torch.Tensor:
     """liger-kernel's fused linear cross-entropy in chunks of about `chunk_rows` rows, summed.
 
-    Its default chunks are sized to the hidden states (about rows / (vocabulary / hidden): 128 rows at 610m's 1,152
-    and 128,256), and each chunk adds its product into the fp32 gradient of the whole head, which makes that
-    accumulation memory-bound; `chunk_mem_const` sets the chunks to about `chunk_rows` instead. Under autocast the
+    Its default chunks hold rows / ceil(vocabulary / hidden) rows, rounded up to a power of two (128 of an MLM
+    micro-batch's 13,107 labelled rows at 610m), and each chunk adds its product into the fp32 gradient of the whole
+    head, which makes that accumulation memory-bound; `chunk_mem_const` sets the chunks to about `chunk_rows`. Under autocast the
     weight is cast to the autocast dtype once here rather than once per chunk inside the kernel's matmuls, and the
     head's gradient accumulates in fp32 (`accum_dtype`) before its one rounding, as autocast rounds every other
     layer's."""
