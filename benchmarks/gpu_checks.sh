@@ -21,22 +21,27 @@ steps=${*:-tests finetune mfu profile}
 data=${DATA_DIR:-.gpu/bench}
 py=${PYTHON:-python3}
 mkdir -p "$out"
-ckpt=$(mktemp -d)/hf  # one checkpoint for every fine-tuning run
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+ckpt=$work/hf  # one checkpoint for every fine-tuning run
+failed=()
 
-step() {  # step NAME COMMAND...: run it, say how it ended and how long it took
-    local name=$1 began=$SECONDS
+step() {  # step NAME COMMAND...: run it, say how it ended and how long it took; a failure is named at the end
+    local name=$1 began=$SECONDS status
     shift
     echo "== $name: $*"
     "$@"
-    echo "== $name: exit $? after $((SECONDS - began)) s"
+    status=$?
+    echo "== $name: exit $status after $((SECONDS - began)) s"
+    if [ "$status" != 0 ]; then failed+=("$name"); fi
 }
 
 finetune() {  # finetune NAME [OPTION...]: one case, ours or the Trainer's side twice in one process
     local name=$1 side=ours
     shift
     if [ "$name" = trainer ]; then side=trainer; fi
-    step "finetune-$name" "$py" benchmarks/bench_finetune_gpu.py --data "$data" --hf-dir "$ckpt" --sides "$side" "$side" \
-        --json "$out/ft-$name.json" "$@"
+    step "finetune-$name" "$py" benchmarks/bench_finetune_gpu.py --data "$data" --hf-dir "$ckpt" \
+        --sides "$side" "$side" --json "$out/ft-$name.json" "$@"
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -44,12 +49,17 @@ for s in $steps; do
     case $s in
         tests) step gpu-tests "$py" -m pytest -m gpu -n 0 -p no:cacheprovider -q tests/pretrain/test_gpu.py \
                    tests/finetune/test_finetune.py ;;
-        finetune) finetune bucketed; finetune compiled --compile; finetune trainer; finetune per-batch --pad-multiple 1 ;;
-        mfu) step mfu-610m "$py" benchmarks/bench_train_gpu.py run --data "$data" --sizes 610m --modes plain --micro 16 \
-                 --accum 1 --variants compile --steps 6 --objectives mlm clm --heads ours liger-defaults --profile \
-                 --json "$out/mfu-610m.json" ;;
-        profile) step finetune-profile "$py" benchmarks/bench_finetune_gpu.py --data "$data" --hf-dir "$ckpt" --sides ours \
-                     --profile ;;
+        finetune) finetune bucketed; finetune compiled --compile; finetune trainer
+                  finetune per-batch --pad-multiple 1 ;;
+        mfu) step mfu-610m "$py" benchmarks/bench_train_gpu.py run --data "$data" --sizes 610m --modes plain \
+                 --micro 16 --accum 1 --variants compile --steps 6 --objectives mlm clm --heads ours liger-defaults \
+                 --profile --json "$out/mfu-610m.json" ;;
+        profile) step finetune-profile "$py" benchmarks/bench_finetune_gpu.py --data "$data" --hf-dir "$ckpt" \
+                     --sides ours --profile ;;
         *) echo "gpu_checks.sh: unknown step '$s' (tests, finetune, mfu, profile)" >&2; exit 2 ;;
     esac
 done
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "gpu_checks.sh: failed: ${failed[*]}" >&2
+    exit 1
+fi

@@ -112,10 +112,11 @@ class FinetuneConfig:
     row always ranks the judged passages."""
     compile: bool = False
     """torch.compile each transformer block of the fine-tuned model, as train.compile does in pretraining.
-    Measured on an H100 at 210m (tweets, batch 32, 512 tokens): about 15 s of compilation in a trial's first steps,
-    then 1.93x the eager step's examples/s and 1.82x transformers' `Trainer`'s
-    (benchmarks/results/h100-2026-11-26.json): worth it from about 600 steps per trial. On a CPU compiling costs
-    more than it saves at test sizes."""
+    Measured on an H100 at 210m (tweets, batch 32, 512 tokens, 16 free CPU cores): about 15 s of compilation in a
+    trial's first steps, then 1.93x the eager step's examples/s and 1.82x transformers' `Trainer`'s
+    (benchmarks/results/h100-2026-11-26.json): worth it from about 600 steps per trial, later with fewer CPUs per
+    trial (compilation runs on them). Scores change by floating-point rounding only, so records made either way
+    are reused. On a CPU compiling costs more than it saves at test sizes."""
     cpus_per_trial: float = field(default=1.0, metadata=NOT_WEIGHTS)
     """CPUs a fine-tuning trial holds (its torch threads on CPU, its data loading on GPU)."""
     gpus_per_trial: float = field(default=0.0, metadata=NOT_WEIGHTS)
@@ -196,9 +197,10 @@ class SweepConfig:
     finetune_mfu: float = 0.24
     """The share of the GPU's peak the dry run's fine-tuning estimate runs at, every input counted at
     finetune.max_len tokens. 0.24 is a measured trial's steady rate: 210m on an H100, tweets at max_len 512, batch
-    32, bf16, eager, 634 examples/s (benchmarks/results/h100-2026-11-26.json). Short inputs are padded to about
-    their own length, not max_len, so a fine-tuning step is launch-bound rather than FLOP-bound; finetune.compile
-    runs such trials about 1.9x faster."""
+    32, bf16, eager, 634 examples/s (benchmarks/results/h100-2026-11-26.json). Tweets are padded to 64 or 128
+    tokens, not 512, so the step is launch-bound, and the count of max_len tokens stands in for that cost; where
+    inputs are counted at more tokens than they hold (sweeps/paper.yaml: 2,048) the estimate is an upper bound. It
+    assumes eager trials; finetune.compile runs them about 1.9x faster."""
     gpu_peak_tflops: float = PEAK_BF16_TFLOPS["H100"]
     """Peak dense bf16 TFLOP/s of one GPU for the estimate (H100 SXM: 989)."""
     gpu_hour_usd: float = 4.0

@@ -30,7 +30,8 @@ TrialKey = tuple  # rows.TRIAL_KEY: (run, pretrain_step, task, lr, seed)
 
 def trial_settings(cfg: FinetuneConfig) -> str:
     """A digest of the settings that shape one trial's result (not the grid): a record made under other settings
-    is not reused. A GPU trial computes in bf16, so whether trials hold a GPU is one of them."""
+    is not reused. A GPU trial computes in bf16, so whether trials hold a GPU is one of them. Settings that change
+    only floating-point rounding (finetune.compile, which kernels run, how wide a CUDA batch is padded) are not."""
     settings = [cfg.batch_size, cfg.max_steps, cfg.warmup_ratio, cfg.eval_every, cfg.max_examples, cfg.max_len,
                 ["protocol", PROTOCOL]]
     if cfg.max_eval_examples:
@@ -41,8 +42,6 @@ def trial_settings(cfg: FinetuneConfig) -> str:
         settings.append(["tc_labels", cfg.tc_labels])
     if cfg.ir_corpus != "judged":
         settings.append(["ir_corpus", cfg.ir_corpus])
-    if cfg.compile:  # compiled kernels round differently
-        settings.append("compile")
     return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:8]
 
 
@@ -57,8 +56,8 @@ def check_settings(table: str, cfg: FinetuneConfig) -> None:
     made = set(rows[(rows["source"] == result_rows.OURS) & rows[SETTINGS_COLUMN].notna()][SETTINGS_COLUMN])
     if made - {trial_settings(cfg)}:
         raise UserError(f"finetune: {table} holds trials fine-tuned under other settings (finetune.batch_size, "
-                        "max_steps, warmup_ratio, eval_every, max_examples, max_eval_examples, max_len, tc_labels, "
-                        "ir_corpus or compile); "
+                        "max_steps, warmup_ratio, eval_every, max_examples, max_eval_examples, max_len, tc_labels or "
+                        "ir_corpus); "
                         "they would count as done and the report would mix them: set another sweep.name (or output "
                         "folder), or move that file away")
 

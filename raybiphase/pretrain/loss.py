@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 
 import torch
 import torch.nn.functional as F
@@ -80,19 +81,24 @@ def linear_cross_entropy(rows: torch.Tensor, weight: torch.Tensor, labels: torch
 
 def _fused(rows: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias: torch.Tensor | None,
            chunk_rows: int) -> torch.Tensor:
-    """liger-kernel's fused linear cross-entropy in chunks of about `chunk_rows` rows, summed.
+    """liger-kernel's fused linear cross-entropy in chunks of at most `chunk_rows` rows, summed.
 
     Its default chunks hold rows / ceil(vocabulary / hidden) rows, rounded up to a power of two (128 of an MLM
     micro-batch's 13,107 labelled rows at 610m), and each chunk adds its product into the fp32 gradient of the whole
-    head, which makes that accumulation memory-bound; `chunk_mem_const` sets the chunks to about `chunk_rows`. Under autocast the
-    weight is cast to the autocast dtype once here rather than once per chunk inside the kernel's matmuls, and the
-    head's gradient accumulates in fp32 (`accum_dtype`) before its one rounding, as autocast rounds every other
-    layer's."""
+    head, which makes that accumulation memory-bound. `chunk_mem_const` divides the rows into at least
+    ceil(rows / chunk_rows) chunks instead (2,048 rows each for 610m's MLM and CLM micro-batches of 16 x 2,048
+    tokens), so at most one chunk_rows x vocabulary block of logits exists, as in the chunked function (up to
+    chunk_rows x vocabulary / hidden rows, over 150,000 at 1b; liger's own sizing beyond). Under
+    autocast the weight is cast to the autocast dtype once here rather than once per chunk inside the kernel's
+    matmuls, and the head's gradient accumulates in fp32 (`accum_dtype`) before its one rounding, as autocast rounds
+    every other layer's."""
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
     n, hidden = rows.shape
     vocabulary = weight.shape[0]
-    chunk_mem_const = max(1, round(vocabulary * chunk_rows / (hidden * n)))  # liger: chunk ~ n / (V / (c * H))
+    # liger: chunk = next_power_of_2(ceil(n / ceil(V / (c * H)))); c <= V / (H * ceil(n / chunk_rows)) keeps it
+    # within chunk_rows (a power of two)
+    chunk_mem_const = max(1, vocabulary // (hidden * -(-n // chunk_rows)))
     if torch.is_autocast_enabled("cuda"):
         dtype = torch.get_autocast_dtype("cuda")
         rows, weight = rows.to(dtype), weight.to(dtype)
@@ -105,8 +111,13 @@ def _fused(rows: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias:
 @functools.cache
 def fused_kernel_available() -> bool:
     """liger-kernel's fused linear cross-entropy (the `gpu` extra, installed on the clusters' GPU workers) is
-    importable."""
-    return importlib.util.find_spec("liger_kernel") is not None
+    importable, at a version that takes the chunk size and the accumulation dtype (0.8.5 or later); else the
+    chunked function runs."""
+    if importlib.util.find_spec("liger_kernel") is None:
+        return False
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    return {"chunk_mem_const", "accum_dtype"} <= set(inspect.signature(liger_fused_linear_cross_entropy).parameters)
 
 
 def token_weighted(loss_sum: torch.Tensor, global_tokens: torch.Tensor, world: int) -> torch.Tensor:

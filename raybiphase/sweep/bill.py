@@ -12,8 +12,8 @@ Train's restart, the restore, the compile); every checkpoint costs a stall C whi
 to first order, lowest at I* = sqrt(2 C M) (Young, 1974; Daly, 2006). A fine-tuning trial that loses its node
 runs again from its start (it has no checkpoint): a trial of T hours loses T / 2 on average, r T times.
 
-Every figure here is an estimate from the plan's GPU-hours (sweep.mfu of sweep.gpu_peak_tflops) and the sweep's
-example prices and rates; the prices are not quotes.
+Every figure here is an estimate from the plan's GPU-hours (pretraining at sweep.mfu, fine-tuning at
+sweep.finetune_mfu of sweep.gpu_peak_tflops) and the sweep's example prices and rates; the prices are not quotes.
 """
 
 from __future__ import annotations

@@ -7,8 +7,10 @@ Inputs are built from token ids, so any tokenizer works the same way: `<bos> A <
 A batch is padded to its longest sequence; on CUDA that width is rounded up to a multiple of `CUDA_PAD_MULTIPLE`
 (never past `max_len`). On CUDA a process pays for each new width (kernel choice and plans for every matmul and
 attention shape, lazily loaded kernels), and a fan-out trial is a fresh process: a few widths instead of one per
-batch keep that cost to the first batches. Padded positions are masked out of attention, pooling and the loss, so
-a wider batch changes scores only by floating-point rounding. CPU batches keep their longest width.
+batch keep that cost to the first batches. The price is the padding itself once every width has been met: on an
+H100 at 210m (benchmarks/results/h100-2026-11-26.json) a process's first 100-step trial ran 1.4x to 2.6x faster
+and a warm one 0.79x to 0.97x as fast. Padded positions are masked out of attention, pooling and the loss, so a
+wider batch changes scores only by floating-point rounding. CPU batches keep their longest width.
 """
 
 from __future__ import annotations
