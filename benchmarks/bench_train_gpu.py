@@ -179,9 +179,9 @@ def sdpa_priority(order: str):
 
 @contextlib.contextmanager
 def fused_head(head: str):
-    """"ours": the step's head as `raybiphase.pretrain.loss` calls liger-kernel (chunks of about CHUNK_ROWS rows, the
-    weight cast once under autocast); "liger-defaults": liger's own chunking (about rows / (vocabulary / hidden))
-    and the fp32 weight as it is, the baseline that call improves on."""
+    """"ours": the step's head as `raybiphase.pretrain.loss` calls liger-kernel (chunks of at most CHUNK_ROWS rows,
+    the weight cast once under autocast); "liger-defaults": liger's own chunking (about rows / (vocabulary /
+    hidden)) and the fp32 weight as it is, the baseline that call improves on."""
     from raybiphase.pretrain import loss
 
     if head == "ours" or not loss.fused_kernel_available():
