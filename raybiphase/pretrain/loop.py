@@ -55,7 +55,7 @@ def peak_flops() -> float | None:
     return next((tflops * 1e12 for key, tflops in PEAK_BF16_TFLOPS.items() if key in name), None)
 
 
-def _rank_world() -> tuple[int, int]:
+def rank_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -125,7 +125,7 @@ class Worker:
     def __init__(self, job: SegmentJob):
         self.job, self.run = job, job.run
         run = job.run
-        self.rank, self.world = _rank_world()
+        self.rank, self.world = rank_world()
         self.device = ray.train.torch.get_device() if torch.cuda.is_available() else torch.device("cpu")
         torch.use_deterministic_algorithms(True, warn_only=True)
         self.manifest = open_dataset(job.data_dir, seq_len=run.data.seq_len)
@@ -271,8 +271,9 @@ class Worker:
         return True
 
     def _save(self, metrics: dict) -> None:
-        """A checkpoint (and, at an export step, the HF folder inside it) reported with the metrics; once Ray Train
-        has uploaded every rank's part, rank 0 commits it (its meta, written last)."""
+        """A checkpoint (and, at an export step, the HF folder inside it) reported with the metrics (uploaded by
+        each rank itself in a kept group: raybiphase.pretrain.pool); once every rank's part is uploaded, rank 0
+        commits it (its meta, written last)."""
         meta = CheckpointMeta(run=to_dict(self.run), step=self.step, data_start=self.data_start, metrics=metrics,
                               serves=list(self.job.serves))
         name = storage.checkpoint_name(self.step)
@@ -281,11 +282,16 @@ class Worker:
             if self.step in self.policy.exports:
                 checkpoint.export_hf(Path(storage.hf_dir(tmp)), self.model, self.manifest.local_tokenizer(),
                                      seq_len=self.run.data.seq_len)
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp), checkpoint_dir_name=name)
+            if self.job.kept_group:  # Ray Train's run folder is the group's: the shards go to the segment's own
+                storage.upload(Path(tmp), storage.join(self.job.run_dir, name))
+                ray.train.report(metrics)
+            else:
+                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
+                                 checkpoint_dir_name=name)
         if self.world > 1 and dist.is_initialized():
             dist.barrier()  # every rank's upload has returned: a shard still being copied is never committed
         persisted = self.run.resources.max_workers > 0  # local mode (0 workers) persists no checkpoint
         if self.rank == 0 and persisted:
-            checkpoint.commit(storage.join(self.job.run_dir, name), meta, ranks=self.world)  # where Ray put it
+            checkpoint.commit(storage.join(self.job.run_dir, name), meta, ranks=self.world)
         if self.history is not None:
             self.history.add(metrics, storage.join(self.job.run_dir, name) if persisted else None)

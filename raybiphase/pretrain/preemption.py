@@ -29,12 +29,15 @@ class Preempted(RuntimeError):
 
 def _handle_in_main_thread() -> bool:
     previous = signal.getsignal(signal.SIGTERM)
+    if getattr(previous, "raybiphase_notice", False):  # a kept worker group's next segment: set already
+        return True
 
     def notice(signum, frame):
         if _NOTICE.is_set() and callable(previous):
             previous(signum, frame)  # a second SIGTERM: Ray's handler, the process exits
         _NOTICE.set()
 
+    notice.raybiphase_notice = True
     signal.signal(signal.SIGTERM, notice)
     return True
 

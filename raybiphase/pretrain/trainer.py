@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from raybiphase import storage
 from raybiphase.checkpoint_meta import check_blocks
-from raybiphase.config import SweepSpec
+from raybiphase.config import ResourcesConfig, SweepSpec
 from raybiphase.config.estimates import resolve_checkpoint_every
 from raybiphase.data import assets
 from raybiphase.data.prepare import check_data, prepare
@@ -27,15 +27,22 @@ from raybiphase.telemetry.wandb import sweep_settings
 def make_trainer(job: SegmentJob, *, max_failures: int = 0, callbacks=(), train_fn=None):
     """A TorchTrainer for one run (or one segment of a sweep): `train_fn` (default: the production loop) on
     `resources.num_workers` workers, each given `job`; checkpoints and history under `job.run_dir`."""
+    return group_trainer(job.run.resources, train_fn or train_loop, {"job": job}, name=job.name,
+                         storage_path=storage.parent(job.run_dir), max_failures=max_failures, callbacks=callbacks)
+
+
+def group_trainer(res: ResourcesConfig, train_fn, loop_config: dict, *, name: str, storage_path: str,
+                  max_failures: int = 0, callbacks=()):
+    """A TorchTrainer running `train_fn(loop_config)` on a worker group of `res`'s shape (FSDP2 over gloo on CPU,
+    NCCL on GPU); Ray Train's run folder is <storage_path>/<name>."""
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    res = job.run.resources
     use_gpu = res.gpus_per_worker > 0
     per_worker = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if use_gpu else {})}
     return TorchTrainer(
-        train_fn or train_loop,
-        train_loop_config={"job": job},
+        train_fn,
+        train_loop_config=loop_config,
         # a [min, max] range makes the worker group elastic: Ray Train restarts it from the latest checkpoint with
         # the workers it can place, and looks every resize_check_s for room to grow back to max
         scaling_config=ray.train.ScalingConfig(num_workers=res.num_workers, use_gpu=use_gpu,
@@ -43,8 +50,8 @@ def make_trainer(job: SegmentJob, *, max_failures: int = 0, callbacks=(), train_
                                                elastic_resize_monitor_interval_s=res.resize_check_s),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         run_config=ray.train.RunConfig(
-            name=job.name,
-            storage_path=storage.parent(job.run_dir),
+            name=name,
+            storage_path=storage_path,
             failure_config=ray.train.FailureConfig(max_failures=max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=None),
             callbacks=list(callbacks),

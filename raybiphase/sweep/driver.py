@@ -8,7 +8,7 @@ beside the segments still training (raybiphase.sweep.finetuning names them); row
 <storage>/<sweep>/{pretrain,finetune,summary}.parquet and the report is drawn.
 
 Run it again after an interruption and it continues: a segment whose end checkpoint exists is not rerun, a
-segment cut short resumes from its latest checkpoint (Ray Train, same run name), a fine-tuning trial with a row is
+segment cut short resumes from its newest committed checkpoint, a fine-tuning trial with a row is
 not rerun, and no row is written twice. Works the same under `ray job submit` (joins the cluster in RAY_ADDRESS).
 RAYBIPHASE_STORAGE, when set, overrides sweep.storage (the KubeRay job uses it).
 """
@@ -29,6 +29,7 @@ from raybiphase.finetune.records import check_settings
 from raybiphase.pretrain.export import write_card
 from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.policy import CheckpointPolicy
+from raybiphase.pretrain.pool import ATTEMPTS, Pool, WorkerPools
 from raybiphase.pretrain.trainer import make_trainer
 from raybiphase.raycluster import ensure_ray
 from raybiphase.results import rows as result_rows
@@ -127,6 +128,7 @@ def run_jobs(ctx: SweepContext, clock: Clock) -> list[dict]:
         try:
             rows = scheduler.run(segments if todo else None,
                                  lambda: control_sources(ctx) + finetune_sources(ctx, done))  # the controls first
+            segments.close()  # every kept group was let go as the last segment ended: wait for their fits to end
         finally:
             if todo:
                 clock.spans["pretraining"] = segments.last_end - segments.began
@@ -140,9 +142,10 @@ def run_jobs(ctx: SweepContext, clock: Clock) -> list[dict]:
 
 
 class SweepSegments:
-    """The sweep's segments as the scheduler runs them (raybiphase.sweep.scheduler.Pretraining): each fit straight
-    from the driver (no Tune trial stands between the driver and a segment: it would cost a process and the loop's
-    imports again), its progress watched, and, as it ends, recorded with the seconds of pretraining left."""
+    """The sweep's segments as the scheduler runs them (raybiphase.sweep.scheduler.Pretraining): each trained by a
+    worker group fit straight from the driver (no Tune trial stands between the driver and a segment: it would cost
+    a process and the loop's imports again) and kept for the next ready segment of its shape (WorkerPools), its
+    progress watched, and, as it ends, recorded with the seconds of pretraining left."""
 
     def __init__(self, ctx: SweepContext, clock: Clock, todo: list[Segment], done: set[str], watch: Watch):
         self.ctx, self.clock, self.todo, self.done, self.watch = ctx, clock, todo, done, watch
@@ -150,19 +153,38 @@ class SweepSegments:
         self.chain = remaining_chain(ctx.plan, self.hours)
         self.pace = Pace()
         self.began = self.last_end = time.perf_counter()
+        # kept worker groups: a segment's group trains the next ready segment of its shape (raybiphase.pretrain.pool);
+        # an interrupted invocation's groups left Ray Train records there that nothing resumes from
+        storage.delete(storage.join(ctx.paths.root, "pools"))
+        self.pools = WorkerPools(storage.join(ctx.paths.root, "pools"), segments=len(todo))
+        self.claimed: dict[str, Pool] = {}
 
     def ready(self, segment: Segment) -> bool:
         return all(d in self.done for d in dependencies(segment, self.ctx.plan.runs))
 
     def fit(self, segment: Segment) -> None:
-        make_trainer(segment_job(self.ctx, segment), max_failures=2).fit()  # its controller runs on this node
+        job = segment_job(self.ctx, segment)
+        if not job.run.resources.max_workers:  # local mode: the loop runs in this process, nothing to keep
+            make_trainer(job, max_failures=ATTEMPTS - 1).fit()
+            return
+        self.pools.train(dataclasses.replace(job, kept_group=True), self.claimed.pop(segment.id, None))
 
     def started(self, segment: Segment, running: int) -> None:
         self.ctx.say(f"pretraining: starting {segment.id} ({running} running)")
         self.watch.locations[segment.id] = self.ctx.paths.progress(segment.id)
+        pool = self.pools.claim(segment.config.resources)  # the group of a segment that just ended, if any
+        if pool is not None:
+            self.claimed[segment.id] = pool
+
+    def idle(self) -> None:
+        self.pools.release()  # no ready segment took them: their slots go to fine-tuning
+
+    def close(self) -> None:
+        self.pools.close()
 
     def ended(self, segment: Segment, seconds: float | None, running: dict[str, float]) -> None:
         self.watch.drop(segment.id)  # its last line: where it ended
+        self.pools.free(segment.id)
         self.last_end = time.perf_counter()
         if seconds is not None:
             self.pace.add(seconds, self.hours[segment.id])

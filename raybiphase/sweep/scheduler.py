@@ -1,7 +1,8 @@
 """The sweep's one scheduler: every segment and every fine-tuning trial, in one loop, on one slot budget.
 
 The sweep is a graph of jobs. A *segment* (raybiphase.sweep.plan) starts once the segments it depends on are done;
-its TorchTrainer is fit from the driver, in a thread of its own (fit blocks). Each checkpoint a segment holds
+it is trained from the driver, in a thread of its own (training blocks), by a worker group that the segment before
+it may have left (raybiphase.pretrain.pool): after every round of starts the groups no segment took are let go. Each checkpoint a segment holds
 (and each untrained control, at once) is then a *fine-tuning job* (raybiphase.finetune.fanout.fanout_work): its
 trials, then its completion passes, each wave waiting for the last, then its rows appended to the table.
 
@@ -64,6 +65,8 @@ class Pretraining(Protocol):
     def fit(self, segment: Segment) -> None: ...
     def started(self, segment: Segment, running: int) -> None: ...
     def ended(self, segment: Segment, seconds: float | None, running: dict[str, float]) -> None: ...
+    def idle(self) -> None:
+        """Every ready segment has started: let go of what ended segments left for the next one."""
     def sources(self, segments: set[str]) -> list[FinetuneSource]: ...
 
 
@@ -125,6 +128,7 @@ class Scheduler:
         while True:
             if pretraining:
                 self.start_segments(pretraining)
+                pretraining.idle()
                 self.settle()
             if not self.running and not self.jobs:
                 break  # segments still pending can never start: one failed

@@ -127,6 +127,9 @@ class _Segments:
     def ended(self, segment, seconds, running):
         self.lines.append(("ended", segment.id, seconds is not None))
 
+    def idle(self):
+        pass
+
 
 def _scheduler(ctx, out, launched, monkeypatch, fail=()):
     """A scheduler whose checkpoint work is one trial per source (a stand-in fan-out) on the recorder; trials of

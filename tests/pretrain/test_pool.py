@@ -1,0 +1,103 @@
+"""Kept worker groups (raybiphase.pretrain.pool): the board that hands a group its segments, in plain asyncio (no
+Ray), and a segment that fails every try on a real group, given up with its workers' error. That a kept group's
+segments end with the weights of their runs trained alone is checked by the sweeps that use it
+(tests/sweep/test_driver.py, tests/sweep/test_beyond_study.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from raybiphase.pretrain.pool import JobBoard
+
+
+def _board(attempts: int = 3) -> JobBoard:
+    return JobBoard(attempts)
+
+
+def test_a_group_takes_the_jobs_in_order_and_a_restarted_group_takes_the_unfinished_one_again():
+    async def scenario():
+        board = _board()
+        await board.give("a")
+        await board.give("b")
+        group = await board.join()
+        assert await board.next(group) == (0, "a")
+        await board.done(0)
+        assert await board.next(group) == (1, "b")
+        restarted = await board.join()  # a worker died: Ray Train restarted the group mid-job
+        assert await board.next(restarted) == (1, "b")
+        await board.done(1)
+        assert await board.wait(0) is None and await board.wait(1) is None
+
+    asyncio.run(scenario())
+
+
+def test_a_waiting_call_of_a_replaced_group_and_of_a_closed_board_gets_none():
+    async def scenario():
+        board = _board()
+        old = await board.join()
+        waiting = asyncio.create_task(board.next(old))
+        await asyncio.sleep(0)
+        new = await board.join()  # the old group is gone; its call must not take (and count) the next job
+        assert await asyncio.wait_for(waiting, 1) is None
+        waiting = asyncio.create_task(board.next(new))
+        await board.give("a")
+        assert await asyncio.wait_for(waiting, 1) == (0, "a")
+        await board.done(0)
+        waiting = asyncio.create_task(board.next(new))
+        await board.close()
+        assert await asyncio.wait_for(waiting, 1) is None
+
+    asyncio.run(scenario())
+
+
+def test_a_job_is_given_up_after_its_tries_from_one_checkpoint_and_progress_starts_the_count_again():
+    async def scenario():
+        board = _board(attempts=2)
+        await board.give("a")
+        for step in (0, 4, 4):  # the second try resumed at step 4 (the first had saved it): it counts as the first
+            group = await board.join()
+            assert await board.next(group) == (0, "a")
+            await board.resumed(0, step)
+            await board.failed(0, f"ValueError: loss is nan at step {step + 1}")
+        ended = asyncio.create_task(board.wait(0))
+        assert await board.next(await board.join()) is None  # a third try from step 4: given up, the board closes
+        assert await asyncio.wait_for(ended, 1) == "ValueError: loss is nan at step 5"
+        assert board.closed
+
+    asyncio.run(scenario())
+
+
+def test_a_lost_group_without_an_error_is_said_as_lost():
+    async def scenario():
+        board = _board(attempts=1)
+        await board.give("a")
+        assert await board.next(await board.join()) == (0, "a")  # then the node went, saying nothing
+        assert await board.next(await board.join()) is None
+        assert "worker group was lost" in await board.wait(0)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_segment_that_fails_every_try_is_given_up_with_its_workers_error(small_data, tmp_path):
+    """On a real group: the segment's shards are missing, so every try fails as its Worker is built; the restarted
+    group is given the same segment, and after the last try the driver's call raises the workers' error; the
+    group's Ray Train folder is removed once it has ended."""
+    import dataclasses
+
+    from raybiphase.pretrain.job import SegmentJob
+    from raybiphase.pretrain.pool import WorkerPools
+    from tests.conftest import tiny_config
+
+    spec = tiny_config(tmp_path, small_data, **{"resources.num_workers": 1})
+    job = SegmentJob(run=spec.run, name="broken", run_dir=str(tmp_path / "runs" / "broken"),
+                     data_dir=str(tmp_path / "no-shards"), kept_group=True)
+    pools = WorkerPools(str(tmp_path / "pools"), segments=1, attempts=2)
+    with pytest.raises(RuntimeError, match=r"(?s)the workers of broken failed 2 times.*UserError: data: no "
+                                           r"prepared dataset at .*no-shards"):
+        pools.train(dataclasses.replace(job))
+    pools.close()
+    assert not pools.open and not list((tmp_path / "runs").glob("broken/step-*"))
