@@ -151,7 +151,8 @@ class Worker:
         self.history = History(job.run_dir) if self.rank == 0 else None
         self.beacon = Beacon(job.progress if self.rank == 0 else None, stop_at=self.stop_at,
                              tokens_per_step=self.tokens_per_step, every_s=job.progress_every)
-        preemption.install(self.world)  # SIGTERM, a spot VM's notice: checkpoint after the step, restart from it
+        # SIGTERM, a spot VM's notice: checkpoint after the step, restart from it
+        preemption.install(self.world, keep_notice=job.kept_group)
 
     def _model_and_optimizer(self):
         run, device = self.run, self.device

@@ -1,24 +1,24 @@
 """Kept worker groups: one Ray Train worker group trains one sweep segment after another.
 
-A `TorchTrainer.fit()` per segment starts a Train controller, a placement group and worker processes that import
-torch, transformers and the loop again: about 10 s a segment on 2 cores (benchmarks/bench_segment_start.py), paid
-by every segment of a sweep's tree. A *pool* is one fit whose train function (`pool_loop`) asks a `Board` actor
-for its next `SegmentJob`, trains it with a fresh `Worker` (model, optimizer, restore, data stream: nothing is
-carried from the job before but the processes and their process group), and asks again; the driver hands it the
-next ready segment of the same resource shape (`WorkerPools`), and closes it as soon as none is ready, so that an
-idle group never holds the slots fine-tuning could use.
+Starting a worker group costs a Train controller, a placement group, worker processes that import torch,
+transformers and the loop, and their process group: several seconds a segment (benchmarks/bench_segment_start.py
+measures it), paid by every segment of a sweep's tree. A *pool* is one fit whose train function (`pool_loop`) asks
+a `Board` actor for its next `SegmentJob`, trains it with a fresh `Worker` (model, optimizer, restore, data stream:
+nothing is carried from the job before but the processes and their process group), and asks again; the driver
+hands it the next ready segment of the same resource shape (`WorkerPools`), and closes it as soon as none is
+ready, so that an idle group never holds the slots fine-tuning could use.
 
-What a segment run by a pool keeps of a fit of its own:
+What a segment trained by a pool keeps of a fit of its own:
 - Checkpoints land in the segment's folder, committed as always: the workers upload their shards there themselves
   (`SegmentJob.kept_group`), since Ray Train's run folder is the pool's; resuming reads the segment's newest
   committed checkpoint (raybiphase.pretrain.loop.restore), so restarts and later invocations resume exactly.
 - Failures: when a worker or a whole node is lost, or a preemption notice ends the step, Ray Train restarts the
   group (elastic ones with the workers left, or more once room appears), and the restarted group asks the board
   again: it is given the same segment, which resumes from its newest committed checkpoint. A segment is tried at
-  most `ATTEMPTS` times from the same checkpoint (a fit per segment allowed two restarts in all; a kept group's
-  restarts also come from elastic growth, which is no failure, and one from a newer checkpoint made progress);
-  then the board gives up on it and the driver raises the workers' last error, for that segment alone.
-- Weights: bit-identical to a fit per segment (checked by bench_segment_start.py and the quickstart's record).
+  most `ATTEMPTS` times from the same checkpoint (a try that committed a newer one made progress; a restart that
+  grew an elastic group is no try); then the board gives up on it and the driver raises the workers' last error,
+  for that segment alone.
+- Weights: the same, bit for bit, as a fit of its own (the segment's config, data and resume point are the same).
 """
 
 from __future__ import annotations
@@ -43,26 +43,29 @@ from raybiphase.pretrain.loop import Worker, rank_world
 from raybiphase.pretrain.trainer import group_trainer
 
 ATTEMPTS = 3
-"""Tries per segment: the first and two restarts (what `max_failures=2` gave a fit per segment)."""
+"""Tries per segment from one checkpoint: the first and two restarts."""
 WAIT_S = 0.5
 """How often a driver thread waiting on a segment looks whether its pool's fit has ended."""
 
 
 class JobBoard:
     """One pool's jobs, in the order the driver hands them: the group takes the first job not finished (after a
-    restart: the same one again), counts its tries, and reports it finished; the driver waits on each job's end.
-    An async actor: waiting calls do not block the others."""
+    restart: the same one again), and reports it finished; the driver waits on each job's end. The board counts a
+    job's tries since its newest committed checkpoint (`progress`: a try that committed one made progress; a
+    restart that only grew an elastic group is no try) and gives the job up after `attempts`. An async actor:
+    waiting calls do not block the others."""
 
-    def __init__(self, attempts: int = ATTEMPTS):
+    def __init__(self, attempts: int = ATTEMPTS, progress=None):
         self.jobs: list[SegmentJob] = []
         self.finished = 0
         self.tries: dict[int, int] = {}
-        self.resumed_at: dict[int, int] = {}
+        self.progress_at: dict[int, int] = {}
         self.errors: dict[int, str] = {}
         self.given_up: dict[int, str] = {}
         self.closed = False
-        self.group = 0
+        self.group, self.world, self.grew = 0, 0, False
         self.attempts = attempts
+        self.progress = progress or committed_step
         self.changed = asyncio.Condition()
 
     async def _notify(self) -> None:
@@ -75,21 +78,30 @@ class JobBoard:
         await self._notify()
         return len(self.jobs) - 1
 
-    async def join(self) -> int:
-        """A (re)started group's number: calls of an earlier group still waiting in `next` return None."""
+    async def join(self, world: int = 1) -> int:
+        """A (re)started group of `world` workers; its number: calls of an earlier group still waiting in `next`
+        return None."""
+        under_way = self.tries.get(self.finished, 0) > 0
+        self.grew, self.world = under_way and 0 < self.world < world, world
         self.group += 1
         await self._notify()
         return self.group
 
     async def next(self, group: int) -> tuple[int, SegmentJob] | None:
         """The first job not finished, once there is one (None: the pool is closed, a later group joined, or this
-        job was tried `attempts` times: it is given up and the pool closes)."""
+        job was tried `attempts` times since its newest checkpoint: it is given up and the pool closes)."""
         async with self.changed:
             await self.changed.wait_for(lambda: self.closed or group != self.group or len(self.jobs) > self.finished)
         if self.closed or group != self.group:
             return None
         index = self.finished
-        self.tries[index] = self.tries.get(index, 0) + 1
+        step = self.progress(self.jobs[index])
+        if step > self.progress_at.get(index, -1):  # the last try committed a checkpoint: tries count anew
+            self.progress_at[index], self.tries[index] = step, 0
+            self.errors.pop(index, None)
+        if not self.grew:
+            self.tries[index] = self.tries.get(index, 0) + 1
+        self.grew = False
         if self.tries[index] > self.attempts:
             self.given_up[index] = self.errors.get(index, "the worker group was lost (a worker or its node died)")
             self.closed = True
@@ -97,11 +109,9 @@ class JobBoard:
             return None
         return index, self.jobs[index]
 
-    async def resumed(self, index: int, step: int) -> None:
-        """Job `index` was restored at `step`: a try from a newer checkpoint than the last one made progress, and
-        counts as the first again."""
-        if step > self.resumed_at.get(index, -1):
-            self.resumed_at[index], self.tries[index] = step, 1
+    async def taken(self, index: int) -> bool:
+        """Whether a group has taken job `index`."""
+        return self.tries.get(index, 0) > 0 or index in self.progress_at
 
     async def failed(self, index: int, error: str) -> None:
         """A worker's error while training job `index` (the group restarts, or the fit ends)."""
@@ -116,10 +126,19 @@ class JobBoard:
         await self._notify()
 
     async def wait(self, index: int) -> str | None:
-        """Once job `index` has finished (None) or was given up (the workers' last error)."""
+        """Once job `index` has finished (None) or was given up or left when the pool closed (why)."""
         async with self.changed:
-            await self.changed.wait_for(lambda: self.finished > index or index in self.given_up)
-        return self.given_up.get(index)
+            await self.changed.wait_for(lambda: self.finished > index or self.closed)
+        if self.finished > index:
+            return None
+        return self.given_up.get(index, "the worker group was closed before the segment ended")
+
+
+def committed_step(job: SegmentJob) -> int:
+    """The step of the job's newest committed checkpoint in its own folder (-1: none)."""
+    steps = storage.checkpoint_steps(job.run_dir) if storage.exists(job.run_dir) else []
+    return next((step for step in reversed(steps)
+                 if storage.is_checkpoint(storage.join(job.run_dir, storage.checkpoint_name(step)))), -1)
 
 
 Board = ray.remote(num_cpus=0)(JobBoard)
@@ -133,7 +152,7 @@ def pool_loop(loop_config: dict) -> None:
     rank trains what rank 0 was given; each job's end is reported once every rank has finished it."""
     board = loop_config["board"]
     rank, world = rank_world()
-    group = ray.get(board.join.remote()) if rank == 0 else 0
+    group = ray.get(board.join.remote(world)) if rank == 0 else 0
     while True:
         item = [ray.get(board.next.remote(group)) if rank == 0 else None]
         if world > 1:
@@ -142,11 +161,7 @@ def pool_loop(loop_config: dict) -> None:
             return
         index, job = item[0]
         try:
-            worker = Worker(job)
-            if rank == 0:
-                ray.get(board.resumed.remote(index, worker.step))
-            worker.train()
-            del worker
+            Worker(job).train()
         except BaseException as err:
             ray.get(board.failed.remote(index, "".join(traceback.format_exception(err)).strip()))
             raise
@@ -154,11 +169,11 @@ def pool_loop(loop_config: dict) -> None:
             dist.barrier()  # every rank is through the job (and its last checkpoint) before the next is taken
         if rank == 0:
             ray.get(board.done.remote(index))
+        torch._dynamo.reset()  # a compiled job's graphs hold its model: the next model is another one
         gc.collect()  # the job's model, optimizer and stream go before the next job's are built
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        if hasattr(torch, "_dynamo"):
-            torch._dynamo.reset()  # a compiled job's graphs: the next model is another one
+            torch.cuda.reset_peak_memory_stats()  # each segment reports its own peak
 
 
 # ------------------------------------------------------------------------------------------------ the driver
@@ -173,6 +188,10 @@ def new_board(attempts: int):
     """A board on the driver's node: it outlives any worker node the group loses."""
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     return Board.options(scheduling_strategy=here).remote(attempts)
+
+
+class Untaken(RuntimeError):
+    """A group's fit ended before the group took the job handed to it."""
 
 
 @dataclass(eq=False)
@@ -199,21 +218,23 @@ class Pool:
             self.error = err
 
     def train(self, job: SegmentJob) -> None:
-        """Hand the group `job` and wait for its end; raises what ended it otherwise."""
-        ended = self.board.wait.remote(ray.get(self.board.give.remote(job)))
-        while True:
-            ready, _ = ray.wait([ended], timeout=WAIT_S)
-            if ready:
-                error = ray.get(ready[0])
-                if error is not None:
-                    raise RuntimeError(f"the workers of {job.name} failed {self.attempts} times from the same "
-                                       f"checkpoint; the last error:\n{error}")
-                return
-            if not self.thread.is_alive():
-                raise self.error or RuntimeError(f"the worker group of {job.name} ended before the segment did")
+        """Hand the group `job` and wait for its end; raises why it did not finish (`Untaken`: the fit ended
+        before the group took it)."""
+        index = ray.get(self.board.give.remote(job))
+        ended = self.board.wait.remote(index)
+        while not ray.wait([ended], timeout=WAIT_S)[0] and self.thread.is_alive():
+            pass
+        if not ray.wait([ended], timeout=WAIT_S)[0]:  # the fit ended first
+            if not ray.get(self.board.taken.remote(index)):
+                raise Untaken(f"the worker group for {job.name} ended before taking it: {self.error}")
+            raise self.error or RuntimeError(f"the worker group of {job.name} ended before the segment did")
+        error = ray.get(ended)
+        if error is not None:
+            head = f"the workers of {job.name} failed {self.attempts} times from the same checkpoint"
+            raise RuntimeError(f"{head}\n{error}" if "Traceback" in error else f"{head}: {error}")
 
     def close(self) -> None:
-        """End the group (its fit returns once the job under way, if any, is through)."""
+        """End the group: its fit returns once the job under way, if any, is through."""
         ray.get(self.board.close.remote())
 
 
@@ -221,17 +242,21 @@ class WorkerPools:
     """The driver's kept worker groups. A segment's thread `train`s its job on the pool it was handed (`claim`,
     from the driver's main thread as the segment starts) or on a new one; once the driver has seen it end, the pool
     is `free`d for the next segment of its shape, and closed by `release` when none took it. Ray Train run folders
-    go under `folder` (the sweep's storage: every node writes there) and are removed as their pools close."""
+    go under `folder` (the sweep's storage: every node writes there) and are removed as their pools close.
+
+    Ray Train's own failure budget is the group's, not a segment's: `attempts` for every segment of the sweep, so
+    that no segment has fewer restarts than `attempts - 1` (the board's count per checkpoint decides before it)."""
 
     def __init__(self, folder: str, *, segments: int, attempts: int = ATTEMPTS):
         self.folder, self.attempts = folder, attempts
-        self.max_failures = attempts * segments  # Ray Train's count is the group's: the board counts per segment
+        self.max_failures = attempts * max(1, segments)
         self.token = uuid.uuid4().hex[:8]  # a later invocation never takes an earlier one's Ray Train run
         self.numbers = itertools.count()
         self.lock = threading.Lock()
         self.finished: dict[str, Pool] = {}  # segment name -> the pool that trained it, until the driver frees it
         self.idle: list[Pool] = []
         self.open: list[Pool] = []
+        self.removals: list[threading.Thread] = []
 
     def claim(self, res: ResourcesConfig) -> Pool | None:
         with self.lock:
@@ -241,22 +266,31 @@ class WorkerPools:
             return pool
 
     def train(self, job: SegmentJob, pool: Pool | None = None) -> None:
-        if pool is not None and not pool.thread.is_alive():  # its fit ended while it waited: a fresh group
-            self._end(pool)
-            pool = None
-        if pool is None:
-            name = f"{self.token}-{next(self.numbers)}"
-            pool = Pool(shape(job.run.resources), new_board(self.attempts), storage.join(self.folder, name), self.attempts)
-            pool.start(job.run.resources, name, self.max_failures)
-            with self.lock:
-                self.open.append(pool)
+        """Train `job` on `pool` (a kept group) or a new group; a kept group that ended before taking it is
+        replaced by a new one."""
+        kept = pool is not None
+        pool = pool or self._start(job)
         try:
             pool.train(job)
+        except Untaken:
+            self.end(pool)
+            if not kept:
+                raise
+            self.train(job)
+            return
         except BaseException:
-            self._end(pool)
+            self.end(pool)
             raise
         with self.lock:
             self.finished[job.name] = pool
+
+    def _start(self, job: SegmentJob) -> Pool:
+        name = f"{self.token}-{next(self.numbers)}"
+        pool = Pool(shape(job.run.resources), new_board(self.attempts), storage.join(self.folder, name), self.attempts)
+        pool.start(job.run.resources, name, self.max_failures)
+        with self.lock:
+            self.open.append(pool)
+        return pool
 
     def free(self, name: str) -> None:
         """The driver has seen segment `name` end: its pool may take the next segment."""
@@ -270,29 +304,34 @@ class WorkerPools:
         with self.lock:
             idle, self.idle = self.idle, []
         for pool in idle:
-            self._end(pool)
+            self.end(pool)
 
     def close(self, timeout_s: float = 120.0) -> None:
-        """Close every pool and wait for its fit to return."""
+        """Close every pool, then wait (at most `timeout_s` each) until its fit has returned and its Ray Train
+        folder is removed."""
         with self.lock:
             pools, self.idle, self.finished = list(self.open), [], {}
         for pool in pools:
-            self._end(pool)
-        for pool in pools:
-            pool.thread.join(timeout_s)
+            self.end(pool)
+        for removal in list(self.removals):
+            removal.join(timeout_s)
 
-    def _end(self, pool: Pool) -> None:
+    def end(self, pool: Pool) -> None:
+        """Close `pool` (once) and remove its Ray Train folder when its fit has returned."""
         with self.lock:
             if pool not in self.open:
                 return
             self.open.remove(pool)
-        try:
-            pool.close()
-        except Exception:  # the board went with a failed fit
-            pass
-        threading.Thread(target=self._remove, args=(pool,), daemon=True).start()
+        pool.close()  # its board is on the driver's node: it is there as long as the driver is
+        removal = threading.Thread(target=_remove, args=(pool,), daemon=True)
+        removal.start()
+        with self.lock:
+            self.removals.append(removal)
 
-    @staticmethod
-    def _remove(pool: Pool) -> None:
-        pool.thread.join()
+
+def _remove(pool: Pool) -> None:
+    pool.thread.join()
+    try:
         storage.delete(pool.folder)  # Ray Train's own records of the group: no checkpoint is kept there
+    except OSError:  # a bucket hiccup leaves a few small files; the next invocation removes them
+        pass

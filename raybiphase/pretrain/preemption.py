@@ -42,11 +42,13 @@ def _handle_in_main_thread() -> bool:
     return True
 
 
-def install(world: int = 1) -> bool:
+def install(world: int = 1, *, keep_notice: bool = False) -> bool:
     """Route SIGTERM of this Ray Train worker to the preemption notice (every worker calls it once, before the
     first step); False outside an actor (a plain process: the handler is set directly when this is the main
-    thread)."""
-    _NOTICE.clear()
+    thread). A new worker starts without a notice; `keep_notice`: a kept group's next segment keeps one that came
+    before it (its node is still going: its first step checkpoints and the group restarts elsewhere)."""
+    if not keep_notice:
+        _NOTICE.clear()
     if world > 1 and _GROUP[0] is None and dist.get_backend() != "gloo":
         _GROUP[0] = dist.new_group(backend="gloo")
     if threading.current_thread() is threading.main_thread():

@@ -43,8 +43,9 @@ def group_trainer(res: ResourcesConfig, train_fn, loop_config: dict, *, name: st
     return TorchTrainer(
         train_fn,
         train_loop_config=loop_config,
-        # a [min, max] range makes the worker group elastic: Ray Train restarts it from the latest checkpoint with
-        # the workers it can place, and looks every resize_check_s for room to grow back to max
+        # a [min, max] range makes the worker group elastic: Ray Train restarts it with the workers it can place
+        # (its workers resume from the newest committed checkpoint), and looks every resize_check_s for room to
+        # grow back to max
         scaling_config=ray.train.ScalingConfig(num_workers=res.num_workers, use_gpu=use_gpu,
                                                resources_per_worker=per_worker if res.max_workers else None,
                                                elastic_resize_monitor_interval_s=res.resize_check_s),

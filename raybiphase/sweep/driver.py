@@ -163,11 +163,17 @@ class SweepSegments:
         return all(d in self.done for d in dependencies(segment, self.ctx.plan.runs))
 
     def fit(self, segment: Segment) -> None:
-        job = segment_job(self.ctx, segment)
+        pool = self.claimed.pop(segment.id, None)
+        try:
+            job = segment_job(self.ctx, segment)
+        except BaseException:
+            if pool is not None:
+                self.pools.end(pool)
+            raise
         if not job.run.resources.max_workers:  # local mode: the loop runs in this process, nothing to keep
             make_trainer(job, max_failures=ATTEMPTS - 1).fit()
             return
-        self.pools.train(dataclasses.replace(job, kept_group=True), self.claimed.pop(segment.id, None))
+        self.pools.train(dataclasses.replace(job, kept_group=True), pool)
 
     def started(self, segment: Segment, running: int) -> None:
         self.ctx.say(f"pretraining: starting {segment.id} ({running} running)")

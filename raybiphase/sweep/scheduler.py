@@ -1,8 +1,9 @@
 """The sweep's one scheduler: every segment and every fine-tuning trial, in one loop, on one slot budget.
 
-The sweep is a graph of jobs. A *segment* (raybiphase.sweep.plan) starts once the segments it depends on are done;
-it is trained from the driver, in a thread of its own (training blocks), by a worker group that the segment before
-it may have left (raybiphase.pretrain.pool): after every round of starts the groups no segment took are let go. Each checkpoint a segment holds
+The sweep is a graph of jobs. A *segment* (raybiphase.sweep.plan) starts once the segments it depends on are
+done; it is trained from the driver, in a thread of its own (training blocks), by a worker group that the segment
+before it may have left (raybiphase.pretrain.pool): after every round of starts the groups no segment took are let
+go. Each checkpoint a segment holds
 (and each untrained control, at once) is then a *fine-tuning job* (raybiphase.finetune.fanout.fanout_work): its
 trials, then its completion passes, each wave waiting for the last, then its rows appended to the table.
 
@@ -66,7 +67,8 @@ class Pretraining(Protocol):
     def started(self, segment: Segment, running: int) -> None: ...
     def ended(self, segment: Segment, seconds: float | None, running: dict[str, float]) -> None: ...
     def idle(self) -> None:
-        """Every ready segment has started: let go of what ended segments left for the next one."""
+        """After each round of starts (the loop's every pass): let go of what ended segments left for a next
+        segment that none of the round took."""
     def sources(self, segments: set[str]) -> list[FinetuneSource]: ...
 
 

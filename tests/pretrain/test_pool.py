@@ -12,8 +12,11 @@ import pytest
 from raybiphase.pretrain.pool import JobBoard
 
 
-def _board(attempts: int = 3) -> JobBoard:
-    return JobBoard(attempts)
+def _board(attempts: int = 3, committed: dict | None = None) -> JobBoard:
+    """A board whose jobs' newest committed checkpoint is read from `committed` (job -> step), as the real one
+    reads the job's folder."""
+    committed = {} if committed is None else committed
+    return JobBoard(attempts, progress=lambda job: committed.get(job, -1))
 
 
 def test_a_group_takes_the_jobs_in_order_and_a_restarted_group_takes_the_unfinished_one_again():
@@ -45,36 +48,41 @@ def test_a_waiting_call_of_a_replaced_group_and_of_a_closed_board_gets_none():
         await board.give("a")
         assert await asyncio.wait_for(waiting, 1) == (0, "a")
         await board.done(0)
-        waiting = asyncio.create_task(board.next(new))
+        await board.give("b")  # handed over, then the pool closes before any group takes it
+        ended = asyncio.create_task(board.wait(1))
         await board.close()
-        assert await asyncio.wait_for(waiting, 1) is None
+        assert await board.next(new) is None
+        assert "closed before the segment ended" in await asyncio.wait_for(ended, 1)
+        assert not await board.taken(1)
 
     asyncio.run(scenario())
 
 
 def test_a_job_is_given_up_after_its_tries_from_one_checkpoint_and_progress_starts_the_count_again():
     async def scenario():
-        board = _board(attempts=2)
+        committed = {}
+        board = _board(attempts=2, committed=committed)
         await board.give("a")
-        for step in (0, 4, 4):  # the second try resumed at step 4 (the first had saved it): it counts as the first
-            group = await board.join()
-            assert await board.next(group) == (0, "a")
-            await board.resumed(0, step)
-            await board.failed(0, f"ValueError: loss is nan at step {step + 1}")
+        for step in (None, 4, None, None):  # two tries from the start, the second commits step 4; two from it
+            assert await board.next(await board.join()) == (0, "a")
+            if step:
+                committed["a"] = step
+            await board.failed(0, f"ValueError: loss is nan after step {committed.get('a', 0)}")
         ended = asyncio.create_task(board.wait(0))
         assert await board.next(await board.join()) is None  # a third try from step 4: given up, the board closes
-        assert await asyncio.wait_for(ended, 1) == "ValueError: loss is nan at step 5"
+        assert await asyncio.wait_for(ended, 1) == "ValueError: loss is nan after step 4"
         assert board.closed
 
     asyncio.run(scenario())
 
 
-def test_a_lost_group_without_an_error_is_said_as_lost():
+def test_a_restart_that_grows_an_elastic_group_is_no_try_and_a_lost_group_is_said_as_lost():
     async def scenario():
         board = _board(attempts=1)
         await board.give("a")
-        assert await board.next(await board.join()) == (0, "a")  # then the node went, saying nothing
-        assert await board.next(await board.join()) is None
+        assert await board.next(await board.join(1)) == (0, "a")  # started on the one node there was room on
+        assert await board.next(await board.join(2)) == (0, "a")  # room for two: Ray Train restarted it larger
+        assert await board.next(await board.join(1)) is None  # then a node went, saying nothing: given up
         assert "worker group was lost" in await board.wait(0)
 
     asyncio.run(scenario())
@@ -86,8 +94,6 @@ def test_a_segment_that_fails_every_try_is_given_up_with_its_workers_error(small
     """On a real group: the segment's shards are missing, so every try fails as its Worker is built; the restarted
     group is given the same segment, and after the last try the driver's call raises the workers' error; the
     group's Ray Train folder is removed once it has ended."""
-    import dataclasses
-
     from raybiphase.pretrain.job import SegmentJob
     from raybiphase.pretrain.pool import WorkerPools
     from tests.conftest import tiny_config
@@ -98,6 +104,7 @@ def test_a_segment_that_fails_every_try_is_given_up_with_its_workers_error(small
     pools = WorkerPools(str(tmp_path / "pools"), segments=1, attempts=2)
     with pytest.raises(RuntimeError, match=r"(?s)the workers of broken failed 2 times.*UserError: data: no "
                                            r"prepared dataset at .*no-shards"):
-        pools.train(dataclasses.replace(job))
+        pools.train(job)
     pools.close()
     assert not pools.open and not list((tmp_path / "runs").glob("broken/step-*"))
+    assert not (tmp_path / "pools").exists() or not any((tmp_path / "pools").iterdir())
