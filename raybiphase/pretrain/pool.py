@@ -27,6 +27,7 @@ import asyncio
 import gc
 import itertools
 import threading
+import time
 import traceback
 import uuid
 from dataclasses import dataclass
@@ -81,41 +82,54 @@ class JobBoard:
     async def join(self, world: int = 1) -> int:
         """A (re)started group of `world` workers; its number: calls of an earlier group still waiting in `next`
         return None."""
-        under_way = self.tries.get(self.finished, 0) > 0
+        under_way = self.finished in self.tries and self.finished < len(self.jobs)
         self.grew, self.world = under_way and 0 < self.world < world, world
         self.group += 1
         await self._notify()
         return self.group
 
     async def next(self, group: int) -> tuple[int, SegmentJob] | None:
-        """The first job not finished, once there is one (None: the pool is closed, a later group joined, or this
-        job was tried `attempts` times since its newest checkpoint: it is given up and the pool closes)."""
+        """The first job not finished, once there is one (None: the pool is closed or a later group joined). A
+        group's rank 0 then `start`s it: a call of a group that died while it waited takes nothing."""
         async with self.changed:
             await self.changed.wait_for(lambda: self.closed or group != self.group or len(self.jobs) > self.finished)
         if self.closed or group != self.group:
             return None
-        index = self.finished
-        step = self.progress(self.jobs[index])
-        if step > self.progress_at.get(index, -1):  # the last try committed a checkpoint: tries count anew
+        return self.finished, self.jobs[self.finished]
+
+    async def start(self, group: int, index: int) -> bool:
+        """Group `group` starts job `index`: one more try, counted anew when the job's newest committed checkpoint
+        is newer than at its last try, not counted when the restart only grew the group. False: the call is stale,
+        or the job was tried `attempts` times since its newest checkpoint and is given up (the pool closes)."""
+        job = self.jobs[index]
+        try:
+            step = await asyncio.to_thread(self.progress, job)  # storage reads: the other calls go on meanwhile
+        except Exception:  # unreadable now: counted as no progress
+            step = -1
+        if self.closed or group != self.group or index != self.finished:
+            return False
+        progressed = step > self.progress_at.get(index, -1)
+        if progressed:  # the last try committed a checkpoint: tries count anew
             self.progress_at[index], self.tries[index] = step, 0
-            self.errors.pop(index, None)
-        if not self.grew:
+        if progressed or not self.grew:
             self.tries[index] = self.tries.get(index, 0) + 1
         self.grew = False
         if self.tries[index] > self.attempts:
             self.given_up[index] = self.errors.get(index, "the worker group was lost (a worker or its node died)")
             self.closed = True
             await self._notify()
-            return None
-        return index, self.jobs[index]
+            return False
+        self.errors.pop(index, None)  # a new try: its own first error is the one said
+        return True
 
     async def taken(self, index: int) -> bool:
-        """Whether a group has taken job `index`."""
-        return self.tries.get(index, 0) > 0 or index in self.progress_at
+        """Whether a group has started job `index`."""
+        return index in self.tries
 
     async def failed(self, index: int, error: str) -> None:
-        """A worker's error while training job `index` (the group restarts, or the fit ends)."""
-        self.errors[index] = error
+        """A worker's error while training job `index` (the group restarts, or the fit ends): the try's first
+        error is kept (the other ranks' follow from it)."""
+        self.errors.setdefault(index, error)
 
     async def done(self, index: int) -> None:
         self.finished = max(self.finished, index + 1)
@@ -155,6 +169,8 @@ def pool_loop(loop_config: dict) -> None:
     group = ray.get(board.join.remote(world)) if rank == 0 else 0
     while True:
         item = [ray.get(board.next.remote(group)) if rank == 0 else None]
+        if item[0] is not None and not ray.get(board.start.remote(group, item[0][0])):
+            item = [None]
         if world > 1:
             dist.broadcast_object_list(item, src=0)
         if item[0] is None:
@@ -307,14 +323,15 @@ class WorkerPools:
             self.end(pool)
 
     def close(self, timeout_s: float = 120.0) -> None:
-        """Close every pool, then wait (at most `timeout_s` each) until its fit has returned and its Ray Train
-        folder is removed."""
+        """Close every pool, then wait, `timeout_s` in all, until their fits have returned and their Ray Train
+        folders are removed (a group mid-segment returns once the segment is through)."""
         with self.lock:
             pools, self.idle, self.finished = list(self.open), [], {}
         for pool in pools:
             self.end(pool)
+        deadline = time.monotonic() + timeout_s
         for removal in list(self.removals):
-            removal.join(timeout_s)
+            removal.join(max(0.0, deadline - time.monotonic()))
 
     def end(self, pool: Pool) -> None:
         """Close `pool` (once) and remove its Ray Train folder when its fit has returned."""
@@ -322,7 +339,10 @@ class WorkerPools:
             if pool not in self.open:
                 return
             self.open.remove(pool)
-        pool.close()  # its board is on the driver's node: it is there as long as the driver is
+        try:
+            pool.close()
+        except Exception:  # its board is gone (it lives on the driver's node: only with Ray itself)
+            pass
         removal = threading.Thread(target=_remove, args=(pool,), daemon=True)
         removal.start()
         with self.lock:

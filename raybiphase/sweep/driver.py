@@ -128,13 +128,16 @@ def run_jobs(ctx: SweepContext, clock: Clock) -> list[dict]:
         try:
             rows = scheduler.run(segments if todo else None,
                                  lambda: control_sources(ctx) + finetune_sources(ctx, done))  # the controls first
-            segments.close()  # every kept group was let go as the last segment ended: wait for their fits to end
+        except BaseException:
+            segments.close(timeout_s=10.0)  # groups still mid-segment end with the driver
+            raise
         finally:
             if todo:
                 clock.spans["pretraining"] = segments.last_end - segments.began
                 clock.most_at_once = scheduler.most
             if fanout:
                 clock.spans["fine-tuning"] = scheduler.finetuning_ended - scheduler.began
+        segments.close()  # every kept group was let go as the last segment ended: wait until their fits return
     for s in plan.segments.values():  # rows of segments finished by an earlier, interrupted invocation
         record_pretraining(ctx, s)
         prune_checkpoints(ctx, s)
@@ -185,8 +188,8 @@ class SweepSegments:
     def idle(self) -> None:
         self.pools.release()  # no ready segment took them: their slots go to fine-tuning
 
-    def close(self) -> None:
-        self.pools.close()
+    def close(self, timeout_s: float = 120.0) -> None:
+        self.pools.close(timeout_s)
 
     def ended(self, segment: Segment, seconds: float | None, running: dict[str, float]) -> None:
         self.watch.drop(segment.id)  # its last line: where it ended

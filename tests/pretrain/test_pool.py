@@ -19,34 +19,41 @@ def _board(attempts: int = 3, committed: dict | None = None) -> JobBoard:
     return JobBoard(attempts, progress=lambda job: committed.get(job, -1))
 
 
+async def _take(board: JobBoard, group: int):
+    """What a group's rank 0 does: the next job, then its start (None: nothing to train)."""
+    item = await board.next(group)
+    return item if item is not None and await board.start(group, item[0]) else None
+
+
 def test_a_group_takes_the_jobs_in_order_and_a_restarted_group_takes_the_unfinished_one_again():
     async def scenario():
         board = _board()
         await board.give("a")
         await board.give("b")
         group = await board.join()
-        assert await board.next(group) == (0, "a")
+        assert await _take(board, group) == (0, "a")
         await board.done(0)
-        assert await board.next(group) == (1, "b")
+        assert await _take(board, group) == (1, "b")
         restarted = await board.join()  # a worker died: Ray Train restarted the group mid-job
-        assert await board.next(restarted) == (1, "b")
+        assert await _take(board, restarted) == (1, "b")
         await board.done(1)
         assert await board.wait(0) is None and await board.wait(1) is None
 
     asyncio.run(scenario())
 
 
-def test_a_waiting_call_of_a_replaced_group_and_of_a_closed_board_gets_none():
+def test_a_call_of_a_group_that_died_takes_nothing_and_a_closed_board_gives_nothing():
     async def scenario():
-        board = _board()
+        board = _board(attempts=1)
         old = await board.join()
-        waiting = asyncio.create_task(board.next(old))
+        waiting = asyncio.create_task(board.next(old))  # its caller dies while it waits; it returns to no one
         await asyncio.sleep(0)
-        new = await board.join()  # the old group is gone; its call must not take (and count) the next job
-        assert await asyncio.wait_for(waiting, 1) is None
-        waiting = asyncio.create_task(board.next(new))
         await board.give("a")
         assert await asyncio.wait_for(waiting, 1) == (0, "a")
+        assert not await board.taken(0)  # not started: the one try is still the live group's
+        new = await board.join()
+        assert not await board.start(old, 0)  # a call of the dead group is stale
+        assert await _take(board, new) == (0, "a")
         await board.done(0)
         await board.give("b")  # handed over, then the pool closes before any group takes it
         ended = asyncio.create_task(board.wait(1))
@@ -64,12 +71,13 @@ def test_a_job_is_given_up_after_its_tries_from_one_checkpoint_and_progress_star
         board = _board(attempts=2, committed=committed)
         await board.give("a")
         for step in (None, 4, None, None):  # two tries from the start, the second commits step 4; two from it
-            assert await board.next(await board.join()) == (0, "a")
+            assert await _take(board, await board.join()) == (0, "a")
             if step:
                 committed["a"] = step
             await board.failed(0, f"ValueError: loss is nan after step {committed.get('a', 0)}")
+            await board.failed(0, "RuntimeError: a peer rank hung up")  # another rank's, after the first
         ended = asyncio.create_task(board.wait(0))
-        assert await board.next(await board.join()) is None  # a third try from step 4: given up, the board closes
+        assert await _take(board, await board.join()) is None  # a third try from step 4: given up, the pool closes
         assert await asyncio.wait_for(ended, 1) == "ValueError: loss is nan after step 4"
         assert board.closed
 
@@ -80,9 +88,9 @@ def test_a_restart_that_grows_an_elastic_group_is_no_try_and_a_lost_group_is_sai
     async def scenario():
         board = _board(attempts=1)
         await board.give("a")
-        assert await board.next(await board.join(1)) == (0, "a")  # started on the one node there was room on
-        assert await board.next(await board.join(2)) == (0, "a")  # room for two: Ray Train restarted it larger
-        assert await board.next(await board.join(1)) is None  # then a node went, saying nothing: given up
+        assert await _take(board, await board.join(1)) == (0, "a")  # started on the one node there was room on
+        assert await _take(board, await board.join(2)) == (0, "a")  # room for two: Ray Train restarted it larger
+        assert await _take(board, await board.join(1)) is None  # then a node went, saying nothing: given up
         assert "worker group was lost" in await board.wait(0)
 
     asyncio.run(scenario())
