@@ -39,6 +39,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raybiphase import storage
 from raybiphase.config import ResourcesConfig
+from raybiphase.pretrain.checkpoint import latest_committed
 from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.loop import Worker, rank_world
 from raybiphase.pretrain.trainer import group_trainer
@@ -150,9 +151,8 @@ class JobBoard:
 
 def committed_step(job: SegmentJob) -> int:
     """The step of the job's newest committed checkpoint in its own folder (-1: none)."""
-    steps = storage.checkpoint_steps(job.run_dir) if storage.exists(job.run_dir) else []
-    return next((step for step in reversed(steps)
-                 if storage.is_checkpoint(storage.join(job.run_dir, storage.checkpoint_name(step)))), -1)
+    location = latest_committed(job.run_dir)
+    return -1 if location is None else storage.step_of(location)
 
 
 Board = ray.remote(num_cpus=0)(JobBoard)

@@ -6,10 +6,12 @@ segments end with the weights of their runs trained alone is checked by the swee
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
-from raybiphase.pretrain.pool import JobBoard
+from raybiphase import storage
+from raybiphase.pretrain.pool import JobBoard, committed_step
 
 
 def _board(attempts: int = 3, committed: dict | None = None) -> JobBoard:
@@ -94,6 +96,19 @@ def test_a_restart_that_grows_an_elastic_group_is_no_try_and_a_lost_group_is_sai
         assert "worker group was lost" in await board.wait(0)
 
     asyncio.run(scenario())
+
+
+def test_the_board_counts_progress_from_the_newest_committed_checkpoint_of_the_segments_folder(tmp_path):
+    """A checkpoint without its meta (a save cut short) is no progress; a segment with no folder yet has none."""
+    run_dir = tmp_path / "run"
+    job = SimpleNamespace(run_dir=str(run_dir))
+    assert committed_step(job) == -1
+    for step, committed in ((2, True), (4, False)):
+        folder = run_dir / storage.checkpoint_name(step)
+        folder.mkdir(parents=True)
+        if committed:
+            (folder / storage.META).write_text("{}")
+    assert committed_step(job) == 2
 
 
 @pytest.mark.ray
