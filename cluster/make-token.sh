@@ -1,7 +1,7 @@
 #!/bin/sh
 # Creates this machine's Ray cluster token once: 256 random bits, hex, in ~/.raybiphase/ray-token (or $1), readable
 # by you alone. `ray up` carries it to every node (file_mounts in aws.yaml and gcp.yaml); for Kubernetes,
-# cluster/README.md creates a Secret from it. It is never printed: the script says only where it is. Run it again and
+# the first lines of cluster/kuberay-rayjob.yaml make a Secret of it. It is never printed: the script says only where it is. Run it again and
 # the existing token is kept (a cluster started with it keeps accepting your jobs); delete the file to make a new one.
 set -eu
 token_file="${1:-$HOME/.raybiphase/ray-token}"

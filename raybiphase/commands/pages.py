@@ -104,7 +104,6 @@ class BenchmarkLine:
 
 
 OLD_FIGURES = {
-    "bench_fanout_tail": lambda r: f"wall time beside / one after the other: {r['wall_ratio']}",
     "bench_ir_rank": lambda r: "full matrix / chunked ranking: {memory}x the memory, {time}x the time".format(
         **r["same_shape"]["full_over_chunked"]),
 }

@@ -221,7 +221,8 @@ class SweepConfig:
     """The rate a checkpoint reaches the bucket at, summed over a segment's workers: training waits for it. A
     checkpoint holds 12 bytes per parameter (fp32 weights and AdamW's two moments)."""
     wandb_project: str | None = None
-    """W&B project; runs go there (offline unless WANDB_MODE says otherwise). None disables W&B."""
+    """W&B project; runs go there: online when the driver has a key (WANDB_API_KEY or `wandb login`), else offline
+    (WANDB_MODE overrides both). None disables W&B."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,7 @@ RAYBIPHASE_DATASETS_DIR, when set, names a folder where `<dir>/<org>/<name>` is 
 files the hub serves, in its layout, read by the same `datasets` parquet and json builders, with no network (for
 clusters without hub access, and for the tests). A snapshot is made with
 
-    huggingface-cli download --repo-type dataset nyu-mll/glue --local-dir $RAYBIPHASE_DATASETS_DIR/nyu-mll/glue
+    hf download --repo-type dataset nyu-mll/glue --local-dir $RAYBIPHASE_DATASETS_DIR/nyu-mll/glue
 
 adding `--revision refs/convert/parquet` for the EXPORTED repositories. Splits: train = the official train split,
 test = the official validation split, except retrieval, which follows the authors' evaluation code (EncodEval):
@@ -65,7 +65,7 @@ def _hub(dataset_id: str, config: str | None, split: str):
     if root and not os.path.isdir(path):
         revision = f" --revision {PARQUET_EXPORT}" if exported else ""
         raise UserError(f"finetune: no snapshot of {dataset_id} at {path} ({DATASETS_DIR_ENV}); make it with "
-                        f"huggingface-cli download --repo-type dataset {dataset_id}{revision} --local-dir {path}")
+                        f"hf download --repo-type dataset {dataset_id}{revision} --local-dir {path}")
     where = {"data_dir": config} if exported else {"name": config}
     if exported and not root:
         where["revision"] = PARQUET_EXPORT

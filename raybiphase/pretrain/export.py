@@ -12,7 +12,7 @@ sizes its inputs from that field), not EuroBERT's 8,192, and its tokenizer frame
 (raybiphase.pretrain.card) names the run as the sweep did (pretrain.parquet), else in the paper's scheme from the
 checkpoint's config, and lists the downstream scores summary.parquet holds for that run and step. OUT must not
 exist or be empty; nothing is written there when the checkpoint is bad. `--push-to-hub` uploads the folder to a
-Hugging Face Hub model repository (created if missing; needs `huggingface-cli login` or HF_TOKEN).
+Hugging Face Hub model repository (created if missing; needs `hf auth login` or HF_TOKEN).
 """
 
 from __future__ import annotations

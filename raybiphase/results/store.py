@@ -1,4 +1,4 @@
-"""The results store: flat rows in Parquet, appended atomically, never rewritten (design.md, decision 7).
+"""The results store: flat rows in Parquet, appended atomically, never rewritten.
 
 Files per sweep, under `results/<sweep>/`:
 

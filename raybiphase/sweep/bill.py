@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from raybiphase.config import SweepSpec
 from raybiphase.config.estimates import best_interval_hours, checkpoint_hours, mtbf_hours, segment_gpus, segment_nodes
+from raybiphase.config.sizes import SIZES
 from raybiphase.sweep.plan import Plan, Segment
 from raybiphase.sweep.timeline import wall_hours
 
@@ -95,7 +96,7 @@ def bill_lines(plan: Plan, spec: SweepSpec) -> list[str]:
 
 
 def checkpoint_lines(plan: Plan, spec: SweepSpec) -> list[str]:
-    """Per model size, its longest segment's checkpoint interval: the stall, the expected overhead on spot, and the
+    """Per model size, smallest first, its longest segment's checkpoint interval: the stall, the expected overhead on spot, and the
     interval (in steps) that minimises it."""
     hours, mtbf, restart = wall_hours(plan, spec), mtbf_hours(spec.run, spec.sweep), spec.sweep.restart_minutes / 60
     longest: dict[str, Segment] = {}
@@ -104,7 +105,7 @@ def checkpoint_lines(plan: Plan, spec: SweepSpec) -> list[str]:
         if size not in longest or segment.steps > longest[size].steps:
             longest[size] = segment
     lines = []
-    for size, segment in longest.items():
+    for size, segment in sorted(longest.items(), key=lambda item: list(SIZES).index(item[0])):  # smallest first
         step_h = hours[segment.id] / segment.steps
         every = segment.config.train.checkpoint_every
         stall = checkpoint_hours(segment.config, spec.sweep)

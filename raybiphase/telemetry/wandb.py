@@ -1,4 +1,4 @@
-"""Optional Weights & Biases logging: offline by default, rank zero only, no secrets (design.md, decision 9).
+"""Optional Weights & Biases logging: online when a key is at hand, else offline; rank zero only; no secrets.
 
     run = init_run("pretrain", name=segment_name, group=sweep_name, config_flat=flatten(cfg), project=project)
     log(run, {"train/mlm_loss": 2.1}, step=100)       # every helper is a no-op when run is None
@@ -19,7 +19,7 @@
 - Secrets: a config key with a word "key", "token", "secret", "password" (split at . _ / -: `sweep.wandb_api_key`,
   `data.hf_token`) is dropped, and so is any value that contains the WANDB_API_KEY; `train.global_batch_tokens`
   and `data.tokenizer` stay. Console capture is off, so printed text never reaches W&B either.
-- Rank zero only: under Ray Train V2 `setup_wandb(rank_zero_only=True)` was ignored (design.md), so `init_run`
+- Rank zero only: under Ray Train V2 `setup_wandb(rank_zero_only=True)` was ignored (Ray 2.60), so `init_run`
   returns None unless the world rank (argument, else the RANK variable Ray Train's torch backend sets) is 0.
 """
 
