@@ -39,9 +39,9 @@ import pyarrow.parquet as pq
 
 from raybiphase import storage
 from raybiphase.config import DataConfig
-from raybiphase.config.identity import DECONTAMINATION_FIELDS
-from raybiphase.data import decontam, sources
+from raybiphase.data import decontam
 from raybiphase.data.assets import cache_dir
+from raybiphase.data.fingerprint import check_made_as_asked, fingerprint, shard_settings
 from raybiphase.data.pieces import Piece, piece_texts, plan_pieces, windows
 from raybiphase.data.stream import FORMAT_VERSION, MANIFEST, open_dataset
 from raybiphase.errors import UserError
@@ -51,19 +51,6 @@ SPECIAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>",
 RESERVED_MASK = "<|reserved_special_token_0|>"  # Llama-3's first reserved id, the paper's mask token
 SHUFFLE_SEED = 1234  # window order within a piece, seeded by (this, piece); fixed so shards are a pure function
 TOKENIZER_DIR, PIECES_DIR, VAL_FILE = "tokenizer", "pieces", "val.parquet"
-
-
-def fingerprint(data: DataConfig) -> str:
-    """Short hash of everything that determines the shards: not where they lie, how many passes a run may make nor
-    the order it reads them in; decontamination only as it holds tasks out (with the rule's version)."""
-    keys = {k: v for k, v in asdict(data).items()
-            if k not in ("dir", "max_epochs", "row_order", *DECONTAMINATION_FIELDS)}
-    if data.decontamination():
-        keys["decontamination"] = {**data.decontamination(), "rule": decontam.RULE_VERSION}
-    if data.source == "offline":  # what the offline corpus holds changes with the code (held-out evaluation text)
-        keys["offline_corpus"] = sources.OFFLINE_CORPUS_VERSION
-    keys["format"] = FORMAT_VERSION
-    return hashlib.sha256(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def dataset_location(data: DataConfig, storage_root: str | None = None) -> str:
@@ -368,6 +355,7 @@ def _manifest(data: DataConfig, pieces: list[Piece], records: dict[int, dict], v
     return {
         "format": FORMAT_VERSION,
         "fingerprint": fingerprint(data),
+        "settings": shard_settings(data),
         "source": data.source,
         "seq_len": data.seq_len,
         "tokenizer_fingerprint": version,
@@ -391,7 +379,7 @@ def check_data(data: DataConfig, *, storage_root: str | None = None) -> str:
     out = dataset_location(data, storage_root)
     if storage.is_file(storage.join(out, MANIFEST)):
         open_dataset(out, seq_len=data.seq_len)
-        decontam.check_prepared(data, storage.read_json(storage.join(out, MANIFEST)), out)
+        check_made_as_asked(data, storage.read_json(storage.join(out, MANIFEST)), out)
         return out
     plan_pieces(data)
     if data.tokenizer != "train-bpe":
@@ -411,7 +399,7 @@ def prepare(data: DataConfig, *, quiet: bool = False, on_ray: bool = True, stora
     before the tasks): needed only when the data holds tasks out and is not prepared yet."""
     out = dataset_location(data, storage_root)
     if storage.is_file(storage.join(out, MANIFEST)):
-        decontam.check_prepared(data, storage.read_json(storage.join(out, MANIFEST)), out)
+        check_made_as_asked(data, storage.read_json(storage.join(out, MANIFEST)), out)
         return out
     say = (lambda *a: None) if quiet else (lambda *a: print(*a, flush=True))
     started = time.time()

@@ -6,7 +6,7 @@ import dataclasses
 
 from raybiphase import storage
 from raybiphase.config import RunConfig, SweepSpec
-from raybiphase.data.prepare import fingerprint
+from raybiphase.data.fingerprint import fingerprint
 from raybiphase.storage import SweepPaths
 from raybiphase.sweep.plan import Plan, Segment
 from raybiphase.telemetry.console import STDOUT, Console

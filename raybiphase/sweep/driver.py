@@ -22,7 +22,8 @@ from raybiphase import storage
 from raybiphase.checkpoint_meta import read_meta
 from raybiphase.config import SweepSpec, flatten
 from raybiphase.data import assets
-from raybiphase.data.prepare import check_data, fingerprint, prepare
+from raybiphase.data.fingerprint import fingerprint
+from raybiphase.data.prepare import check_data, prepare
 from raybiphase.finetune.fanout import Fanout
 from raybiphase.finetune.heldout import evaluation_texts
 from raybiphase.finetune.records import check_settings

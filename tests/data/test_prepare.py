@@ -183,3 +183,27 @@ def test_shards_of_an_earlier_offline_corpus_are_not_reused(monkeypatch):
     monkeypatch.setattr(sources, "OFFLINE_CORPUS_VERSION", sources.OFFLINE_CORPUS_VERSION + 1)
     assert fingerprint(offline) != before[0] and fingerprint(hub) == before[1]
     assert fingerprint(DataConfig(max_epochs=3)) == fingerprint(offline)  # passes allowed do not change the shards
+
+
+def test_shards_at_a_given_dir_made_with_other_settings_are_refused_naming_the_setting(reference):
+    """A run whose data settings differ from those its `data.dir` shards were made with would train on a corpus,
+    vocabulary or length its config does not say: check_data and prepare refuse it, naming the setting."""
+    data, folder = reference
+    assert prep.check_data(data) == str(folder)  # made as asked: found
+    for key, value in (("vocab_size", 1024), ("max_documents", 600)):
+        other = DataConfig(**{**SMALL, key: value}, dir=str(folder))
+        with pytest.raises(UserError, match=rf"^data\.{key}: the shards at .* were made with \d+, unlike this config \({value}\)"):
+            prep.check_data(other)
+        with pytest.raises(UserError, match=rf"^data\.{key}:"):
+            prep.prepare(other, quiet=True, on_ray=False)
+    passes = DataConfig(**SMALL, dir=str(folder), max_epochs=2)
+    assert prep.check_data(passes) == str(folder)  # the passes a run may make do not change the shards
+
+
+def test_shards_whose_manifest_predates_the_recorded_settings_are_refused_by_fingerprint(tmp_path):
+    from raybiphase.data.fingerprint import check_made_as_asked
+
+    data = DataConfig(**SMALL, dir=str(tmp_path))
+    check_made_as_asked(data, {"fingerprint": prep.fingerprint(data)}, str(tmp_path))  # the same: nothing said
+    with pytest.raises(UserError, match=r"^data\.dir: .* other data settings than this config's"):
+        check_made_as_asked(data, {"fingerprint": "0" * 12}, str(tmp_path))
