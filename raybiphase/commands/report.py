@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from raybiphase.storage import basename
+from raybiphase.storage import basename, check_reachable
 
 
 def main() -> int:
@@ -15,6 +15,7 @@ def main() -> int:
     args = parser.parse_args()
     from raybiphase.results.report import write_report  # lazy: --help answers before pandas and plotting load
 
+    check_reachable(args.results_dir, "results_dir")  # a bucket out of reach: one line now, not retried reads
     path, _ = write_report(args.results_dir)
     print(f"wrote {path}")
     if args.wandb_project:

@@ -221,6 +221,7 @@ def import_tree(tree: str | Path, results_dir: str | Path, sweep: str = "paper")
             rows = collect(local, sweep)
     else:
         rows = collect(tree, sweep)
+    storage.check_writable(results_dir, "results_dir")  # a file in its place, a bucket out of reach: before a row
     skipped = append_rows(join(results_dir, FINETUNE_FILE), rows, key=FINETUNE_KEY)
     write_summary(results_dir)
     return len(rows) - skipped, skipped

@@ -29,6 +29,8 @@ from raybiphase.sweep.scheduler import finetune_checkpoints
 def finetune_model(model: str, out: str, spec: SweepSpec, name: str | None = None) -> list[dict]:
     """Fine-tune one HF checkpoint over spec.finetune's tasks x LRs x seeds into OUT; the new rows."""
     check_tasks(spec.finetune)
+    storage.check_reachable(model, "MODEL")  # a bucket out of reach: one line before anything, not retried reads
+    storage.check_reachable(out, "OUT")
     out = storage.absolute(out)
     name = name or Path(str(model).rstrip("/")).name
     source = FinetuneSource(name, 0, str(model), {"model.init_from": str(model)})

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from raybiphase import storage
 from raybiphase.config import SweepSpec, from_dict
 from raybiphase.errors import UserError
 from raybiphase.finetune import records
@@ -192,6 +193,10 @@ def test_finetune_command_refuses_bad_input_before_anything_runs(tmp_path, capsy
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.startswith("error: finetune.tasks: unknown task 'nope'")
     assert not (tmp_path / "out").exists()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # a bucket out of reach: one line, at once
+    monkeypatch.setattr(storage, "RETRY_SECONDS", 1.0)
+    with pytest.raises(UserError, match="^OUT: cannot reach s3://raybiphase-test/ft: .*connect"):
+        finetune_model(str(tmp_path), "s3://raybiphase-test/ft", spec)
 
 
 @pytest.mark.ray

@@ -110,10 +110,11 @@ def test_cli(tmp_path, monkeypatch, capsys) -> None:
         run_main(import_results.main)
     assert exit_info.value.code == 0
     assert "imported 60 trials" in capsys.readouterr().out
-    monkeypatch.setattr(sys, "argv", ["importer", str(tmp_path / "absent"), str(tmp_path)])
+    monkeypatch.setattr(sys, "argv", ["importer", str(tmp_path / "absent"), str(tmp_path / "fresh")])
     with pytest.raises(SystemExit) as exit_info:
         run_main(import_results.main)
     assert exit_info.value.code == 2
+    assert not (tmp_path / "fresh").exists()  # no tree: no results folder either
     capsys.readouterr()
     (tmp_path / "a-file").write_text("")  # results_dir is a file: one line, nothing written
     monkeypatch.setattr(sys, "argv", ["importer", str(PAPER_TREE), str(tmp_path / "a-file")])

@@ -214,6 +214,20 @@ def test_report_cli_without_results_is_one_line_and_exit_2(tmp_path, monkeypatch
     assert err.startswith("error:") and "no results" in err and "\n" not in err
 
 
+def test_report_cli_says_an_unreachable_bucket_in_one_line_at_once(monkeypatch, capsys) -> None:
+    """Not a chain of reads each retried for minutes: the bucket is looked up once, within the short budget."""
+    from raybiphase import storage
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setattr(storage, "RETRY_SECONDS", 1.0)
+    monkeypatch.setattr(sys, "argv", ["report", "s3://raybiphase-test/results"])
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(report_command.main)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: results_dir: cannot reach s3://raybiphase-test/results") and err.count("\n") == 1
+
+
 def test_report_cli_prints_the_report_path(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setattr(sys, "argv", ["report", str(_small_sweep(tmp_path))])
     with pytest.raises(SystemExit) as exit_info:
