@@ -58,6 +58,8 @@ def ensure_ray(num_cpus: int | None = None) -> None:
         # worker group, polling the GCS for drain notices) would watch for nothing. It costs about 1.5 CPU-seconds
         # per segment; a SIGTERM still reaches the loop's own handler (raybiphase.pretrain.preemption).
         os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+        # Ray turns token authentication on for a local cluster by default and warns that it did, on every start
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         context = ray.init(
             address="local",
             num_cpus=num_cpus or int(env_number("RAYBIPHASE_NUM_CPUS", os.cpu_count() or 2, minimum=1)),

@@ -16,7 +16,11 @@ RAYBIPHASE_STORAGE, when set, overrides sweep.storage (the KubeRay job uses it).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import os
 import time
+
+import ray
 
 from raybiphase import storage
 from raybiphase.checkpoint_meta import read_meta
@@ -24,6 +28,7 @@ from raybiphase.config import SweepSpec, flatten
 from raybiphase.data import assets
 from raybiphase.data.fingerprint import fingerprint
 from raybiphase.data.prepare import check_data, prepare
+from raybiphase.errors import ConfigError, UserError
 from raybiphase.finetune.fanout import Fanout
 from raybiphase.finetune.heldout import evaluation_texts
 from raybiphase.finetune.records import check_settings
@@ -43,7 +48,7 @@ from raybiphase.pretrain.budget import check_budget, data_budget
 from raybiphase.sweep.context import SweepContext
 from raybiphase.sweep.finetuning import baseline_rows, control_sources, finetune_sources, say_planned, trials_done
 from raybiphase.sweep.plan import Plan, Segment, dependencies
-from raybiphase.sweep.preflight import plan_sweep
+from raybiphase.sweep.preflight import check_room, plan_sweep
 from raybiphase.sweep.scheduler import Scheduler
 from raybiphase.sweep.timeline import remaining_chain, simulate, wall_hours
 from raybiphase.telemetry.clock import Clock, step_seconds
@@ -74,7 +79,20 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, console: Console = STDO
 
 def start(ctx: SweepContext, clock: Clock, spec_path: str) -> None:
     """Everything before the first segment: storage checks (an unreachable bucket, trials recorded under other
-    fine-tuning settings), Ray, the report's header, the data of every corpus and its budget."""
+    fine-tuning settings), Ray, the report's header, the data of every corpus and its budget. A start refused with
+    bad input (UserError, ConfigError) leaves no sweep folder it made."""
+    made = not storage.is_uri(ctx.paths.root) and not storage.exists(ctx.paths.root)
+    try:
+        check_and_prepare(ctx, clock)
+    except (UserError, ConfigError):
+        if made:
+            storage.delete(ctx.paths.root)
+        raise
+    storage.write_json(ctx.paths.run_info, run_info(spec_path, ctx.spec.finetune))  # the report's header
+
+
+def check_and_prepare(ctx: SweepContext, clock: Clock) -> None:
+    """The checks that need no Ray, Ray, the checks of what this machine's Ray has, then the data."""
     spec, paths = ctx.spec, ctx.paths
     storage.check_writable(paths.root, "sweep.storage")  # an unreachable bucket fails here, before any work
     if spec.finetune.tasks:
@@ -86,11 +104,13 @@ def start(ctx: SweepContext, clock: Clock, spec_path: str) -> None:
     assets.use_mirror(spec.sweep.storage)  # nodes without the offline assets copy them from the bucket
     with clock.span("Ray start"):
         ensure_ray()
+    if not os.environ.get("RAY_ADDRESS"):  # the sweep's own Ray: what this machine has is all there will be
+        flash_attn = importlib.util.find_spec("flash_attn") is not None
+        check_room(ctx.plan, spec, ray.cluster_resources(), flash_attn=flash_attn)
     with clock.span("data"):
         for key, data in corpora.items():
             ctx.data_dirs[key] = prepare(data, storage_root=spec.sweep.storage, evaluation_texts=evaluation_texts)
     check_budget(data_budget(ctx.plan, spec))  # again on the prepared manifests: a stated size is an estimate
-    storage.write_json(paths.run_info, run_info(spec_path, spec.finetune))  # the report's header
 
 
 def record_baselines(ctx: SweepContext, clock: Clock, rows: list[dict]) -> None:

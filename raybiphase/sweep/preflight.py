@@ -51,3 +51,29 @@ def check_finetune_length(plan: Plan, spec: SweepSpec) -> None:
         if spec.finetune.max_len > run.config.data.seq_len:
             raise ConfigError(f"finetune.max_len: {spec.finetune.max_len} exceeds the {run.config.data.seq_len}-token "
                               f"blocks run {run.name} pretrains on; set finetune.max_len <= {run.config.data.seq_len}")
+
+
+def check_room(plan: Plan, spec: SweepSpec, available: dict[str, float], *, flash_attn: bool) -> None:
+    """On the sweep's own local Ray (one machine, no autoscaler to add a node), a worker group or a trial that asks
+    for more than the machine has would wait for it forever, and flash_attention_2 without flash-attn fails every
+    try of every segment: one line naming the setting instead, before any data is prepared or anything written.
+    `available`: Ray's total resources (`ray.cluster_resources()`)."""
+    def over(need: float, kind: str) -> bool:
+        return need > available.get(kind, 0.0) + 1e-9
+
+    for run in plan.runs.values():
+        res, least = run.config.resources, run.config.resources.worker_counts[0]
+        for key, each, kind in (("cpus_per_worker", res.cpus_per_worker, "CPU"),
+                                ("gpus_per_worker", res.gpus_per_worker, "GPU")):
+            if least and over(least * each, kind):
+                raise ConfigError(f"resources.{key}: a segment of run {run.name} asks for {least} worker(s) x {each:g} "
+                                  f"{kind}, but this machine's Ray has {available.get(kind, 0.0):g} {kind}; ask for "
+                                  f"less, or set RAY_ADDRESS to run on a cluster that has them")
+        if run.config.model.attn_implementation == "flash_attention_2" and not flash_attn:
+            raise ConfigError("model.attn_implementation: flash_attention_2 needs the flash-attn package, which this "
+                              "machine lacks (pip install '.[flash]' where a prebuilt wheel exists); or use sdpa")
+    ft = spec.finetune
+    for key, need, kind in (("cpus_per_trial", ft.cpus_per_trial, "CPU"), ("gpus_per_trial", ft.gpus_per_trial, "GPU")):
+        if ft.tasks and over(need, kind):
+            raise ConfigError(f"finetune.{key}: a trial asks for {need:g} {kind}, but this machine's Ray has "
+                              f"{available.get(kind, 0.0):g}; ask for less, or set RAY_ADDRESS to run on a cluster")

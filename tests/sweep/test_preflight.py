@@ -24,7 +24,7 @@ def _sweep(tmp_path, data_dir, **data):
     with pytest.raises(UserError) as err:
         run_sweep(from_dict(SweepSpec, spec), console=Console(out))
     assert "\n" not in str(err.value) and "pretraining:" not in out.getvalue()
-    assert not (tmp_path / "results" / "bad-data" / "sweep.json").exists()  # no report header of a sweep never run
+    assert not (tmp_path / "results" / "bad-data").exists()  # no sweep folder (nor report header) of a sweep never run
     return str(err.value)
 
 
@@ -145,3 +145,34 @@ def test_a_grid_over_a_setting_that_never_changes_the_weights_is_refused():
     with pytest.raises(ConfigError, match="^sweep.grid.resources.num_workers: never changes"):
         load(SweepSpec, "sweeps/quickstart.yaml", ["sweep.grid={resources.num_workers: [1, 2]}"])
     load(SweepSpec, "sweeps/quickstart.yaml", ["sweep.grid={train.seed: [0, 1], train.eval_every: [10]}"])
+
+
+def test_a_sweep_on_its_own_ray_that_asks_for_more_than_the_machine_has_is_refused_naming_the_setting():
+    """A local Ray has no autoscaler: a worker group or trial asking for more than it has would wait forever."""
+    from raybiphase.config import ConfigError, SweepSpec, from_dict
+    from raybiphase.sweep.plan import make_plan
+    from raybiphase.sweep.preflight import check_room
+
+    def refusal(machine: dict, flash_attn: bool = True, **settings) -> str:
+        spec = from_dict(SweepSpec, {**TINY_BASE, "finetune": {"tasks": ["tweets"]}}, settings)
+        try:
+            check_room(make_plan(spec), spec, machine, flash_attn=flash_attn)
+        except ConfigError as err:
+            return str(err)
+        return ""
+
+    laptop = {"CPU": 2.0}
+    assert refusal(laptop) == ""  # the quickstart's shape: 2 workers x 0.45 CPU, a trial of 1 CPU
+    assert refusal(laptop, **{"resources.gpus_per_worker": 1}).startswith(
+        "resources.gpus_per_worker: a segment of run tiny-clm-4-mlm40-8-")
+    assert "asks for 2 worker(s) x 1 GPU, but this machine's Ray has 0 GPU" in refusal(
+        laptop, **{"resources.gpus_per_worker": 1})
+    assert refusal(laptop, **{"resources.cpus_per_worker": 1.5}).startswith("resources.cpus_per_worker:")
+    assert refusal(laptop, **{"resources.num_workers": [1, 2], "resources.cpus_per_worker": 1.5}) == ""  # 1 fits
+    assert refusal(laptop, **{"resources.num_workers": 0, "resources.gpus_per_worker": 1}) == ""  # local mode
+    assert refusal(laptop, **{"finetune.gpus_per_trial": 0.25}).startswith(
+        "finetune.gpus_per_trial: a trial asks for 0.25 GPU, but this machine's Ray has 0")
+    assert refusal(laptop, **{"finetune.gpus_per_trial": 0.25, "finetune.tasks": []}) == ""  # no trials
+    assert refusal({"CPU": 2.0, "GPU": 1.0}, **{"resources.gpus_per_worker": 0.5}) == ""
+    assert refusal(laptop, flash_attn=False, **{"model.attn_implementation": "flash_attention_2"}).startswith(
+        "model.attn_implementation: flash_attention_2 needs the flash-attn package")
