@@ -76,6 +76,18 @@ def ensure_ray(num_cpus: int | None = None) -> None:
     quiet_data()
 
 
+def own_machine() -> tuple[dict[str, float], bool] | None:
+    """For a process on its own local Ray: that Ray's total resources and whether flash-attn imports here (its
+    workers run here); None on a cluster joined through RAY_ADDRESS, whose autoscaler may add what it lacks."""
+    import importlib.util
+
+    import ray
+
+    if os.environ.get("RAY_ADDRESS"):
+        return None
+    return ray.cluster_resources(), importlib.util.find_spec("flash_attn") is not None
+
+
 def say_other_clusters() -> None:
     """One line when a Ray cluster (`ray start`) already runs on this machine: this process starts its own beside
     it, which a user on a cluster's head node would not expect."""

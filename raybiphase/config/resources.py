@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from raybiphase.config.load import NOT_WEIGHTS, check, non_negative, positive
+from raybiphase.errors import ConfigError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,3 +52,21 @@ class ResourcesConfig:
     def max_workers(self) -> int:
         """The most workers a segment holds: what the cost estimates, the bill and the timeline plan for."""
         return self.worker_counts[-1]
+
+
+def check_room(res: ResourcesConfig, attention: str, available: dict[str, float], *, flash_attn: bool,
+               who: str) -> None:
+    """On one machine's own Ray (no autoscaler to add a node): a ConfigError naming the setting when the fewest
+    workers `res` allows do not fit in `available` (Ray's total resources), which would wait for them forever, or
+    when `attention` is flash_attention_2 and flash-attn is not installed (`flash_attn`), which fails every try.
+    `who` names the asker in the message ("run X", "a segment of run X")."""
+    least = res.worker_counts[0]
+    for key, each, kind in (("cpus_per_worker", res.cpus_per_worker, "CPU"),
+                            ("gpus_per_worker", res.gpus_per_worker, "GPU")):
+        if least and least * each > available.get(kind, 0.0) + 1e-9:
+            raise ConfigError(f"resources.{key}: {who} asks for {least} worker(s) x {each:g} {kind}, but this "
+                              f"machine's Ray has {available.get(kind, 0.0):g} {kind}; ask for less, or set "
+                              "RAY_ADDRESS to run on a cluster that has them")
+    if attention == "flash_attention_2" and not flash_attn:
+        raise ConfigError("model.attn_implementation: flash_attention_2 needs the flash-attn package, which this "
+                          "machine lacks (pip install '.[flash]' where a prebuilt wheel exists); or use sdpa")

@@ -12,6 +12,7 @@ from raybiphase import storage
 from raybiphase.checkpoint_meta import check_blocks
 from raybiphase.config import ResourcesConfig, SweepSpec
 from raybiphase.config.estimates import resolve_checkpoint_every
+from raybiphase.config.resources import check_room
 from raybiphase.data import assets
 from raybiphase.data.prepare import check_data, prepare
 from raybiphase.errors import UserError
@@ -19,7 +20,7 @@ from raybiphase.naming import run_name
 from raybiphase.pretrain.budget import check_run_budget
 from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.loop import train_loop
-from raybiphase.raycluster import ensure_ray
+from raybiphase.raycluster import ensure_ray, own_machine
 from raybiphase.telemetry.progress import Watch, interval
 from raybiphase.telemetry.wandb import sweep_settings
 
@@ -78,6 +79,9 @@ def run_pretrain(spec: SweepSpec, *, resume_from: str | None = None, max_failure
         raise UserError(f"--resume-from: {resume_from} is not a raybiphase checkpoint (no {storage.META})")
     assets.use_mirror(root)
     ensure_ray()
+    if machine := own_machine():  # a Ray of its own: no worker group larger than this machine ever starts
+        check_room(run.resources, run.model.attn_implementation, machine[0], flash_attn=machine[1],
+                   who=f"run {run_name(run)}")
     data_dir = prepare(run.data, storage_root=root, evaluation_texts=evaluation_texts)
     check_run_budget(run, root)  # again on the prepared manifest: a stated size is an estimate, a local source unknown
     name, paths = run_name(run), storage.SweepPaths.of(spec.sweep.storage, spec.sweep.name)

@@ -16,11 +16,7 @@ RAYBIPHASE_STORAGE, when set, overrides sweep.storage (the KubeRay job uses it).
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import os
 import time
-
-import ray
 
 from raybiphase import storage
 from raybiphase.checkpoint_meta import read_meta
@@ -37,7 +33,7 @@ from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.policy import CheckpointPolicy
 from raybiphase.pretrain.pool import ATTEMPTS, Pool, WorkerPools
 from raybiphase.pretrain.trainer import make_trainer
-from raybiphase.raycluster import ensure_ray
+from raybiphase.raycluster import ensure_ray, own_machine
 from raybiphase.results import rows as result_rows
 from raybiphase.results import store
 from raybiphase.results import wandb as results_wandb
@@ -104,9 +100,8 @@ def check_and_prepare(ctx: SweepContext, clock: Clock) -> None:
     assets.use_mirror(spec.sweep.storage)  # nodes without the offline assets copy them from the bucket
     with clock.span("Ray start"):
         ensure_ray()
-    if not os.environ.get("RAY_ADDRESS"):  # the sweep's own Ray: what this machine has is all there will be
-        flash_attn = importlib.util.find_spec("flash_attn") is not None
-        check_room(ctx.plan, spec, ray.cluster_resources(), flash_attn=flash_attn)
+    if machine := own_machine():  # the sweep's own Ray: what this machine has is all there will be
+        check_room(ctx.plan, spec, machine[0], flash_attn=machine[1])
     with clock.span("data"):
         for key, data in corpora.items():
             ctx.data_dirs[key] = prepare(data, storage_root=spec.sweep.storage, evaluation_texts=evaluation_texts)

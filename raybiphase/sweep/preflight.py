@@ -9,6 +9,7 @@ import dataclasses
 from raybiphase import storage
 from raybiphase.checkpoint_meta import check_blocks
 from raybiphase.config import ConfigError, SweepSpec
+from raybiphase.config.resources import check_room as check_run_room
 from raybiphase.finetune.heldout import check_held_out_tasks
 from raybiphase.finetune.tasks import get_task
 from raybiphase.pretrain.budget import check_budget, data_budget
@@ -54,26 +55,15 @@ def check_finetune_length(plan: Plan, spec: SweepSpec) -> None:
 
 
 def check_room(plan: Plan, spec: SweepSpec, available: dict[str, float], *, flash_attn: bool) -> None:
-    """On the sweep's own local Ray (one machine, no autoscaler to add a node), a worker group or a trial that asks
-    for more than the machine has would wait for it forever, and flash_attention_2 without flash-attn fails every
-    try of every segment: one line naming the setting instead, before any data is prepared or anything written.
-    `available`: Ray's total resources (`ray.cluster_resources()`)."""
-    def over(need: float, kind: str) -> bool:
-        return need > available.get(kind, 0.0) + 1e-9
-
+    """On the sweep's own local Ray (one machine, no autoscaler to add a node), every run's worker group
+    (raybiphase.config.resources.check_room) and a fine-tuning trial must fit in `available`, Ray's total
+    resources: a trial that asks for more would wait for it forever. One line naming the setting instead, before
+    any data is prepared or anything written."""
     for run in plan.runs.values():
-        res, least = run.config.resources, run.config.resources.worker_counts[0]
-        for key, each, kind in (("cpus_per_worker", res.cpus_per_worker, "CPU"),
-                                ("gpus_per_worker", res.gpus_per_worker, "GPU")):
-            if least and over(least * each, kind):
-                raise ConfigError(f"resources.{key}: a segment of run {run.name} asks for {least} worker(s) x {each:g} "
-                                  f"{kind}, but this machine's Ray has {available.get(kind, 0.0):g} {kind}; ask for "
-                                  f"less, or set RAY_ADDRESS to run on a cluster that has them")
-        if run.config.model.attn_implementation == "flash_attention_2" and not flash_attn:
-            raise ConfigError("model.attn_implementation: flash_attention_2 needs the flash-attn package, which this "
-                              "machine lacks (pip install '.[flash]' where a prebuilt wheel exists); or use sdpa")
+        check_run_room(run.config.resources, run.config.model.attn_implementation, available,
+                       flash_attn=flash_attn, who=f"a segment of run {run.name}")
     ft = spec.finetune
     for key, need, kind in (("cpus_per_trial", ft.cpus_per_trial, "CPU"), ("gpus_per_trial", ft.gpus_per_trial, "GPU")):
-        if ft.tasks and over(need, kind):
+        if ft.tasks and need > available.get(kind, 0.0) + 1e-9:
             raise ConfigError(f"finetune.{key}: a trial asks for {need:g} {kind}, but this machine's Ray has "
                               f"{available.get(kind, 0.0):g}; ask for less, or set RAY_ADDRESS to run on a cluster")
