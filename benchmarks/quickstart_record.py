@@ -5,8 +5,8 @@
 
 Reads the sweep's own tables (summary.parquet, finetune.parquet, pretrain.parquet) and writes one JSON record: the
 machine (CPU model, cores), the code version, each run's held-out loss at its end, and per task and objective the
-test score (x 100) with its 95% interval half-width and seed count, the control's, the baselines', and how many trials
-diverged. It prints the README's table (a cell in bold where its interval lies above the control's) and the line
+test score (x 100) with its 95% interval half-width and seed count, the control's, the baselines', how many trials
+diverged, and the corpus' unigram entropy (the reference line of the loss curves). It prints the README's table (a cell in bold where its interval lies above the control's) and the line
 under it saying which families separate from the control at this scale. `tests/test_readme.py` checks that every
 cell, every bold and that line are this record's (every figure in the README comes from a run of the code it
 documents).
@@ -76,11 +76,13 @@ def record(results: Path) -> dict:
     last = pretrain.sort_values("step").groupby("run").tail(1)
     losses = {run: {k: round(float(v), 3) for k, v in row.items() if k.startswith("val/") and pd.notna(v)}
               for run, row in last.set_index("run").iterrows()}
+    entropy = pd.to_numeric(pretrain.get("unigram_entropy", pd.Series(dtype=float)), errors="coerce").dropna()
     trials = read_rows(results / FINETUNE_FILE)
     return {"benchmark": "quickstart_record", "command": "python -m raybiphase.sweep sweeps/quickstart.yaml",
             "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
             "code": (read_json(str(results / RUN_INFO)) or {}).get("code", ""),
-            "trials": int((trials["source"] == "raybiphase").sum()), "held_out_loss": losses, "scores": scores}
+            "trials": int((trials["source"] == "raybiphase").sum()), "held_out_loss": losses,
+            "unigram_entropy": round(float(entropy.iloc[0]), 3) if len(entropy) else None, "scores": scores}
 
 
 def bounds(entry: dict, objective: str) -> tuple[float, float] | None:

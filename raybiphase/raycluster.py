@@ -41,6 +41,9 @@ def ensure_ray(num_cpus: int | None = None) -> None:
     verbose = os.environ.get("RAYBIPHASE_VERBOSE") == "1"  # show every worker's log lines on the console
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's tables stay off the console (verbose=0)
+    # Tune's TensorBoard logger (in this process) says a line for every NaN metric a trial reports, and a trial
+    # reports NaN where a score is not defined yet; the rows and the report say what a trial scored
+    logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Ray Train's controller polls its workers this often (default 2 s): each stage of a group's start, each

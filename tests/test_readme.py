@@ -94,6 +94,15 @@ def test_the_quickstart_table_is_the_recorded_run():
                 expected += [round(ci, 1)] if inside else [round(low, 1), round(high, 1)]
                 assert ("±" in cell) == inside, (task, objective, cell)
             assert numbers == pytest.approx(expected, abs=0.051), (task, objective, cell)
+    held_out = {name.split("-", 1)[1].rsplit("-", 1)[0]: losses for name, losses in record["held_out_loss"].items()}
+    said = re.search(r"CLM only ([\d.]+) \(CLM loss\), CLM then MLM ([\d.]+) \(MLM loss\), MLM only ([\d.]+) \(MLM loss\)",
+                     text)
+    assert said and [float(x) for x in said.groups()] == pytest.approx(
+        [held_out["clm-800"]["val/clm_loss"], held_out["clm-400-mlm40-800"]["val/mlm_loss"],
+         held_out["mlm40-800"]["val/mlm_loss"]], abs=0.0051)
+    if record.get("unigram_entropy") is not None:
+        entropy = re.search(r"unigram entropy of\s+([\d.]+) nats", text)
+        assert entropy and float(entropy[1]) == pytest.approx(record["unigram_entropy"], abs=0.0051)
     # the line under the table names the families that do not separate from the control, and those that do
     apart, rest = ([f for f, s in separated.items() if s == flag] for flag in (True, False))
     line = re.search(r"At this scale (.+?) do not separate from the control .*?; (.+?) do\.", text, re.S)
