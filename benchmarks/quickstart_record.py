@@ -133,6 +133,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="where to write the JSON record")
     args = parser.parse_args()
     rec = record(args.results)
+    rec["headline"] = f"{rec['trials']} trials. {separation(rec)}"
     if args.out:
         args.out.write_text(json.dumps(rec, indent=2, ensure_ascii=False) + "\n")
     print(table(rec))
