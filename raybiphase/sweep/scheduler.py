@@ -24,6 +24,7 @@ the running jobs go on, none starts after it, and its error is raised once the l
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import math
@@ -111,6 +112,7 @@ class Scheduler:
         self.rows: list[dict] = []
         self.most = 0
         self.count = {"done": 0, "total": 0, "stopped": 0, "printed": 0.0}
+        self.ends: collections.deque[float] = collections.deque(maxlen=9)  # when the last trials ended: the pace
         self.began = self.finetuning_ended = time.perf_counter()
 
     @property
@@ -268,11 +270,13 @@ class Scheduler:
         count, now = self.count, time.perf_counter()
         count["done"] += 1
         count["stopped"] += stopped
+        self.ends.append(now)
+        pace = (self.ends[-1] - self.ends[0]) / (len(self.ends) - 1) if len(self.ends) > 1 else None
         every = interval()
         if every > 0 and (now - count["printed"] >= every or count["done"] == count["total"]):
             count["printed"] = now
             running = min(len(self.tickets), self.capacity())
-            self.say(trials_line(count["done"], count["total"], count["stopped"], running, now - self.began))
+            self.say(trials_line(count["done"], count["total"], count["stopped"], running, pace))
 
     def finished(self, job: Job, rows: list[dict]) -> None:
         if self.table and rows:

@@ -130,11 +130,14 @@ class Watch:
             self.console.say(*self.poll())  # where each segment ended
 
 
-def trials_line(done: int, total: int, stopped: int, running: int, elapsed: float, label: str = "fine-tuning") -> str:
+def trials_line(done: int, total: int, stopped: int, running: int, per_trial: float | None,
+                label: str = "fine-tuning") -> str:
+    """The fan-out's tally; the ETA at `per_trial` seconds between trials ending (the recent pace: the time before
+    the first trial ended, spent pretraining, is not a trial's), none before that pace is known."""
     text = f"{label}: {done}/{total} trials done"
     if stopped:
         text += f" ({stopped} stopped by ASHA)"
     text += f", {running} running"
-    if 0 < done < total:
-        text += f", ETA {duration(elapsed / done * (total - done))}"
+    if per_trial is not None and 0 < done < total:
+        text += f", ETA {duration(per_trial * (total - done))}"
     return text

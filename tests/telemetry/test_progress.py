@@ -63,6 +63,7 @@ def test_the_watch_prints_only_segments_that_moved(tmp_path):
 
 
 def test_the_fine_tuning_line_counts_stops_and_estimates_the_rest():
-    assert trials_line(12, 48, 3, 2, elapsed=60.0) == ("fine-tuning: 12/48 trials done (3 stopped by ASHA), "
-                                                        "2 running, ETA 3m00s")
-    assert trials_line(48, 48, 0, 0, elapsed=300.0) == "fine-tuning: 48/48 trials done, 0 running"
+    assert trials_line(12, 48, 3, 2, per_trial=5.0) == ("fine-tuning: 12/48 trials done (3 stopped by ASHA), "
+                                                         "2 running, ETA 3m00s")  # 36 trials x 5 s
+    assert trials_line(1, 48, 0, 2, per_trial=None) == "fine-tuning: 1/48 trials done, 2 running"  # no pace yet
+    assert trials_line(48, 48, 0, 0, per_trial=5.0) == "fine-tuning: 48/48 trials done, 0 running"
