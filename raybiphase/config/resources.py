@@ -61,12 +61,19 @@ def check_room(res: ResourcesConfig, attention: str, available: dict[str, float]
     when `attention` is flash_attention_2 and flash-attn is not installed (`flash_attn`), which fails every try.
     `who` names the asker in the message ("run X", "a segment of run X")."""
     least = res.worker_counts[0]
-    for key, each, kind in (("cpus_per_worker", res.cpus_per_worker, "CPU"),
-                            ("gpus_per_worker", res.gpus_per_worker, "GPU")):
-        if least and least * each > available.get(kind, 0.0) + 1e-9:
-            raise ConfigError(f"resources.{key}: {who} asks for {least} worker(s) x {each:g} {kind}, but this "
-                              f"machine's Ray has {available.get(kind, 0.0):g} {kind}; ask for less, or set "
-                              "RAY_ADDRESS to run on a cluster that has them")
+    if least:
+        check_fits("resources.cpus_per_worker", least * res.cpus_per_worker, "CPU", available,
+                   f"{who} asks for {least} worker(s) x {res.cpus_per_worker:g}")
+        check_fits("resources.gpus_per_worker", least * res.gpus_per_worker, "GPU", available,
+                   f"{who} asks for {least} worker(s) x {res.gpus_per_worker:g}")
     if attention == "flash_attention_2" and not flash_attn:
         raise ConfigError("model.attn_implementation: flash_attention_2 needs the flash-attn package, which this "
                           "machine lacks (pip install '.[flash]' where a prebuilt wheel exists); or use sdpa")
+
+
+def check_fits(key: str, need: float, kind: str, available: dict[str, float], asks: str) -> None:
+    """A ConfigError naming `key` when `need` of resource `kind` ("CPU", "GPU") exceeds what `available` holds;
+    `asks` says who asks for what ("a trial asks for 0.25"), the resource's name follows."""
+    if need > available.get(kind, 0.0) + 1e-9:
+        raise ConfigError(f"{key}: {asks} {kind}, but this machine's Ray has {available.get(kind, 0.0):g} {kind}; "
+                          "ask for less, or set RAY_ADDRESS to run on a cluster that has them")

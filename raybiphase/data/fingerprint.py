@@ -34,20 +34,24 @@ def shard_settings(data: DataConfig) -> dict:
 
 def fingerprint(data: DataConfig) -> str:
     """Short hash of `shard_settings(data)`."""
-    return hashlib.sha256(json.dumps(shard_settings(data), sort_keys=True).encode()).hexdigest()[:12]
+    return _digest(shard_settings(data))
+
+
+def _digest(settings: dict) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def check_made_as_asked(data: DataConfig, manifest: dict, location: str) -> None:
     """UserError naming the first setting whose value differs between `data` and the shards at `location`
     (decontamination first, in its own words); a manifest that predates the recorded settings names none."""
     decontam.check_prepared(data, manifest, location)
-    if manifest.get("fingerprint") == fingerprint(data):
-        return
     made, asked = manifest.get("settings"), shard_settings(data)
+    if manifest.get("fingerprint") == _digest(asked):
+        return
     keep = "leave data.dir empty or prepare the data elsewhere"
     if made is None:
         raise UserError(f"data.dir: the shards at {location} were made with other data settings than this "
-                        f"config's (fingerprint {manifest.get('fingerprint')}, not {fingerprint(data)}); {keep}")
+                        f"config's (fingerprint {manifest.get('fingerprint')}, not {_digest(asked)}); {keep}")
     name = min(k for k in {*made, *asked} if made.get(k) != asked.get(k))
     if name in VERSION_KEYS:
         raise UserError(f"data.dir: the shards at {location} hold {VERSION_KEYS[name]} of another raybiphase "

@@ -96,8 +96,8 @@ def bill_lines(plan: Plan, spec: SweepSpec) -> list[str]:
 
 
 def checkpoint_lines(plan: Plan, spec: SweepSpec) -> list[str]:
-    """Per model size, smallest first, its longest segment's checkpoint interval: the stall, the expected overhead on spot, and the
-    interval (in steps) that minimises it."""
+    """Per model size, smallest first, its longest segment's checkpoint interval: the stall, the expected overhead
+    on spot, and the interval (in steps) that minimises it."""
     hours, mtbf, restart = wall_hours(plan, spec), mtbf_hours(spec.run, spec.sweep), spec.sweep.restart_minutes / 60
     longest: dict[str, Segment] = {}
     for segment in plan.segments.values():

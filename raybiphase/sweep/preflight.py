@@ -9,6 +9,7 @@ import dataclasses
 from raybiphase import storage
 from raybiphase.checkpoint_meta import check_blocks
 from raybiphase.config import ConfigError, SweepSpec
+from raybiphase.config.resources import check_fits
 from raybiphase.config.resources import check_room as check_run_room
 from raybiphase.finetune.heldout import check_held_out_tasks
 from raybiphase.finetune.tasks import get_task
@@ -63,7 +64,7 @@ def check_room(plan: Plan, spec: SweepSpec, available: dict[str, float], *, flas
         check_run_room(run.config.resources, run.config.model.attn_implementation, available,
                        flash_attn=flash_attn, who=f"a segment of run {run.name}")
     ft = spec.finetune
-    for key, need, kind in (("cpus_per_trial", ft.cpus_per_trial, "CPU"), ("gpus_per_trial", ft.gpus_per_trial, "GPU")):
-        if ft.tasks and need > available.get(kind, 0.0) + 1e-9:
-            raise ConfigError(f"finetune.{key}: a trial asks for {need:g} {kind}, but this machine's Ray has "
-                              f"{available.get(kind, 0.0):g}; ask for less, or set RAY_ADDRESS to run on a cluster")
+    if ft.tasks:
+        for key, need, kind in (("cpus_per_trial", ft.cpus_per_trial, "CPU"),
+                                ("gpus_per_trial", ft.gpus_per_trial, "GPU")):
+            check_fits(f"finetune.{key}", need, kind, available, f"a trial asks for {need:g}")
