@@ -71,8 +71,9 @@ def _hf_stream(data: DataConfig):
 
 
 def plan_pieces(data: DataConfig) -> list[Piece]:
-    """The pieces of the source, in source order; reads file footers and listings, never documents (except the
-    offline corpus, which ships with the package)."""
+    """The pieces of the source, in source order; reads file listings and Parquet footers (a file without a `text`
+    column fails here), and of documents only the first JSONL file's first and the offline corpus, which ships with
+    the package."""
 
     kind = _source_kind(data.source)
     per = data.piece_documents
@@ -80,14 +81,17 @@ def plan_pieces(data: DataConfig) -> list[Piece]:
         n = len(offline_documents(data.max_documents))
         return [Piece(i, "offline", start=s, stop=min(n, s + per)) for i, s in enumerate(range(0, n, per))]
     if kind == "hf":
+        stream = _hf_stream(data)  # an id or config the hub does not have fails here, before Ray starts
         if data.max_documents:  # a capped corpus is small: read it in order
             return [Piece(0, "stream", data.source, limit=data.max_documents)]
-        shards = _hf_stream(data).num_shards
+        shards = stream.num_shards
         return [Piece(i, "hf", data.source, start=i, stop=shards) for i in range(shards)]
     try:
         files = sources.text_files(data.source)
     except sources.SourceError as err:
         raise UserError(f"data.source: {err}") from None
+    if jsonl := [f for f in files if f.endswith(".jsonl")]:
+        _first_document(jsonl[0])  # a source in another format fails now, not in a piece once Ray has started
     if data.max_documents and not all(f.endswith(".parquet") for f in files):
         return [Piece(0, "stream", data.source, limit=data.max_documents)]
     pieces: list[Piece] = []
@@ -98,7 +102,10 @@ def plan_pieces(data: DataConfig) -> list[Piece]:
             continue
         fs, path = storage.filesystem(file)
         with fs.open_input_file(path) as handle:
-            meta = pq.ParquetFile(handle).metadata
+            parquet = pq.ParquetFile(handle)
+            meta, columns = parquet.metadata, parquet.schema_arrow.names
+        if "text" not in columns:
+            raise UserError(f"data.source: {file} has no 'text' column; columns: {', '.join(columns)}")
         first, rows = 0, 0
         for group in range(meta.num_row_groups):
             rows += meta.row_group(group).num_rows
@@ -113,6 +120,13 @@ def plan_pieces(data: DataConfig) -> list[Piece]:
                         return pieces
                 first, rows = group + 1, 0
     return pieces
+
+
+def _first_document(file: str) -> None:
+    try:
+        next(sources.file_texts(file), None)
+    except sources.SourceError as err:
+        raise UserError(f"data.source: {err}") from None
 
 
 def piece_texts(data: DataConfig, piece: Piece) -> Iterator[str]:

@@ -27,6 +27,7 @@ import functools
 import hashlib
 import io
 import json
+import re
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -43,6 +44,7 @@ from raybiphase.data import decontam
 from raybiphase.data.assets import cache_dir
 from raybiphase.data.fingerprint import check_made_as_asked, fingerprint, shard_settings
 from raybiphase.data.pieces import Piece, piece_texts, plan_pieces, windows
+from raybiphase.data.sources import SourceError
 from raybiphase.data.stream import FORMAT_VERSION, MANIFEST, open_dataset
 from raybiphase.errors import UserError
 from raybiphase.raycluster import ensure_ray, quiet_data
@@ -300,8 +302,9 @@ def _user_error(err: BaseException) -> UserError | None:
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if isinstance(err, UserError):
-            return UserError(str(err).strip().splitlines()[-1])
+        if isinstance(err, UserError):  # its message is the last line, after the class's dotted name
+            line = re.sub(r"^(?:\w+\.)+\w*(?:Error|Exception): ", "", str(err).strip().splitlines()[-1])
+            return UserError(f"data.source: {line}" if isinstance(err, SourceError) else line)
         err = getattr(err, "cause", None) or err.__cause__
     return None
 

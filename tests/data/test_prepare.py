@@ -207,3 +207,39 @@ def test_shards_whose_manifest_predates_the_recorded_settings_are_refused_by_fin
     check_made_as_asked(data, {"fingerprint": prep.fingerprint(data)}, str(tmp_path))  # the same: nothing said
     with pytest.raises(UserError, match=r"^data\.dir: .* other data settings than this config's"):
         check_made_as_asked(data, {"fingerprint": "0" * 12}, str(tmp_path))
+
+
+def test_a_source_in_another_format_is_refused_before_anything_is_prepared(tmp_path):
+    """A JSONL source whose first line is not a JSON object with a `text` field, or a Parquet file without a
+    `text` column, is said by check_data (before Ray starts), not by a piece once preparation runs."""
+    (tmp_path / "lines.jsonl").write_text("plain text, not JSON\n")
+    (tmp_path / "fields.jsonl").write_text(json.dumps({"body": "a document"}) + "\n")
+    pq.write_table(pa.table({"body": ["a document"]}), tmp_path / "columns.parquet")
+    cases = {"lines.jsonl": r"lines\.jsonl:1: not a JSON object with a 'text' field",
+             "fields.jsonl": r"fields\.jsonl:1: not a JSON object with a 'text' field",
+             "columns.parquet": r"columns\.parquet has no 'text' column; columns: body"}
+    for name, message in cases.items():
+        for capped in (0, 100):  # a capped source is read as one stream: checked all the same
+            data = DataConfig(**{**SMALL, "max_documents": capped}, source=str(tmp_path / name),
+                              dir=str(tmp_path / "shards"))
+            with pytest.raises(UserError, match=rf"^data\.source: .*{message}"):
+                prep.check_data(data)
+    assert not (tmp_path / "shards").exists()
+
+
+def test_a_source_error_raised_in_a_ray_task_reads_as_one_line_naming_the_setting():
+    """Ray wraps a task's exception in one whose text is the traceback, the last line led by the class's dotted
+    name; the error said is that line's message under the setting it concerns."""
+    from raybiphase.data.sources import SourceError
+
+    class TaskError(SourceError):  # what Ray raises: a subclass of the task's exception, its text the traceback
+        def __str__(self):
+            return ("ray::PieceTask() (pid=1)\n  File \"prepare.py\", line 1\n"
+                    "raybiphase.data.sources.SourceError: /corpus/a.jsonl:2: not a JSON object with a 'text' field")
+
+    wrapper = RuntimeError("Ray Data's own wrapper")
+    wrapper.__cause__ = TaskError()
+    err = prep._user_error(wrapper)
+    assert str(err) == "data.source: /corpus/a.jsonl:2: not a JSON object with a 'text' field"
+    assert str(prep._user_error(UserError("data.tokenizer: no such folder"))) == "data.tokenizer: no such folder"
+    assert prep._user_error(RuntimeError("a bug, not bad input")) is None
