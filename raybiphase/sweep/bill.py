@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from raybiphase.config import SweepSpec
 from raybiphase.config.estimates import best_interval_hours, checkpoint_hours, mtbf_hours, segment_gpus, segment_nodes
 from raybiphase.config.sizes import SIZES
+from raybiphase.sweep.cost import gpu_hours_text
 from raybiphase.sweep.plan import Plan, Segment
 from raybiphase.sweep.timeline import wall_hours
 
@@ -80,16 +81,17 @@ def bill_lines(plan: Plan, spec: SweepSpec) -> list[str]:
     if not spec.run.resources.gpus_per_worker:
         return []
     pretraining, rework = plan.gpu_hours(spec), pretraining_rework(plan, spec)
-    lines = [f"bill: pretraining {_gpu_hours(pretraining)} GPU-hours: {_usd(pretraining * sw.gpu_hour_usd)} on demand "
-             f"(${sw.gpu_hour_usd:.2f}/GPU-hour); on spot (${sw.spot_gpu_hour_usd:.2f}) "
-             f"{_usd((pretraining + rework) * sw.spot_gpu_hour_usd)} with {_gpu_hours(rework)} GPU-hours of expected rework "
-             f"({_share(rework, pretraining)} more wall-clock; {sw.preemptions_per_node_hour:g} preemptions per "
-             f"node-hour, segments on {segment_nodes(spec.run, sw)} node(s), {sw.restart_minutes:g}-minute restarts)"]
+    lines = [f"bill: pretraining {gpu_hours_text(pretraining)} GPU-hours: {_usd(pretraining * sw.gpu_hour_usd)} on "
+             f"demand (${sw.gpu_hour_usd:.2f}/GPU-hour); on spot (${sw.spot_gpu_hour_usd:.2f}) "
+             f"{_usd((pretraining + rework) * sw.spot_gpu_hour_usd)} with {gpu_hours_text(rework)} GPU-hours of "
+             f"expected rework ({_share(rework, pretraining)} more wall-clock; {sw.preemptions_per_node_hour:g} "
+             f"preemptions per node-hour, segments on {segment_nodes(spec.run, sw)} node(s), {sw.restart_minutes:g}-minute restarts)"]
     if spec.finetune.tasks:
         finetuning, again = plan.finetune_gpu_hours(spec), finetuning_rework(plan, spec)
-        lines.append(f"bill: fine-tuning at most {_gpu_hours(finetuning)} GPU-hours: {_usd(finetuning * sw.gpu_hour_usd)} "
-                     f"on demand; on spot {_usd((finetuning + again) * sw.spot_gpu_hour_usd)} with {_gpu_hours(again)} "
-                     f"GPU-hours of expected rework (a preempted trial runs again from its start)")
+        lines.append(f"bill: fine-tuning at most {gpu_hours_text(finetuning)} GPU-hours: "
+                     f"{_usd(finetuning * sw.gpu_hour_usd)} on demand; on spot "
+                     f"{_usd((finetuning + again) * sw.spot_gpu_hour_usd)} with {gpu_hours_text(again)} GPU-hours of "
+                     "expected rework (a preempted trial runs again from its start)")
     lines.append("bill: prices and rates are the spec's examples, not quotes (sweep.gpu_hour_usd, "
                  "sweep.spot_gpu_hour_usd, sweep.preemptions_per_node_hour)")
     return lines + checkpoint_lines(plan, spec)
@@ -122,10 +124,6 @@ def checkpoint_lines(plan: Plan, spec: SweepSpec) -> list[str]:
                      f"{_time(stall)}; expected overhead on spot {_pct(now.overhead)} (stalls {_pct(now.stall)}, "
                      f"rework {_pct(now.rework)}); {advice}")
     return lines
-
-
-def _gpu_hours(hours: float) -> str:
-    return f"{hours:,.0f}" if hours >= 10 else f"{hours:.2f}"
 
 
 def _usd(amount: float) -> str:

@@ -38,3 +38,17 @@ def checkpoint_finetune_gpu_hours(size: str, spec: SweepSpec, grid: FinetuneGrid
     evaluated = sum(evaluations * validation + test for validation, test in inputs) * ft.max_len / 3
     trained = 0 if evaluation_only else len(training_groups(grid.tasks)) * ft.max_steps * ft.batch_size * ft.max_len
     return _finetune_hours(SIZES[size].flops_per_token(0, ft.max_len) * (trained + evaluated) * per_task, spec)
+
+
+def gpu_hours_text(hours: float, digits: int = 0) -> str:
+    """GPU-hours as the dry run says them: `digits` decimals from 10 up, two below (a small sweep's 0.03 is not 0)."""
+    return f"{hours:,.{digits}f}" if hours >= 10 else f"{hours:.2f}"
+
+
+def hours_text(hours: float) -> str:
+    """A wall-clock estimate: days from 48 hours, hours from one, minutes or seconds below (a one-GPU sweep's)."""
+    if hours >= 48:
+        return f"{hours / 24:,.1f} days"
+    if hours >= 1:
+        return f"{hours:,.1f} hours"
+    return f"{hours * 60:.0f} min" if hours * 60 >= 1 else f"{hours * 3600:.0f} s"

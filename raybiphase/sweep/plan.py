@@ -31,7 +31,7 @@ from raybiphase.config.identity import digest
 from raybiphase.naming import run_name, steps_label
 from raybiphase.pretrain.budget import budget_lines, data_budget
 from raybiphase.schedule import Schedule
-from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, segment_gpu_hours
+from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, gpu_hours_text, segment_gpu_hours
 from raybiphase.sweep.grids import check_export_grids, checkpoint_grid, grid_lines, grid_trials
 from raybiphase.sweep.replicates import replicate_lines
 from raybiphase.sweep.steps import first_difference, id_bytes, step_order, step_tag, step_value
@@ -403,8 +403,9 @@ def describe(plan: Plan, spec: SweepSpec) -> str:
     lines += budget_lines(data_budget(plan, spec))  # per run, the tokens it reads against what its source holds
     saved = 1 - plan.planned_steps / plan.naive_steps
     lines.append(f"steps: naive {plan.naive_steps:,}, planned {plan.planned_steps:,} ({saved:.0%} saved)")
-    lines.append(f"estimate: {plan.gpu_hours(spec):,.0f} GPU-hours planned vs {plan.gpu_hours(spec, planned=False):,.0f} "
-                 f"naive at {spec.sweep.mfu:.0%} MFU of {spec.sweep.gpu_peak_tflops:g} TFLOP/s")
+    lines.append(f"estimate: {gpu_hours_text(plan.gpu_hours(spec))} GPU-hours planned vs "
+                 f"{gpu_hours_text(plan.gpu_hours(spec, planned=False))} naive at {spec.sweep.mfu:.0%} MFU of "
+                 f"{spec.sweep.gpu_peak_tflops:g} TFLOP/s")
     res, ft = spec.run.resources, spec.finetune
     counts = res.worker_counts  # an elastic segment: as many as it can place between min and max
     workers = counts[0] if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
@@ -419,9 +420,9 @@ def describe(plan: Plan, spec: SweepSpec) -> str:
         lines.append(f"fine-tuning: {len(checkpoints):,} distinct checkpoints for {pairs:,} run checkpoints (shared "
                      f"ones fine-tuned once), {len(plan.controls)} control(s): {plan.finetune_trials(spec):,} trials "
                      f"(full grid; {plan.finetune_trials(spec, distinct=False):,} without de-duplication), at most "
-                     f"{plan.finetune_gpu_hours(spec):,.1f} GPU-hours "
-                     f"({plan.finetune_gpu_hours(spec, evaluation_only=True):,.1f} of them evaluation; "
+                     f"{gpu_hours_text(plan.finetune_gpu_hours(spec), 1)} GPU-hours "
+                     f"({gpu_hours_text(plan.finetune_gpu_hours(spec, evaluation_only=True), 1)} of them evaluation; "
                      f"{spec.sweep.finetune_mfu:.0%} MFU, inputs counted at max_len) beside "
-                     f"pretraining's {plan.gpu_hours(spec):,.0f}")
+                     f"pretraining's {gpu_hours_text(plan.gpu_hours(spec))}")
     lines += grid_lines(plan, spec) + replicate_lines(plan, spec)
     return "\n".join(lines)

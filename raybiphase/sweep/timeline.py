@@ -15,7 +15,7 @@ import math
 
 from raybiphase.config import SweepSpec
 from raybiphase.config.estimates import segment_gpus
-from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, segment_gpu_hours
+from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, hours_text, segment_gpu_hours
 from raybiphase.sweep.plan import Plan, Segment, dependencies
 
 
@@ -171,11 +171,10 @@ def timeline_lines(plan: Plan, spec: SweepSpec) -> list[str]:
     work = _work(plan, spec)
     asked = _simulate(work, spec.run.resources.max_concurrent, frozenset(), {})
     reach = _fewest_slots(work, 0.01)
-    days = lambda hours: f"{hours / 24:,.1f} days" if hours >= 48 else f"{hours:,.1f} hours"  # noqa: E731
-    lines = [f"wall-clock: {days(asked.pretraining_hours)} of pretraining with {asked.slots} segment(s) at once "
+    lines = [f"wall-clock: {hours_text(asked.pretraining_hours)} of pretraining with {asked.slots} segment(s) at once "
              f"({asked.gpus} GPUs, segments started as their dependencies end, longest remaining chain first)"
-             + (f"; with fine-tuning (full grid, filling idle GPUs) at most {days(asked.total_hours)}"
+             + (f"; with fine-tuning (full grid, filling idle GPUs) at most {hours_text(asked.total_hours)}"
                 if spec.finetune.tasks else "")]
-    lines.append(f"longest chain: {days(asked.chain_hours)}; {reach} segment(s) at once "
+    lines.append(f"longest chain: {hours_text(asked.chain_hours)}; {reach} segment(s) at once "
                  f"({reach * segment_gpus(spec.run)} GPUs) reach it (--set resources.max_concurrent=N shows another)")
     return lines

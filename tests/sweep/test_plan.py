@@ -54,6 +54,19 @@ def test_committed_specs_load_and_plan(path):
     check_budget(data_budget(plan, spec))  # no committed spec repeats data unless it says so (data.max_epochs)
 
 
+def test_a_one_gpu_sweeps_estimates_say_minutes_and_hundredths_not_zeros():
+    """A small sweep's dry run says what it costs (sweeps/gpu.yaml: a hundredth of a GPU-hour, seconds of steps);
+    the paper's keep their whole GPU-hours, hours and days."""
+    from raybiphase.sweep.cost import gpu_hours_text, hours_text
+
+    spec = load(SweepSpec, "sweeps/gpu.yaml")
+    estimate = next(line for line in describe(make_plan(spec), spec).splitlines() if line.startswith("estimate: "))
+    assert estimate.startswith("estimate: 0.01 GPU-hours planned vs 0.01 naive"), estimate
+    assert [hours_text(h) for h in (19 / 3600, 4 / 60, 12.44, 57.6)] == ["19 s", "4 min", "12.4 hours", "2.4 days"]
+    assert [gpu_hours_text(h) for h in (0.012, 9.5, 1496.4)] == ["0.01", "9.50", "1,496"]
+    assert gpu_hours_text(1783.24, 1) == "1,783.2"
+
+
 def test_quickstart_shares_the_clm_prefix():
     plan = make_plan(load(SweepSpec, "sweeps/quickstart.yaml"))
     assert len(plan.runs) == 3 and plan.planned_steps < plan.naive_steps
