@@ -85,7 +85,8 @@ def bill_lines(plan: Plan, spec: SweepSpec) -> list[str]:
              f"demand (${sw.gpu_hour_usd:.2f}/GPU-hour); on spot (${sw.spot_gpu_hour_usd:.2f}) "
              f"{_usd((pretraining + rework) * sw.spot_gpu_hour_usd)} with {gpu_hours_text(rework)} GPU-hours of "
              f"expected rework ({_share(rework, pretraining)} more wall-clock; {sw.preemptions_per_node_hour:g} "
-             f"preemptions per node-hour, segments on {segment_nodes(spec.run, sw)} node(s), {sw.restart_minutes:g}-minute restarts)"]
+             f"preemptions per node-hour, segments on {segment_nodes(spec.run, sw)} node(s), "
+             f"{sw.restart_minutes:g}-minute restarts)"]
     if spec.finetune.tasks:
         finetuning, again = plan.finetune_gpu_hours(spec), finetuning_rework(plan, spec)
         lines.append(f"bill: fine-tuning at most {gpu_hours_text(finetuning)} GPU-hours: "
