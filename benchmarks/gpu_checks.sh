@@ -10,10 +10,11 @@
 #   mfu       the 610m step at 2,048 tokens (compiled, micro-batch 16), MLM and CLM, with its top kernels: the LM
 #             head's fused cross-entropy as the step calls it, and with liger-kernel's defaults;
 #   profile   one trial of ours under torch.profiler: the operators that take the host's and the device's time;
-#   sweep     `sweeps/gpu.yaml` end to end on Ray (its console in sweep.log, its folder results/gpu), then the
+#   sweep     `sweeps/gpu.yaml` end to end on Ray in a fresh results folder (its console in sweep.log), then the
 #             plain loop's 210m step at the sweep's shape (micro-batch 8, compiled, both objectives) on the same
-#             machine; `benchmarks/gpu_sweep_record.py` makes the record from the two (not in the default steps:
-#             about 5 minutes on an H100, the shards prepared beforehand with `python -m raybiphase prepare`).
+#             machine, then the record of the two (`benchmarks/gpu_sweep_record.py`: gpu-sweep.json). Not in the
+#             default steps: about 5 minutes on an H100, the shards prepared beforehand with
+#             `python -m raybiphase prepare sweeps/gpu.yaml`.
 # Needs the repository's dependencies (with the GPU image's torch) and `bench_train_gpu.py prepare` done once, on
 # any machine (DATA_DIR, default .gpu/bench); fine-tuning reads the task data from the asset cache
 # (`python -m raybiphase assets fetch`).
@@ -58,9 +59,12 @@ for s in $steps; do
         mfu) step mfu-610m "$py" benchmarks/bench_train_gpu.py run --data "$data" --sizes 610m --modes plain \
                  --micro 16 --accum 1 --variants compile --steps 6 --objectives mlm clm --heads ours liger-defaults \
                  --profile --json "$out/mfu-610m.json" ;;
-        sweep) step sweep bash -c "set -o pipefail; $py -m raybiphase.sweep sweeps/gpu.yaml 2>&1 | tee $out/sweep.log"
+        sweep) step sweep bash -c "set -o pipefail; '$py' -m raybiphase.sweep sweeps/gpu.yaml \
+                   --set sweep.storage='$work/results' 2>&1 | tee '$out/sweep.log'"  # a fresh folder: nothing resumed
                step plain-210m "$py" benchmarks/bench_train_gpu.py run --data "$data" --sizes 210m --modes plain \
-                   --micro 8 --accum 1 --variants compile --steps 20 --objectives clm mlm --json "$out/plain-210m.json" ;;
+                   --micro 8 --accum 1 --variants compile --steps 20 --objectives clm mlm --json "$out/plain-210m.json"
+               step sweep-record "$py" benchmarks/gpu_sweep_record.py "$work/results/gpu" --log "$out/sweep.log" \
+                   --plain "$out/plain-210m.json" --out "$out/gpu-sweep.json" ;;
         profile) step finetune-profile "$py" benchmarks/bench_finetune_gpu.py --data "$data" --hf-dir "$ckpt" \
                      --sides ours --profile ;;
         *) echo "gpu_checks.sh: unknown step '$s' (tests, finetune, mfu, profile, sweep)" >&2; exit 2 ;;

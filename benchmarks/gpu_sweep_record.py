@@ -1,8 +1,8 @@
 """The GPU sweep's figures as a record: `sweeps/gpu.yaml` end to end on one GPU, against the plain loop there.
 
-    bash benchmarks/gpu_checks.sh OUT sweep          # on the GPU machine: OUT/sweep.log, OUT/plain-210m.json
+    bash benchmarks/gpu_checks.sh OUT sweep          # on the GPU machine: the sweep, the plain loop, this record
     python benchmarks/gpu_sweep_record.py results/gpu --log OUT/sweep.log --plain OUT/plain-210m.json \
-        --out benchmarks/results/h100-sweep-DATE.json
+        --out benchmarks/results/h100-sweep-DATE.json  # the same, from a sweep's folder and the two files
 
 Reads the sweep's own files (pretrain.parquet, finetune.parquet, the fine-tuning trials' result.json, sweep.json)
 and writes one JSON record:
@@ -12,8 +12,8 @@ and writes one JSON record:
   loop (`pairs`: the windows of the segments that started together from step 0, ending at the same step);
 - the fine-tuning trials: how many, their span from the first start to the last end, trials per hour over it, the
   mean trial's seconds, and when the first started against the last segment's end (beside pretraining or after);
-- the sweep's own `time:` line (where the wall time went) and its exit.
-It prints the headline.
+- the sweep's own `time:` line (where the wall time went), and the versions of torch, transformers and Ray.
+It prints the headline. What a run adds by hand (the setup, the machine, notes) belongs beside these fields.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from importlib.metadata import version
 from pathlib import Path
 
 from raybiphase.results.store import read_rows
@@ -90,7 +91,7 @@ def record(results: Path, log: Path, plain_json: Path) -> dict:
     first = next(iter(plain.values()))
     pre = read_rows(results / PRETRAIN_FILE)
     out = {"benchmark": "gpu_sweep", "device": first["device"], "torch": first["torch"],
-           "transformers": first["transformers"], "date": first["date"], "code": sweep["code"],
+           "transformers": first["transformers"], "ray": version("ray"), "date": first["date"], "code": sweep["code"],
            "hardware": sweep["hardware"], "time_line": time_line,
            "pretrain_rows": len(pre), "segments": segments(windows, plain), "pairs": pairs(windows),
            "plain_loop": {k: {"tokens_per_s": round(v["tokens_per_s"]), "mfu": round(v["mfu"], 4),

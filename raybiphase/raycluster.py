@@ -46,7 +46,7 @@ def ensure_ray(num_cpus: int | None = None) -> None:
     logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
     # Tune times its controller's steps and warns past 0.5 s; its Tuners run in threads of this process beside the
     # sweep's scheduler, so the times measure the driver's other work (a segment ending, rows written), not Tune's:
-    # an H100 sweep printed a dozen such lines, each for a keep-alive result that took 0.5-1 s to log
+    # an H100 sweep printed 9 such warnings, each for a keep-alive result that took 0.5-1.1 s to log
     logging.getLogger("ray.tune.utils.util").setLevel(logging.ERROR)
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -3,8 +3,9 @@
 A piece is a slice of the offline corpus (SQuAD *train* contexts and the pretraining part of the Wikipedia leads,
 capped at `data.max_documents`, shuffled once with a fixed seed), a range of row groups of a Parquet file holding
 about `data.piece_documents` rows, a whole .jsonl or .txt file (on disk or in a bucket), or one shard of an HF
-dataset read in streaming mode. Planning reads file listings and Parquet footers, never documents (but the offline
-corpus, which ships with the package). A capped non-Parquet corpus is one "stream" piece read in order.
+dataset read in streaming mode. Planning reads file listings and Parquet footers, and of documents only the first
+JSONL file's first (a source in another format fails before Ray starts) and the offline corpus, which ships with the
+package. A capped non-Parquet corpus is one "stream" piece read in order.
 
     pieces = plan_pieces(data)
     for text in piece_texts(data, pieces[0]): ...

@@ -315,9 +315,15 @@ def _read_jsonl(fs, path, location, _mode, _groups) -> Iterator[str]:
             if not line.strip():
                 continue
             try:
-                yield json.loads(line)["text"]
+                text = json.loads(line)["text"]
             except (json.JSONDecodeError, KeyError, TypeError) as e:
                 raise SourceError(f"{location}:{number}: not a JSON object with a 'text' field ({e})") from e
+            if text is None:  # a missing document, as a Parquet null is
+                continue
+            if not isinstance(text, str):
+                raise SourceError(f"{location}:{number}: 'text' is not a string but "
+                                  f"{type(text).__name__} {text!r:.40}")
+            yield text
 
 
 def _read_parquet(fs, path, location, _mode, row_groups) -> Iterator[str]:

@@ -49,6 +49,6 @@ def hours_text(hours: float) -> str:
     """A wall-clock estimate: days from 48 hours, hours from one, minutes or seconds below (a one-GPU sweep's)."""
     if hours >= 48:
         return f"{hours / 24:,.1f} days"
-    if hours >= 1:
+    if round(hours * 60) >= 60:  # rounded first: 59.7 minutes say "1.0 hours", not "60 min"
         return f"{hours:,.1f} hours"
-    return f"{hours * 60:.0f} min" if hours * 60 >= 1 else f"{hours * 3600:.0f} s"
+    return f"{round(hours * 60)} min" if round(hours * 3600) >= 60 else f"{round(hours * 3600)} s"

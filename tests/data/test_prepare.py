@@ -214,9 +214,11 @@ def test_a_source_in_another_format_is_refused_before_anything_is_prepared(tmp_p
     `text` column, is said by check_data (before Ray starts), not by a piece once preparation runs."""
     (tmp_path / "lines.jsonl").write_text("plain text, not JSON\n")
     (tmp_path / "fields.jsonl").write_text(json.dumps({"body": "a document"}) + "\n")
+    (tmp_path / "numbers.jsonl").write_text(json.dumps({"text": 3}) + "\n")
     pq.write_table(pa.table({"body": ["a document"]}), tmp_path / "columns.parquet")
     cases = {"lines.jsonl": r"lines\.jsonl:1: not a JSON object with a 'text' field",
              "fields.jsonl": r"fields\.jsonl:1: not a JSON object with a 'text' field",
+             "numbers.jsonl": r"numbers\.jsonl:1: 'text' is not a string but int 3",
              "columns.parquet": r"columns\.parquet has no 'text' column; columns: body"}
     for name, message in cases.items():
         for capped in (0, 100):  # a capped source is read as one stream: checked all the same

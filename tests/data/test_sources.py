@@ -158,7 +158,8 @@ def test_corpus_texts(tmp_path):
     import pyarrow.parquet as pq
 
     (tmp_path / "a.txt").write_text("first block\nstill first\n\n\nsecond block\n")
-    (tmp_path / "b.jsonl").write_text(json.dumps({"text": "from jsonl"}) + "\n\n" + json.dumps({"text": " "}) + "\n")
+    (tmp_path / "b.jsonl").write_text(json.dumps({"text": "from jsonl"}) + "\n\n" + json.dumps({"text": " "}) + "\n"
+                                      + json.dumps({"text": None}) + "\n")
     pq.write_table(pa.table({"text": ["from parquet", None]}), tmp_path / "c.parquet")
     (tmp_path / "ignored.md").write_text("not read")
     assert list(sources.corpus_texts(tmp_path)) == ["first block\nstill first", "second block",

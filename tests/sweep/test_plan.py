@@ -62,7 +62,8 @@ def test_a_one_gpu_sweeps_estimates_say_minutes_and_hundredths_not_zeros():
     spec = load(SweepSpec, "sweeps/gpu.yaml")
     estimate = next(line for line in describe(make_plan(spec), spec).splitlines() if line.startswith("estimate: "))
     assert estimate.startswith("estimate: 0.01 GPU-hours planned vs 0.01 naive"), estimate
-    assert [hours_text(h) for h in (19 / 3600, 4 / 60, 12.44, 57.6)] == ["19 s", "4 min", "12.4 hours", "2.4 days"]
+    assert [hours_text(h) for h in (19 / 3600, 59.7 / 3600, 4 / 60, 59.7 / 60, 12.44, 57.6)] == [
+        "19 s", "1 min", "4 min", "1.0 hours", "12.4 hours", "2.4 days"]
     assert [gpu_hours_text(h) for h in (0.012, 9.5, 1496.4)] == ["0.01", "9.50", "1,496"]
     assert gpu_hours_text(1783.24, 1) == "1,783.2"
 
