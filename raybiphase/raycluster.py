@@ -118,6 +118,8 @@ def quiet_data() -> None:
     import ray
 
     logging.getLogger("ray.data").setLevel(logging.WARNING)
+    # it warns, once per process, that the bars this function turns off are off (preparation says its own progress)
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.execution_options.preserve_order = True
