@@ -6,10 +6,10 @@
 Reads the sweep's own tables (summary.parquet, finetune.parquet, pretrain.parquet) and writes one JSON record: the
 machine (CPU model, cores), the code version, each run's held-out loss at its end, and per task and objective the
 test score (x 100) with its 95% interval half-width and seed count, the control's, the baselines', how many trials
-diverged, and the corpus' unigram entropy (the reference line of the loss curves). It prints the README's table (a cell in bold where its interval lies above the control's) and the line
-under it saying which families separate from the control at this scale. `tests/test_readme.py` checks that every
-cell, every bold and that line are this record's (every figure in the README comes from a run of the code it
-documents).
+diverged, and the corpus' unigram entropy (the reference line of the loss curves). It prints the README's table (a
+cell in bold where its interval lies above the control's) and the line under it saying which families separate from
+the control at this scale. `tests/test_readme.py` checks that every cell, every bold and that line are this record's
+(every figure in the README comes from a run of the code it documents).
 """
 
 from __future__ import annotations
