@@ -48,32 +48,38 @@ PER_TRIAL = frozenset(
 """Columns that vary from trial to trial; every other column constant within a group is carried into the summary."""
 
 
-@functools.lru_cache(maxsize=256)
-def t_quantile(prob: float, df: int) -> float:
-    """Quantile of Student's t with `df` degrees of freedom, e.g. t_quantile(0.975, 4) = 2.7764.
+def t_cdf(x: float, df: float) -> float:
+    """P(T <= x) for Student's t with `df` degrees of freedom (df may be fractional, as Welch-Satterthwaite's is).
 
-    The CDF is 0.5 plus the integral of the density from 0 (Simpson's rule, 4,000 intervals), inverted by
-    bisection: accurate to about 1e-9, which is all a confidence interval needs, without scipy.
-    """
-    if not 0.0 < prob < 1.0 or df < 1:
-        raise ValueError(f"t_quantile needs 0 < prob < 1 and df >= 1, got prob={prob}, df={df}")
+    0.5 plus the integral of the density from 0 (Simpson's rule, 4,000 intervals): accurate to about 1e-9 for
+    |x| up to a few hundred, which is all a test or an interval needs, without scipy."""
+    if df <= 0:
+        raise ValueError(f"t_cdf needs df > 0, got {df}")
+    if x < 0:
+        return 1.0 - t_cdf(-x, df)
+    x = min(x, 1000.0)  # beyond it the tail is below any test's level; the cap keeps Simpson's steps fine
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    grid = np.linspace(0.0, x, 4001)
+    density = np.exp(log_norm - (df + 1) / 2 * np.log1p(grid**2 / df))
+    weights = np.ones_like(grid)
+    weights[1:-1:2], weights[2:-1:2] = 4.0, 2.0
+    return min(1.0, 0.5 + float(weights @ density) * (x / 4000) / 3)
+
+
+@functools.lru_cache(maxsize=1024)
+def t_quantile(prob: float, df: float) -> float:
+    """Quantile of Student's t with `df` degrees of freedom, e.g. t_quantile(0.975, 4) = 2.7764: `t_cdf` inverted
+    by bisection."""
+    if not 0.0 < prob < 1.0 or df <= 0:
+        raise ValueError(f"t_quantile needs 0 < prob < 1 and df > 0, got prob={prob}, df={df}")
     if prob < 0.5:
         return -t_quantile(1.0 - prob, df)
-    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-
-    def cdf(x: float) -> float:
-        grid = np.linspace(0.0, x, 4001)
-        density = np.exp(log_norm - (df + 1) / 2 * np.log1p(grid**2 / df))
-        weights = np.ones_like(grid)
-        weights[1:-1:2], weights[2:-1:2] = 4.0, 2.0
-        return 0.5 + float(weights @ density) * (x / 4000) / 3
-
     low, high = 0.0, 1.0
-    while cdf(high) < prob:
+    while t_cdf(high, df) < prob:
         high *= 2.0
     for _ in range(60):
         mid = (low + high) / 2
-        low, high = (mid, high) if cdf(mid) < prob else (low, mid)
+        low, high = (mid, high) if t_cdf(mid, df) < prob else (low, mid)
     return (low + high) / 2
 
 
@@ -240,6 +246,8 @@ SUMMARY_COLUMNS = (
     ("n_lrs_complete", "Learning rates with every seed scored."),
     ("lr_spread", "Max - min of the mean test score across the complete LRs (NaN below two)."),
     ("lr_std", "Standard deviation of the mean test score across the complete LRs (NaN below two)."),
+    ("lr_spread_se", "Standard error of lr_spread from the seeds of the two LRs that make it (the best- and the "
+                     "worst-scoring complete LR), which LRs those are taken as given (NaN below two LRs or seeds)."),
     ("n_trials", "Trials in the group."),
     ("n_stopped", "Trials ASHA stopped early."),
     ("n_diverged", "Trials whose loss turned NaN or inf, scored at the metric's floor (per LR in lr_table)."),
@@ -276,12 +284,15 @@ def summarize(trials: pd.DataFrame, confidence: float = 0.95, bootstrap: bool = 
         lrs = per_lr[key]
         complete = lrs.loc[lrs["complete"], "test_mean"].dropna()  # every seed scored, diverged ones at the floor
         spread = len(complete) >= 2
+        ends = lrs.loc[[complete.idxmax(), complete.idxmin()]] if spread else lrs.iloc[:0]
+        spread_se = math.sqrt(float((ends["test_std"] ** 2 / ends["n_seeds"]).sum())) if spread else math.nan
         row = {**dict(zip(GROUP, key)), "best_lr": math.nan, "best_val_mean": math.nan, "test_mean": math.nan,
                "test_ci95": math.nan, "test_ci_low": math.nan, "test_ci_high": math.nan, "test_std": math.nan,
                "n_seeds": 0, "n_lrs": int(lrs["lr"].nunique()),
                "n_lrs_complete": len(complete),
                "lr_spread": float(complete.max() - complete.min()) if spread else math.nan,
                "lr_std": float(complete.std(ddof=0)) if spread else math.nan,
+               "lr_spread_se": spread_se,
                "n_trials": len(group), "n_stopped": int(_flag(group, "stopped_early").sum()),
                "n_diverged": int(lrs["n_diverged"].sum()), "n_diverged_best": 0}
         best = choose_best_lr(lrs)

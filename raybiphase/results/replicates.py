@@ -2,8 +2,9 @@
 data order, nothing else) with the spread between their pretraining runs beside the fine-tuning interval.
 
 A fine-tuning interval says how much a score moves with the fine-tuning seed on one set of weights; it says nothing
-of how much it moves when the same recipe is pretrained again. Where a sweep has replicates, the findings are
-decided on the spread between runs (raybiphase.results.verdicts.pool_replicates) and this table shows both.
+of how much it moves when the same recipe is pretrained again. Where a sweep has replicates, the findings count the
+spread between runs in every arm's interval (raybiphase.results.inference.replicate_noise) and this table shows
+both, per arm (raybiphase.results.verdicts.pool_replicates).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def replicates_section(s: pd.DataFrame) -> Section | None:
         "between-run SD (pts)": arms["between_sd"].round(2),
         "fine-tuning 95% CI (pts, mean)": arms["seed_ci"].round(2)})
     note = ("Arms pretrained more than once (`train.seed`: another init and data order). The interval is Student's t "
-            "over the replicates' scores (each a mean over fine-tuning seeds, so it holds both kinds of noise); the "
-            "findings decide these arms on it. A between-run SD above the fine-tuning interval means one pretraining "
-            "run per arm cannot tell such a gap from pretraining noise.")
+            "over the replicates' scores (each a mean over fine-tuning seeds, so it holds both kinds of noise) and "
+            "the SD is this arm's alone. The findings pool the replicated arms' spread and widen every arm by it "
+            "(docs/statistics.md). A between-run SD above the fine-tuning interval means one pretraining run per "
+            "arm cannot tell such a gap from pretraining noise.")
     return Section("replicates", "Pretraining replicates: the spread between runs", None, note, markdown(table))

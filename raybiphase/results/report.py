@@ -33,7 +33,8 @@ from raybiphase.results.replicates import replicates_section
 from raybiphase.results.rows import BASELINE, OURS
 from raybiphase.results.store import read_rows, write_summary
 from raybiphase.results.tables import Section, error_bars, markdown, mean_ci
-from raybiphase.results.verdicts import MIN_SEEDS, UNTRAINED, family_verdicts, findings, versus_control
+from raybiphase.results.findings import Study, findings
+from raybiphase.results.verdicts import MIN_SEEDS, UNTRAINED, family_verdicts, versus_control
 from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE
 
 OBJECTIVE_COLORS = {"CLM": "tab:blue", "MLM": "tab:orange", "CLM→MLM": "tab:green", "continued": "tab:purple"}
@@ -372,12 +373,17 @@ def build_sections(pretrain: pd.DataFrame, trials: pd.DataFrame) -> list[Section
 
 
 def findings_section(s: pd.DataFrame) -> Section:
-    """The paper's five findings, each held, not held, mixed or not resolved at this sweep's scale."""
-    table = pd.DataFrame(findings(s[s["knobs"] == ""]), columns=["finding", "verdict", "evidence"])  # paper's settings
+    """The paper's five findings, each held, not held, mixed or not resolved at this sweep's scale, from effects
+    with 95% intervals and a calibrated rule (raybiphase.results.findings; docs/statistics.md)."""
+    paper = s[s["knobs"] == ""]  # the paper's settings
+    table = pd.DataFrame(findings(paper), columns=["finding", "verdict", "evidence"])
     return Section("findings", "The paper's findings at this scale", None,
-                   "From the 95% intervals of our final (and earliest) checkpoints: held when every decided "
-                   "comparison goes the paper's way, not held when every one goes the other way, mixed when both "
-                   "happen, not resolved when the intervals overlap or are missing.", markdown(table))
+                   "Each finding is an effect per model size (matched arms, the mean over tasks of the mean matched "
+                   "difference, in test points) with its 95% interval. Held: the test in the paper's direction "
+                   "clears 5%, the finding's tests adjusted together (Holm), so a finding claims an effect that is "
+                   "not there in at most 5% of studies; not held: the same the other way; mixed: both; not "
+                   f"resolved: neither. {Study(paper).regime()} The method and its simulation: docs/statistics.md.",
+                   markdown(table))
 
 
 def write_report(results_dir: storage.Location) -> tuple[str, list[Section]]:

@@ -15,13 +15,13 @@ a finding's verdict gives each size's tally.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 
 from raybiphase.config import shapes_weights
 from raybiphase.results.aggregate import t_quantile
-from raybiphase.naming import steps_label
 
 MIN_SEEDS = 3
 """Fewest seeds behind a printed or drawn interval: with 2, Student's t at 1 degree of freedom makes it meaningless
@@ -30,7 +30,7 @@ UNTRAINED = "untrained"
 """The objective label of a sweep's control: its step-0 weights, fine-tuned like every checkpoint."""
 
 
-def compare(a: pd.Series, b: pd.Series) -> str:
+def compare(a: Mapping, b: Mapping) -> str:
     """'a' or 'b' when that side's 95% interval lies wholly above the other's, 'overlap', or 'no interval'."""
     if pd.isna(a["ci"]) or pd.isna(b["ci"]):
         return "no interval"
@@ -108,17 +108,20 @@ def _key_text(value: object) -> str:
 
 
 def matched_pairs(a: pd.DataFrame, b: pd.DataFrame, vary: tuple[str, ...]) -> pd.DataFrame:
-    """Every row of `a` with every row of `b` that agrees with it on the arm (ARM and the weight-shaping settings)
-    except `vary`: one row per matched pair, each pair once, nothing chosen as the best of several. Columns: the
-    key, run_a, run_b, score_a, ci_a, score_b, ci_b, side (`compare`'s answer)."""
+    """Every row of `a` with every row of `b` that agrees with it on the arm (ARM and the weight-shaping settings
+    but the pretraining seed: pass rows pooled over replicates, `pool_replicates`) except `vary`: one row per matched
+    pair, each pair once, nothing chosen as the best of several. Columns: the key, run_a, run_b, score_a, ci_a,
+    score_b, ci_b, arm_a and arm_b where the rows have an `arm`, side (`compare`'s answer)."""
     both = pd.concat([a, b])
-    key = [c for c in (*ARM, *_setting_columns(both)) if c in both and c not in vary]
+    key = [c for c in (*ARM, *_setting_columns(both)) if c in both and c not in vary and c != REPLICATE]
     left, right = (frame.assign(**{f"_k{i}": frame[c].map(_key_text) for i, c in enumerate(key)}) for frame in (a, b))
     on = [f"_k{i}" for i in range(len(key))]
-    merged = left.merge(right[[*on, "run", "score", "ci"]], on=on, suffixes=("_a", "_b"))
-    sides = [compare(pd.Series({"score": sa, "ci": ca}), pd.Series({"score": sb, "ci": cb}))
+    carried = ["run", "score", "ci", *(["arm"] if "arm" in right else [])]
+    merged = left.merge(right[[*on, *carried]], on=on, suffixes=("_a", "_b"))
+    sides = [compare({"score": sa, "ci": ca}, {"score": sb, "ci": cb})
              for sa, ca, sb, cb in zip(merged["score_a"], merged["ci_a"], merged["score_b"], merged["ci_b"])]
-    columns = ["task", "size", "budget", "pretrain_step", "run_a", "run_b", "score_a", "ci_a", "score_b", "ci_b"]
+    columns = ["task", "size", "budget", "pretrain_step", "run_a", "run_b", "score_a", "ci_a", "score_b", "ci_b",
+               *(["arm_a", "arm_b"] if "arm_a" in merged else [])]
     out = merged.assign(size=merged["size"] if "size" in merged else "").reindex(columns=columns)
     return out.assign(side=sides)
 
@@ -146,144 +149,64 @@ def judge_by_size(pairs: pd.DataFrame, expected: str = "a") -> tuple[str, str]:
     return verdict, tally
 
 
-# ------------------------------------------------------------------------------------------------ the findings
-
-
-def _of(frame: pd.DataFrame, *objectives: str) -> pd.DataFrame:
-    return frame[frame["objective"].isin(objectives)]
-
-
-def _undecayed(ours: pd.DataFrame) -> pd.DataFrame:
-    """Intermediate checkpoints of runs from scratch taken before their decay began, each set of weights once: a
-    row copied from the run that shares the prefix (`trials_of`) is the same checkpoint and is left out."""
-    early = ours[~ours["final"] & ours["init_from"].isna()]
-    if "optim.decay_steps" in early:
-        decay_start = early["budget"] - pd.to_numeric(early["optim.decay_steps"], errors="coerce")
-        early = early[~(early["pretrain_step"] > decay_start)]  # unknown decay: kept
-    if "trials_of" in early:
-        early = early[early["trials_of"].map(_key_text) == ""]
-    return early
-
-
-def _steps_text(steps: Sequence[float]) -> str:
-    return ", ".join(steps_label(int(s)) for s in steps)
-
-
-def crossover(pairs: pd.DataFrame) -> str:
-    """Where CLM's lead over MLM (side a) ends along the pretraining steps, per model size: the steps at which the
-    decided matched pairs mostly favour each objective, and the interval the curves cross in, if they do."""
-    out = []
-    for size, group in pairs.groupby("size", sort=True):
-        lead = {}
-        for step, at in group.groupby("pretrain_step", sort=True):
-            a, b = int((at["side"] == "a").sum()), int((at["side"] == "b").sum())
-            lead[step] = "CLM" if a > b else "MLM" if b > a else "even"
-        clm = [s for s, who in lead.items() if who == "CLM"]
-        mlm = [s for s, who in lead.items() if who == "MLM"]
-        text = (f"CLM ahead at {_steps_text(clm) or 'no step'}, MLM ahead at {_steps_text(mlm) or 'no step'}"
-                f" of {_steps_text(list(lead))}")
-        later = [s for s in mlm if clm and s > clm[0]]
-        if later:
-            before = max(s for s in lead if s < later[0] and lead[s] == "CLM") if clm[0] < later[0] else clm[0]
-            text += f"; the curves cross between steps {steps_label(int(before))} and {steps_label(int(later[0]))}"
-        out.append(f"{size}: {text}" if size else text)
-    return "; ".join(out)
-
-
-def _data_efficiency(ours: pd.DataFrame) -> tuple[str, str, str]:
-    claim = "2. CLM is more data-efficient early (it leads MLM at the earliest undecayed checkpoints)"
-    early = _undecayed(ours)
-    pairs = matched_pairs(_of(early, "CLM"), _of(early, "MLM"), vary=("objective", "budget", "mask_ratio"))
-    if pairs.empty:
-        return claim, UNRESOLVED, "nothing to compare in this sweep (no undecayed intermediate checkpoints)"
-    first = pairs[pairs["pretrain_step"] == pairs.groupby("size")["pretrain_step"].transform("min")]
-    verdict, tally = judge_by_size(first)
-    return claim, verdict, f"at the earliest step: {tally}; {crossover(pairs)}"
-
-
-def _ratio_verdict(pairs: pd.DataFrame) -> str:
-    sides = set(pairs["side"])
-    if {"a", "b"} <= sides:
-        return HELD
-    return NOT_HELD if sides & {"a", "b"} and "overlap" not in sides else UNRESOLVED
-
-
-def _masking(mlm: pd.DataFrame) -> tuple[str, str, str]:
-    """Finding 3 per model size: the lowest against the highest masking ratio of each size, matched arms; held
-    when the better ratio changes with the task within a size, or with the size for the same task."""
-    claim = "3. No masking ratio is best on every task"
-    verdicts, evidence, winners = [], [], {}
-    for size, group in mlm.groupby("size", sort=True):
-        ratios = sorted(group["mask_ratio"].dropna().unique())
-        if len(ratios) < 2:
-            continue
-        low, high = (group[group["mask_ratio"] == r] for r in (ratios[0], ratios[-1]))
-        pairs = matched_pairs(low, high, vary=("mask_ratio",))
-        names = {"a": f"{ratios[0]:.0%}", "b": f"{ratios[-1]:.0%}"}
-        decided = pairs[pairs["side"].isin(list(names))]
-        for task, side in zip(decided["task"], decided["side"]):
-            winners.setdefault(task, set()).add(side)
-        verdicts.append(_ratio_verdict(pairs))
-        listed = "; ".join(f"{names[p.side]} better on {p.task} {p.budget:g}" for p in decided.itertuples())
-        evidence.append(f"{size + ': ' if size else ''}masking {names['a']} vs {names['b']} (task, budget): "
-                        f"{listed or 'none decided'}; {len(pairs) - len(decided)} of {len(pairs)} undecided")
-    if not verdicts:
-        return claim, UNRESOLVED, "one masking ratio per model size in this sweep"
-    by_size = any(len(sides) > 1 for sides in winners.values())  # one task, a different winner per size
-    verdict = HELD if HELD in verdicts or by_size else NOT_HELD if set(verdicts) == {NOT_HELD} else UNRESOLVED
-    return claim, verdict, "; ".join(evidence)
-
-
-def findings(s: pd.DataFrame) -> list[tuple[str, str, str]]:
-    """The paper's five findings, each (claim, verdict, evidence), from matched pairs of our checkpoints (the
-    enriched summary: objective, size, budget, mask_ratio, init_from, pretrain_step, final, score, ci, family and
-    the dotted settings). Every comparison is between arms that differ in the compared factor only, each matched
-    pair counts once, and the evidence gives each model size's tally. An arm pretrained several times is one side,
-    decided on the spread between its pretraining runs (`pool_replicates`)."""
-    ours = s[s["source"] == "raybiphase"]
-    ours = pool_replicates(ours.assign(size=ours["size"] if "size" in ours else ""))
-    final = ours[ours["final"] & ours["init_from"].isna()]
-    sc_qa = final[final["family"].isin(["SC", "QA"])]
-    continued = ours[ours["final"] & ours["init_from"].notna()]
-    from_clm = continued["run"].astype(str).str.contains("-clm-dec")  # the name says the start: 610m-clm-dec42k-...
-    return [
-        ("1. MLM beats CLM on sequence classification and QA",
-         *judge_by_size(matched_pairs(_of(sc_qa, "MLM"), _of(sc_qa, "CLM"), vary=("objective", "mask_ratio")))),
-        _data_efficiency(ours),
-        _masking(_of(final, "MLM")),
-        ("4. Under a fixed budget, CLM then MLM beats MLM only",
-         *judge_by_size(matched_pairs(_of(final, "CLM→MLM"), _of(final, "MLM"), vary=("objective",)))),
-        ("5. Continued MLM from a CLM checkpoint beats continued MLM from an MLM checkpoint",
-         *judge_by_size(matched_pairs(continued[from_clm], continued[~from_clm], vary=("init_from",)))),
-    ]
-
-
 # ------------------------------------------------------------------------------------------------ replicates
 
 REPLICATE = "train.seed"
 """The setting that makes a pretraining replicate: the init and the data order, together."""
 
 
+def arm_ids(frame: pd.DataFrame, without: tuple[str, ...] = ()) -> pd.Series:
+    """Each row's arm as text: the checkpoint's place in the grid (ARM but the task), its objective and every
+    weight-shaping setting, the ones ARM stands for included, but REPLICATE and `without`. Two replicates of one
+    recipe share an arm; two CLM/MLM splits of one budget do not."""
+    settings = sorted(c for c in frame.columns if "." in c and shapes_weights(c))
+    columns = [c for c in (*ARM, "objective", *settings) if c in frame and c not in ("task", REPLICATE, *without)]
+    out = pd.Series("", index=frame.index)
+    for column in columns:
+        out = out + frame[column].map(_key_text).astype(str) + "\x1f"
+    return out
+
+
+def with_noise_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows with what `raybiphase.results.inference` reads: `arm`, `replicate` (the pretraining seed), the
+    fine-tuning standard error and degrees of freedom of the score (`score_se`, `score_df`: from its 95% interval
+    over seeds) and of the LR spread in points (`spread`, `spread_se`, `spread_df`)."""
+    n = pd.to_numeric(frame["n_seeds"], errors="coerce") if "n_seeds" in frame else pd.Series(math.nan, frame.index)
+    quantile = n.map(lambda k: t_quantile(0.975, int(k) - 1) if k >= MIN_SEEDS else math.nan)
+    spread = pd.to_numeric(frame["lr_spread"], errors="coerce") * 100 if "lr_spread" in frame else math.nan
+    spread_se = pd.to_numeric(frame["lr_spread_se"], errors="coerce") * 100 if "lr_spread_se" in frame else math.nan
+    return frame.assign(
+        arm=arm_ids(frame), replicate=frame[REPLICATE].map(_key_text) if REPLICATE in frame else "",
+        score_se=frame["ci"] / quantile, score_df=n - 1, spread=spread,
+        spread_se=pd.Series(spread_se, index=frame.index).where(n >= MIN_SEEDS), spread_df=n - 1)
+
+
 def pool_replicates(frame: pd.DataFrame) -> pd.DataFrame:
-    """Arms pretrained more than once (rows equal in every setting but REPLICATE) as one row each, so comparisons
-    are decided on the spread between pretraining runs: `score` is the mean of the replicates' scores and `ci` the
-    t-interval of that mean over the replicates (n-1 degrees of freedom; NaN under MIN_SEEDS replicates). Each
-    replicate's score is already a mean over fine-tuning seeds, so the interval holds both sources of noise; the
-    fine-tuning interval stays beside it as `seed_ci` (the replicates' mean), `n_runs` counts the replicates and
-    `between_sd` is their standard deviation. Arms pretrained once pass through unchanged (n_runs 1)."""
-    out = frame.assign(n_runs=1, seed_ci=frame["ci"] if "ci" in frame else math.nan, between_sd=math.nan)
-    if REPLICATE not in frame or frame[REPLICATE].nunique() < 2:
-        return out
-    columns = [c for c in (*ARM, "objective", "family", *_setting_columns(frame)) if c in frame and c != REPLICATE]
-    keyed = out.assign(_arm=out[columns].map(_key_text).agg("\x1f".join, axis=1))
-    rows = []
-    for _, arm in keyed.groupby("_arm", sort=False):
-        first = arm.sort_values(REPLICATE).iloc[0].copy()
-        if arm[REPLICATE].nunique() > 1:
-            n, sd = len(arm), float(arm["score"].std(ddof=1))
-            first["score"], first["n_runs"], first["between_sd"] = float(arm["score"].mean()), n, sd
-            first["seed_ci"] = float(arm["ci"].mean())
-            first["ci"] = t_quantile(0.975, n - 1) * sd / math.sqrt(n) if n >= MIN_SEEDS else math.nan
-            first["run"] = f"{first['run']} (+{n - 1} replicates)"
-        rows.append(first.drop("_arm"))
-    return pd.DataFrame(rows).reset_index(drop=True)
+    """One row per arm and task (`arm_ids`: rows equal in every weight-shaping setting but REPLICATE are one arm;
+    two CLM/MLM splits of one budget are two): `score` the mean of the replicates' scores and `ci` the t-interval of
+    that mean over the replicates (n-1 degrees of freedom; NaN under MIN_SEEDS replicates). Each replicate's score
+    is already a mean over fine-tuning seeds, so the interval holds both sources of noise; the fine-tuning interval
+    stays beside it as `seed_ci` (the replicates' mean), `n_runs` counts the replicates and `between_sd` is their
+    standard deviation (the spread of this arm alone). `score_se`, `spread` and `spread_se` are pooled as the
+    standard errors of means over the replicates (`with_noise_columns`). Arms pretrained once pass through with
+    n_runs 1."""
+    keyed = with_noise_columns(frame)
+    out = keyed.assign(n_runs=1, seed_ci=keyed["ci"] if "ci" in keyed else math.nan, between_sd=math.nan)
+    if not len(out) or out.groupby(["arm", "task"])["replicate"].nunique().max() < 2:
+        return out.reset_index(drop=True)
+    ordered = out.sort_values(REPLICATE, kind="stable") if REPLICATE in out else out
+    groups = ordered.groupby(["arm", "task"], sort=False)
+    first = groups.head(1).set_index(["arm", "task"], drop=False)
+    n = groups["replicate"].nunique()
+    sd = groups["score"].std(ddof=1)
+    several = n > 1
+    pooled = first.assign(
+        n_runs=n, score=groups["score"].mean(), between_sd=sd.where(several), seed_ci=groups["ci"].mean(),
+        ci=[t_quantile(0.975, k - 1) * v / math.sqrt(k) if k >= MIN_SEEDS else math.nan for k, v in zip(n, sd)],
+        run=[f"{r} (+{k - 1} replicates)" if k > 1 else r for r, k in zip(first["run"], n)],
+        spread=groups["spread"].mean(),
+        **{f"{m}_se": np.sqrt(groups[f"{m}_se"].apply(lambda v: float((v**2).sum()))) / n for m in ("score", "spread")},
+        **{f"{m}_df": groups[f"{m}_df"].min() for m in ("score", "spread")})
+    single = ~several.reindex(pooled.index).to_numpy()
+    pooled.loc[single, "ci"] = first.loc[single, "ci"]  # an arm pretrained once keeps its fine-tuning interval
+    return pooled.reset_index(drop=True)

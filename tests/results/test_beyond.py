@@ -92,7 +92,8 @@ def test_runs_with_knobs_stay_out_of_the_papers_findings():
     rows = pd.DataFrame([_row("tiny-clm-800-aaaaaa", "tweets", "SC", 60, objective="CLM"),
                          _row("tiny-mlm40to15-800-bbbbbb", "tweets", "SC", 90)])
     table = findings_section(rows.assign(knobs=rows["run"].map(knobs))).table
-    assert "| 1. MLM beats CLM on sequence classification and QA | not resolved | nothing to compare" in table
+    assert "| 1. MLM beats CLM on sequence classification and QA (effect: MLM - CLM) | not resolved | nothing to " \
+           "compare" in table
 
 
 def test_the_report_has_a_section_per_question_the_sweep_answers():

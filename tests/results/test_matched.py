@@ -7,9 +7,12 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+import pytest
 
 from raybiphase.results import report
-from raybiphase.results.verdicts import UNTRAINED, findings, matched_pairs, versus_control
+from raybiphase.results.aggregate import t_quantile
+from raybiphase.results.findings import findings
+from raybiphase.results.verdicts import UNTRAINED, matched_pairs, versus_control
 
 
 def _row(size: str, objective: str, task: str, score: float, *, budget: int = 42000, share: float = 0.0,
@@ -33,10 +36,13 @@ def test_a_larger_model_never_stands_in_for_a_smaller_ones_arm() -> None:
     rows = [_row("610m", "MLM", "sst2", 90.0), _row("610m", "CLM→MLM", "sst2", 91.0, share=0.25),
             _row("1b", "MLM", "sst2", 95.0), _row("210m", "MLM", "sst2", 80.0)]
     verdict, evidence = _verdicts(rows)["4."]
-    assert verdict == "held" and evidence.startswith("1 of 1 comparisons the paper's way")
+    assert verdict == "held"
+    assert evidence == "610m: +1.00 pts [+0.77, +1.23] over 1 task(s), 1 pair (fine-tuning seeds): held"
 
 
-def test_every_matched_pair_counts_once_and_each_size_has_its_tally() -> None:
+def test_every_matched_pair_counts_once_and_each_size_has_its_effect() -> None:
+    """Three splits against one MLM arm at 610m: the MLM arm enters the effect once (the mean of the three
+    differences), not three times as if it were three independent runs; each size is its own test."""
     rows = [_row(size, "MLM", "sst2", 90.0) for size in ("210m", "610m")]
     rows += [_row("610m", "CLM→MLM", "sst2", score, share=share)
              for share, score in ((0.25, 91.0), (0.5, 91.5), (0.75, 89.0))]  # three splits: three pairs
@@ -46,28 +52,55 @@ def test_every_matched_pair_counts_once_and_each_size_has_its_tally() -> None:
     assert sorted(zip(pairs["size"], pairs["score_a"])) == [("210m", 89.0), ("610m", 89.0), ("610m", 91.0),
                                                             ("610m", 91.5)]
     verdict, evidence = _verdicts(rows)["4."]
-    assert verdict == "mixed"
-    assert evidence == ("2 of 4 comparisons the paper's way, 2 the other way, 0 undecided (210m: 0 of 1 comparisons "
-                        "the paper's way, 1 the other way, 0 undecided; 610m: 2 of 3 comparisons the paper's way, "
-                        "1 the other way, 0 undecided)")
+    assert verdict == "mixed"  # 210m significantly the other way, 610m the paper's way
+    se = 0.2 / t_quantile(0.975, 4)
+    half = t_quantile(0.975, 8) * se * math.sqrt(2)  # 210m: two cells, 4 df each, Welch-Satterthwaite: 8
+    assert evidence.startswith(f"210m: -1.00 pts [{-1 - half:+.2f}, {-1 + half:+.2f}] over 1 task(s), 1 pair "
+                               "(fine-tuning seeds): not held; 610m: +0.50 pts")
+    assert evidence.endswith("3 pairs (fine-tuning seeds): held")
+    # 610m: (91 + 91.5 + 89) / 3 - 90, the MLM cell at coefficient -1 and each split at 1/3
+    spread = math.sqrt(3 * (se / 3) ** 2 + se**2)
+    dof = spread**4 / (3 * (se / 3) ** 4 / 4 + se**4 / 4)
+    half = t_quantile(0.975, dof) * spread
+    assert f"610m: +0.50 pts [{0.5 - half:+.2f}, {0.5 + half:+.2f}]" in evidence
 
 
 def test_arms_that_differ_in_another_setting_are_not_matched() -> None:
     """The same size and budget, but another sequence length: not a comparison of objectives."""
     rows = [_row("610m", "MLM", "sst2", 90.0), _row("610m", "CLM→MLM", "sst2", 95.0, share=0.25,
                                                       **{"data.seq_len": 512})]
-    assert _verdicts(rows)["4."] == ("not resolved", "nothing to compare in this sweep")
+    assert _verdicts(rows)["4."] == ("not resolved", "nothing to compare in this sweep (no matched two-phase and MLM "
+                                                     "runs)")
 
 
-def test_the_best_masking_ratio_is_judged_per_size() -> None:
-    """Each size alone has one winner on its one task (not held within a size), but the winner changes with the
-    size: 20% at 210m, 50% at 1b. Pooling the sizes' rows compared a 210m model with a 1b model."""
+def test_the_masking_trend_is_tested_across_sizes() -> None:
+    """20% is best at 210m, 50% at 1b: the slope of the score on the ratio grows with the size (the paper's
+    "larger models prefer higher ratios"), tested as one effect: 1b's slope minus 210m's. Pooling the sizes' rows
+    would have compared a 210m model with a 1b model."""
     rows = [_row("210m", "MLM", "sst2", 82.0, ratio=0.2), _row("210m", "MLM", "sst2", 80.0, ratio=0.5),
             _row("1b", "MLM", "sst2", 90.0, ratio=0.2), _row("1b", "MLM", "sst2", 93.0, ratio=0.5)]
     verdict, evidence = _verdicts(rows)["3."]
     assert verdict == "held"
-    assert evidence == ("1b: masking 20% vs 50% (task, budget): 50% better on sst2 42000; 0 of 1 undecided; "
-                        "210m: masking 20% vs 50% (task, budget): 20% better on sst2 42000; 0 of 1 undecided")
+    slope = (3.0 - -2.0) / 3  # per 10 points of masking: +1.0 at 1b, -0.67 at 210m
+    assert evidence.startswith("best ratio by family (mean over its tasks): 210m SC 20%; 1b SC 50% · "
+                               f"slope 1b - slope 210m: {slope:+.2f} pts [")
+    assert _verdicts(rows[:2])["3."] == ("not resolved", "best ratio by family (mean over its tasks): 210m SC 20% · "
+                                                         "one size and no retrieval task beside another family: no "
+                                                         "trend to test")
+
+
+def test_retrieval_preferring_higher_ratios_is_tested_per_size() -> None:
+    rows = []
+    for task, family, low, high in (("sst2", "SC", 90.0, 89.0), ("squad", "QA", 80.0, 79.5),
+                                    ("msmarco", "IR", 30.0, 34.0)):
+        rows += [{**_row("610m", "MLM", task, low, ratio=0.2), "family": family},
+                 {**_row("610m", "MLM", task, high, ratio=0.5), "family": family}]
+    verdict, evidence = _verdicts(rows)["3."]
+    assert verdict == "held"
+    assert "610m SC 20%, QA 20%, IR 50%" in evidence.replace("IR 50%, QA 20%, SC 20%", "SC 20%, QA 20%, IR 50%")
+    ir, other = 4.0 / 3, (-1.0 / 3 + -0.5 / 3) / 2
+    assert f"retrieval's slope - the other families': 610m: {ir - other:+.2f} pts [" in evidence
+    assert evidence.endswith("1 IR and 2 other tasks (fine-tuning seeds): held")
 
 
 def test_each_model_is_judged_against_the_control_of_its_own_size() -> None:
@@ -91,9 +124,9 @@ def test_finding_two_says_where_the_curves_cross_on_undecayed_checkpoints() -> N
     rows += [_row("610m", "CLM", "sst2", 80.0, share=1.0), _row("610m", "MLM", "sst2", 90.0)]
     verdict, evidence = _verdicts(rows)["2."]
     assert verdict == "held"
-    assert evidence == ("at the earliest step: 1 of 1 comparisons the paper's way, 0 the other way, 0 undecided; "
-                        "610m: CLM ahead at 1k, 2k, MLM ahead at 10k of 1k, 2k, 10k; the curves cross between "
-                        "steps 2k and 10k")
+    assert evidence.startswith("early, at each size's earliest undecayed step: 610m at 1k: +5.00 pts [")
+    assert evidence.endswith("1 pair (fine-tuning seeds): held · 610m: mean difference favours CLM at 1k, 2k, "
+                             "MLM at 10k of 1k, 2k, 10k; the curves cross between steps 2k and 10k")
 
 
 def test_figures_and_tables_have_a_panel_and_a_column_per_size() -> None:
@@ -114,7 +147,6 @@ def test_figures_and_tables_have_a_panel_and_a_column_per_size() -> None:
 def test_replicated_arms_are_decided_on_the_spread_between_pretraining_runs() -> None:
     """The paper's SST-2 gap (92.41 ± 0.55 vs 91.74 ± 0.35 over fine-tuning seeds) with three pretraining runs per
     arm: the seed intervals are apart in each replicate pair, yet the runs' own spread swallows the gap."""
-    from raybiphase.results.aggregate import t_quantile
     from raybiphase.results.replicates import replicates_section
     from raybiphase.results.verdicts import pool_replicates
 
@@ -126,8 +158,8 @@ def test_replicated_arms_are_decided_on_the_spread_between_pretraining_runs() ->
     scores = [92.41, 91.60, 92.90]
     sd = float(pd.Series(scores).std(ddof=1))
     assert pooled.loc["CLM→MLM", "score"] == sum(scores) / 3 and pooled.loc["CLM→MLM", "n_runs"] == 3
-    assert pooled.loc["CLM→MLM", "ci"] == t_quantile(0.975, 2) * sd / math.sqrt(3)
-    assert pooled.loc["CLM→MLM", "seed_ci"] == 0.3 and pooled.loc["CLM→MLM", "between_sd"] == sd
+    assert pooled.loc["CLM→MLM", "ci"] == pytest.approx(t_quantile(0.975, 2) * sd / math.sqrt(3))
+    assert pooled.loc["CLM→MLM", "seed_ci"] == pytest.approx(0.3) and pooled.loc["CLM→MLM", "between_sd"] == pytest.approx(sd)
     assert _verdicts(rows)["4."][0] == "not resolved"  # decided on the replicates: the intervals overlap
     assert _verdicts(rows[:2])["4."][0] == "held"  # one run per arm: the fine-tuning interval alone
     section = replicates_section(pd.DataFrame(rows))
@@ -140,3 +172,25 @@ def test_pretraining_curves_have_a_row_of_panels_per_size() -> None:
     section = report.curves_section(pd.DataFrame(rows))
     titles = {ax.get_title() for ax in section.figure.axes}
     assert titles == {"held-out MLM loss, 1b, 400 steps budget", "held-out MLM loss, 210m, 400 steps budget"}
+
+
+def test_replicates_are_pooled_within_their_arm_and_splits_stay_apart() -> None:
+    """sweeps/paper.yaml's 610m shape: MLM and the 10k split each pretrained three times, the 21k, 32k and 40k
+    splits once. The splits differ in phases.clm_steps (which the matched-arm columns do not show): five arms, two
+    of them with three runs, and finding 4 pairs each split with the MLM arm once."""
+    from raybiphase.results.verdicts import pool_replicates
+
+    rows = []
+    for clm, seeds in ((0, (0, 1, 2)), (10000, (0, 1, 2)), (21000, (0,)), (32000, (0,)), (40000, (0,))):
+        for seed in seeds:
+            rows.append(_row("610m", "CLM→MLM" if clm else "MLM", "sst2", 90.0 + clm / 10000 + seed / 10,
+                             share=clm / 42000, **{"phases.clm_steps": clm, "train.seed": seed}))
+    pooled = pool_replicates(pd.DataFrame(rows)).set_index("phases.clm_steps")
+    assert sorted(pooled.index) == [0, 10000, 21000, 32000, 40000]
+    assert pooled["n_runs"].to_dict() == {0: 3, 10000: 3, 21000: 1, 32000: 1, 40000: 1}
+    assert pooled.loc[10000, "score"] == pytest.approx(91.1) and pooled.loc[21000, "score"] == 92.1
+    assert pooled.loc[10000, "between_sd"] == pytest.approx(0.1) and pd.isna(pooled.loc[21000, "between_sd"])
+    verdict, evidence = _verdicts(rows)["4."]
+    assert "4 pairs (replicates)" in evidence  # every split once against the one MLM arm, widened by the runs
+    # the effect: mean of the four splits' scores minus the MLM arm's mean
+    assert f"{(91.1 + 92.1 + 93.2 + 94.0) / 4 - 90.1:+.2f} pts" in evidence

@@ -1,0 +1,238 @@
+"""The paper's five findings judged on a sweep's rows, each an effect per model size with a 95% interval and a
+calibrated decision (raybiphase.results.inference; the method, its assumptions and its simulation:
+docs/statistics.md).
+
+Every comparison is between matched arms (raybiphase.results.verdicts.matched_pairs: the same size, budget,
+masking ratio, data and every other weight-shaping setting, only the compared factor differing), an arm pretrained
+several times is one side (its replicates pooled), and each size's effect is the mean over tasks of the mean
+matched difference, an arm reused by several pairs entering once. A finding holds where its Holm-adjusted test
+clears 5% in the paper's direction; "not resolved" is the answer otherwise, and what a sweep cannot judge (one
+ratio, no pairs) is said per finding, never given a verdict.
+
+    findings(enriched_summary) -> [(claim, verdict, evidence), ...]   # the report's last section
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from raybiphase.config.sizes import SIZES
+from raybiphase.naming import steps_label
+from raybiphase.results.inference import (UNRESOLVED, Effect, Noise, combine, decide, difference, estimate,
+                                          pair_contrast, replicate_noise, slope_contrast)
+from raybiphase.results.verdicts import _key_text, arm_ids, matched_pairs, pool_replicates, with_noise_columns
+
+RATIO_STEP = 0.1
+"""Masking-ratio slopes are stated per 10 points of masking (20% -> 30%)."""
+
+
+def _of(frame: pd.DataFrame, *objectives: str) -> pd.DataFrame:
+    return frame[frame["objective"].isin(objectives)]
+
+
+def _trial_of(family: str, task: str) -> str:
+    """The trial a task is scored from, for the fine-tuning bound: retrieval tasks may ride on one model (nq and
+    mldr on MS MARCO's), so an arm's IR tasks are bounded as one trial; every other task has its own."""
+    return "IR" if family == "IR" else task
+
+
+class Study:
+    """Our rows of one sweep, pooled over pretraining replicates (`cells`, indexed by arm and task), with the noise
+    the replicates measure for each measure (None without replicates: fine-tuning seeds only)."""
+
+    def __init__(self, s: pd.DataFrame):
+        ours = s[s["source"] == "raybiphase"]
+        ours = ours.assign(size=ours["size"] if "size" in ours else "")
+        runs = with_noise_columns(ours)
+        self.noise: dict[str, Noise | None] = {m: replicate_noise(runs, m) for m in ("score", "spread")}
+        self.cells = pool_replicates(ours)
+        self.index = self.cells.set_index(["arm", "task"])
+        self.groups = {task: _trial_of(family, task) for task, family in zip(self.cells["task"], self.cells["family"])}
+
+    def effect(self, contrast: dict, measure: str = "score") -> Effect | None:
+        return estimate(contrast, self.index, self.noise[measure], measure=measure, groups=self.groups)
+
+    def regime(self) -> str:
+        """One sentence on the noise the intervals count."""
+        noise = self.noise["score"]
+        if noise is None:
+            return ("No arm was pretrained more than once: the intervals count fine-tuning seeds only and ignore "
+                    "pretraining noise, which at the paper's scale is larger; replicate an arm (train.seed) to "
+                    "widen them by the spread between pretraining runs.")
+        return (f"Pretraining noise measured by {noise.arms} replicated arm(s) "
+                f"({int(noise.df.to_numpy().diagonal().min())} degrees of freedom) widens every arm, replicated or "
+                "not.")
+
+
+Part = tuple[str, Effect | None, str]
+"""One test of a finding: (who: the size, say; the effect; what it rests on: "3 pairs")."""
+
+
+def _size_text(who: str, effect: Effect | None, decision: str, rests_on: str, unit: str = "pts") -> str:
+    head = f"{who}: " if who else ""
+    if effect is None:
+        return f"{head}{rests_on}, no interval (a cell with fewer than 3 fine-tuning seeds)"
+    return f"{head}{effect.text(unit)} over {effect.tasks} task(s), {rests_on} ({effect.source}): {decision}"
+
+
+def _plural(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _paired(study: Study, pairs: pd.DataFrame, measure: str = "score", at_step: bool = False) -> list[Part]:
+    """Per model size: the mean over tasks of the mean matched difference a - b (`inference.pair_contrast`)."""
+    out = []
+    for size, group in sorted(pairs.groupby("size", sort=True), key=lambda item: _parameters(item[1])):
+        who = f"{size} at {steps_label(int(group['pretrain_step'].iloc[0]))}".strip() if at_step else size
+        out.append((who, study.effect(pair_contrast(group), measure), _plural(len(group), "pair")))
+    return out
+
+
+def _verdict(claim: str, parts: list[tuple[str, list[Part]]], empty: str,
+             unit: str = "pts") -> tuple[str, str, str]:
+    """A finding from its parts (a label and per-size effects each), every test one Holm family."""
+    effects = [effect for _, sizes in parts for _, effect, _ in sizes]
+    if not effects:
+        return claim, UNRESOLVED, empty
+    decisions = decide(effects)
+    verdict, steps = combine(decisions), iter(decisions)
+    texts = [label + "; ".join(_size_text(size, effect, next(steps), n, unit) for size, effect, n in sizes)
+             for label, sizes in parts]
+    return claim, verdict, " · ".join(texts)
+
+
+def _undecayed(ours: pd.DataFrame) -> pd.DataFrame:
+    """Intermediate checkpoints of runs from scratch taken before their decay began, each set of weights once: a
+    row copied from the run that shares the prefix (`trials_of`) is the same checkpoint and is left out."""
+    early = ours[~ours["final"] & ours["init_from"].isna()]
+    if "optim.decay_steps" in early:
+        decay_start = early["budget"] - pd.to_numeric(early["optim.decay_steps"], errors="coerce")
+        early = early[~(early["pretrain_step"] > decay_start)]  # unknown decay: kept
+    if "trials_of" in early:
+        early = early[early["trials_of"].map(_key_text) == ""]
+    return early
+
+
+def crossover(pairs: pd.DataFrame) -> str:
+    """Where CLM's lead over MLM (side a) ends along the pretraining steps, per model size: the steps at which the
+    matched pairs' mean difference favours each objective (descriptive: the test is at the earliest step)."""
+    out = []
+    for size, group in pairs.groupby("size", sort=True):
+        lead = {step: ("CLM" if d > 0 else "MLM" if d < 0 else "even")
+                for step, d in (group.assign(d=group["score_a"] - group["score_b"])
+                                .groupby("pretrain_step", sort=True)["d"].mean().items())}
+        clm = [s for s, who in lead.items() if who == "CLM"]
+        mlm = [s for s, who in lead.items() if who == "MLM"]
+        text = (f"mean difference favours CLM at {_steps_text(clm) or 'no step'}, MLM at "
+                f"{_steps_text(mlm) or 'no step'} of {_steps_text(list(lead))}")
+        later = [s for s in mlm if clm and s > clm[0]]
+        if later:
+            before = max(s for s in clm if s < later[0])
+            text += f"; the curves cross between steps {steps_label(int(before))} and {steps_label(int(later[0]))}"
+        out.append(f"{size}: {text}" if size else text)
+    return "; ".join(out)
+
+
+def _steps_text(steps: list) -> str:
+    return ", ".join(steps_label(int(s)) for s in steps)
+
+
+# ------------------------------------------------------------------------------------------------ the findings
+
+
+def _mlm_beats_clm(study: Study, final: pd.DataFrame) -> tuple[str, str, str]:
+    sc_qa = final[final["family"].isin(["SC", "QA"])]
+    pairs = matched_pairs(_of(sc_qa, "MLM"), _of(sc_qa, "CLM"), vary=("objective", "mask_ratio"))
+    return _verdict("1. MLM beats CLM on sequence classification and QA (effect: MLM - CLM)",
+                    [("", _paired(study, pairs))], "nothing to compare in this sweep (no matched MLM and CLM runs)")
+
+
+def _clm_early_and_lr(study: Study, cells: pd.DataFrame, final: pd.DataFrame) -> tuple[str, str, str]:
+    claim = ("2. CLM is more data-efficient early (CLM - MLM at the earliest undecayed checkpoint) and less "
+             "sensitive to the fine-tuning LR (MLM's LR spread - CLM's)")
+    early = _undecayed(cells)
+    pairs = matched_pairs(_of(early, "CLM"), _of(early, "MLM"), vary=("objective", "budget", "mask_ratio"))
+    first = pairs[pairs["pretrain_step"] == pairs.groupby("size")["pretrain_step"].transform("min")]
+    lr = matched_pairs(_of(final, "MLM"), _of(final, "CLM"), vary=("objective", "mask_ratio"))
+    spread = study.index["spread"]
+    lr = lr[[pd.notna(spread.get((a, t))) and pd.notna(spread.get((b, t)))
+             for a, b, t in zip(lr["arm_a"], lr["arm_b"], lr["task"])]] if len(lr) else lr
+    parts = []
+    if len(first):
+        parts.append(("early, at each size's earliest undecayed step: ", _paired(study, first, at_step=True)))
+    if len(lr):
+        parts.append(("LR spread, max - min over the complete LRs: ", _paired(study, lr, "spread")))
+    claim_, verdict, evidence = _verdict(claim, parts, "nothing to compare in this sweep (no undecayed "
+                                                       "intermediate checkpoints, no two complete LRs)")
+    if len(pairs):
+        evidence += f" · {crossover(pairs)}"
+    return claim_, verdict, evidence
+
+
+def _masking(study: Study, mlm: pd.DataFrame) -> tuple[str, str, str]:
+    """Finding 3: per size and family the preferred ratio (descriptive), and the two trends the paper states as
+    tests: the masking slope grows with the model size (largest - smallest), and retrieval's slope exceeds the
+    other families' (per size)."""
+    claim = ("3. No masking ratio is best everywhere: larger models and retrieval prefer higher ratios (slopes in "
+             "points per +10 points of masking)")
+    mlm = mlm.assign(group=arm_ids(mlm, without=("mask_ratio", "phases.mask_ratio")))
+    slopes = {size: group for size, group in mlm.groupby("size", sort=True) if group["mask_ratio"].nunique() > 1}
+    if not slopes:
+        return claim, UNRESOLVED, "one masking ratio per model size in this sweep: nothing to compare"
+    sizes = sorted(slopes, key=lambda z: _parameters(slopes[z]))  # smallest first
+    preferred = []
+    for size in sizes:
+        means = slopes[size].groupby(["family", "mask_ratio"])["score"].mean()
+        preferred.append(f"{size + ' ' if size else ''}" + ", ".join(
+            f"{family} {means[family].idxmax():.0%}" for family in means.index.get_level_values(0).unique()))
+    parts = []
+    if len(sizes) > 1:
+        small, large = slopes[sizes[0]], slopes[sizes[-1]]
+        common = set(small["task"]) & set(large["task"])
+        trend = difference(slope_contrast(large[large["task"].isin(common)], "mask_ratio", RATIO_STEP),
+                           slope_contrast(small[small["task"].isin(common)], "mask_ratio", RATIO_STEP))
+        parts.append((f"slope {sizes[-1]} - slope {sizes[0]}: ",
+                      [("", study.effect(trend), _plural(len(common), "common task"))]))
+    retrieval = []
+    for size in sizes:
+        group = slopes[size]
+        ir, other = group[group["family"] == "IR"], group[group["family"] != "IR"]
+        if len(ir) and len(other):
+            contrast = difference(slope_contrast(ir, "mask_ratio", RATIO_STEP),
+                                  slope_contrast(other, "mask_ratio", RATIO_STEP))
+            retrieval.append((size, study.effect(contrast), f"{ir['task'].nunique()} IR and "
+                                                            f"{_plural(other['task'].nunique(), 'other task')}"))
+    if retrieval:
+        parts.append(("retrieval's slope - the other families': ", retrieval))
+    claim, verdict, evidence = _verdict(claim, parts, "one size and no retrieval task beside another family: "
+                                                      "no trend to test")
+    return claim, verdict, f"best ratio by family (mean over its tasks): {'; '.join(preferred)} · {evidence}"
+
+
+def _parameters(group: pd.DataFrame) -> float:
+    """The size's parameter count where the model sizes define it, for ordering sizes (unknown: by name)."""
+    size = SIZES.get(str(group["size"].iloc[0]))
+    return float(size.non_embedding_params()) if size else float("inf")
+
+
+def findings(s: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """The paper's five findings, each (claim, verdict, evidence), from our checkpoints' cells (the enriched
+    summary: objective, size, budget, mask_ratio, init_from, pretrain_step, final, score, ci, n_seeds, family,
+    lr_spread, lr_spread_se and the dotted settings), each effect per size with its 95% interval and the decision
+    of `raybiphase.results.inference`."""
+    study = Study(s)
+    cells = study.cells
+    final = cells[cells["final"] & cells["init_from"].isna()]
+    continued = cells[cells["final"] & cells["init_from"].notna()]
+    from_clm = continued["run"].astype(str).str.contains("-clm-dec")  # the name says the start: 610m-clm-dec42k-...
+    two = matched_pairs(_of(final, "CLM→MLM"), _of(final, "MLM"), vary=("objective",))
+    more = matched_pairs(continued[from_clm], continued[~from_clm], vary=("init_from",))
+    return [
+        _mlm_beats_clm(study, final),
+        _clm_early_and_lr(study, cells, final),
+        _masking(study, _of(final, "MLM")),
+        _verdict("4. Under a fixed budget, CLM then MLM beats MLM only (effect: CLM→MLM - MLM)",
+                 [("", _paired(study, two))], "nothing to compare in this sweep (no matched two-phase and MLM runs)"),
+        _verdict("5. Continued MLM from a CLM checkpoint beats continued MLM from an MLM checkpoint",
+                 [("", _paired(study, more))], "nothing to compare in this sweep (no continued runs from both)"),
+    ]

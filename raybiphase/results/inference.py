@@ -1,0 +1,220 @@
+"""Effects with 95% intervals and the decision rule behind every finding's verdict (docs/statistics.md).
+
+Pure numpy and pandas. The unit is a *cell*: one arm (a pretraining recipe: every setting that shapes the weights
+but `train.seed`) on one task, its score the mean over the arm's pretraining replicates of each run's mean test
+score over fine-tuning seeds at the best LR. A finding at one model size is an *effect*: a linear combination of
+cells (`Contrast`), for example the mean over tasks of the mean matched-pair difference, in which an arm reused by
+several pairs appears once with the sum of its coefficients. Its variance counts every source of noise the
+study can see:
+
+- **Pretraining replicates** (`replicate_noise`): where some arms were pretrained several times, the residuals of
+  each run's scores around its arm's mean give a task-by-task covariance matrix S (pooled over the replicated arms,
+  with their degrees of freedom). A run's scores hold its pretraining noise and its fine-tuning noise, so S holds
+  both, with every correlation between tasks: a run that is better on one task and better on another, and tasks
+  scored from one trained model (nq and mldr ride on MS MARCO's trial). An arm with n runs adds c' S c / n, whether
+  it was replicated or not: the arms pretrained once are widened by the spread the replicated ones measured.
+- **Fine-tuning seeds only** (no replicates): each cell's standard error from its seeds, cells of one arm that
+  share a trial added as fully correlated (the bound), Welch-Satterthwaite's degrees of freedom. Such an interval
+  ignores pretraining noise, and the report says so.
+
+A test is two-sided at 5%, its claimed direction fixed in advance; the tests of one finding (one per size, or per
+trend) are adjusted together by Holm's step-down procedure, so a finding claims an effect that is not there in at
+most 5% of studies when the model's assumptions hold. tests/results/test_calibration.py checks the rate by
+simulation: many studies with a known truth.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from raybiphase.results.aggregate import t_cdf, t_quantile
+
+ALPHA = 0.05
+"""The familywise error rate of one finding's tests: two-sided, Holm-adjusted."""
+HELD, NOT_HELD, MIXED, UNRESOLVED = "held", "not held", "mixed", "not resolved"
+
+Cell = tuple[str, str]
+"""(arm, task)."""
+Contrast = Mapping[Cell, float]
+"""An effect as coefficients of cells: its estimate is the sum of coefficient x cell score."""
+
+
+@dataclass(frozen=True)
+class Noise:
+    """How much one pretraining run's scores move when its arm is pretrained (and fine-tuned) again: the pooled
+    task-by-task covariance of replicate residuals, in the measure's units (points)."""
+
+    covariance: pd.DataFrame
+    """Task x task: sum of products of residuals over the runs that have both tasks, over their degrees of freedom."""
+    df: pd.DataFrame
+    """Task x task degrees of freedom behind each entry (runs minus one, summed over replicated arms)."""
+    arms: int
+    """Replicated arms the estimate pools."""
+
+    def variance(self, coefficients: Mapping[str, float]) -> tuple[float, float] | None:
+        """(c' S c, its degrees of freedom: the fewest behind any task used) of one run; None when a task has no
+        replicate."""
+        tasks = [t for t, c in coefficients.items() if c]
+        if not tasks or any(t not in self.covariance.index for t in tasks):
+            return None
+        c = np.array([coefficients[t] for t in tasks])
+        s = self.covariance.loc[tasks, tasks].to_numpy()
+        return float(c @ s @ c), float(self.df.loc[tasks, tasks].to_numpy().diagonal().min())
+
+
+def replicate_noise(runs: pd.DataFrame, measure: str = "score") -> Noise | None:
+    """The pooled replicate covariance of `measure` from one row per (arm, run, task) (columns arm, replicate,
+    task and the measure); None when no arm has two runs of a task."""
+    runs = runs[runs[measure].notna()]
+    table = runs.pivot_table(index=["arm", "replicate"], columns="task", values=measure, aggfunc="mean")
+    counts = table.groupby(level="arm").count()
+    replicated = counts.index[(counts >= 2).any(axis=1)]
+    if not len(replicated):
+        return None
+    table = table[table.index.get_level_values("arm").isin(replicated)]
+    residual = table - table.groupby(level="arm").transform("mean")
+    values, valid = residual.fillna(0.0).to_numpy(), residual.notna().to_numpy(dtype=float)
+    arms = table.index.get_level_values("arm")
+    dof = sum(np.clip(valid[arms == arm].T @ valid[arms == arm] - 1, 0, None) for arm in replicated)
+    sums = values.T @ values
+    tasks = [t for i, t in enumerate(table.columns) if dof[i, i] > 0]
+    keep = [i for i, t in enumerate(table.columns) if dof[i, i] > 0]
+    cov = np.divide(sums, dof, out=np.zeros_like(sums), where=dof > 0)[np.ix_(keep, keep)]
+    return Noise(pd.DataFrame(cov, index=tasks, columns=tasks),
+                 pd.DataFrame(dof[np.ix_(keep, keep)], index=tasks, columns=tasks), len(replicated))
+
+
+@dataclass(frozen=True)
+class Effect:
+    """An effect's estimate with its standard error, degrees of freedom and two-sided test against zero."""
+
+    estimate: float
+    se: float
+    df: float
+    source: str
+    """"replicates" (pretraining and fine-tuning noise) or "fine-tuning seeds" (pretraining noise ignored)."""
+    tasks: int
+    cells: int
+
+    @property
+    def half_width(self) -> float:
+        return t_quantile(0.975, self.df) * self.se
+
+    @property
+    def p_value(self) -> float:
+        if self.se == 0:
+            return 1.0 if self.estimate == 0 else 0.0
+        return 2.0 * (1.0 - t_cdf(abs(self.estimate) / self.se, self.df))
+
+    def text(self, unit: str = "pts") -> str:
+        return (f"{self.estimate:+.2f} {unit} [{self.estimate - self.half_width:+.2f}, "
+                f"{self.estimate + self.half_width:+.2f}]")
+
+
+def estimate(contrast: Contrast, cells: pd.DataFrame, noise: Noise | None, *, measure: str = "score",
+             groups: Mapping[str, str] | None = None) -> Effect | None:
+    """The contrast's estimate and standard error over `cells` (indexed by (arm, task); columns the measure,
+    `n_runs` and `<measure>_se`, `<measure>_df` for the fine-tuning seeds); None when a cell is missing or, with no
+    replicate noise covering its tasks, a cell has no fine-tuning interval (fewer seeds than an interval needs).
+    `groups` maps a task to the trial it is scored from (tasks.training_groups), for the fine-tuning bound."""
+    contrast = {cell: c for cell, c in contrast.items() if c}
+    if not contrast or any(cell not in cells.index for cell in contrast):
+        return None
+    value = sum(c * float(cells.at[cell, measure]) for cell, c in contrast.items())
+    if not math.isfinite(value):
+        return None
+    tasks = len({task for _, task in contrast})
+    by_arm: dict[str, dict[str, float]] = {}
+    for (arm, task), c in contrast.items():
+        by_arm.setdefault(arm, {})[task] = c
+    if noise is not None:
+        parts = [noise.variance(coefficients) for coefficients in by_arm.values()]
+        if all(p is not None for p in parts):
+            runs = {arm: min(float(cells.at[(arm, t), "n_runs"]) for t in by_arm[arm]) for arm in by_arm}
+            variance = sum(v / runs[arm] for arm, (v, _) in zip(by_arm, parts))
+            return Effect(value, math.sqrt(variance), min(d for _, d in parts), "replicates", tasks, len(contrast))
+    terms, dfs = [], []
+    for arm, coefficients in by_arm.items():
+        shared: dict[str, list[Cell]] = {}
+        for task in coefficients:
+            shared.setdefault((groups or {}).get(task, task), []).append((arm, task))
+        for members in shared.values():
+            se = [abs(contrast[m]) * float(cells.at[m, f"{measure}_se"]) for m in members]
+            df = [float(cells.at[m, f"{measure}_df"]) for m in members]
+            if not all(math.isfinite(x) for x in se) or not all(d >= 1 for d in df):
+                return None
+            terms.append(sum(se) ** 2)  # tasks scored from one trial: fully correlated, the bound
+            dfs.append(min(df))
+    variance = sum(terms)
+    dof = variance**2 / sum(v**2 / d for v, d in zip(terms, dfs)) if variance > 0 else min(dfs)
+    return Effect(value, math.sqrt(variance), dof, "fine-tuning seeds", tasks, len(contrast))
+
+
+def holm(effects: Sequence[Effect | None], alpha: float = ALPHA) -> list[bool]:
+    """Which effects are significant under Holm's step-down procedure at familywise level `alpha` (None: never)."""
+    order = sorted((e.p_value, i) for i, e in enumerate(effects) if e is not None)
+    significant = [False] * len(effects)
+    for rank, (p, i) in enumerate(order):
+        if p > alpha / (len(order) - rank):
+            break
+        significant[i] = True
+    return significant
+
+
+def decide(effects: Sequence[Effect | None], alpha: float = ALPHA) -> list[str]:
+    """Per effect (its claimed direction positive): HELD when significant and positive, NOT_HELD when significant
+    and negative, UNRESOLVED otherwise; the effects are one family for Holm's adjustment."""
+    return [UNRESOLVED if not s else HELD if e.estimate > 0 else NOT_HELD
+            for e, s in zip(effects, holm(effects, alpha))]
+
+
+def combine(decisions: Sequence[str]) -> str:
+    """A finding's verdict from its tests' decisions: HELD when some test holds and none goes the other way,
+    NOT_HELD the reverse, MIXED when both happen, UNRESOLVED when no test clears the rule."""
+    held, against = HELD in decisions, NOT_HELD in decisions
+    return MIXED if held and against else HELD if held else NOT_HELD if against else UNRESOLVED
+
+
+def pair_contrast(pairs: pd.DataFrame) -> dict[Cell, float]:
+    """The mean over tasks of the mean difference a - b over each task's matched pairs (columns task, arm_a,
+    arm_b): each task weighs the same whatever its number of pairs, an arm in several pairs appears once."""
+    if pairs.empty:
+        return {}
+    contrast: dict[Cell, float] = {}
+    tasks = pairs["task"].nunique()
+    for task, at in pairs.groupby("task", sort=True):
+        weight = 1.0 / (tasks * len(at))
+        for a, b in zip(at["arm_a"], at["arm_b"]):
+            contrast[a, task] = contrast.get((a, task), 0.0) + weight
+            contrast[b, task] = contrast.get((b, task), 0.0) - weight
+    return contrast
+
+
+def slope_contrast(cells: pd.DataFrame, by: str, scale: float = 1.0) -> dict[Cell, float]:
+    """Per (group, task) of `cells` (columns group, arm, task and the `by` variable), the least-squares slope of
+    the score on `by` as coefficients (x `scale`), averaged over the (group, task) pairs with two values or more."""
+    slopes = []
+    for _, at in cells.groupby(["group", "task"], sort=True):
+        x = at[by].astype(float).to_numpy()
+        if len(np.unique(x)) < 2:
+            continue
+        w = (x - x.mean()) / ((x - x.mean()) ** 2).sum() * scale
+        slopes.append({(arm, task): weight for arm, task, weight in zip(at["arm"], at["task"], w)})
+    contrast: dict[Cell, float] = {}
+    for slope in slopes:
+        for cell, weight in slope.items():
+            contrast[cell] = contrast.get(cell, 0.0) + weight / len(slopes)
+    return contrast
+
+
+def difference(a: Contrast, b: Contrast) -> dict[Cell, float]:
+    """The contrast a - b."""
+    out = dict(a)
+    for cell, c in b.items():
+        out[cell] = out.get(cell, 0.0) - c
+    return out
