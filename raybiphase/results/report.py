@@ -28,12 +28,13 @@ from raybiphase.errors import UserError
 from raybiphase.naming import source_objective, steps_label
 from raybiphase.results import html
 from raybiphase.results.aggregate import lr_table, summarize
+from raybiphase.results.compute import compute_section
+from raybiphase.results.findings import Study, findings
 from raybiphase.results.questions import beyond_sections, knobs
 from raybiphase.results.replicates import replicates_section
 from raybiphase.results.rows import BASELINE, OURS
 from raybiphase.results.store import read_rows, write_summary
 from raybiphase.results.tables import Section, error_bars, markdown, mean_ci
-from raybiphase.results.findings import Study, findings
 from raybiphase.results.verdicts import MIN_SEEDS, UNTRAINED, family_verdicts, versus_control
 from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE
 
@@ -363,6 +364,7 @@ def build_sections(pretrain: pd.DataFrame, trials: pd.DataFrame) -> list[Section
         paper = s[s["knobs"] == ""]  # the paper's figures draw the paper's settings only
         sections = [control_section(s), clm_share_section(paper), mask_ratio_section(paper),
                     data_efficiency_section(paper), lr_section(paper, trials), continued_section(paper),
+                    compute_section(paper),
                     *filter(None, [replicates_section(paper)]), *beyond_sections(s)]
     else:
         sections = [Section(name, title, None, empty.format("fine-tuning", "finetune"))

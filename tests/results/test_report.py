@@ -100,8 +100,9 @@ def written(tmp_path_factory) -> tuple[Path, Path, dict]:
 
 def test_report_draws_every_figure_with_titles_labels_and_paper_rows(written) -> None:
     _, _, by_name = written
-    assert set(by_name) == {*FIGURES, "summary", "control", "findings"}
+    assert set(by_name) == {*FIGURES, "summary", "control", "findings", "compute"}
     assert "| 5. Continued MLM from a CLM checkpoint" in by_name.pop("findings").table
+    assert "training FLOPs" in by_name.pop("compute").table  # a table, no figure
     assert "| paper | 610m-mlm40-42k | 610m | MLM | 0 | sst2 | 1e-04 | 91.74 ± 0.35 | 5 |" in by_name.pop("summary").table
     control = by_name.pop("control")  # a table: two seeds give no intervals, so nothing is decided
     assert "tiny-init-abc123" not in control.table and "| not resolved |" in control.table
@@ -196,7 +197,7 @@ def test_report_says_why_a_figure_is_absent(tmp_path: Path) -> None:
     assert "Not drawn: needs continued runs started from both CLM and MLM." in text
     assert "Not drawn: no pretraining rows (pretrain.parquet is empty)." in text
     assert all(s.figure is None for s in sections)
-    assert "## 8. All results at the final checkpoint" in text and "| tiny-clm-100-mlm40-200-abc123 |" in text
+    assert "## 9. All results at the final checkpoint" in text and "| tiny-clm-100-mlm40-200-abc123 |" in text
     assert not list((tmp_path / "report").glob("*.png"))
 
 
