@@ -5,9 +5,9 @@ The checkpoint is a freshly initialised `--size` EuroBERT with the Llama-3-shape
 `bench_train_gpu.py prepare` (its `finetune_rate` builds it the same way). Both sides then run the same trial:
 
 - the same splits (`tasks.load_splits`, loaded once before either side, so neither pays for reading the files);
-- the same inputs: `<bos> text <eos>` (pairs: `<bos> a <eos> b <eos>`, the longer part trimmed first) at most
-  `--max-len` tokens, padded per batch to its longest with eos (Llama-3's pad); the Trainer gets them from the
-  tokenizer's batch call and `DataCollatorWithPadding`;
+- the same inputs: `<bos> text <eos>` (a pair written as one text in its task's template, `Task.input_text`), at
+  most `--max-len` tokens (the end trimmed), padded per batch to its longest with eos (Llama-3's pad); the Trainer
+  gets them from the tokenizer's batch call and `DataCollatorWithPadding`;
 - the same model class: `EuroBertForSequenceClassification` with mean pooling (the Trainer's through
   `AutoModelForSequenceClassification`), fp32 weights, seeded head;
 - the same optimisation: batch `--batch-size`, `--steps` steps (at most one epoch), AdamW betas 0.9/0.95, eps 1e-5,
@@ -159,22 +159,15 @@ def ours(hf_dir: Path, args, device) -> dict:
                        test_score=result.test_score)
 
 
-def encode(tokenizer, records: list[dict], max_len: int) -> list[dict]:
-    """Trainer examples from SC records: the token ids ours feeds (`<bos> a <eos> [b <eos>]`, at most `max_len`, the
-    longer part trimmed first), from the tokenizer's batch call."""
+def encode(tokenizer, task, records: list[dict], max_len: int) -> list[dict]:
+    """Trainer examples from SC records: the token ids ours feeds (`<bos> text <eos>`, a pair written as one text in
+    the task's template, at most `max_len`, the end trimmed), from the tokenizer's batch call."""
     opener = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     closer = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    firsts = tokenizer([r["text"] for r in records], add_special_tokens=False)["input_ids"]
-    seconds = tokenizer([r["text_pair"] or "" for r in records], add_special_tokens=False)["input_ids"]
+    texts = tokenizer([task.input_text(r) for r in records], add_special_tokens=False)["input_ids"]
     examples = []
-    for record, first, second in zip(records, firsts, seconds):
-        if record["text_pair"]:
-            budget = max_len - len(opener) - 2 * len(closer)
-            while len(first) + len(second) > budget:
-                (first if len(first) >= len(second) else second).pop()
-            ids = opener + first + closer + second + closer
-        else:
-            ids = opener + first[:max_len - len(opener) - len(closer)] + closer
+    for record, ids in zip(records, texts):
+        ids = opener + ids[:max_len - len(opener) - len(closer)] + closer
         examples.append({"input_ids": ids, "attention_mask": [1] * len(ids), "labels": record["label"]})
     return examples
 
@@ -207,7 +200,8 @@ def trainer(hf_dir: Path, args, device, splits) -> dict:
         tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token  # Llama-3's convention, and ours (heads.base.Head.pad_id)
-        train, val, test = (encode(tokenizer, part, args.max_len) for part in (splits.train, splits.val, splits.test))
+        train, val, test = (encode(tokenizer, get_task(args.task), part, args.max_len)
+                            for part in (splits.train, splits.val, splits.test))
     steps = min(args.steps, math.ceil(len(train) / args.batch_size))  # at most one epoch, as run_trial
     with tempfile.TemporaryDirectory(prefix="bench_ft_trainer-") as out:
         options = TrainingArguments(

@@ -34,6 +34,7 @@ from raybiphase.errors import ConfigError
 
 TcLabels = Literal["all_subtokens", "first_subtoken"]
 IrCorpus = Literal["judged", "full"]
+IrRelevance = Literal["binary", "graded"]
 _FOLDER = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 """A sweep name: one plain folder under sweep.storage (no separators, no '..', not hidden)."""
 
@@ -110,6 +111,11 @@ class FinetuneConfig:
     or `full`, the whole collection (MS MARCO: 8.8M passages encoded at every validation; the ranking's memory
     stays bounded, its time does not). The offline retrieval tasks always rank their whole corpus, and the BM25
     row always ranks the judged passages."""
+    ir_relevance: IrRelevance = "binary"
+    """How NDCG@10 counts a retrieval query's relevant passages (those its qrels score 1 or more): `binary`, each
+    as 1, as the authors' evaluation code does, or `graded`, each by its score, as trec_eval does. Only MS MARCO's
+    test qrels (TREC-DL 2019, scores 0-3) grade, so only msmarco's test scores and its BM25 row can change; MRR@10
+    is the same either way."""
     compile: bool = False
     """torch.compile each transformer block of the fine-tuned model, as train.compile does in pretraining.
     Measured on an H100 at 210m (tweets, batch 32, 512 tokens, 16 free CPU cores): about 15 s of compilation in a
@@ -146,6 +152,8 @@ class FinetuneConfig:
               f"{self.tc_labels!r} is not allowed; allowed: {', '.join(get_args(TcLabels))}")
         check(self.ir_corpus in get_args(IrCorpus), "finetune.ir_corpus",
               f"{self.ir_corpus!r} is not allowed; allowed: {', '.join(get_args(IrCorpus))}")
+        check(self.ir_relevance in get_args(IrRelevance), "finetune.ir_relevance",
+              f"{self.ir_relevance!r} is not allowed; allowed: {', '.join(get_args(IrRelevance))}")
         positive(self.cpus_per_trial, "finetune.cpus_per_trial")
         non_negative(self.gpus_per_trial, "finetune.gpus_per_trial")
         check(self.gpus_per_trial <= 1 or float(self.gpus_per_trial).is_integer(), "finetune.gpus_per_trial",

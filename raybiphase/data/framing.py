@@ -8,13 +8,14 @@ import itertools
 
 
 def frame_like_pretraining(tok):
-    """`tok` (a fast tokenizer) made to add, when called with its defaults, the special tokens pretraining puts around
-    a document (`pack`): `<bos> text <eos>` for one text, `<bos> A <eos> B <eos>` for a pair, the fine-tuning heads'
-    framing (raybiphase.finetune.heads.base). An export carries it, so a stock `AutoTokenizer` user (an evaluation
-    harness) feeds the model inputs framed as it was trained on. The post-processor lives in tokenizer.json; the
-    add_bos_token / add_eos_token flags are left unset, as transformers rebuilds a template from them on load, one
-    that puts a second `<bos>` before B. Processors that only adjust offsets (byte-level) are kept, so ids and offsets asked
-    for with `add_special_tokens=False`, as data preparation and the heads ask, stay exactly what they were."""
+    """`tok` (a fast tokenizer) made to add, when called with its defaults, the special tokens pretraining puts around a
+    document (`pack`): `<bos> text <eos>` for one text, the fine-tuning heads' framing
+    (raybiphase.finetune.heads.base), and `<bos> A <eos> B <eos>` for a pair. An export carries it, so a stock
+    `AutoTokenizer` user (an evaluation harness) feeds the model inputs framed as it was trained on. The
+    post-processor lives in tokenizer.json; the add_bos_token / add_eos_token flags are left unset, as transformers
+    rebuilds a template from them on load, one that puts a second `<bos>` before B. Processors that only adjust
+    offsets (byte-level) are kept, so ids and offsets asked for with `add_special_tokens=False`, as data preparation
+    and the heads ask, stay exactly what they were."""
     from tokenizers import processors
 
     backend, bos, eos = tok.backend_tokenizer, tok.bos_token, tok.eos_token

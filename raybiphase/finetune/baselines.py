@@ -7,16 +7,20 @@ from __future__ import annotations
 import numpy as np
 
 from raybiphase.finetune import scoring
-from raybiphase.finetune.tasks import Task, TaskSplits, get_task, load_splits
+from raybiphase.finetune.tasks import Task, TaskSplits, get_task, load_splits, relevance
 
 
-def bm25_baseline(task_name: str, *, max_examples: int = 0, max_eval_examples: int = 0) -> dict:
-    """The BM25 row of a retrieval task on its test split (capped like fine-tuning): test score and per-query scores."""
+def bm25_baseline(task_name: str, *, max_examples: int = 0, max_eval_examples: int = 0,
+                  ir_relevance: str = "binary") -> dict:
+    """The BM25 row of a retrieval task on its test split (capped like fine-tuning, relevance counted as
+    finetune.ir_relevance says): test score and per-query scores. It ranks the judged passages whatever
+    finetune.ir_corpus says."""
     task = get_task(task_name)
-    test = load_splits(task, max_examples=max_examples, max_eval_examples=max_eval_examples).test
+    test = load_splits(task, max_examples=max_examples, max_eval_examples=max_eval_examples,
+                       ir_relevance=ir_relevance).test
     rankings = scoring.bm25_rankings([q["text"] for q in test["queries"]], [p["text"] for p in test["passages"]],
                                      [p["pid"] for p in test["passages"]])
-    per_query = scoring.retrieval_scores(rankings, [set(q["positives"]) for q in test["queries"]])
+    per_query = scoring.retrieval_scores(rankings, [relevance(q) for q in test["queries"]])
     return {"task": task.name, "dataset": task.dataset, "metric": task.metric,
             "test_score": float(np.mean(per_query["ndcg@10"])), "test_secondary": float(np.mean(per_query["mrr@10"])),
             "secondary_metric": task.secondary_metric, "test_per_example": per_query["ndcg@10"]}
@@ -49,12 +53,12 @@ FLOORS = {
 """Each metric's floor: what a model that learned nothing scores, the score a diverged trial gets (`floor_of`)."""
 
 
-def floor_scores(task_name: str, *, max_examples: int = 0, max_eval_examples: int = 0,
-                 source: str = "auto") -> dict:
-    """`floor_of` the task's splits, capped as the trial's are: what a diverged trial of it scores."""
+def floor_scores(task_name: str, *, max_examples: int = 0, max_eval_examples: int = 0, source: str = "auto",
+                 ir_corpus: str = "judged", ir_relevance: str = "binary") -> dict:
+    """`floor_of` the task's splits, loaded and capped as the trial's are: what a diverged trial of it scores."""
     task = get_task(task_name)
     return floor_of(task, load_splits(task, max_examples=max_examples, max_eval_examples=max_eval_examples,
-                                      source=source))
+                                      source=source, ir_corpus=ir_corpus, ir_relevance=ir_relevance))
 
 
 def floor_of(task: Task, splits: TaskSplits) -> dict:
@@ -83,6 +87,5 @@ def _floor_entries(task: Task, split, train: list) -> tuple[list, list]:
         empty = [scoring.squad_f1("", r["answers"]["text"]) for r in split]
         return empty, empty
     pids = {p["pid"] for p in split["passages"]}
-    expected = [scoring.random_ranking_scores(len(pids), len(pids & set(q["positives"])), len(set(q["positives"])))
-                for q in split["queries"]]
+    expected = [scoring.random_ranking_scores(pids, relevance(q)) for q in split["queries"]]
     return [ndcg for ndcg, _ in expected], [mrr for _, mrr in expected]

@@ -1,13 +1,14 @@
 """How many inputs each task's evaluations encode, without loading any data: what the dry run prices evaluation by.
 
-    evaluation_inputs("msmarco")                     # (14413, 9303): one validation, one test evaluation
+    evaluation_inputs("msmarco")                     # (23677, 16740): one validation, one test evaluation
     evaluation_inputs("squad_retrieval", cap=800)    # capped as finetune.max_eval_examples caps the splits
 
 An input is an example (SC, TC: a sentence; QA: a question, counted as one window), or for retrieval a query or a
 passage of the split's corpus. The offline tasks' sizes are their splits' (tests check some against
 `tasks.load_splits`); the hub's are the datasets' stated sizes, and for retrieval the queries its qrels judge plus
-one passage per judged qrels line (at least the judged passages, the corpus of the authors' protocol), or the whole
-collection under finetune.ir_corpus "full". Validation of the hub's SC, TC and QA tasks is 5% of their train split.
+one passage per judged qrels line (at least the judged passages, the corpus of the authors' protocol; MS MARCO's
+splits share one corpus, so each counts both qrels splits' lines), or the whole collection under
+finetune.ir_corpus "full". Validation of the hub's SC, TC and QA tasks is 5% of their train split.
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ SPLITS: dict[str, tuple[Split, Split]] = {
     "uner": ((_held_out(12543), 0), (2001, 0)),
     "squad_v2": ((_held_out(130319), 0), (11873, 0)),
     "record": ((_held_out(100730), 0), (10000, 0)),
-    # retrieval (hub): dev 6,980 queries / 7,437 qrels lines; TREC-DL 2019 43 / 9,260; NQ's 3,452 test queries
-    # (4,201 qrels lines) halved; MLDR English dev 200 and test 800 queries, one positive document each
-    "msmarco": ((6980, 7437), (43, 9260)),
+    # retrieval (hub): dev 6,980 queries / 7,437 qrels lines and TREC-DL 2019 43 / 9,260 over one corpus; NQ's
+    # 3,452 test queries (4,201 qrels lines) halved; MLDR English dev 200 and test 800 queries, one positive each
+    "msmarco": ((6980, 7437 + 9260), (43, 7437 + 9260)),
     "nq": ((1726, 4201), (1726, 4201)),
     "mldr": ((200, 1000), (800, 1000)),
 }

@@ -15,13 +15,17 @@ clusters without hub access, and for the tests). A snapshot is made with
     hf download --repo-type dataset nyu-mll/glue --local-dir $RAYBIPHASE_DATASETS_DIR/nyu-mll/glue
 
 adding `--revision refs/convert/parquet` for the EXPORTED repositories. Splits: train = the official train split,
-test = the official validation split, except retrieval, which follows the authors' evaluation code (EncodEval):
-MS MARCO validates on its dev qrels and tests on its `test` qrels (TREC-DL 2019, graded 0-3); NQ's test qrels'
-queries are halved at random into validation and test (`halves`, seeded: NQ_SPLIT_SEED); MLDR English validates on
-dev and tests on test. Each ranks only the passages its qrels name (judged ones, whatever their score; MLDR: the
-positive documents of dev and test together), or with `corpus="full"` (finetune.ir_corpus) the whole collection;
-a query counts when its qrels hold a relevant passage (score >= 1). NQ and MLDR are evaluated with the model
-trained on MS MARCO's train pairs, as the authors do, so their train split is MS MARCO's.
+test = the official validation split, except retrieval, which follows the authors' evaluation code (EncodEval's
+`encodeval/datasets.py`): MS MARCO validates on its dev qrels and tests on its `test` qrels (TREC-DL 2019), both
+ranking one corpus, every passage either qrels split judges; NQ's test qrels' queries are halved at random into
+validation and test (`halves`, seeded: NQ_SPLIT_SEED), both ranking the passages those qrels judge; MLDR English
+validates on dev and tests on test, both ranking the positive documents of dev and test together. A judged passage
+is in the corpus whatever its score; with `corpus="full"` (finetune.ir_corpus) each ranks the whole collection. A
+query counts when its qrels hold a relevant passage (score >= 1). Its "grades" (passage -> score) are kept where
+the qrels grade (a score above 1: TREC-DL 2019's); whether NDCG counts them is finetune.ir_relevance's choice
+(`tasks.load_splits`), binary by default as the authors count. Corpus texts are the authors': NQ's "title. text",
+MS MARCO's and MLDR's text alone. NQ and MLDR are evaluated with the model trained on MS MARCO's train pairs, as
+the authors do, so their train split is MS MARCO's.
 """
 
 from __future__ import annotations
@@ -172,10 +176,11 @@ def _corpus(rows: Iterable[tuple[str, str]], keep: set[str] | None) -> list[dict
     return [{"pid": pid, "text": text} for pid, text in rows if keep is None or pid in keep]
 
 
-def _mteb_corpus(dataset_id: str, keep: set[str] | None) -> list[dict]:
-    """A BEIR/MTEB corpus ("title text" when titled), the passages in `keep` only (all when None)."""
+def _mteb_corpus(dataset_id: str, keep: set[str] | None, *, titled: bool = False) -> list[dict]:
+    """A BEIR/MTEB corpus, the passages in `keep` only (all when None); a passage's text is "title. text" when
+    `titled` and it has a title (NQ, as the authors write it), else its text alone (MS MARCO's titles are empty)."""
     data = _hub(dataset_id, "corpus", "corpus")
-    return _corpus(((str(pid), f"{title} {text}" if title else text)
+    return _corpus(((str(pid), f"{title}. {text}" if titled and title else text)
                     for pid, title, text in zip(data["_id"], data["title"], data["text"])), keep)
 
 
@@ -223,14 +228,12 @@ def msmarco_train() -> dict:
 
 
 def msmarco(corpus: IrCorpus = "judged") -> tuple[dict, dict, dict]:
-    """(train, validation, test): validation = the dev qrels' queries, test = the `test` qrels' (TREC-DL 2019,
-    graded), each over the passages its own qrels judge, or over the whole collection (`corpus="full"`)."""
-    sets = []
-    for split in ("dev", "test"):
-        qrels = _qrels(MSMARCO, split)
-        sets.append({"queries": _mteb_queries(MSMARCO, qrels),
-                     "passages": _mteb_corpus(MSMARCO, _keep(corpus, _judged(qrels)))})
-    return msmarco_train(), *sets
+    """(train, validation, test): validation = the dev qrels' queries, test = the `test` qrels' (TREC-DL 2019),
+    both over one corpus, the passages judged by either qrels split (the authors' corpus: a passage only TREC-DL
+    judges is a candidate for every dev query, and the reverse), or over the whole collection (`corpus="full"`)."""
+    qrels = [_qrels(MSMARCO, split) for split in ("dev", "test")]
+    passages = _mteb_corpus(MSMARCO, _keep(corpus, set().union(*map(_judged, qrels))))
+    return msmarco_train(), *({"queries": _mteb_queries(MSMARCO, judged), "passages": passages} for judged in qrels)
 
 
 def halves(queries: list[dict], seed: int = NQ_SPLIT_SEED) -> tuple[list[dict], list[dict]]:
@@ -247,7 +250,7 @@ def nq(corpus: IrCorpus = "judged") -> tuple[dict, dict, dict]:
     """(MS MARCO's train, validation, test): NQ's test qrels' queries halved at random (`halves`, seeded with
     NQ_SPLIT_SEED), both over the passages those qrels judge, or over the whole corpus (`corpus="full"`)."""
     qrels = _qrels(NQ, "test")
-    passages = _mteb_corpus(NQ, _keep(corpus, _judged(qrels)))
+    passages = _mteb_corpus(NQ, _keep(corpus, _judged(qrels)), titled=True)
     validation, test = halves(_mteb_queries(NQ, qrels))
     return msmarco_train(), {"queries": validation, "passages": passages}, {"queries": test, "passages": passages}
 

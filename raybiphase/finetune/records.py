@@ -19,12 +19,13 @@ from raybiphase.results.rows import FinetuneRow
 
 SETTINGS_COLUMN = "finetune_settings"
 """Every row of ours carries `trial_settings`: a table is kept to one set of fine-tuning settings."""
-PROTOCOL = 3
+PROTOCOL = 4
 """Bumped when the trial protocol changes what a record holds, so older records are not reused. 2: diverged trials
 score a floor; offline validation paragraphs held out of the pretraining corpus; every sub-token of a word
 labelled; QA windows without the answer trained at position 0. 3: each task's own floor (SQuAD v2's no-answer F1,
 a random ranking's NDCG@10) with per-example entries; retrieval on the authors' corpora and splits, each dataset
-validated on its own split (CHANGELOG.md)."""
+validated on its own split. 4: MS MARCO's two splits rank one corpus, relevance binary by default, NQ's passages
+"title. text"; sentence pairs written as one text in the authors' templates (CHANGELOG.md)."""
 TrialKey = tuple  # rows.TRIAL_KEY: (run, pretrain_step, task, lr, seed)
 
 
@@ -42,6 +43,8 @@ def trial_settings(cfg: FinetuneConfig) -> str:
         settings.append(["tc_labels", cfg.tc_labels])
     if cfg.ir_corpus != "judged":
         settings.append(["ir_corpus", cfg.ir_corpus])
+    if cfg.ir_relevance != "binary":
+        settings.append(["ir_relevance", cfg.ir_relevance])
     return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:8]
 
 
@@ -56,8 +59,8 @@ def check_settings(table: str, cfg: FinetuneConfig) -> None:
     made = set(rows[(rows["source"] == result_rows.OURS) & rows[SETTINGS_COLUMN].notna()][SETTINGS_COLUMN])
     if made - {trial_settings(cfg)}:
         raise UserError(f"finetune: {table} holds trials fine-tuned under other settings (finetune.batch_size, "
-                        "max_steps, warmup_ratio, eval_every, max_examples, max_eval_examples, max_len, tc_labels or "
-                        "ir_corpus); "
+                        "max_steps, warmup_ratio, eval_every, max_examples, max_eval_examples, max_len, tc_labels, "
+                        "ir_corpus or ir_relevance); "
                         "they would count as done and the report would mix them: set another sweep.name (or output "
                         "folder), or move that file away")
 

@@ -8,11 +8,13 @@
   an entity starts at B-X, or at an I-X that does not continue an X entity; it is correct only when its type,
   start and end all match. Micro-averaged over the corpus, so it is not a mean of per-sentence scores: per-example
   entries are [true positives, predicted entities, gold entities] and `corpus_score` sums them back.
-* NDCG@10 and MRR@10 (IR), and their expectation under a random ranking (a diverged trial's floor). A query's relevant passages are a set (binary relevance) or a mapping passage id ->
-  grade (graded qrels, TREC-DL 2019's 1-3): NDCG's gain is the grade itself, as trec_eval (and so BEIR's
-  pytrec_eval) counts it, and a set is every grade 1, so binary datasets score as before; MRR's first relevant
-  passage is the first with a grade of 1 or more. And BM25 (`bm25s`, Lucene's variant, k1=0.9 and b=0.4 as in
-  Anserini, lower case, English stopwords removed, Snowball English stems): the baseline row of the retrieval tasks.
+* NDCG@10 and MRR@10 (IR), and their expectation under a random ranking (a diverged trial's floor). A query's
+  relevant passages are a set (binary relevance: each a gain of 1, as the authors' evaluation code counts them, the
+  default) or a mapping passage id -> grade (finetune.ir_relevance "graded": TREC-DL 2019's 1-3 as the gain, as
+  trec_eval counts them); MRR's first relevant passage is the first with a grade of 1 or more either way. And BM25
+  (`bm25s`, Lucene's variant, k1=0.9 and b=0.4 as in Anserini, lower case, English stopwords removed, Snowball
+  English stems): the baseline row of the retrieval tasks, ranked BM25_QUERY_BLOCK queries at a time, so its
+  memory is that block's scores against the corpus, never the whole queries x passages matrix.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import math
 import re
 import string
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -129,8 +131,8 @@ def mrr_at_k(ranked: Sequence[str], relevant: Relevance, k: int = RANK_CUTOFF) -
 
 def rank_by_scores(scores: np.ndarray, pids: Sequence[str], k: int = RANK_CUTOFF) -> list[list[str]]:
     """Top-k passage ids per row of a (queries, passages) score matrix, by score then passage order (the lower
-    index first among equal scores). It holds the whole matrix: BM25's rows here; the bi-encoder ranks in chunks
-    (raybiphase.finetune.heads.ir.top_k), in the same order."""
+    index first among equal scores). It ranks the rows it is given: `bm25_rankings` hands it a block of queries at
+    a time; the bi-encoder ranks in chunks of passages (raybiphase.finetune.heads.ir.top_k), in the same order."""
     k = min(k, scores.shape[1])
     top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
     return [[pids[j] for j in row] for row in top]
@@ -142,16 +144,21 @@ def retrieval_scores(rankings: Sequence[Sequence[str]], relevant: Sequence[Relev
             "mrr@10": [mrr_at_k(r, rel) for r, rel in zip(rankings, relevant, strict=True)]}
 
 
-def random_ranking_scores(n_passages: int, n_found: int, n_relevant: int, k: int = RANK_CUTOFF) -> tuple[float, float]:
-    """(NDCG@k, MRR@k) a uniformly random ranking of `n_passages` passages scores in expectation, `n_found` of them
-    relevant (out of the query's `n_relevant` judged ones, which set the ideal DCG as in `ndcg_at_k`): the floor of
-    a retrieval model that learned nothing. Each rank holds a relevant passage with probability n_found /
-    n_passages; the first relevant one is at rank r with the hypergeometric probability of r - 1 misses, then a hit."""
+def random_ranking_scores(passages: Collection[str], relevant: Relevance,
+                          k: int = RANK_CUTOFF) -> tuple[float, float]:
+    """(NDCG@k, MRR@k) a uniformly random ranking of the corpus `passages` scores in expectation for a query with
+    relevance `relevant` (some of its passages may lie outside the corpus: they still set the ideal DCG, as in
+    `ndcg_at_k`): the floor of a retrieval model that learned nothing. Each rank holds any given passage with
+    probability 1 / len(passages), so its expected gain is the corpus's relevant gains' mean over the corpus; the
+    first relevant passage is at rank r with the hypergeometric probability of r - 1 misses, then a hit."""
+    grades = _grades(relevant)
+    found = [grade for pid, grade in grades.items() if pid in passages]
+    n_passages, n_found = len(passages), len(found)
     if not n_passages or not n_found:
         return 0.0, 0.0
     shown = min(k, n_passages)
-    ideal = sum(1.0 / math.log2(i + 2) for i in range(min(n_relevant, k)))
-    ndcg = n_found / n_passages * sum(1.0 / math.log2(i + 2) for i in range(shown)) / ideal
+    ideal = sum(g / math.log2(i + 2) for i, g in enumerate(sorted(grades.values(), reverse=True)[:k]))
+    ndcg = sum(found) / n_passages * sum(1.0 / math.log2(i + 2) for i in range(shown)) / ideal
     mrr, misses = 0.0, 1.0  # misses: the chance that the ranks before this one hold no relevant passage
     for rank in range(1, shown + 1):
         remaining = n_passages - rank + 1
@@ -161,6 +168,10 @@ def random_ranking_scores(n_passages: int, n_found: int, n_relevant: int, k: int
 
 
 BM25_K1, BM25_B = 0.9, 0.4  # Anserini's defaults, the usual MS MARCO BM25 row
+BM25_QUERY_BLOCK = 256
+"""Queries BM25 scores at once: a block's scores are BM25_QUERY_BLOCK x passages float32 (16 MiB over MS MARCO's
+16,700 judged passages, plus the sort's int64 indices), where the whole matrix of its 7,000 dev queries would be
+0.47 GB, and 250 GB over its whole collection."""
 
 
 def _bm25_tokens(texts: Sequence[str]) -> list[list[str]]:
@@ -171,20 +182,35 @@ def _bm25_tokens(texts: Sequence[str]) -> list[list[str]]:
                           return_ids=False, show_progress=False)
 
 
-def bm25_scores(queries: Sequence[str], passages: Sequence[str], *, k1: float = BM25_K1,
-                b: float = BM25_B) -> np.ndarray:
-    """(queries, passages) Lucene BM25 scores from `bm25s`: lower case, English stopwords out, Snowball stems."""
+def _bm25_index(passages: Sequence[str], k1: float, b: float):
     import bm25s
 
     index = bm25s.BM25(method="lucene", k1=k1, b=b)
     index.index(_bm25_tokens(passages), show_progress=False)
-    return np.stack([index.get_scores(tokens) if tokens else np.zeros(len(passages))
-                     for tokens in _bm25_tokens(queries)]) if queries else np.zeros((0, len(passages)))
+    return index
 
 
-def bm25_rankings(queries: Sequence[str], passages: Sequence[str], pids: Sequence[str],
-                  k: int = RANK_CUTOFF) -> list[list[str]]:
-    return rank_by_scores(bm25_scores(queries, passages), pids, k)
+def _bm25_rows(index, query_tokens: Sequence[list[str]], n_passages: int) -> np.ndarray:
+    """(len(query_tokens), n_passages) scores; a query with no token left (all stopwords) scores 0 everywhere."""
+    if not query_tokens:
+        return np.zeros((0, n_passages))
+    return np.stack([index.get_scores(tokens) if tokens else np.zeros(n_passages) for tokens in query_tokens])
+
+
+def bm25_scores(queries: Sequence[str], passages: Sequence[str], *, k1: float = BM25_K1,
+                b: float = BM25_B) -> np.ndarray:
+    """(queries, passages) Lucene BM25 scores from `bm25s`: lower case, English stopwords out, Snowball stems. The
+    whole matrix: for a few queries; `bm25_rankings` ranks a split without it."""
+    return _bm25_rows(_bm25_index(passages, k1, b), _bm25_tokens(queries), len(passages))
+
+
+def bm25_rankings(queries: Sequence[str], passages: Sequence[str], pids: Sequence[str], k: int = RANK_CUTOFF, *,
+                  block: int = BM25_QUERY_BLOCK, k1: float = BM25_K1, b: float = BM25_B) -> list[list[str]]:
+    """Top-k passage ids per query by BM25, exactly `rank_by_scores` over `bm25_scores`'s matrix (ties to the
+    lower passage index), scored `block` queries at a time: memory block x passages, whatever the query count."""
+    index, tokens = _bm25_index(passages, k1, b), _bm25_tokens(queries)
+    return [ranking for start in range(0, len(tokens), block)
+            for ranking in rank_by_scores(_bm25_rows(index, tokens[start:start + block], len(passages)), pids, k)]
 
 
 # ----------------------------------------------------------------------------------------------- corpus

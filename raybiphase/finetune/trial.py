@@ -126,18 +126,19 @@ TOKENIZED_KEPT = 8  # tasks x tokenizers one process keeps tokenized
 
 
 def _tokenized(hf_path: Path, task: str, caps: tuple[int, int], max_len: int, source: str,
-               tc_labels: str = "all_subtokens", ir_corpus: str = "judged") -> tuple:
+               tc_labels: str = "all_subtokens", ir_corpus: str = "judged", ir_relevance: str = "binary") -> tuple:
     """Head, training units, prepared validation and test: shared by the trials one process runs (a benchmark, a
     test, Tune's trials once pretraining is over: raybiphase.finetune.tuner), which differ in checkpoint, LR and
     seed but share the sweep's tokenizer; each checkpoint is still checked against that tokenizer."""
-    key = (tokenizer_digest(hf_path), task, caps, max_len, source, tc_labels, ir_corpus)
+    key = (tokenizer_digest(hf_path), task, caps, max_len, source, tc_labels, ir_corpus, ir_relevance)
     if key in _TOKENIZED:
         _TOKENIZED.move_to_end(key)
         check_fits(hf_path, _TOKENIZED[key][0].tokenizer)
         return _TOKENIZED[key]
     spec = get_task(task)
     head = head_for(spec, load_checked_tokenizer(hf_path), max_len, tc_labels=tc_labels)
-    splits = load_splits(spec, max_examples=caps[0], max_eval_examples=caps[1], source=source, ir_corpus=ir_corpus)
+    splits = load_splits(spec, max_examples=caps[0], max_eval_examples=caps[1], source=source, ir_corpus=ir_corpus,
+                         ir_relevance=ir_relevance)
     units = head.train_units(splits.train)
     if not units:
         raise UserError(f"finetune: task {task!r} has no training examples (finetune.max_examples?)")
@@ -148,13 +149,14 @@ def _tokenized(hf_path: Path, task: str, caps: tuple[int, int], max_len: int, so
 
 
 def _tokenized_eval(hf_path: Path, task: str, head, caps: tuple[int, int], max_len: int, source: str,
-                    tc_labels: str, ir_corpus: str) -> tuple:
+                    tc_labels: str, ir_corpus: str, ir_relevance: str) -> tuple:
     """The prepared validation and test splits of a task scored, not trained, in a trial (`run_trial`'s
     also_test), prepared by the trained task's head: no training units are made for it."""
-    key = (tokenizer_digest(hf_path), task, caps, max_len, source, tc_labels, ir_corpus, "evaluation only")
+    key = (tokenizer_digest(hf_path), task, caps, max_len, source, tc_labels, ir_corpus, ir_relevance,
+           "evaluation only")
     if key not in _TOKENIZED:
         splits = load_splits(get_task(task), max_examples=caps[0], max_eval_examples=caps[1], source=source,
-                             ir_corpus=ir_corpus)
+                             ir_corpus=ir_corpus, ir_relevance=ir_relevance)
         _TOKENIZED[key] = head.prepare_eval(splits.val), head.prepare_eval(splits.test)
     _TOKENIZED.move_to_end(key)
     while len(_TOKENIZED) > TOKENIZED_KEPT:
@@ -221,7 +223,8 @@ def _diverged(task: str, also_test: tuple[str, ...], cfg: FinetuneConfig, source
               seconds: float) -> TrialResult:
     """A diverged trial's result: each task's floor (baselines.floor_scores: what a model that learned nothing
     scores, per-example entries included), validation and test, each on the task's own splits."""
-    caps = {"max_examples": cfg.max_examples, "max_eval_examples": cfg.max_eval_examples, "source": source}
+    caps = {"max_examples": cfg.max_examples, "max_eval_examples": cfg.max_eval_examples, "source": source,
+            "ir_corpus": cfg.ir_corpus, "ir_relevance": cfg.ir_relevance}
 
     def floored(name: str) -> TrialResult:
         floor = floor_scores(name, **caps)
@@ -247,9 +250,9 @@ def run_trial(spec: TrialSpec, *, cfg: FinetuneConfig, report: Callable[[dict], 
     also_test = tuple(t.name for t in spec.also_test)
     _check_also_test(task, also_test)
     hf_path = resolve_hf_dir(spec.checkpoint)
-    caps = (cfg.max_examples, cfg.max_eval_examples)
-    head, units, val, test = _tokenized(hf_path, task, caps, cfg.max_len, source, cfg.tc_labels, cfg.ir_corpus)
-    riders = {name: _tokenized_eval(hf_path, name, head, caps, cfg.max_len, source, cfg.tc_labels, cfg.ir_corpus)
+    caps, ir = (cfg.max_examples, cfg.max_eval_examples), (cfg.ir_corpus, cfg.ir_relevance)
+    head, units, val, test = _tokenized(hf_path, task, caps, cfg.max_len, source, cfg.tc_labels, *ir)
+    riders = {name: _tokenized_eval(hf_path, name, head, caps, cfg.max_len, source, cfg.tc_labels, *ir)
               for name in also_test}
     device = trial_device(cfg)
     head.device = device

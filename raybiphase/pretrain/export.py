@@ -8,7 +8,8 @@ A checkpoint the run exported (train.export_steps, the end) is copied; any other
 weights (torch.distributed.checkpoint, read in this process) with the tokenizer of its data. Either way its
 config's `max_position_embeddings` is the run's data.seq_len, the length it was trained on (an evaluation harness
 sizes its inputs from that field), not EuroBERT's 8,192, and its tokenizer frames a text as pretraining did: a stock
-`AutoTokenizer` call gives `<bos> text <eos>` (`<bos> A <eos> B <eos>` for a pair, as fine-tuning does). The card
+`AutoTokenizer` call gives `<bos> text <eos>`, as fine-tuning frames its inputs (`<bos> A <eos> B <eos>` for a
+pair). The card
 (raybiphase.pretrain.card) names the run as the sweep did (pretrain.parquet), else in the paper's scheme from the
 checkpoint's config, and lists the downstream scores summary.parquet holds for that run and step. OUT must not
 exist or be empty; nothing is written there when the checkpoint is bad. `--push-to-hub` uploads the folder to a

@@ -63,8 +63,8 @@ def baseline_rows(spec: SweepSpec) -> list[dict]:
     for name in spec.finetune.tasks:
         family = get_task(name).family
         if family == "IR":
-            rows.append(result_rows.baseline_row(bm25_baseline(name, **caps), run="bm25", family=family,
-                                                 sweep=spec.sweep.name).record())
+            bm25 = bm25_baseline(name, **caps, ir_relevance=spec.finetune.ir_relevance)
+            rows.append(result_rows.baseline_row(bm25, run="bm25", family=family, sweep=spec.sweep.name).record())
         elif family == "SC":
             rows.append(result_rows.baseline_row(majority_baseline(name, **caps), run="majority",
                                                  family=family, sweep=spec.sweep.name).record())

@@ -191,9 +191,10 @@ def test_trial_resources_follow_the_finetune_settings():
     assert trial_settings(FinetuneConfig(gpus_per_trial=0.5)) != base != trial_settings(FinetuneConfig(max_len=512))
     assert trial_settings(FinetuneConfig(max_eval_examples=800)) != base
     assert trial_settings(FinetuneConfig(tc_labels="first_subtoken")) != base
+    assert trial_settings(FinetuneConfig(ir_relevance="graded")) != base
     assert trial_settings(FinetuneConfig(compile=True)) == base  # compiled kernels only round differently
     # pinned: a digest changes only on purpose (records.PROTOCOL: records of an older protocol are redone)
-    assert base == "3d4acc5d"
+    assert base == "c2d55968"
 
 
 @pytest.mark.slow

@@ -55,13 +55,16 @@ def _rankings(n_passages: int, n_found: int):
 
 @pytest.mark.parametrize("n_passages, n_found, n_relevant, k", [(6, 2, 2, 3), (5, 1, 1, 10), (12, 3, 4, 10),
                                                               (4, 0, 1, 10)])
+@pytest.mark.parametrize("graded", [False, True])
 def test_a_random_rankings_expected_ndcg_and_mrr_equal_the_mean_over_every_ranking(n_passages, n_found,
-                                                                                   n_relevant, k):
-    relevant = {f"r{j}" for j in range(n_found)} | {f"unjudged-{j}" for j in range(n_relevant - n_found)}
+                                                                                   n_relevant, k, graded):
+    ids = [f"r{j}" for j in range(n_found)] + [f"unjudged-{j}" for j in range(n_relevant - n_found)]
+    relevant = {pid: 1 + (i * 2) % 3 for i, pid in enumerate(ids)} if graded else set(ids)  # grades 1, 3, 2, 1...
     rankings = list(_rankings(n_passages, n_found))
     ndcg = np.mean([scoring.ndcg_at_k(r, relevant, k) for r in rankings])
     mrr = np.mean([scoring.mrr_at_k(r, relevant, k) for r in rankings])
-    assert scoring.random_ranking_scores(n_passages, n_found, n_relevant, k) == pytest.approx((ndcg, mrr), abs=1e-12)
+    corpus = set(rankings[0])
+    assert scoring.random_ranking_scores(corpus, relevant, k) == pytest.approx((ndcg, mrr), abs=1e-12)
 
 
 @pytest.mark.parametrize("task", ["tweets", "squad_commas", "squad", "wiki_retrieval"])  # one per family

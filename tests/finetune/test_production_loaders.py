@@ -15,10 +15,12 @@ from pathlib import Path
 
 import datasets
 import pytest
+import torch
 from datasets import ClassLabel, Features, List, Value
 
 from raybiphase.errors import UserError
-from raybiphase.finetune import hub, tasks
+from raybiphase.finetune import baselines, hub, scoring, tasks
+from raybiphase.finetune.heads.ir import RetrievalHead, top_k
 
 PAPER_TASKS = ("sst2", "mnli", "qqp", "conll2003", "ontonotes", "uner", "squad", "squad_v2", "record", "msmarco",
                "nq", "mldr")
@@ -248,6 +250,16 @@ def test_glue_labels_are_mapped_by_name_and_mnli_tests_on_matched(hub_dir):
     assert train[0]["label"] == 1 and test[0]["text_pair"] == "Where?"
 
 
+def test_sentence_pairs_are_read_as_one_text_in_the_authors_templates(hub_dir):
+    """EncodEval's `mnli_m()` and `qqp()` write each pair as one text; the head reads exactly that text."""
+    mnli, qqp = tasks.get_task("mnli"), tasks.get_task("qqp")
+    (record,) = mnli.production()[1]
+    assert mnli.input_text(record) == "Premise: A man sleeps.\nHypothesis: A man is awake."
+    assert qqp.input_text(qqp.production()[1][0]) == "Question 1: Why?\nQuestion 2: Where?"
+    sst2 = tasks.get_task("sst2")
+    assert sst2.input_text(sst2.production()[1][0]) == "lovely"  # a single text as it is
+
+
 def test_token_classification_sets_give_bio_tags_by_name(hub_dir):
     train, test = tasks.get_task("conll2003").production()
     assert train == [{"words": ["EU", "rejects", "German", "call"], "tags": ["B-ORG", "O", "B-MISC", "O"]}]
@@ -288,19 +300,60 @@ def _pids(rset: dict) -> set[str]:
     return {p["pid"] for p in rset["passages"]}
 
 
-def test_msmarco_validates_on_dev_and_tests_on_trec_dl_each_over_the_passages_its_qrels_judge(hub_dir):
+def test_msmarco_validates_on_dev_and_tests_on_trec_dl_over_one_corpus_every_passage_either_judges(hub_dir):
     train, val, test = tasks.get_task("msmarco").production()
     assert [(q["qid"], q["positives"]) for q in train["queries"]] == [("100", ["0"]), ("101", ["1"]), ("102", ["2"])]
     assert _pids(train) == {"0", "1", "2", "5"}  # training reads positives only: its judged passages suffice
     assert [(q["qid"], q["positives"]) for q in val["queries"]] == [("200", ["4"]), ("201", ["6"])]  # dev qrels
-    assert _pids(val) == {"4", "6", "7"}  # judged, relevant or not
     # the `test` qrels (TREC-DL 2019): graded; a query with no relevant passage does not count, its passage does
     assert test["queries"] == [{"qid": "300", "text": "what is topic 300", "positives": ["3", "8"],
                                 "grades": {"3": 3, "8": 1}}]
-    assert _pids(test) == {"3", "8", "9"}
+    # one corpus, as the authors' msmarco(): judged by dev (4, 6, 7) or by TREC-DL (3, 8, 9), relevant or not
+    assert _pids(val) == _pids(test) == {"3", "4", "6", "7", "8", "9"}
+    assert val["passages"] is test["passages"]  # shared, not copied
     _, full_val, full_test = hub.msmarco(corpus="full")  # the stated option: the whole collection
     assert _pids(full_val) == _pids(full_test) == {str(i) for i in range(10)}
     assert full_test["queries"] == test["queries"]
+
+
+def test_a_passage_only_trec_dl_judges_is_a_candidate_for_a_dev_query(hub_dir):
+    """Passage 8 is judged by the test qrels alone; the validation split's ranking holds it, so a dev query that
+    matches it best ranks it first (each split ranked only its own judged passages before: 8 was not there)."""
+    val = tasks.load_splits(tasks.get_task("msmarco"), source="production").val
+    pids = [p["pid"] for p in val["passages"]]
+    assert "8" in pids and all("8" not in q["positives"] for q in val["queries"])
+    head = RetrievalHead.__new__(RetrievalHead)
+    head.query = head.document = lambda text: text
+    queries, relevant, passages, ranked_pids = head.prepare_eval(
+        {"queries": [{"qid": "q", "text": "passage 8", "positives": ["4"]}], "passages": val["passages"]})
+    assert ranked_pids == pids and relevant == [{"4"}]
+    vectors = torch.eye(len(pids))  # each passage its own direction; the query points at passage 8's
+    assert pids[top_k(vectors[pids.index("8")][None], vectors)[0, 0]] == "8"
+
+
+def test_relevance_is_binary_by_default_and_graded_by_choice(hub_dir):
+    """TREC-DL 2019's query 300: passage 3 graded 3, 8 graded 1, 9 graded 0 (judged, not relevant)."""
+    msmarco = tasks.get_task("msmarco")
+    binary = tasks.load_splits(msmarco, source="production").test["queries"]
+    graded = tasks.load_splits(msmarco, source="production", ir_relevance="graded").test["queries"]
+    assert binary == [{"qid": "300", "text": "what is topic 300", "positives": ["3", "8"]}]  # score >= 1 counts 1
+    assert graded[0]["grades"] == {"3": 3, "8": 1}
+    (relevant,) = [tasks.relevance(q) for q in binary]
+    (grades,) = [tasks.relevance(q) for q in graded]
+    # by hand, ranking 9, 8, 4, 3: gains at ranks 2 and 4, discounts 1/log2(3) = 0.63093 and 1/log2(5) = 0.43068;
+    # binary: DCG 1 x 0.63093 + 1 x 0.43068 = 1.06161 over the ideal 1 + 0.63093 = 1.63093: 0.65092
+    # graded: DCG 1 x 0.63093 + 3 x 0.43068 = 1.92296 over the ideal 3 + 0.63093 = 3.63093: 0.52960
+    ranked = ["9", "8", "4", "3"]
+    assert scoring.ndcg_at_k(ranked, relevant) == pytest.approx(0.65092, abs=1e-5)
+    assert scoring.ndcg_at_k(ranked, grades) == pytest.approx(0.52960, abs=1e-5)
+    assert scoring.mrr_at_k(ranked, relevant) == scoring.mrr_at_k(ranked, grades) == 0.5
+    # the BM25 row counts as the trials do: "topic" is in every passage and "300" in none, so BM25 ties them all
+    # and ranks the corpus in its order, 3 4 6 7 8 9: binary (1 + 1/log2(6)) / 1.63093 = 0.85034, graded
+    # (3 + 1/log2(6)) / 3.63093 = 0.93278
+    assert baselines.bm25_baseline("msmarco")["test_score"] == pytest.approx(0.85034, abs=1e-5)
+    assert baselines.bm25_baseline("msmarco", ir_relevance="graded")["test_score"] == pytest.approx(0.93278, abs=1e-5)
+    with pytest.raises(UserError, match="finetune.ir_relevance"):
+        tasks.load_splits(msmarco, source="production", ir_relevance="trec")
 
 
 def test_nq_halves_its_test_queries_with_a_recorded_seed_over_the_judged_documents(hub_dir):
@@ -317,7 +370,8 @@ def test_nq_halves_its_test_queries_with_a_recorded_seed_over_the_judged_documen
     draws = {tuple(q["qid"] for q in hub.halves(val["queries"] + test["queries"], seed)[0]) for seed in range(8)}
     assert len(draws) > 1
     assert _pids(val) == _pids(test) == {f"doc{i}" for i in range(8)}  # doc8 is judged by no query
-    assert val["passages"][0] == {"pid": "doc0", "text": "Paris document 0."}  # title first
+    assert val["passages"][0] == {"pid": "doc0", "text": "Paris. document 0."}  # "title. text", as the authors
+    assert val["passages"][1] == {"pid": "doc1", "text": "document 1."}  # untitled: the text alone
     assert _pids(hub.nq(corpus="full")[1]) == {f"doc{i}" for i in range(9)}
 
 

@@ -111,7 +111,7 @@ def test_the_dry_runs_fine_tuning_gpu_hours_count_every_evaluation_of_every_task
     checkpoints = len(plan.checkpoints()) + len(plan.controls)
     # msmarco trains; msmarco, nq and mldr are each validated max_steps / eval_every times and tested once
     evaluations = math.ceil(ft.max_steps / ft.eval_every)
-    inputs = (evaluations * (6980 + 7437) + 43 + 9260) + (evaluations * (1726 + 4201) + 1726 + 4201) + \
+    inputs = (evaluations * (6980 + 7437 + 9260) + 43 + 7437 + 9260) + (evaluations * (1726 + 4201) + 1726 + 4201) + \
         (evaluations * 1200 + 1800)
     per_gpu_hour = spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.finetune_mfu * 3600
     forward = SIZES["tiny"].flops_per_token(0, ft.max_len) / 3

@@ -251,6 +251,61 @@ def test_bm25_scores_are_lucenes_formula():
     assert got == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.parametrize("block", [1, 3, 7, 100])
+def test_bm25_ranks_a_block_of_queries_at_a_time_exactly_as_the_full_matrix(block, monkeypatch):
+    """Ties included (a query of stopwords only, a term every passage holds), the blocked ranking is the stable
+    argsort of the whole queries x passages matrix, and no score array it makes holds more than `block` queries."""
+    words = ["cat", "dog", "mat", "sun", "moon", "tree", "river", "stone"]
+    passages = [" ".join(words[(i * j) % 8] for j in range(1, 2 + i % 5)) for i in range(40)] + ["the a of"] * 3
+    pids = [f"p{i}" for i in range(len(passages))]
+    queries = [f"{words[i % 8]} {words[(3 * i) % 8]}" for i in range(17)] + ["it is that", "cat", "cat"]
+    full = scoring.rank_by_scores(scoring.bm25_scores(queries, passages), pids, 12)
+    rows, widest = scoring._bm25_rows, []
+    monkeypatch.setattr(scoring, "_bm25_rows", lambda *a: widest.append(len(a[1])) or rows(*a))
+    assert scoring.bm25_rankings(queries, passages, pids, 12, block=block) == full
+    assert max(widest) == min(block, len(queries)) and sum(widest) == len(queries)
+    # stopwords only: every passage scores 0, and the ties go to the lower passage index
+    assert scoring.bm25_rankings(["it is that"], passages, pids, 3, block=block) == [["p0", "p1", "p2"]]
+
+
+# ------------------------------------------------------------------------------------------------ pair templates
+
+
+class _CharTokenizer:
+    """One id per character, bos 1, eos 2, pad 0: a head's input ids spell out the text it reads."""
+
+    bos_token_id, eos_token_id, pad_token_id = 1, 2, 0
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        assert not add_special_tokens
+        return {"input_ids": [ord(ch) for ch in text]}
+
+
+@pytest.mark.parametrize("task, expected", [
+    ("mnli", "Premise: A man sleeps.\nHypothesis: He is awake."),          # EncodEval's mnli_m()
+    ("qqp", "Question 1: A man sleeps.\nQuestion 2: He is awake."),        # EncodEval's qqp()
+    ("qnli", "Question: A man sleeps.\nSentence: He is awake."),           # ours, in their style
+])
+def test_a_sentence_pair_is_one_text_in_its_tasks_template(task, expected):
+    from raybiphase.finetune.heads import head_for
+
+    record = {"text": "A man sleeps.", "text_pair": "He is awake.", "label": 1}
+    spec = tasks.get_task(task)
+    assert spec.input_text(record) == expected
+    head = head_for(spec, _CharTokenizer(), max_len=64)
+    ((ids, label),) = head.train_units([record])
+    assert ids == [1, *map(ord, expected), 2] and label == 1  # one text between bos and eos: no eos between the two
+    ((short, _),) = head_for(spec, _CharTokenizer(), max_len=12).train_units([record])
+    assert short == [1, *map(ord, expected[:10]), 2]  # too long: the end is trimmed, as the authors truncate
+
+
+def test_every_pair_task_has_a_template_and_single_texts_stay_as_they_are():
+    assert {name for name, task in tasks.TASKS.items() if task.template} == {"qnli", "mnli", "qqp"}
+    assert tasks.get_task("sst2").input_text({"text": "lovely", "text_pair": None, "label": 1}) == "lovely"
+    with pytest.raises(ValueError, match="sst2"):
+        tasks.get_task("sst2").input_text({"text": "a", "text_pair": "b", "label": 1})
+
+
 @pytest.mark.slow  # BM25 over the task's corpus
 def test_bm25_baseline_on_squad_retrieval_is_strong(offline_cache):
     from raybiphase.finetune.baselines import bm25_baseline

@@ -126,8 +126,8 @@ def test_a_rope_that_reads_the_length_keeps_it(tmp_path):
 def test_the_exports_stock_tokenizer_frames_texts_as_pretraining_and_fine_tuning_did(saved, small_shards, tmp_path,
                                                                                      exported_by_the_run):
     """A stock `AutoTokenizer` on an export (what an evaluation harness loads) gives `<bos> text <eos>`, the framing
-    of every pretraining document (`pack`), and `<bos> A <eos> B <eos>` for a pair, the heads' framing; the heads
-    themselves, which frame by hand, make the same ids from the export's tokenizer as from the data's."""
+    of every pretraining document (`pack`) and the heads' (a pair: `<bos> A <eos> B <eos>`); the heads themselves,
+    which frame by hand, make the same ids from the export's tokenizer as from the data's."""
     from transformers import AutoTokenizer
 
     from raybiphase.data.prepare import pack

@@ -1,8 +1,9 @@
 """The interface every task head implements, and what heads share: inputs from token ids, padding, loading.
 
-Inputs are built from token ids, so any tokenizer works the same way: `<bos> A <eos>` or `<bos> A <eos> B <eos>`
-(bos/eos used when the tokenizer has them), at most `max_len` tokens: no more than the checkpoint's
-`max_position_embeddings` (a raybiphase export says the length it was pretrained on), else `UserError`.
+Inputs are built from token ids, so any tokenizer works the same way: `<bos> text <eos>` (bos/eos used when the
+tokenizer has them; a sentence pair is one text, written in its task's template), at most `max_len` tokens: no
+more than the checkpoint's `max_position_embeddings` (a raybiphase export says the length it was pretrained on),
+else `UserError`.
 
 A batch is padded to its longest sequence; on CUDA that width is rounded up to a multiple of `CUDA_PAD_MULTIPLE`
 (never past `max_len`). On CUDA a process pays for each new width (kernel choice and plans for every matmul and
@@ -68,15 +69,9 @@ class Head:
     def ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def wrap(self, first: list[int], second: list[int] | None = None) -> list[int]:
-        """`<bos> first <eos> [second <eos>]`, the longer part trimmed first to fit max_len."""
-        budget = self.max_len - len(self.open) - len(self.close) * (1 if second is None else 2)
-        if second is None:
-            return self.open + first[:budget] + self.close
-        first, second = list(first), list(second)
-        while len(first) + len(second) > budget:
-            (first if len(first) >= len(second) else second).pop()
-        return self.open + first + self.close + second + self.close
+    def wrap(self, ids: list[int]) -> list[int]:
+        """`<bos> ids <eos>`, the ids' end trimmed to fit max_len (as the authors' tokenizer call truncates)."""
+        return self.open + ids[:self.max_len - len(self.open) - len(self.close)] + self.close
 
     def tensor(self, values) -> torch.Tensor:
         """Labels or masks on the trial's device."""

@@ -4,14 +4,14 @@ passage (in-batch negatives); a batch passage that is the query's own positive u
 it is never counted as a negative (SQuAD has several questions per paragraph).
 
 Evaluation encodes the split's queries and its whole corpus (the passages its qrels judge, by default: see
-raybiphase.finetune.tasks) and ranks the corpus by cosine similarity, in fp32: NDCG@10 (the paper's metric, graded
-where the qrels are) and MRR@10. The ranking is `top_k`: exact, in the order of the full score matrix (score, then
-the lower passage index among equal scores, as `scoring.rank_by_scores` orders it), yet it never holds that
-matrix: it walks blocks of QUERY_BLOCK queries x PASSAGE_CHUNK passages and keeps a running top k, so its memory
-is O(QUERY_BLOCK x (PASSAGE_CHUNK + k)) beside the embeddings, whatever the corpus (MS MARCO's 8.8M passages
-against its 7k dev queries would be a 250 GB float32 matrix). A corpus of at most PASSAGE_CHUNK passages and at most
-QUERY_BLOCK queries is scored by the same single matrix product as the full matrix, so its scores are bitwise
-those of the full-matrix ranking (the quickstart's 800 queries over 4,000 passages are).
+raybiphase.finetune.tasks) and ranks the corpus by cosine similarity, in fp32: NDCG@10 (the paper's metric, binary
+relevance unless finetune.ir_relevance is "graded") and MRR@10. The ranking is `top_k`: exact, in the order of the
+full score matrix (score, then the lower passage index among equal scores, as `scoring.rank_by_scores` orders it),
+yet it never holds that matrix: it walks blocks of QUERY_BLOCK queries x PASSAGE_CHUNK passages and keeps a running
+top k, so its memory is O(QUERY_BLOCK x (PASSAGE_CHUNK + k)) beside the embeddings, whatever the corpus (MS MARCO's
+8.8M passages against its 7k dev queries would be a 250 GB float32 matrix). A corpus of at most PASSAGE_CHUNK
+passages and at most QUERY_BLOCK queries is scored by the same single matrix product as the full matrix, so its
+scores are bitwise those of the full-matrix ranking (the quickstart's 800 queries over 4,000 passages are).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from raybiphase.finetune import scoring
 from raybiphase.finetune.heads.base import EVAL_BATCH, Evaluation, Head
+from raybiphase.finetune.tasks import relevance
 
 QUERY_PREFIX, DOCUMENT_PREFIX = "Query: ", "Document: "
 IR_TEMPERATURE = 0.05
@@ -107,10 +108,9 @@ class RetrievalHead(Head):
         return F.cross_entropy(similarity, torch.arange(len(units), device=self.device))
 
     def prepare_eval(self, rset: dict):
-        """Token ids of the queries and passages, and each query's relevance: its grades when the qrels carry them,
-        else its positives (binary)."""
-        return ([self.query(q["text"]) for q in rset["queries"]],
-                [q.get("grades") or set(q["positives"]) for q in rset["queries"]],
+        """Token ids of the queries and passages, and each query's relevance (`tasks.relevance`: its grades when it
+        carries them, else its positives)."""
+        return ([self.query(q["text"]) for q in rset["queries"]], [relevance(q) for q in rset["queries"]],
                 [self.document(p["text"]) for p in rset["passages"]], [p["pid"] for p in rset["passages"]])
 
     @torch.no_grad()

@@ -1,5 +1,7 @@
 """SC: `EuroBertForSequenceClassification` with `classifier_pooling="mean"` (the paper; EuroBERT's default is
-"late"); accuracy."""
+"late"); accuracy. An input is one text, `<bos> text <eos>`: a sentence pair is written as one text in the task's
+template (`Task.input_text`: MNLI's "Premise: A", a line break, "Hypothesis: B"), as the authors' evaluation code
+does."""
 
 from __future__ import annotations
 
@@ -19,8 +21,7 @@ class SequenceClassificationHead(Head):
                            classifier_pooling="mean")
 
     def train_units(self, records: list[dict]) -> list:
-        return [(self.wrap(self.ids(r["text"]), self.ids(r["text_pair"]) if r["text_pair"] else None), r["label"])
-                for r in records]
+        return [(self.wrap(self.ids(self.task.input_text(r))), r["label"]) for r in records]
 
     def loss(self, model, units: list) -> torch.Tensor:
         logits = self.forward_logits(model, [u[0] for u in units])
