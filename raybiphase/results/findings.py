@@ -20,7 +20,8 @@ from raybiphase.config.sizes import SIZES
 from raybiphase.naming import steps_label
 from raybiphase.results.inference import (UNRESOLVED, Effect, Noise, combine, decide, difference, estimate,
                                           pair_contrast, replicate_noise, slope_contrast)
-from raybiphase.results.verdicts import _key_text, arm_ids, matched_pairs, pool_replicates, with_noise_columns
+from raybiphase.results.verdicts import (UNTRAINED, _key_text, arm_ids, matched_pairs, pool_replicates,
+                                         with_noise_columns)
 
 RATIO_STEP = 0.1
 """Masking-ratio slopes are stated per 10 points of masking (20% -> 30%)."""
@@ -43,7 +44,7 @@ class Study:
     def __init__(self, s: pd.DataFrame):
         ours = s[s["source"] == "raybiphase"]
         ours = ours.assign(size=ours["size"] if "size" in ours else "")
-        runs = with_noise_columns(ours)
+        runs = with_noise_columns(ours[ours["objective"] != UNTRAINED])  # a control's seeds are not pretraining
         self.noise: dict[str, Noise | None] = {m: replicate_noise(runs, m) for m in ("score", "spread")}
         self.cells = pool_replicates(ours)
         self.index = self.cells.set_index(["arm", "task"])

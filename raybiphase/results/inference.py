@@ -119,9 +119,11 @@ class Effect:
 def estimate(contrast: Contrast, cells: pd.DataFrame, noise: Noise | None, *, measure: str = "score",
              groups: Mapping[str, str] | None = None) -> Effect | None:
     """The contrast's estimate and standard error over `cells` (indexed by (arm, task); columns the measure,
-    `n_runs` and `<measure>_se`, `<measure>_df` for the fine-tuning seeds); None when a cell is missing or, with no
-    replicate noise covering its tasks, a cell has no fine-tuning interval (fewer seeds than an interval needs).
-    `groups` maps a task to the trial it is scored from (tasks.training_groups), for the fine-tuning bound."""
+    `n_runs` and `<measure>_se`, `<measure>_df` for the fine-tuning seeds). With replicate noise covering its tasks:
+    the larger of the replicates' variance and the fine-tuning seeds' (a few replicates can come out tighter than
+    the seeds alone, never truly so) at the replicates' degrees of freedom; else the seeds'. None when a cell is
+    missing or neither is available. `groups` maps a task to the trial it is scored from, for the
+    fine-tuning bound."""
     contrast = {cell: c for cell, c in contrast.items() if c}
     if not contrast or any(cell not in cells.index for cell in contrast):
         return None
@@ -132,17 +134,37 @@ def estimate(contrast: Contrast, cells: pd.DataFrame, noise: Noise | None, *, me
     by_arm: dict[str, dict[str, float]] = {}
     for (arm, task), c in contrast.items():
         by_arm.setdefault(arm, {})[task] = c
-    if noise is not None:
-        parts = [noise.variance(coefficients) for coefficients in by_arm.values()]
-        if all(p is not None for p in parts):
-            runs = {arm: min(float(cells.at[(arm, t), "n_runs"]) for t in by_arm[arm]) for arm in by_arm}
-            variance = sum(v / runs[arm] for arm, (v, _) in zip(by_arm, parts))
-            return Effect(value, math.sqrt(variance), min(d for _, d in parts), "replicates", tasks, len(contrast))
+    seeds = _seed_variance(contrast, by_arm, cells, measure, groups or {})
+    runs = _replicate_variance(by_arm, cells, noise)
+    if runs is not None:  # never below the seeds' variance, at the replicates' (fewer) degrees of freedom
+        variance = max(runs[0], seeds[0]) if seeds is not None else runs[0]
+        return Effect(value, math.sqrt(variance), runs[1], "replicates", tasks, len(contrast))
+    if seeds is None:
+        return None
+    return Effect(value, math.sqrt(seeds[0]), seeds[1], "fine-tuning seeds", tasks, len(contrast))
+
+
+def _replicate_variance(by_arm: dict[str, dict[str, float]], cells: pd.DataFrame,
+                        noise: Noise | None) -> tuple[float, float] | None:
+    """(variance, df) from the replicates' covariance: each arm's c' S c over its number of runs."""
+    if noise is None:
+        return None
+    parts = [noise.variance(coefficients) for coefficients in by_arm.values()]
+    if any(p is None for p in parts):
+        return None
+    runs = {arm: min(float(cells.at[(arm, t), "n_runs"]) for t in by_arm[arm]) for arm in by_arm}
+    return sum(v / runs[arm] for arm, (v, _) in zip(by_arm, parts)), min(d for _, d in parts)
+
+
+def _seed_variance(contrast: Contrast, by_arm: dict[str, dict[str, float]], cells: pd.DataFrame, measure: str,
+                   groups: Mapping[str, str]) -> tuple[float, float] | None:
+    """(variance, Welch-Satterthwaite df) from the cells' fine-tuning standard errors, the tasks an arm scores
+    from one trial added as fully correlated; None when a cell has none."""
     terms, dfs = [], []
     for arm, coefficients in by_arm.items():
         shared: dict[str, list[Cell]] = {}
         for task in coefficients:
-            shared.setdefault((groups or {}).get(task, task), []).append((arm, task))
+            shared.setdefault(groups.get(task, task), []).append((arm, task))
         for members in shared.values():
             se = [abs(contrast[m]) * float(cells.at[m, f"{measure}_se"]) for m in members]
             df = [float(cells.at[m, f"{measure}_df"]) for m in members]
@@ -151,8 +173,7 @@ def estimate(contrast: Contrast, cells: pd.DataFrame, noise: Noise | None, *, me
             terms.append(sum(se) ** 2)  # tasks scored from one trial: fully correlated, the bound
             dfs.append(min(df))
     variance = sum(terms)
-    dof = variance**2 / sum(v**2 / d for v, d in zip(terms, dfs)) if variance > 0 else min(dfs)
-    return Effect(value, math.sqrt(variance), dof, "fine-tuning seeds", tasks, len(contrast))
+    return variance, (variance**2 / sum(v**2 / d for v, d in zip(terms, dfs)) if variance > 0 else min(dfs))
 
 
 def holm(effects: Sequence[Effect | None], alpha: float = ALPHA) -> list[bool]:

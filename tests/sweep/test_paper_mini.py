@@ -1,14 +1,16 @@
 """sweeps/paper_mini.yaml, shortened, run end to end on the local Ray, and its report checked against its own rows.
 
 The shortened miniature keeps what only a spec of several sizes reaches: the CLM-only and MLM runs at 20% and 40%
-of two sizes, the MLM 40% run and the 25% CLM split of two sizes, the three sizes' controls; and what every study
-has: the middle size's early (undecayed) checkpoint of its CLM and MLM runs, and continued MLM from its decayed CLM
-and MLM checkpoints (steps / 15, one SC task, one LR, 3 seeds so that intervals exist, a few fine-tuning steps).
-Every run must train, every checkpoint (the controls, the early and the final ones) be fine-tuned once per seed.
+of two sizes, the MLM 40% run and the 25% CLM split of two sizes (each with a pretraining replicate at the middle
+size), the three sizes' controls; and what every study has: the middle size's early (undecayed) checkpoint of its
+CLM and MLM runs, and continued MLM from its decayed CLM and MLM checkpoints (steps / 15, one SC task, two LRs at
+the final checkpoints and one at the early one, 3 seeds so that intervals exist, a few fine-tuning steps). Every
+run must train, every checkpoint (the controls, the early and the final ones) be fine-tuned once per LR and seed.
 The report must then draw a panel per size, give the masking-ratio table a column per size, give each finding's
 effect per size, and judge every model against the control of its own size; and every finding's effect per size
-must equal what a plain merge of summary.parquet's rows on size, budget (or step), ratio and task implies, its
-verdict one that its intervals allow. An effect that compared a 210m-like model with a 1b-like one is not that merge's, and fails.
+must equal what a plain merge of summary.parquet's rows (replicates pooled) on size, budget (or step), ratio and
+task implies, its verdict one that its intervals allow. An effect that compared a 210m-like model with a 1b-like
+one, or merged two CLM/MLM splits as replicates, is not that merge's, and fails.
 """
 
 from __future__ import annotations
@@ -26,14 +28,18 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 SIZES = ("micro", "tiny", "mini")
 TASK = "tweets"
 SCALE = 15  # 420 steps -> 28, the 25% split's 100 CLM steps -> 6, the continued runs' 120 -> 8
+LRS = (1e-3, 3e-3)  # final checkpoints: the best chosen on validation, the spread is finding 2's LR half
 EARLY = 6  # the early checkpoint of the tiny CLM-only and MLM 40% runs: undecayed (the decay is the last 4 steps)
 
 
 def kept(run: dict) -> bool:
     """The runs at the longest budget from scratch: MLM at 20% and 40% and CLM only at the two smaller sizes, MLM
-    at 40% and the 25% CLM split at the two larger ones; and the shorter continued runs."""
+    at 40% and the 25% CLM split at the two larger ones; one replicate (train.seed 1) of the middle size's MLM 40%
+    and 25% split; and the shorter continued runs."""
     if "model.init_from" in run:
         return run["phases.steps"] == 120
+    if run.get("train.seed", 1) != 1:
+        return False
     if run.get("model.size") == "mini" and "phases.clm_steps" not in run and run.get("phases.mask_ratio") != 0.4:
         return False
     return ("phases.steps" not in run and run.get("phases.mask_ratio", 0.4) in (0.2, 0.4)
@@ -58,12 +64,22 @@ def shortened(tmp_path, small_data) -> dict:
     spec["data"] = {**SMALL_DATA, "dir": small_data[0].dir, "decontaminate": False}  # the shared shards hold none out
     spec["optim"].update(warmup_steps=2, decay_steps=4)
     spec["train"].update(eval_every=100, eval_batches=1, checkpoint_every=100, export_steps=[EARLY])  # the base run
-    spec["finetune"].update(tasks=[TASK], lrs=[1e-3], seeds=[0, 1, 2], max_examples=48, max_eval_examples=48,
-                           max_steps=3, eval_every=3, max_len=64)  # the small data's blocks: what it trained on
+    spec["finetune"].update(tasks=[TASK], lrs=list(LRS), seeds=[0, 1, 2], max_examples=48, max_eval_examples=48,
+                           max_steps=3, eval_every=3, max_len=64,  # the small data's blocks: what it trained on
+                           exports=[{"steps": [EARLY], "tasks": [TASK], "lrs": [LRS[0]]}])  # one LR, early
     return spec
 
 
 # ------------------------------------------------------------------------------------------------ the oracle
+
+
+def pooled(s: pd.DataFrame) -> pd.DataFrame:
+    """Replicates (names that differ only by -s1, -s2 before the hash) as one arm: the mean of their scores."""
+    arm = s["run"].str.replace(r"-[0-9a-f]{6}$", "", regex=True).str.replace(r"-s\d+$", "", regex=True)
+    keys = ["arm", "task", "pretrain_step"]
+    means = s.assign(arm=arm).groupby(keys)[["score", "spread"]].mean()
+    return s.assign(arm=arm).drop_duplicates(keys).drop(columns=["score", "spread"]).merge(means.reset_index(),
+                                                                                           on=keys)
 
 
 def summary_rows(root, *, final: bool = True) -> pd.DataFrame:
@@ -73,6 +89,7 @@ def summary_rows(root, *, final: bool = True) -> pd.DataFrame:
     s = s[s["source"] == "raybiphase"]
     s = s[(s["pretrain_step"] == s.groupby("run")["pretrain_step"].transform("max")) == final]
     return s.assign(score=s["test_mean"] * 100, ci=(s["test_ci95"] * 100).where(s["n_seeds"] >= 3),
+                    spread=s["lr_spread"] * 100, seed=s["train.seed"],
                     size=s["model.size"], budget=s["phases.steps"], ratio=s["phases.mask_ratio"],
                     share=s["phases.clm_share"], init_from=s.get("model.init_from"))
 
@@ -135,7 +152,8 @@ def test_the_shortened_miniature_reports_per_size_what_its_rows_imply(ray_cluste
     out = io.StringIO()
     plan = run_sweep(from_dict(SweepSpec, shortened(tmp_path, small_data)), console=Console(out))
     root = tmp_path / "paper_mini"
-    assert len(plan.runs) == 11 and sorted(c.config.model.size for c in plan.controls.values()) == sorted(SIZES)
+    assert len(plan.runs) == 13 and sorted(c.config.model.size for c in plan.controls.values()) == sorted(
+        [*SIZES, "tiny"])  # the replicates' seed has its own step-0 control
     assert set(read_rows(root / "pretrain.parquet")["run"]) == set(plan.runs)  # continued ones from their sources
     trials = read_rows(root / "finetune.parquet")
     ours = trials[trials["source"] == "raybiphase"]
@@ -145,7 +163,9 @@ def test_the_shortened_miniature_reports_per_size_what_its_rows_imply(ray_cluste
     assert len(early) == 2 and steps.to_dict() == {  # the controls, the early and every final checkpoint
         **{name: (EARLY, run.steps) if name in early else (run.steps,) for name, run in plan.runs.items()},
         **{control: (0,) for control in plan.controls}}
-    assert (ours.groupby(["run", "pretrain_step"]).size() == 3).all()  # every seed of each
+    per_checkpoint = ours.groupby(["run", "pretrain_step"]).size()  # every seed of each LR: one LR early
+    assert per_checkpoint.to_dict() == {(run, step): 3 if step == EARLY else 3 * len(LRS)
+                                        for run, step in per_checkpoint.index}
     assert out.getvalue().splitlines()[-1].startswith("time: ")  # where the time went
     check_report(root)
 
@@ -176,39 +196,47 @@ def check_report(root) -> None:
     assert printed == {(z, round(r * 100, 1)) for z, r in zip(only["size"], only["ratio"])}
 
     # every pretrained model against the control of its own size, one row each, the verdict from the intervals
-    control = s[s["budget"] == 0].set_index("size")
+    control = s[s["budget"] == 0].set_index(["size", "seed"])  # each seed of the pretraining has its own control
     models = s[s["budget"] > 0].set_index("run")
     rows = section_table(report, "Pretrained vs untrained control, with baselines")[2:]
     assert sorted(r.split(" | ")[2] for r in rows) == sorted(models.index)
     for row in rows:
         run, against, verdict = (row.strip("| ").split(" | ")[i] for i in (2, 5, 7))
-        model, own = models.loc[run], control.loc[models.loc[run, "size"]]
+        model = models.loc[run]
+        own = control.loc[(model["size"], model["seed"])]
         assert against == mean_ci(own["score"], own["ci"], own["n_seeds"]), run
         apart = side(model["score"], model["ci"], own["score"], own["ci"])
         resolved = pd.notna(model["ci"]) and pd.notna(own["ci"])
         assert verdict == {"a": "above", "b": "below"}.get(apart, "overlap" if resolved else "not resolved"), run
 
-    # the findings: each printed effect what a plain merge on size, budget, ratio and task implies, each verdict
-    # one its intervals allow (one task, no replicates: fine-tuning seeds only, which the report says)
+    # the findings: each printed effect what a plain merge of the arms (replicates pooled) on size, budget, ratio and
+    # task implies, each verdict one its intervals allow; the intervals count the replicates' spread
     found = findings_table(report)
-    assert "the intervals count fine-tuning seeds only and ignore pretraining noise" in report
-    clm, two = scratch[scratch["share"] == 1], scratch[(scratch["share"] > 0) & (scratch["share"] < 1)]
+    assert "Pretraining noise measured by 2 replicated arm(s) (2 degrees of freedom)" in report
+    arms = pooled(scratch)
+    only, clm, two = arms[arms["share"] == 0], arms[arms["share"] == 1], arms[(arms["share"] > 0) & (arms["share"] < 1)]
     one = merged(only, clm, ["size", "budget", "task"])
     check_effects(found["1"], one)
     assert set(one["size"]) == {"micro", "tiny"}
     four = merged(two, only, ["size", "budget", "ratio", "task"])
     check_effects(found["4"], four)
-    assert set(four["size"]) == {"tiny", "mini"}
+    assert set(four["size"]) == {"tiny", "mini"} and len(four) == 2  # the replicated split against the pooled MLM
     # finding 3: the slope on the masking ratio grows from micro to tiny (the sizes with two ratios, one task)
     ratios = only[only["size"].isin(["micro", "tiny"])].pivot_table(index="size", columns="ratio", values="score")
     slopes = (ratios[0.4] - ratios[0.2]) / 2  # points per 10 points of masking
     trend = re.match(r"([+-]\d+\.\d\d) pts", found["3"][1].split("slope tiny - slope micro: ", 1)[1])
     assert float(trend.group(1)) == pytest.approx(slopes["tiny"] - slopes["micro"], abs=0.006)
-    early = summary_rows(root, final=False)
+    # finding 2: CLM - MLM at the early checkpoint (one LR there), and MLM's LR spread - CLM's at the final ones
+    early = pooled(summary_rows(root, final=False))
     efficiency = merged(early[early["share"] == 1], early[early["share"] == 0], ["size", "pretrain_step", "task"])
     assert len(efficiency) == 1
-    check_effects((found["2"][0], found["2"][1].split(" · ")[0]), efficiency)
-    continued = s[s["init_from"].notna()]
+    two_parts = found["2"][1].split(" · ")
+    check_effects((found["2"][0], two_parts[0]), efficiency)
+    spread = merged(only, clm, ["size", "budget", "task"])
+    spread = spread.assign(score_a=spread["spread_a"], score_b=spread["spread_b"])
+    assert two_parts[1].startswith("LR spread, max - min over the complete LRs: ")
+    check_effects((found["2"][0], two_parts[1]), spread)
+    continued = pooled(s[s["init_from"].notna()])
     from_clm = continued["init_from"].str.contains("-clm-")
     five = merged(continued[from_clm], continued[~from_clm], ["size", "budget", "ratio", "task"])
     assert len(five) == 1

@@ -307,7 +307,7 @@ def test_replicates_share_prefixes_only_within_a_seed_and_the_dry_run_prices_the
 
 def test_the_miniature_plans_every_run_of_the_paper_at_cpu_sizes_and_steps():
     """sweeps/paper_mini.yaml is sweeps/paper.yaml with 210m/610m/1b as micro/tiny/mini and steps / 100, less the
-    pretraining replicates and the 2k continued runs: the same runs under the same names."""
+    2k continued runs: the same runs under the same names, the headline arms' pretraining replicates included."""
     import re
 
     def miniature(name: str) -> str:
@@ -316,10 +316,12 @@ def test_the_miniature_plans_every_run_of_the_paper_at_cpu_sizes_and_steps():
         return re.sub(r"(\d+)k", lambda m: str(int(m.group(1)) * 10), name)
 
     paper = {name.rsplit("-", 1)[0] for name in make_plan(load(SweepSpec, "sweeps/paper.yaml")).runs}
-    expected = {miniature(name) for name in paper if not re.search(r"-s\d$|-44k$", name)}
+    expected = {miniature(name) for name in paper if not re.search(r"-44k$", name)}
     plan = make_plan(load(SweepSpec, "sweeps/paper_mini.yaml"))
-    assert {name.rsplit("-", 1)[0] for name in plan.runs} == expected and len(expected) == 35
-    assert sorted(c.config.model.size for c in plan.controls.values()) == ["micro", "mini", "tiny"]
+    assert {name.rsplit("-", 1)[0] for name in plan.runs} == expected and len(expected) == 39
+    assert {name for name in expected if re.search(r"-s\d$", name)} == {
+        f"tiny-{arm}-420-s{seed}" for arm in ("mlm40", "clm-100-mlm40") for seed in (1, 2)}
+    assert sorted(c.config.model.size for c in plan.controls.values()) == ["micro", "mini", "tiny", "tiny", "tiny"]
     exported = {name.rsplit("-", 1)[0] for name, run in plan.runs.items() if run.finetune_steps != [run.steps]}
     assert exported == {f"{size}-{tag}-420" for size in ("micro", "tiny", "mini") for tag in ("clm", "mlm40")}
 
