@@ -11,6 +11,8 @@ from raybiphase.finetune.tasks import get_task
 from raybiphase.sweep.plan import describe, expand, make_plan, plan_runs, shared_steps
 
 SWEEPS = sorted((Path(__file__).resolve().parents[2] / "sweeps").glob("*.yaml"))
+PAPER_DATASETS = {"sst2", "mnli", "qqp", "conll2003", "ontonotes", "uner", "squad", "squad_v2", "record", "msmarco",
+                  "nq", "mldr"}
 
 
 def test_split_grid_plans_206k_of_380k_steps():
@@ -198,8 +200,50 @@ def test_paper_spec_plans_every_model_of_the_study_under_its_own_name():
     assert ("finetune.exports.0: 147 intermediate checkpoint(s) at steps 1k, 2k, 4k, 6k, 10k, 16k, 24k, 32k, 40k, each"
             " on 4 task(s) (sst2, conll2003, squad, msmarco) x 3 LR(s) x 5 seed(s): 60 trials each, where a final "
             "checkpoint takes 300\n") in printed
-    assert set(spec.finetune.tasks) == {"sst2", "mnli", "qqp", "conll2003", "ontonotes", "uner", "squad", "squad_v2",
-                                        "record", "msmarco", "nq", "mldr"}
+    assert set(spec.finetune.tasks) == PAPER_DATASETS
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
+def test_a_spec_on_the_real_corpus_fine_tunes_on_the_papers_datasets_and_one_on_cpus_on_offline_tasks(path):
+    """A sweep that pretrains on the real corpus decides findings on a GPU cluster: it fine-tunes on the paper's
+    datasets only (tasks with a hub loader), one of every family at least, and holds all twelve out of its corpus,
+    so its checkpoints can meet any of them. The offline tasks serve the specs on the offline corpus, which need no
+    hub."""
+    spec = load(SweepSpec, path)
+    tasks = [get_task(name) for name in spec.finetune.tasks]
+    if spec.run.data.source == "offline":
+        assert all(task.offline for task in tasks), path.name
+        return
+    assert {task.name for task in tasks} <= PAPER_DATASETS and all(task.production for task in tasks)
+    assert {task.family for task in tasks} == {"SC", "TC", "QA", "IR"}
+    assert set(spec.run.data.decontam_tasks) == PAPER_DATASETS
+
+
+@pytest.mark.parametrize("name, tasks, trials, hours, paper_runs", [
+    ("split_grid", ["sst2", "conll2003", "squad", "msmarco"], "3,360", "1,718.7", 11),  # 28 checkpoints: one per family
+    ("mask_ratio", sorted(PAPER_DATASETS), "3,000", "1,059.9", 8),
+    ("cpt", sorted(PAPER_DATASETS), "1,500", "841.8", 4),
+])
+def test_the_cluster_sweeps_fine_tune_on_the_papers_datasets_and_their_headers_quote_the_dry_run(
+        name, tasks, trials, hours, paper_runs):
+    """split_grid, mask_ratio and cpt decide findings 4, 3 and 5 on the paper's datasets; the figures each file's
+    header quotes are the ones its dry run prints, and its runs are sweeps/paper.yaml's where the configs agree
+    (split_grid's 25% and 75% splits of 22k and 42k steps are 5.5k, 10.5k, 16.5k and 31.5k of CLM, not the study's)."""
+    from raybiphase.data.fingerprint import fingerprint
+
+    spec = load(SweepSpec, f"sweeps/{name}.yaml")
+    assert sorted(spec.finetune.tasks) == sorted(tasks)
+    plan = make_plan(spec)
+    text = describe(plan, spec)
+    assert f": {trials} trials (full grid" in text and f"at most {hours} GPU-hours" in text
+    pretraining = next(line for line in text.splitlines() if line.startswith("estimate: ")).split()[1]
+    header = (SWEEPS[0].parent / f"{name}.yaml").read_text().split("\nsweep:")[0]
+    assert f"{trials} trials" in header and f"{hours} GPU-hours" in header and f"{pretraining} GPU-hours" in header
+    paper = load(SweepSpec, "sweeps/paper.yaml")
+    assert fingerprint(spec.run.data) == fingerprint(paper.run.data)  # one prepared corpus serves them all
+    paper_plan = make_plan(paper)
+    assert set(plan.controls) <= set(paper_plan.controls)
+    assert len(set(plan.runs) & set(paper_plan.runs)) == paper_runs  # the same run, weights and name
 
 
 def test_cpu_study_plans_the_papers_comparisons():
