@@ -1,8 +1,10 @@
 """Questions beyond the paper, answered when a sweep has their runs (sweeps/beyond.yaml): each run
 whose name shows a knob (an optimizer reset `r`, a ratio schedule `to15`, per-sequence rates `u15to60`, MNTP,
 frozen blocks `f6`) is paired, per task, with the run that differs from it only by not having it, and each
-question is judged by the paper findings' interval rule (raybiphase.results.verdicts): held, not held, mixed or
-not resolved.
+question is one effect (the mean over tasks of the mean difference between the run with the knob and its
+counterpart, in the claim's direction) with its 95% interval, decided by the findings' two-sided test at 5%
+(raybiphase.results.inference): held, not held or not resolved. Each run is its own side: the intervals count
+fine-tuning seeds (a beyond-the-paper sweep pretrains each arm once), which the section says.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import pandas as pd
 
 from raybiphase.naming import join_label, label_parts, strip_hash
 from raybiphase.results.tables import Section, markdown, mean_ci
-from raybiphase.results.verdicts import UNTRAINED, compare, judge
+from raybiphase.results.inference import UNRESOLVED, decide, estimate, pair_contrast
+from raybiphase.results.verdicts import UNTRAINED, compare, with_noise_columns
 
 
 @dataclass(frozen=True)
@@ -104,8 +107,28 @@ def question_pairs(s: pd.DataFrame, question: Question) -> pd.DataFrame:
 
 
 def question_verdict(pairs: pd.DataFrame, question: Question) -> tuple[str, str]:
-    """(verdict, tally) of a question over its pairs, by the paper findings' interval rule."""
-    return judge(list(pairs["better"]), question.expected, "the claim's")
+    """(verdict, evidence) of a question over its pairs: the mean over tasks of the mean difference in the claim's
+    direction (the run with the knob minus its counterpart, or the reverse where the claim is that the knob
+    loses), tested two-sided at 5% on the fine-tuning seeds' standard errors."""
+    if pairs.empty:
+        return UNRESOLVED, "nothing to compare in this sweep"
+    with_knob, without = (("run", "counterpart") if question.expected == "a" else ("counterpart", "run"))
+    sides = pd.concat([
+        pd.DataFrame({"arm": pairs["run"], "task": pairs["task"], "family": pairs["family"], "score": pairs["score"],
+                      "ci": pairs["ci"], "n_seeds": pairs["n_seeds"]}),
+        pd.DataFrame({"arm": pairs["counterpart"], "task": pairs["task"], "family": pairs["family"],
+                      "score": pairs["counterpart_score"], "ci": pairs["counterpart_ci"],
+                      "n_seeds": pairs["counterpart_seeds"]})]).drop_duplicates(["arm", "task"])
+    cells = with_noise_columns(sides).assign(arm=sides["arm"], n_runs=1).set_index(["arm", "task"])
+    contrast = pair_contrast(pd.DataFrame({"task": pairs["task"], "arm_a": pairs[with_knob],
+                                           "arm_b": pairs[without]}))
+    groups = {t: ("IR" if f == "IR" else t) for t, f in zip(pairs["task"], pairs["family"])}
+    effect = estimate(contrast, cells, None, groups=groups)
+    rests = f"{len(pairs)} pair{'' if len(pairs) == 1 else 's'}"
+    if effect is None:
+        return UNRESOLVED, f"{rests}, no interval (a side with fewer than 3 fine-tuning seeds)"
+    (verdict,) = decide([effect])
+    return verdict, f"{effect.text()} over {effect.tasks} task(s), {rests} (fine-tuning seeds)"
 
 
 def beyond_sections(s: pd.DataFrame) -> list[Section]:
@@ -128,7 +151,8 @@ def question_section(question: Question, pairs: pd.DataFrame) -> Section:
         "test (%) ": [mean_ci(m, c, n) for m, c, n in
                       zip(pairs["counterpart_score"], pairs["counterpart_ci"], pairs["counterpart_seeds"])],
         "better (95% CI apart)": pairs["better"].map(names)})
-    note = (f"Claim: {question.claim}. Verdict: **{verdict}** ({tally}). Each run with the setting against the run "
-            "that differs from it only by not having it (the best-scoring one where several do), final checkpoints, "
-            "by the findings' interval rule.")
+    note = (f"Claim: {question.claim}. Verdict: **{verdict}** ({tally}, the claim's direction positive). Each run "
+            "with the setting against the run that differs from it only by not having it (the best-scoring one where "
+            "several do), final checkpoints; the effect is the mean difference over tasks with its 95% interval over "
+            "fine-tuning seeds, held or not held where its two-sided test clears 5% (docs/statistics.md).")
     return Section(f"beyond_{question.name}", f"Beyond the paper: {question.title}", None, note, markdown(table))

@@ -1,21 +1,22 @@
-"""Verdicts from intervals: whether pretrained models beat their untrained control, per task and per family, and
-the paper's five findings at the scale of the user's sweep.
+"""Whether pretrained models beat their untrained control, per task and per family; the matched arms and the
+pooled replicates the paper's findings are built on (raybiphase.results.findings).
 
 Pure pandas on the report's enriched summary (raybiphase.results.report: columns source, run, task, family, final,
 objective, size, budget, mask_ratio, init_from, score and ci in points, n_seeds, and the run's dotted settings).
-A comparison is decided only when both sides have a 95% interval (MIN_SEEDS seeds or more) and the intervals are
-apart; otherwise it says so.
+A model against its control is decided only when both sides have a 95% interval (MIN_SEEDS seeds or more) and the
+intervals are apart; otherwise it says so.
 
 Comparisons are between matched arms (`matched_pairs`): the same model size, budget, masking ratio, data,
 optimizer and every other setting that shapes the weights, only the compared factor differing. Every matched pair
-counts once and nothing is the best of several: the best 1b MLM model never stands in for a 610m comparison, and
-a finding's verdict gives each size's tally.
+counts once and nothing is the best of several: the best 1b MLM model never stands in for a 610m comparison. An
+arm is every weight-shaping setting but the pretraining seed (`arm_ids`); its replicates are one side
+(`pool_replicates`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -83,8 +84,6 @@ def family_verdicts(versus: pd.DataFrame) -> dict[str, str]:
 
 # ------------------------------------------------------------------------------------------------ matched arms
 
-HELD, NOT_HELD, MIXED, UNRESOLVED = "held", "not held", "mixed", "not resolved"
-
 ARM = ("source", "task", "pretrain_step", "size", "budget", "mask_ratio", "init_from")
 """The enriched summary's columns that place a checkpoint in the grid; with every other weight-shaping setting
 column (`_setting_columns`) they define an arm. Two rows are matched when they agree on all of them except the
@@ -124,29 +123,6 @@ def matched_pairs(a: pd.DataFrame, b: pd.DataFrame, vary: tuple[str, ...]) -> pd
                *(["arm_a", "arm_b"] if "arm_a" in merged else [])]
     out = merged.assign(size=merged["size"] if "size" in merged else "").reindex(columns=columns)
     return out.assign(side=sides)
-
-
-def judge(sides: Sequence[str], expected: str = "a", whose: str = "the paper's") -> tuple[str, str]:
-    """HELD when every decided pair goes the claim's way, NOT_HELD when every one goes the other way, MIXED when
-    both happen, UNRESOLVED when none is decided; with the tally."""
-    if not len(sides):
-        return UNRESOLVED, "nothing to compare in this sweep"
-    way = sum(side == expected for side in sides)
-    other = sum(side in ("a", "b") and side != expected for side in sides)
-    tally = f"{way} of {len(sides)} comparisons {whose} way, {other} the other way, {len(sides) - way - other} undecided"
-    if way and other:
-        return MIXED, tally
-    return (HELD if way else NOT_HELD if other else UNRESOLVED), tally
-
-
-def judge_by_size(pairs: pd.DataFrame, expected: str = "a") -> tuple[str, str]:
-    """`judge` over every matched pair, with the tally of each model size when the pairs span several."""
-    verdict, tally = judge(list(pairs["side"]), expected)
-    sizes = sorted(s for s in pairs["size"].unique() if s) if len(pairs) else []
-    if len(sizes) > 1:
-        tally += " (" + "; ".join(f"{size}: {judge(list(pairs.loc[pairs['size'] == size, 'side']), expected)[1]}"
-                                   for size in sizes) + ")"
-    return verdict, tally
 
 
 # ------------------------------------------------------------------------------------------------ replicates

@@ -1,11 +1,16 @@
 """The report's questions beyond the paper: each run with a knob is paired with the run that differs
-from it only by not having it, and each question is judged by the findings' interval rule (held / not held /
-mixed / not resolved); runs with knobs stay out of the paper's findings."""
+from it only by not having it, and each question is one effect in the claim's direction with its 95% interval,
+decided by the findings' two-sided test (held / not held / not resolved); runs with knobs stay out of the paper's
+findings."""
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
+
+from raybiphase.results.aggregate import t_quantile
 
 from raybiphase.results.questions import QUESTIONS, beyond_sections, knobs, question_pairs, question_verdict
 
@@ -54,8 +59,9 @@ def test_each_question_pairs_a_run_with_the_one_that_only_lacks_its_knob():
 
     reset = pairs["optimizer_reset"]
     assert list(reset["counterpart"]) == ["tiny-clm-400-mlm40-800-aaaaaa"] * 2
+    half = t_quantile(0.975, 8) * math.sqrt(2 * 2 * (0.5 / t_quantile(0.975, 2)) ** 2)  # 4 cells of 2 seeds' df
     assert question_verdict(reset, BY_NAME["optimizer_reset"]) == (
-        "held", "2 of 2 comparisons the claim's way, 0 the other way, 0 undecided")
+        "held", f"+4.50 pts [{4.5 - half:+.2f}, {4.5 + half:+.2f}] over 2 task(s), 2 pairs (fine-tuning seeds)")
 
     schedule = pairs["ratio_schedule"]  # tweets: fixed wins; squad: overlap
     assert set(schedule["counterpart"]) == {"tiny-mlm40-800-cccccc"} and list(schedule["better"]) == ["b", "overlap"]
@@ -64,7 +70,7 @@ def test_each_question_pairs_a_run_with_the_one_that_only_lacks_its_knob():
     uniform = pairs["uniform_rate"]  # against the best fixed rate per task: 20% on tweets, 40% on squad
     assert list(uniform["counterpart"]) == ["tiny-mlm20-800-eeeeee", "tiny-mlm40-800-cccccc"]
     assert list(uniform["better"]) == ["b", "a"]
-    assert question_verdict(uniform, BY_NAME["uniform_rate"])[0] == "mixed"
+    assert question_verdict(uniform, BY_NAME["uniform_rate"])[0] == "held"  # -3 and +5: +1 on average, ± 0.3
 
     mntp = pairs["mntp"]  # continued from the same CLM checkpoint
     assert set(mntp["counterpart"]) == {"tiny-clm-dec800-mlm40-1.2k-111111"}
