@@ -7,8 +7,8 @@ One loader serves resume, branching, continued pretraining and fine-tuning (name
                            was cut short has none and is never resumed or branched from
     <ckpt>/__*_*.distcp    DCP shards of {"model": ..., "optim": ...}; <ckpt>/.metadata their index
     <ckpt>/hf/             save_pretrained export (safetensors + tokenizer), at the end and at requested steps
-DCP stores its index with pickle; `SafeReader` unpickles it with an allow-list, so loading a checkpoint never
-runs arbitrary code. Tensors are loaded with `weights_only=True` by DCP itself.
+DCP stores its index with pickle; `SafeReader` unpickles it against an exact list of (module, name) pairs
+(INDEX_GLOBALS), so loading a checkpoint never runs arbitrary code. Tensors are loaded with `weights_only=True` by DCP itself.
 """
 
 from __future__ import annotations
@@ -43,27 +43,37 @@ def _enum_member(cls, name: str):
     """The one use of `getattr` a metadata pickle may make: Python 3.11.0-3.11.4 pickle an Enum member as
     getattr(its class, its name) (DCP's WriteItemType, LoadItemType...); seen failing under Debian's 3.11.2."""
     if not (isinstance(cls, type) and issubclass(cls, enum.Enum) and name in cls.__members__):
-        raise pickle.UnpicklingError(f"checkpoint metadata asks for {getattr(cls, '__name__', cls)!r}.{name}, "
-                                     "which is not a member of an allowed Enum")
+        raise pickle.UnpicklingError(f"its index asks for {getattr(cls, '__name__', cls)!r}.{name}, which is not a "
+                                     "member of an allowed Enum")
     return cls[name]
 
 
+INDEX_GLOBALS = frozenset({
+    *(("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+        "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    *(("torch", name) for name in dir(torch) if isinstance(getattr(torch, name, None), torch.dtype)),
+    ("torch.serialization", "_get_layout"),  # maps a layout's name to torch.strided and the like
+    *(("pathlib", name) for name in ("Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath")),
+    ("collections", "OrderedDict"),
+    *(("builtins", name) for name in ("set", "frozenset", "slice", "tuple", "list", "dict")),
+})
+"""Every global a DCP index (`.metadata`) may name, as exact (module, name) pairs: its metadata classes, torch's
+value types and a few containers. No prefix matches and no dotted names, so a crafted index cannot reach
+`os.system` through a module that imports it (`torch.distributed.checkpoint.filesystem` + "os.system")."""
+
+
 class _AllowListUnpickler(pickle.Unpickler):
-    """Unpickles DCP's metadata classes and torch's plain value types; anything else is refused."""
+    """Unpickles DCP's metadata classes and torch's plain value types (INDEX_GLOBALS); anything else is refused
+    before it is looked up."""
 
     def find_class(self, module: str, name: str):
-        if module == "builtins" and name == "getattr":  # only for an allowed class's Enum members
+        if (module, name) == ("builtins", "getattr"):  # only for an allowed class's Enum members
             return _enum_member
-        allowed = (
-            module.startswith("torch.distributed.checkpoint.")
-            or (module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)))
-            or (module == "torch.serialization" and name == "_get_layout")  # maps a name to torch.strided etc.
-            or (module == "pathlib" and name in {"Path", "PosixPath", "PurePosixPath", "WindowsPath"})
-            or (module == "collections" and name == "OrderedDict")
-            or (module == "builtins" and name in {"set", "frozenset", "slice", "tuple", "list", "dict"})
-        )
-        if not allowed:
-            raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which is not allowed")
+        if (module, name) not in INDEX_GLOBALS:
+            raise pickle.UnpicklingError(f"its index names {module}.{name}, which a checkpoint index never holds")
         return super().find_class(module, name)
 
 
@@ -133,14 +143,19 @@ def latest_committed(run_dir: storage.Location) -> str | None:
     return None
 
 
-def load(path: str | Path, model, optimizer=None) -> CheckpointMeta:
+def load(path: str | Path, model, optimizer=None, *, name: str | None = None) -> CheckpointMeta:
     """Load weights (and the optimizer when given) in place from a checkpoint, its files checked against its meta
-    first; returns the meta."""
+    first; returns the meta. An index that names anything but DCP's own classes (INDEX_GLOBALS) is one UserError
+    naming the checkpoint (`name`: where it came from, when `path` is a local copy), before anything in it runs."""
     meta = read_meta(path)
     check_files(path, meta)
     state = {"model": get_model_state_dict(model)}
     if optimizer is not None:
         state["optim"] = get_optimizer_state_dict(model, optimizer)
+    try:  # read here first: DCP would wrap the refusal in its own exception
+        SafeReader(str(path)).read_metadata()
+    except pickle.UnpicklingError as err:
+        raise UserError(f"checkpoint {name or path}: refused: {err} (reading it could run code)") from None
     dcp.load(state, storage_reader=SafeReader(str(path)))
     # separate calls: the combined set_state_dict hung with FSDP2 on CPU (torch 2.13)
     set_model_state_dict(model, state["model"])

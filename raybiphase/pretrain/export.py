@@ -86,7 +86,7 @@ def _rebuild(checkpoint: str, meta, dest: Path) -> None:
     model = initial_model(run, manifest)  # the run's architecture; the checkpoint's weights replace its values
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        ckpt.load(storage.local_copy(checkpoint, cache_dir()), model)
+        ckpt.load(storage.local_copy(checkpoint, cache_dir()), model, name=str(checkpoint))
     hf_logging.disable_progress_bar()
     ckpt.export_hf(dest, model, manifest.local_tokenizer(), seq_len=meta.config.data.seq_len)
 

@@ -75,12 +75,12 @@ def restore(run: RunConfig, model, optimizer, resume_from: str | None, run_dir: 
     resume = checkpoint.latest_committed(run_dir) or resume_from
     if resume:
         with ray.train.Checkpoint(resume).as_directory() as local:
-            meta = checkpoint.load(local, model, optimizer)
+            meta = checkpoint.load(local, model, optimizer, name=resume)
         return meta.step, meta.data_start
     source = run.model.init_from
     if source and storage.is_checkpoint(source):
         with ray.train.Checkpoint(source).as_directory() as local:
-            return 0, checkpoint.load(local, model).data_end
+            return 0, checkpoint.load(local, model, name=source).data_end
     return 0, 0
 
 
