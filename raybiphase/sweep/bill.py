@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from raybiphase.config import SweepSpec
+from raybiphase.config import SweepConfig, SweepSpec
 from raybiphase.config.estimates import best_interval_hours, checkpoint_hours, mtbf_hours, segment_gpus, segment_nodes
 from raybiphase.config.sizes import SIZES
 from raybiphase.sweep.cost import gpu_hours_text
@@ -99,14 +99,18 @@ def bill_lines(plan: Plan, spec: SweepSpec) -> list[str]:
 
 
 def checkpoint_lines(plan: Plan, spec: SweepSpec) -> list[str]:
-    """Per model size, smallest first, its longest segment's checkpoint interval: the stall, the expected overhead
-    on spot, and the interval (in steps) that minimises it."""
+    """Per model size, smallest first, its longest segment's checkpoint interval: the stall, at the upload rate
+    the spec gives (called assumed while it is the default, which no one measured for this cluster), the expected
+    overhead on spot, and the interval (in steps) that minimises it."""
     hours, mtbf, restart = wall_hours(plan, spec), mtbf_hours(spec.run, spec.sweep), spec.sweep.restart_minutes / 60
     longest: dict[str, Segment] = {}
     for segment in plan.segments.values():
         size = segment.config.model.size
         if size not in longest or segment.steps > longest[size].steps:
             longest[size] = segment
+    gb_per_s = spec.sweep.checkpoint_gb_per_s
+    assumed = gb_per_s == SweepConfig.checkpoint_gb_per_s  # the default: nobody measured it for this cluster
+    rate = f"{'an assumed ' if assumed else ''}{gb_per_s:g} GB/s (sweep.checkpoint_gb_per_s)"
     lines = []
     for size, segment in sorted(longest.items(), key=lambda item: list(SIZES).index(item[0])):  # smallest first
         step_h = hours[segment.id] / segment.steps
@@ -122,8 +126,8 @@ def checkpoint_lines(plan: Plan, spec: SweepSpec) -> list[str]:
                        f"{_pct(best.overhead)}")
         auto = " (auto)" if spec.run.train.checkpoint_every == "auto" else ""
         lines.append(f"checkpoints ({size}): every {every:,} steps{auto} ({_time(every * step_h)}), each stalling "
-                     f"{_time(stall)}; expected overhead on spot {_pct(now.overhead)} (stalls {_pct(now.stall)}, "
-                     f"rework {_pct(now.rework)}); {advice}")
+                     f"{_time(stall)} at {rate}; expected overhead on spot {_pct(now.overhead)} (stalls "
+                     f"{_pct(now.stall)}, rework {_pct(now.rework)}); {advice}")
     return lines
 
 

@@ -106,3 +106,18 @@ def test_checkpoint_every_auto_without_preemptions_saves_only_the_milestones():
 def test_checkpoint_every_auto_on_cpus_or_misspelt_is_one_line(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         make_plan(load(SweepSpec, "sweeps/quickstart.yaml", overrides))
+
+
+def test_the_checkpoint_stall_says_whether_its_upload_rate_was_measured_or_assumed():
+    """The default rate is nobody's measurement (the committed benchmark saw 0.14 GB/s to a local disk): the lines
+    call it assumed until the spec sets one, and a tenth of the rate makes each stall ten times as long."""
+    from raybiphase.sweep.bill import checkpoint_lines
+
+    spec = load(SweepSpec, "sweeps/paper.yaml")
+    assumed = checkpoint_lines(make_plan(spec), spec)
+    assert all(" at an assumed 2 GB/s (sweep.checkpoint_gb_per_s); " in line for line in assumed)
+    slow = load(SweepSpec, "sweeps/paper.yaml", ["sweep.checkpoint_gb_per_s=0.2"])
+    measured = checkpoint_lines(make_plan(slow), slow)
+    assert all(" at 0.2 GB/s (sweep.checkpoint_gb_per_s); " in line for line in measured)
+    stall = [float(re.search(r"each stalling ([\d.]+) s", line)[1]) for line in (assumed[0], measured[0])]
+    assert stall[1] == pytest.approx(10 * stall[0], rel=0.03)  # printed to a tenth of a second
