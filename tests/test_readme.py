@@ -121,3 +121,25 @@ def test_the_retrieval_figures_are_the_recorded_benchmarks():
         " ".join(text.split())
     assert f"{ratio['memory']}x less memory and {ratio['time']}x less time" in " ".join(text.split())
     assert record["same_shape"]["same_top10"] is True
+
+
+def test_the_status_line_quotes_the_papers_dry_run():
+    """What the README's status says the paper's grid would cost is what its dry run prints today."""
+    from raybiphase.config import SweepSpec, load
+    from raybiphase.sweep.bill import bill_lines
+    from raybiphase.sweep.plan import make_plan
+    from raybiphase.sweep.timeline import timeline_lines
+
+    status = (REPO / "README.md").read_text().split("**Status**", 1)[1].split("\n\n", 1)[0].replace("\n", " ")
+    spec = load(SweepSpec, "sweeps/paper.yaml")
+    plan = make_plan(spec)
+    printed = " ".join([*bill_lines(plan, spec), *timeline_lines(plan, spec)])
+    pretraining, on_demand, rate = re.search(
+        r"bill: pretraining ([\d,]+) GPU-hours: (\$[\d,]+) on demand \((\$[\d.]+)/GPU-hour\)", printed).groups()
+    finetuning, finetuning_usd = re.search(r"bill: fine-tuning at most ([\d,]+) GPU-hours: (\$[\d,]+)",
+                                           printed).groups()
+    days, total_days, gpus = re.search(r"wall-clock: ([\d.]+) days of pretraining with \d+ segment\(s\) at once "
+                                       r"\((\d+) GPUs.*at most ([\d.]+) days", printed).group(1, 3, 2)
+    assert (f"plans {pretraining} GPU-hours of pretraining and at most {finetuning} of fine-tuning, {days} days of "
+            f"pretraining and at most {total_days} days in all on {gpus} GPUs, {on_demand} + {finetuning_usd} on "
+            f"demand at the spec's example price of {rate} a GPU-hour") in status
