@@ -5,6 +5,7 @@ Each command is a module of raybiphase.commands (argparse, then one library call
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 
@@ -38,7 +39,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(0 if argv else 2)
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        print(f"error: {command}: unknown command; allowed: {', '.join(COMMANDS)}", file=sys.stderr)
+        close = difflib.get_close_matches(command, list(COMMANDS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        print(f"error: {command}: unknown command{hint}; allowed: {', '.join(COMMANDS)}", file=sys.stderr)
         sys.exit(2)
     module = importlib.import_module(COMMANDS[command][0])
     sys.argv = [f"raybiphase {command}", *rest]

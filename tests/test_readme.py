@@ -143,3 +143,14 @@ def test_the_status_line_quotes_the_papers_dry_run():
     assert (f"plans {pretraining} GPU-hours of pretraining and at most {finetuning} of fine-tuning, {days} days of "
             f"pretraining and at most {total_days} days in all on {gpus} GPUs, {on_demand} + {finetuning_usd} on "
             f"demand at the spec's example price of {rate} a GPU-hour") in status
+
+
+@pytest.mark.parametrize("typed, hint", [("sweeep", " (did you mean 'sweep'?)"), ("reprot", " (did you mean 'report'?)"),
+                                         ("xyz", "")])
+def test_a_misspelt_command_is_one_line_that_names_the_closest(typed, hint, capsys):
+    from raybiphase.__main__ import COMMANDS, main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([typed])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == f"error: {typed}: unknown command{hint}; allowed: {', '.join(COMMANDS)}\n"
