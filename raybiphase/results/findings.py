@@ -19,9 +19,8 @@ import pandas as pd
 from raybiphase.config.sizes import SIZES
 from raybiphase.naming import steps_label
 from raybiphase.results.inference import (UNRESOLVED, Effect, Noise, combine, decide, difference, estimate,
-                                          pair_contrast, replicate_noise, slope_contrast)
-from raybiphase.results.verdicts import (UNTRAINED, _key_text, arm_ids, matched_pairs, pool_replicates,
-                                         with_noise_columns)
+                                          pair_contrast, plural, replicate_noise, shared_trials, slope_contrast)
+from raybiphase.results.verdicts import UNTRAINED, _key_text, arm_ids, matched_pairs, pool, with_noise_columns
 
 RATIO_STEP = 0.1
 """Masking-ratio slopes are stated per 10 points of masking (20% -> 30%)."""
@@ -31,12 +30,6 @@ def _of(frame: pd.DataFrame, *objectives: str) -> pd.DataFrame:
     return frame[frame["objective"].isin(objectives)]
 
 
-def _trial_of(family: str, task: str) -> str:
-    """The trial a task is scored from, for the fine-tuning bound: retrieval tasks may ride on one model (nq and
-    mldr on MS MARCO's), so an arm's IR tasks are bounded as one trial; every other task has its own."""
-    return "IR" if family == "IR" else task
-
-
 class Study:
     """Our rows of one sweep, pooled over pretraining replicates (`cells`, indexed by arm and task), with the noise
     the replicates measure for each measure (None without replicates: fine-tuning seeds only)."""
@@ -44,14 +37,16 @@ class Study:
     def __init__(self, s: pd.DataFrame):
         ours = s[s["source"] == "raybiphase"]
         ours = ours.assign(size=ours["size"] if "size" in ours else "")
-        runs = with_noise_columns(ours[ours["objective"] != UNTRAINED])  # a control's seeds are not pretraining
-        self.noise: dict[str, Noise | None] = {m: replicate_noise(runs, m) for m in ("score", "spread")}
-        self.cells = pool_replicates(ours)
-        self.index = self.cells.set_index(["arm", "task"])
-        self.groups = {task: _trial_of(family, task) for task, family in zip(self.cells["task"], self.cells["family"])}
+        runs = with_noise_columns(ours)
+        pretrained = runs[runs["objective"] != UNTRAINED]  # a control's seeds are not pretraining runs
+        self.noise: dict[str, Noise | None] = {m: replicate_noise(pretrained, m) for m in ("score", "spread")}
+        self.cells = pool(runs)
+        self.lookup = self.cells.set_index(["arm", "task"]).to_dict("index")
+        self.final = self.cells[self.cells["final"] & self.cells["init_from"].isna()]  # from scratch, final steps
+        self.groups = shared_trials(self.cells["task"], self.cells["family"])
 
     def effect(self, contrast: dict, measure: str = "score") -> Effect | None:
-        return estimate(contrast, self.index, self.noise[measure], measure=measure, groups=self.groups)
+        return estimate(contrast, self.lookup, self.noise[measure], measure=measure, groups=self.groups)
 
     def regime(self) -> str:
         """One sentence on the noise the intervals count."""
@@ -76,16 +71,12 @@ def _size_text(who: str, effect: Effect | None, decision: str, rests_on: str, un
     return f"{head}{effect.text(unit)} over {effect.tasks} task(s), {rests_on} ({effect.source}): {decision}"
 
 
-def _plural(n: int, what: str) -> str:
-    return f"{n} {what}{'' if n == 1 else 's'}"
-
-
 def _paired(study: Study, pairs: pd.DataFrame, measure: str = "score", at_step: bool = False) -> list[Part]:
     """Per model size: the mean over tasks of the mean matched difference a - b (`inference.pair_contrast`)."""
     out = []
     for size, group in sorted(pairs.groupby("size", sort=True), key=lambda item: _parameters(item[1])):
         who = f"{size} at {steps_label(int(group['pretrain_step'].iloc[0]))}".strip() if at_step else size
-        out.append((who, study.effect(pair_contrast(group), measure), _plural(len(group), "pair")))
+        out.append((who, study.effect(pair_contrast(group), measure), plural(len(group), "pair")))
     return out
 
 
@@ -155,7 +146,7 @@ def _clm_early_and_lr(study: Study, cells: pd.DataFrame, final: pd.DataFrame) ->
     pairs = matched_pairs(_of(early, "CLM"), _of(early, "MLM"), vary=("objective", "budget", "mask_ratio"))
     first = pairs[pairs["pretrain_step"] == pairs.groupby("size")["pretrain_step"].transform("min")]
     lr = matched_pairs(_of(final, "MLM"), _of(final, "CLM"), vary=("objective", "mask_ratio"))
-    spread = study.index["spread"]
+    spread = {cell: values["spread"] for cell, values in study.lookup.items()}
     lr = lr[[pd.notna(spread.get((a, t))) and pd.notna(spread.get((b, t)))
              for a, b, t in zip(lr["arm_a"], lr["arm_b"], lr["task"])]] if len(lr) else lr
     parts = []
@@ -193,7 +184,7 @@ def _masking(study: Study, mlm: pd.DataFrame) -> tuple[str, str, str]:
         trend = difference(slope_contrast(large[large["task"].isin(common)], "mask_ratio", RATIO_STEP),
                            slope_contrast(small[small["task"].isin(common)], "mask_ratio", RATIO_STEP))
         parts.append((f"slope {sizes[-1]} - slope {sizes[0]}: ",
-                      [("", study.effect(trend), _plural(len(common), "common task"))]))
+                      [("", study.effect(trend), plural(len(common), "common task"))]))
     retrieval = []
     for size in sizes:
         group = slopes[size]
@@ -202,7 +193,7 @@ def _masking(study: Study, mlm: pd.DataFrame) -> tuple[str, str, str]:
             contrast = difference(slope_contrast(ir, "mask_ratio", RATIO_STEP),
                                   slope_contrast(other, "mask_ratio", RATIO_STEP))
             retrieval.append((size, study.effect(contrast), f"{ir['task'].nunique()} IR and "
-                                                            f"{_plural(other['task'].nunique(), 'other task')}"))
+                                                            f"{plural(other['task'].nunique(), 'other task')}"))
     if retrieval:
         parts.append(("retrieval's slope - the other families': ", retrieval))
     claim, verdict, evidence = _verdict(claim, parts, "one size and no retrieval task beside another family: "
@@ -216,24 +207,34 @@ def _parameters(group: pd.DataFrame) -> float:
     return float(size.non_embedding_params()) if size else float("inf")
 
 
+def fixed_budget(study: Study) -> tuple[str, str, str]:
+    """Finding 4 alone: CLM then MLM against MLM only, matched arms of one budget (the one the calibration
+    simulation, tests/results/test_calibration.py, judges many times)."""
+    final = study.final
+    pairs = matched_pairs(_of(final, "CLM→MLM"), _of(final, "MLM"), vary=("objective",))
+    return _verdict("4. Under a fixed budget, CLM then MLM beats MLM only (effect: CLM→MLM - MLM)",
+                    [("", _paired(study, pairs))], "nothing to compare in this sweep (no matched two-phase and MLM "
+                                                   "runs)")
+
+
+def _continued(study: Study) -> tuple[str, str, str]:
+    cells = study.cells
+    continued = cells[cells["final"] & cells["init_from"].notna()]
+    from_clm = continued["run"].astype(str).str.contains("-clm-dec")  # the name says the start: 610m-clm-dec42k-...
+    pairs = matched_pairs(continued[from_clm], continued[~from_clm], vary=("init_from",))
+    return _verdict("5. Continued MLM from a CLM checkpoint beats continued MLM from an MLM checkpoint",
+                    [("", _paired(study, pairs))], "nothing to compare in this sweep (no continued runs from both)")
+
+
 def findings(s: pd.DataFrame) -> list[tuple[str, str, str]]:
     """The paper's five findings, each (claim, verdict, evidence), from our checkpoints' cells (the enriched
     summary: objective, size, budget, mask_ratio, init_from, pretrain_step, final, score, ci, n_seeds, family,
     lr_spread, lr_spread_se and the dotted settings), each effect per size with its 95% interval and the decision
     of `raybiphase.results.inference`."""
-    study = Study(s)
-    cells = study.cells
-    final = cells[cells["final"] & cells["init_from"].isna()]
-    continued = cells[cells["final"] & cells["init_from"].notna()]
-    from_clm = continued["run"].astype(str).str.contains("-clm-dec")  # the name says the start: 610m-clm-dec42k-...
-    two = matched_pairs(_of(final, "CLM→MLM"), _of(final, "MLM"), vary=("objective",))
-    more = matched_pairs(continued[from_clm], continued[~from_clm], vary=("init_from",))
-    return [
-        _mlm_beats_clm(study, final),
-        _clm_early_and_lr(study, cells, final),
-        _masking(study, _of(final, "MLM")),
-        _verdict("4. Under a fixed budget, CLM then MLM beats MLM only (effect: CLM→MLM - MLM)",
-                 [("", _paired(study, two))], "nothing to compare in this sweep (no matched two-phase and MLM runs)"),
-        _verdict("5. Continued MLM from a CLM checkpoint beats continued MLM from an MLM checkpoint",
-                 [("", _paired(study, more))], "nothing to compare in this sweep (no continued runs from both)"),
-    ]
+    return judge(Study(s))
+
+
+def judge(study: Study) -> list[tuple[str, str, str]]:
+    """`findings` of a study already pooled."""
+    return [_mlm_beats_clm(study, study.final), _clm_early_and_lr(study, study.cells, study.final),
+            _masking(study, _of(study.final, "MLM")), fixed_budget(study), _continued(study)]

@@ -26,7 +26,7 @@ simulation: many studies with a known truth.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,6 +71,8 @@ def replicate_noise(runs: pd.DataFrame, measure: str = "score") -> Noise | None:
     """The pooled replicate covariance of `measure` from one row per (arm, run, task) (columns arm, replicate,
     task and the measure); None when no arm has two runs of a task."""
     runs = runs[runs[measure].notna()]
+    if runs.empty:
+        return None
     table = runs.pivot_table(index=["arm", "replicate"], columns="task", values=measure, aggfunc="mean")
     counts = table.groupby(level="arm").count()
     replicated = counts.index[(counts >= 2).any(axis=1)]
@@ -116,18 +118,19 @@ class Effect:
                 f"{self.estimate + self.half_width:+.2f}]")
 
 
-def estimate(contrast: Contrast, cells: pd.DataFrame, noise: Noise | None, *, measure: str = "score",
+def estimate(contrast: Contrast, cells: Mapping[Cell, Mapping[str, float]], noise: Noise | None, *,
+             measure: str = "score",
              groups: Mapping[str, str] | None = None) -> Effect | None:
-    """The contrast's estimate and standard error over `cells` (indexed by (arm, task); columns the measure,
+    """The contrast's estimate and standard error over `cells` ((arm, task) -> its values: the measure,
     `n_runs` and `<measure>_se`, `<measure>_df` for the fine-tuning seeds). With replicate noise covering its tasks:
     the larger of the replicates' variance and the fine-tuning seeds' (a few replicates can come out tighter than
     the seeds alone, never truly so) at the replicates' degrees of freedom; else the seeds'. None when a cell is
     missing or neither is available. `groups` maps a task to the trial it is scored from, for the
     fine-tuning bound."""
     contrast = {cell: c for cell, c in contrast.items() if c}
-    if not contrast or any(cell not in cells.index for cell in contrast):
+    if not contrast or any(cell not in cells for cell in contrast):
         return None
-    value = sum(c * float(cells.at[cell, measure]) for cell, c in contrast.items())
+    value = sum(c * float(cells[cell][measure]) for cell, c in contrast.items())
     if not math.isfinite(value):
         return None
     tasks = len({task for _, task in contrast})
@@ -144,7 +147,7 @@ def estimate(contrast: Contrast, cells: pd.DataFrame, noise: Noise | None, *, me
     return Effect(value, math.sqrt(seeds[0]), seeds[1], "fine-tuning seeds", tasks, len(contrast))
 
 
-def _replicate_variance(by_arm: dict[str, dict[str, float]], cells: pd.DataFrame,
+def _replicate_variance(by_arm: dict[str, dict[str, float]], cells: Mapping[Cell, Mapping[str, float]],
                         noise: Noise | None) -> tuple[float, float] | None:
     """(variance, df) from the replicates' covariance: each arm's c' S c over its number of runs."""
     if noise is None:
@@ -152,11 +155,12 @@ def _replicate_variance(by_arm: dict[str, dict[str, float]], cells: pd.DataFrame
     parts = [noise.variance(coefficients) for coefficients in by_arm.values()]
     if any(p is None for p in parts):
         return None
-    runs = {arm: min(float(cells.at[(arm, t), "n_runs"]) for t in by_arm[arm]) for arm in by_arm}
+    runs = {arm: min(float(cells[arm, t]["n_runs"]) for t in by_arm[arm]) for arm in by_arm}
     return sum(v / runs[arm] for arm, (v, _) in zip(by_arm, parts)), min(d for _, d in parts)
 
 
-def _seed_variance(contrast: Contrast, by_arm: dict[str, dict[str, float]], cells: pd.DataFrame, measure: str,
+def _seed_variance(contrast: Contrast, by_arm: dict[str, dict[str, float]],
+                   cells: Mapping[Cell, Mapping[str, float]], measure: str,
                    groups: Mapping[str, str]) -> tuple[float, float] | None:
     """(variance, Welch-Satterthwaite df) from the cells' fine-tuning standard errors, the tasks an arm scores
     from one trial added as fully correlated; None when a cell has none."""
@@ -166,14 +170,24 @@ def _seed_variance(contrast: Contrast, by_arm: dict[str, dict[str, float]], cell
         for task in coefficients:
             shared.setdefault(groups.get(task, task), []).append((arm, task))
         for members in shared.values():
-            se = [abs(contrast[m]) * float(cells.at[m, f"{measure}_se"]) for m in members]
-            df = [float(cells.at[m, f"{measure}_df"]) for m in members]
+            se = [abs(contrast[m]) * float(cells[m][f"{measure}_se"]) for m in members]
+            df = [float(cells[m][f"{measure}_df"]) for m in members]
             if not all(math.isfinite(x) for x in se) or not all(d >= 1 for d in df):
                 return None
             terms.append(sum(se) ** 2)  # tasks scored from one trial: fully correlated, the bound
             dfs.append(min(df))
     variance = sum(terms)
     return variance, (variance**2 / sum(v**2 / d for v, d in zip(terms, dfs)) if variance > 0 else min(dfs))
+
+
+def shared_trials(tasks: Iterable[str], families: Iterable[str]) -> dict[str, str]:
+    """Task -> the trial it is scored from, for the fine-tuning bound: retrieval tasks may ride on one model (nq
+    and mldr on MS MARCO's), so an arm's IR tasks are bounded as one trial; every other task has its own."""
+    return {task: "IR" if family == "IR" else task for task, family in zip(tasks, families)}
+
+
+def plural(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 def holm(effects: Sequence[Effect | None], alpha: float = ALPHA) -> list[bool]:

@@ -17,7 +17,7 @@ import pandas as pd
 
 from raybiphase.naming import join_label, label_parts, strip_hash
 from raybiphase.results.tables import Section, markdown, mean_ci
-from raybiphase.results.inference import UNRESOLVED, decide, estimate, pair_contrast
+from raybiphase.results.inference import UNRESOLVED, decide, estimate, pair_contrast, plural, shared_trials
 from raybiphase.results.verdicts import UNTRAINED, compare, with_noise_columns
 
 
@@ -119,12 +119,11 @@ def question_verdict(pairs: pd.DataFrame, question: Question) -> tuple[str, str]
         pd.DataFrame({"arm": pairs["counterpart"], "task": pairs["task"], "family": pairs["family"],
                       "score": pairs["counterpart_score"], "ci": pairs["counterpart_ci"],
                       "n_seeds": pairs["counterpart_seeds"]})]).drop_duplicates(["arm", "task"])
-    cells = with_noise_columns(sides).assign(arm=sides["arm"], n_runs=1).set_index(["arm", "task"])
+    cells = with_noise_columns(sides).assign(arm=sides["arm"], n_runs=1).set_index(["arm", "task"]).to_dict("index")
     contrast = pair_contrast(pd.DataFrame({"task": pairs["task"], "arm_a": pairs[with_knob],
                                            "arm_b": pairs[without]}))
-    groups = {t: ("IR" if f == "IR" else t) for t, f in zip(pairs["task"], pairs["family"])}
-    effect = estimate(contrast, cells, None, groups=groups)
-    rests = f"{len(pairs)} pair{'' if len(pairs) == 1 else 's'}"
+    effect = estimate(contrast, cells, None, groups=shared_trials(pairs["task"], pairs["family"]))
+    rests = plural(len(pairs), "pair")
     if effect is None:
         return UNRESOLVED, f"{rests}, no interval (a side with fewer than 3 fine-tuning seeds)"
     (verdict,) = decide([effect])

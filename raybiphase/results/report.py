@@ -29,7 +29,7 @@ from raybiphase.naming import source_objective, steps_label
 from raybiphase.results import html
 from raybiphase.results.aggregate import lr_table, summarize
 from raybiphase.results.compute import compute_section
-from raybiphase.results.findings import Study, findings
+from raybiphase.results.findings import Study, judge
 from raybiphase.results.questions import beyond_sections, knobs
 from raybiphase.results.replicates import replicates_section
 from raybiphase.results.rows import BASELINE, OURS
@@ -378,13 +378,14 @@ def findings_section(s: pd.DataFrame) -> Section:
     """The paper's five findings, each held, not held, mixed or not resolved at this sweep's scale, from effects
     with 95% intervals and a calibrated rule (raybiphase.results.findings; docs/statistics.md)."""
     paper = s[s["knobs"] == ""]  # the paper's settings
-    table = pd.DataFrame(findings(paper), columns=["finding", "verdict", "evidence"])
+    study = Study(paper)
+    table = pd.DataFrame(judge(study), columns=["finding", "verdict", "evidence"])
     return Section("findings", "The paper's findings at this scale", None,
                    "Each finding is an effect per model size (matched arms, the mean over tasks of the mean matched "
                    "difference, in test points) with its 95% interval. Held: the test in the paper's direction "
                    "clears 5%, the finding's tests adjusted together (Holm), so a finding claims an effect that is "
                    "not there in at most 5% of studies; not held: the same the other way; mixed: both; not "
-                   f"resolved: neither. {Study(paper).regime()} The method and its simulation: docs/statistics.md.",
+                   f"resolved: neither. {study.regime()} The method and its simulation: docs/statistics.md.",
                    markdown(table))
 
 

@@ -166,7 +166,11 @@ def pool_replicates(frame: pd.DataFrame) -> pd.DataFrame:
     standard deviation (the spread of this arm alone). `score_se`, `spread` and `spread_se` are pooled as the
     standard errors of means over the replicates (`with_noise_columns`). Arms pretrained once pass through with
     n_runs 1."""
-    keyed = with_noise_columns(frame)
+    return pool(with_noise_columns(frame))
+
+
+def pool(keyed: pd.DataFrame) -> pd.DataFrame:
+    """`pool_replicates` of rows that already have `with_noise_columns`' columns."""
     out = keyed.assign(n_runs=1, seed_ci=keyed["ci"] if "ci" in keyed else math.nan, between_sd=math.nan)
     if not len(out) or out.groupby(["arm", "task"])["replicate"].nunique().max() < 2:
         return out.reset_index(drop=True)
@@ -181,8 +185,15 @@ def pool_replicates(frame: pd.DataFrame) -> pd.DataFrame:
         ci=[t_quantile(0.975, k - 1) * v / math.sqrt(k) if k >= MIN_SEEDS else math.nan for k, v in zip(n, sd)],
         run=[f"{r} (+{k - 1} replicates)" if k > 1 else r for r, k in zip(first["run"], n)],
         spread=groups["spread"].mean(),
-        **{f"{m}_se": np.sqrt(groups[f"{m}_se"].apply(lambda v: float((v**2).sum()))) / n for m in ("score", "spread")},
+        **{f"{m}_se": _pooled_se(ordered, f"{m}_se") / n for m in ("score", "spread")},
         **{f"{m}_df": groups[f"{m}_df"].min() for m in ("score", "spread")})
     single = ~several.reindex(pooled.index).to_numpy()
     pooled.loc[single, "ci"] = first.loc[single, "ci"]  # an arm pretrained once keeps its fine-tuning interval
     return pooled.reset_index(drop=True)
+
+
+def _pooled_se(ordered: pd.DataFrame, column: str) -> pd.Series:
+    """Per (arm, task), the square root of the sum of the replicates' squared standard errors; NaN where one is
+    missing (a replicate with fewer seeds than an interval needs)."""
+    groups = ordered.assign(_squared=ordered[column] ** 2).groupby(["arm", "task"], sort=False)["_squared"]
+    return np.sqrt(groups.sum().where(groups.count() == groups.size()))

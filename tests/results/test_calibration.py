@@ -15,13 +15,14 @@ import pandas as pd
 import pytest
 
 from raybiphase.results.aggregate import mean_ci
-from raybiphase.results.findings import Study, findings
+from raybiphase.results.findings import Study, fixed_budget
 
 TASKS = {"sst2": "SC", "mnli": "SC", "qqp": "SC", "conll2003": "TC", "ontonotes": "TC", "uner": "TC",
          "squad": "QA", "squad_v2": "QA", "record": "QA", "msmarco": "IR", "nq": "IR", "mldr": "IR"}
 SIZES = ("210m", "610m")
 SPLITS = (0, 10000, 21000, 32000)  # CLM steps of 42k: MLM only, then three splits
 STUDIES = 60
+pytestmark = pytest.mark.slow  # 180 simulated studies, about 11 s: outside the unit layer's minute
 
 
 def _study(rng: np.random.Generator, effect: float, pretrain_sd: float = 0.8, seed_sd: float = 1.2,
@@ -49,7 +50,7 @@ def _study(rng: np.random.Generator, effect: float, pretrain_sd: float = 0.8, se
 
 def _verdicts(effect: float, studies: int = STUDIES, **kwargs) -> list[str]:
     rng = np.random.default_rng(20261128)
-    return [findings(_study(rng, effect, **kwargs))[3][1] for _ in range(studies)]
+    return [fixed_budget(Study(_study(rng, effect, **kwargs)))[1] for _ in range(studies)]
 
 
 @pytest.mark.parametrize("shared_sd", [0.0, 0.8])
