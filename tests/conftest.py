@@ -19,10 +19,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:  # a test that needs the shared Ray (directly or through a fixture) is a `ray` test
         if "ray_cluster" in item.fixturenames:
             item.add_marker(pytest.mark.ray)
-        # one pytest-xdist process runs every test that starts Ray or trains, in this order (the cluster tests
-        # last), while the other runs the unit layer: two Rays at once would share 2 cores, a cluster test's
-        # `ray stop` ends both, and slow tests beside the Ray ones cost those more than they save
-        if {"slow", "ray", "cluster"} & set(item.keywords):
+        # one pytest-xdist process runs every test that starts Ray, in this order (the cluster tests last): two
+        # Rays at once would share 2 cores and a cluster test's `ray stop` ends both. The other process runs the
+        # unit layer and then the slow tests without Ray, which would otherwise wait behind every Ray test
+        if {"ray", "cluster"} & set(item.keywords):
             item.add_marker(pytest.mark.xdist_group("ray"))
     if torch.cuda.is_available():
         return

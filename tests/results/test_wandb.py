@@ -79,6 +79,7 @@ def test_online_when_logged_in_or_given_a_key_else_offline(monkeypatch, tmp_path
     assert FAKE_KEY not in str(settings) and wandb_log.driver_settings(None, "sweep", None) is None
 
 
+@pytest.mark.slow  # wandb's service process
 def test_an_offline_run_folder_is_kept_in_the_bucket(offline: Path, s3_bucket) -> None:
     from raybiphase import storage
 
@@ -122,6 +123,7 @@ def test_a_worker_on_another_node_gets_the_key_from_the_driver_in_memory(ray_clu
     assert FAKE_KEY not in repr(ray.get_actor(wandb_log.KEY_ACTOR))
 
 
+@pytest.mark.slow  # wandb's service process
 def test_log_report_uploads_tables_and_figures(offline: Path) -> None:
     results_dir = offline / "results"
     import_tree(PAPER_TREE, results_dir)
