@@ -11,6 +11,7 @@ import json
 import logging
 import os
 
+from raybiphase import ray_internals
 from raybiphase.errors import env_number
 
 FORWARDED_ENV = (
@@ -38,6 +39,7 @@ def ensure_ray(num_cpus: int | None = None) -> None:
 
     if ray.is_initialized():
         return
+    ray_internals.check()  # before Ray starts: a Ray that moved what this code reaches is said in one line
     verbose = os.environ.get("RAYBIPHASE_VERBOSE") == "1"  # show every worker's log lines on the console
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's tables stay off the console (verbose=0)
@@ -98,13 +100,7 @@ def own_machine() -> tuple[dict[str, float], bool] | None:
 def say_other_clusters() -> None:
     """One line when a Ray cluster (`ray start`) already runs on this machine: this process starts its own beside
     it, which a user on a cluster's head node would not expect."""
-    try:  # Ray's own lookups: live GCS processes, and the cluster `ray start` last recorded as this machine's
-        from ray._private.services import find_gcs_addresses
-        from ray._private.utils import read_ray_address
-
-        running, recorded = sorted(find_gcs_addresses()), read_ray_address()
-    except Exception:  # private helpers: when Ray moves them, say nothing rather than fail
-        return
+    running, recorded = ray_internals.local_clusters()  # Ray's own lookups (checked at start: ensure_ray)
     if running:
         print(f"Ray: a cluster already runs on this machine ({', '.join(running)}); starting a local one of its own "
               "(RAY_ADDRESS=auto uses that one)", flush=True)

@@ -18,6 +18,7 @@ LAYERS = (
     ("naming",),  # run names and the phase tag rule, from a RunConfig
     ("schedule",),  # phases and the WSD learning rate, step by step and piece by piece (pure: planning needs no torch)
     ("checkpoint_meta",),  # a checkpoint's typed meta, read and checked without torch (the tensors: pretrain)
+    ("ray_internals",),  # the only reach past Ray's public API, checked when the driver starts Ray
     ("raycluster",),  # starting or joining Ray, counting its CPUs
     ("data",),  # corpora, tokenizer, shards, the stream and its masking
     ("telemetry",),  # progress, clock, history, W&B, provenance: what workers and drivers both report with

@@ -1,12 +1,19 @@
 """A preemption notice: spot and preemptible VMs get SIGTERM and a grace period (30 s to 2 min) before they go.
 
-On the first SIGTERM a training worker finishes the step under way, every worker agrees (one all-reduce of a flag
-per step), the segment writes a checkpoint at once and the workers raise `Preempted`; Ray Train then restarts the
-group from that checkpoint (on the nodes that are left, or new ones), so a resume loses at most the step that was
-under way. A second SIGTERM takes Ray's own way out (the process exits).
+Two ways a notice reaches the loop: SIGTERM to a worker's process, and a drain of its node that Ray announces
+(an autoscaler reclaiming a spot node; read through Ray Train's public `ray.train.get_preemption_info`). On either,
+the workers finish the step under way, every worker agrees (one all-reduce of a flag per step), the segment writes a
+checkpoint at once and the workers raise `Preempted`; Ray Train then restarts the group from that checkpoint (on the
+nodes that are left, or new ones), so a resume loses at most the step that was under way. A second SIGTERM takes
+Ray's own way out (the process exits).
+
+Ray's drain notice is read every `DRAIN_POLL_S` seconds, not every step: `get_preemption_info` is a barrier across
+the workers through Ray's actors, which a step of a fraction of a second should not wait on; the workers agree when
+to read it through the same all-reduce, so each calls it equally often, as Ray requires.
 
 The loop runs in a thread of Ray Train's worker actor, and Python lets only the main thread set signal handlers:
-`install` asks the worker's own actor to run the setup in its main thread (a sync actor's methods run there).
+`install` has the worker's own actor run the setup in its main thread (`raybiphase.ray_internals`, checked when the
+driver starts).
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import time
 
 import torch
 import torch.distributed as dist
+
+from raybiphase import ray_internals
 
 _NOTICE = threading.Event()
 _GROUP: list = [None]
@@ -42,59 +51,67 @@ def _handle_in_main_thread() -> bool:
     return True
 
 
+DRAIN_POLL_S = 5.0
+"""How often the workers read Ray's drain notice: a few seconds of a grace period of 30 s or more."""
+_POLLED = [0.0]  # when the drain notice was last read (time.monotonic)
+_IN_TRAIN = [False]  # whether this process is a Ray Train worker (set by install)
+
+
 def install(world: int = 1, *, keep_notice: bool = False) -> bool:
     """Route SIGTERM of this Ray Train worker to the preemption notice (every worker calls it once, before the
-    first step); False outside an actor (a plain process: the handler is set directly when this is the main
+    first step); False outside Ray Train (a plain process: the handler is set directly when this is the main
     thread). A new worker starts without a notice; `keep_notice`: a kept group's next segment keeps one that came
     before it (its node is still going: its first step checkpoints and the group restarts elsewhere)."""
     if not keep_notice:
         _NOTICE.clear()
+    _POLLED[0] = time.monotonic()
     if world > 1 and _GROUP[0] is None and dist.get_backend() != "gloo":
         _GROUP[0] = dist.new_group(backend="gloo")
+    _IN_TRAIN[0] = _in_train_worker()
     if threading.current_thread() is threading.main_thread():
         return _handle_in_main_thread()
+    if not _IN_TRAIN[0]:
+        return False
+    return ray_internals.run_in_worker_main_thread(_handle_in_main_thread)
+
+
+def _in_train_worker() -> bool:
     import ray
 
-    try:
-        actor = ray.get_runtime_context().current_actor if ray.is_initialized() else None
-    except RuntimeError:  # a task, not an actor
-        actor = None
-    if actor is None or not hasattr(actor, "execute"):  # not a Ray Train worker
+    if not ray.is_initialized():
         return False
-    return ray.get(actor.execute.remote(_handle_in_main_thread))
+    import ray.train
 
-
-def _drain_notice() -> bool:
-    """Ray's own notice: the node is draining for preemption (what Ray Train's `get_preemption_info` reads; read
-    here without its per-call barrier, since `requested` agrees across workers anyway)."""
     try:
-        from ray.train.v2._internal.execution.context import get_train_context
-
-        return get_train_context().preemption_context.preemption_info is not None
-    except Exception:  # outside Ray Train, or another Ray: SIGTERM alone
+        ray.train.get_context()
+    except RuntimeError:  # the driver, a Tune trial or a plain Ray task: Ray Train's calls do not apply
         return False
+    return True
 
 
 def requested(world: int) -> bool:
     """Whether any worker got a notice (every worker calls this after each step: they stop together; a CPU
     all-reduce, no GPU sync)."""
-    flag = _NOTICE.is_set() or _drain_notice()
+    flag = _NOTICE.is_set()
+    due = _IN_TRAIN[0] and time.monotonic() - _POLLED[0] >= DRAIN_POLL_S
     if world > 1:
-        tensor = torch.tensor([int(flag)], dtype=torch.int32)
+        tensor = torch.tensor([int(flag), int(due)], dtype=torch.int32)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_GROUP[0])
-        flag = bool(tensor.item())
+        flag, due = bool(tensor[0].item()), bool(tensor[1].item())
+    if due:  # every worker at once (the all-reduce agreed): Ray's call is a barrier over them
+        import ray.train
+
+        _POLLED[0] = time.monotonic()
+        flag = ray.train.get_preemption_info() is not None or flag
     return flag
 
 
 def wait_for_controller(timeout_s: float = 60.0) -> None:
-    """Until Ray Train's controller has collected this worker's reports (the preemption checkpoint among them), so
-    the restart starts from it; at most `timeout_s`."""
-    try:
-        from ray.train.v2._internal.execution.context import get_train_context
-
-        queue = get_train_context().execution_context.result_queue
-    except Exception:
+    """Until Ray Train's controller has processed every report of this worker (the preemption checkpoint among
+    them), so the restart starts from it; at most `timeout_s`. Nothing to wait for outside Ray Train."""
+    if not _IN_TRAIN[0]:
         return
-    deadline = time.monotonic() + timeout_s
-    while queue.unfinished_tasks and time.monotonic() < deadline:
-        time.sleep(0.2)
+    import ray.train
+
+    ray.train.get_all_reported_checkpoints(consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED,
+                                           timeout_s=timeout_s)
