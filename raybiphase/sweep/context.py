@@ -10,6 +10,7 @@ from raybiphase.data.fingerprint import fingerprint
 from raybiphase.storage import SweepPaths
 from raybiphase.sweep.plan import Plan, Segment
 from raybiphase.telemetry.console import STDOUT, Console
+from raybiphase.telemetry.history import read_history
 
 
 @dataclasses.dataclass
@@ -22,12 +23,20 @@ class SweepContext:
     data_dirs: dict[str, str] = dataclasses.field(default_factory=dict)
     """fingerprint(data config) -> prepared shards."""
     console: Console = STDOUT
+    histories: dict[str, list[dict]] = dataclasses.field(default_factory=dict)
+    """segment id -> its history.json, read once when the segment is done (a done segment's history is final)."""
 
     def data_dir(self, config: RunConfig) -> str:
         return self.data_dirs[fingerprint(config.data)]
 
     def segment_done(self, segment: Segment) -> bool:
         return storage.is_checkpoint(self.paths.checkpoint(segment.id, segment.end))
+
+    def history(self, segment: Segment) -> list[dict]:
+        """Every report a done segment's workers made (raybiphase.telemetry.history), read from storage once."""
+        if segment.id not in self.histories:
+            self.histories[segment.id] = read_history(self.paths.run_dir(segment.id))
+        return self.histories[segment.id]
 
     def final_checkpoint(self, run: str) -> str:
         last = self.plan.segments[self.plan.runs[run].segments[-1]]

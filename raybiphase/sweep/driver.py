@@ -49,7 +49,7 @@ from raybiphase.sweep.scheduler import Scheduler
 from raybiphase.sweep.timeline import remaining_chain, simulate, wall_hours
 from raybiphase.telemetry.clock import Clock, step_seconds
 from raybiphase.telemetry.console import STDOUT, Console
-from raybiphase.telemetry.history import read_history, results
+from raybiphase.telemetry.history import results
 from raybiphase.telemetry.progress import Watch, interval
 from raybiphase.telemetry.wandb import log_pretraining_run, sweep_settings
 
@@ -154,9 +154,9 @@ def run_jobs(ctx: SweepContext, clock: Clock) -> list[dict]:
             if fanout:
                 clock.spans["fine-tuning"] = scheduler.finetuning_ended - scheduler.began
         segments.close()  # every kept group was let go as the last segment ended: wait until their fits return
-    for s in plan.segments.values():  # rows of segments finished by an earlier, interrupted invocation
-        record_pretraining(ctx, s)
-        prune_checkpoints(ctx, s)
+    for sid in done:  # rows of segments an earlier invocation finished but was interrupted before recording
+        record_pretraining(ctx, plan.segments[sid])
+        prune_checkpoints(ctx, plan.segments[sid])
     return rows
 
 
@@ -226,7 +226,7 @@ def segment_ended(ctx: SweepContext, clock: Clock, segment: Segment, done: set[s
     record_pretraining(ctx, segment)
     prune_checkpoints(ctx, segment)
     clock.segments += 1
-    clock.in_steps += step_seconds(read_history(ctx.paths.run_dir(segment.id)), segment.start,
+    clock.in_steps += step_seconds(ctx.history(segment), segment.start,
                                    segment.config.train.global_batch_tokens)
     log_runs(ctx, finished={segment.id}, done=done)
     plan = ctx.plan
@@ -294,7 +294,7 @@ def record_pretraining(ctx: SweepContext, segment: Segment) -> int:
     """Rows for every run through the segment, one per report an uninterrupted run makes (a preemption notice's
     resume point is not one): (run, step) keyed, appended once."""
     paths, plan = ctx.paths, ctx.plan
-    reports = {r["step"]: r for r in results(read_history(paths.run_dir(segment.id)))}
+    reports = {r["step"]: r for r in results(ctx.history(segment))}
     for step in paths.checkpoint_steps(segment.id):  # a worker died between a checkpoint's commit and its history
         saved = paths.checkpoint(segment.id, step)
         if step not in reports and storage.is_checkpoint(saved):
@@ -313,7 +313,7 @@ def log_runs(ctx: SweepContext, *, finished: set[str], done: set[str]) -> None:
     for run in ctx.plan.runs.values() if settings else ():
         if set(run.segments) <= done and finished & set(run.segments):
             segments = [ctx.plan.segments[s] for s in run.segments]
-            history = [r for s in segments for r in results(read_history(ctx.paths.run_dir(s.id)))
+            history = [r for s in segments for r in results(ctx.history(s))
                        if s.start < r["step"] <= s.end]
             log_pretraining_run(settings, run.name, flatten(run.config), history)
 

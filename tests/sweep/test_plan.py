@@ -406,14 +406,15 @@ def test_a_run_s_data_end_is_config_arithmetic_the_checkpoint_meta_agrees_with()
     assert meta.data_end == run.data_end(100, 42_000)
 
 
-def test_a_preemption_notices_resume_point_leaves_no_row(tmp_path):
+def test_a_preemption_notices_resume_point_leaves_no_row(tmp_path, monkeypatch):
     """A notice checkpoints at a step no report was due at; the run restarts from it. pretrain.parquet then holds
     what an uninterrupted run holds: the reports of the due steps, for every run through the segment, once."""
     from raybiphase import storage
     from raybiphase.results.store import read_rows
     from raybiphase.storage import SweepPaths
+    from raybiphase.sweep import context
     from raybiphase.sweep.driver import SweepContext, record_pretraining
-    from raybiphase.telemetry.history import RESUME_POINT, History
+    from raybiphase.telemetry.history import RESUME_POINT, History, read_history
 
     spec = load(SweepSpec, "sweeps/quickstart.yaml", [f"sweep.storage={tmp_path}"])
     plan = make_plan(spec)
@@ -423,7 +424,12 @@ def test_a_preemption_notices_resume_point_leaves_no_row(tmp_path):
     for step in (100, 200, 250, 300, 400):
         history.add({"step": step, "train/clm_loss": 5.0, **({RESUME_POINT: True} if step == 250 else
                                                            {"val/clm_loss": 5.5})})
-    record_pretraining(SweepContext(spec, plan, paths), prefix)
+    ctx = SweepContext(spec, plan, paths)
+    read = []
+    monkeypatch.setattr(context, "read_history", lambda run_dir: read.append(run_dir) or read_history(run_dir))
+    record_pretraining(ctx, prefix)
     rows = read_rows(paths.table(storage.PRETRAIN_FILE))
     assert len(rows) == 2 * 4 and set(rows["run"]) == set(prefix.runs)
     assert sorted(set(rows["step"])) == [100, 200, 300, 400] and rows["val/clm_loss"].notna().all()
+    assert record_pretraining(ctx, prefix) == 2 * 4 and len(ctx.history(prefix)) == 5  # all 8 skipped: once
+    assert read == [paths.run_dir(prefix.id)]  # a done segment's history is read from storage once, whoever asks
