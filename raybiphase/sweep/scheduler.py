@@ -114,19 +114,28 @@ class Scheduler:
         self.count = {"done": 0, "total": 0, "stopped": 0, "printed": 0.0}
         self.ends: collections.deque[float] = collections.deque(maxlen=9)  # when the last trials ended: the pace
         self.began = self.finetuning_ended = time.perf_counter()
+        self._capacity = 0  # trials allowed now: a snapshot only this loop writes (it alone changes its inputs)
 
     @property
     def pretraining(self) -> bool:
         return bool(self.running) or (bool(self.pending) and not self.segment_errors)
 
     def capacity(self) -> int:
-        """Trials that may run now (read by the Tuner's thread before it starts one)."""
-        return trial_capacity(self.fanout.max_concurrent, self.slots, len(self.running), self.pretraining)
+        """Trials that may run now (read by the Tuner's thread before it starts one): the loop's last snapshot,
+        one attribute read, never a half-changed `running` or `pending`."""
+        return self._capacity
+
+    def _snapshot(self) -> None:
+        """The capacity Tune's thread reads, recomputed by the loop after each change to the segments."""
+        if self.fanout:
+            self._capacity = trial_capacity(self.fanout.max_concurrent, self.slots, len(self.running),
+                                            self.pretraining)
 
     # ------------------------------------------------------------------------------------------------ the loop
 
     def run(self, pretraining: Pretraining | None, sources: Callable[[], list[FinetuneSource]]) -> list[dict]:
         self.pending = list(pretraining.todo) if pretraining else []
+        self._snapshot()
         self.settle()
         self.add_jobs(sources)
         while True:
@@ -162,6 +171,7 @@ class Scheduler:
             self.pending.remove(segment)
             self.running[segment.id] = time.time()
             self.most = max(self.most, len(self.running))
+            self._snapshot()
             pretraining.started(segment, len(self.running))
             threading.Thread(target=self._fit, args=(pretraining, segment), daemon=True,
                              name=f"segment {segment.id}").start()
@@ -181,6 +191,8 @@ class Scheduler:
         segment = next(s for s in pretraining.todo if s.id == sid)
         if error is not None:
             self.segment_errors[sid] = error
+        self._snapshot()
+        if error is not None:
             pretraining.ended(segment, None, {})
             return
         pretraining.done.add(sid)
