@@ -163,3 +163,29 @@ def test_a_checkpoint_cut_short_is_never_resumed_and_a_damaged_one_refuses_to_lo
     shard.write_bytes(shard.read_bytes()[:100])  # a truncated shard
     with pytest.raises(UserError, match="is incomplete: __0_0.distcp missing or of another size"):
         checkpoint.load(local, model, optimizer)
+
+
+@pytest.mark.slow  # seconds: a model saved twice
+def test_a_checkpoint_changed_since_its_commit_is_passed_over_for_the_one_before(tmp_path, capsys):
+    """Damage that keeps every file's size (a flipped byte on a disk or in a bucket) is caught by the SHA-256 each
+    rank recorded before its upload: loading it is refused, naming the file, and a restart resumes from the
+    previous committed checkpoint with a line saying so, rather than failing every restart."""
+    from raybiphase.pretrain import checkpoint
+
+    run_dir = tmp_path / "runs" / "tiny-clm-0-8-abcd"
+    for step in (3, 5):
+        model, optimizer, meta = _tiny_checkpoint(run_dir / f"step-{step:08d}", step=step)
+        checkpoint.commit(str(run_dir / f"step-{step:08d}"), meta, ranks=1)
+    five = run_dir / "step-00000005"
+    recorded = checkpoint.read_meta(five).checksums
+    assert set(recorded) == {".metadata", "__0_0.distcp"} and all(len(d) == 64 for d in recorded.values())
+    shard = five / "__0_0.distcp"
+    body = bytearray(shard.read_bytes())
+    body[len(body) // 2] ^= 0xFF  # one bit pattern changed, the size kept
+    shard.write_bytes(bytes(body))
+    with pytest.raises(checkpoint.Damaged, match=r"is damaged: __0_0.distcp changed since it was committed"):
+        checkpoint.load(five, model, optimizer)
+    capsys.readouterr()
+    assert _restored_step(str(run_dir), registered=None, model=model, optimizer=optimizer) == 3
+    said = capsys.readouterr().out
+    assert "step-00000005 is damaged" in said and "resuming from the committed checkpoint before it" in said

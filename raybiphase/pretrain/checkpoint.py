@@ -3,8 +3,10 @@
 One loader serves resume, branching, continued pretraining and fine-tuning (names: raybiphase.storage):
     <ckpt>/meta.json       CheckpointMeta (raybiphase.checkpoint_meta, read without torch): the run config, step,
                            data position, the step's report, code version,
-                           and every other file's size; written last (`commit`), so a checkpoint whose upload
-                           was cut short has none and is never resumed or branched from
+                           every other file's size and the shards' and index's SHA-256; written last
+                           (`commit`), so a checkpoint whose upload was cut short has none and is never resumed
+                           or branched from
+    <ckpt>/__*_0.sha256.json  each rank's digests of the files it wrote, merged into the meta at commit
     <ckpt>/__*_*.distcp    DCP shards of {"model": ..., "optim": ...}; <ckpt>/.metadata their index
     <ckpt>/hf/             save_pretrained export (safetensors + tokenizer), at the end and at requested steps
 DCP stores its index with pickle; `SafeReader` unpickles it against an exact list of (module, name) pairs
@@ -15,11 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import io
 import json
 import pickle
 import time
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -93,11 +97,33 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+class Damaged(UserError):
+    """A committed checkpoint whose files are missing, cut short or changed since its commit: `restore` passes
+    over it to the one before."""
+
+
+def _shard(rank: int) -> str:
+    return f"__{rank}_0.distcp"
+
+
+def _digests_file(rank: int) -> str:
+    return f"__{rank}_0.sha256.json"
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def save_shards(path: Path, model, optimizer) -> None:
-    """Every rank writes its shards to `path` (a local directory); no meta yet (`commit`)."""
+    """Every rank writes its shards to `path` (a local directory) and the SHA-256 of what it wrote beside them
+    (hashed here, before any upload, so a copy damaged on its way is caught at load); no meta yet (`commit`)."""
     path.mkdir(parents=True, exist_ok=True)
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
     dcp.save(state, storage_writer=dcp.FileSystemWriter(str(path), single_file_per_rank=True))
+    rank = _rank()
+    written = [_shard(rank)] + ([".metadata"] if rank == 0 else [])
+    (path / _digests_file(rank)).write_text(json.dumps({name: _sha256(path / name) for name in written}))
 
 
 def save(path: Path, model, optimizer, meta: CheckpointMeta) -> None:
@@ -116,31 +142,45 @@ def commit(location: storage.Location, meta: CheckpointMeta, *, ranks: int, wait
     """Write the meta of the checkpoint at `location` (a folder or a bucket) once every rank's shards and DCP's
     index are there, listing every file's size: the last write of a checkpoint. A RuntimeError when the shards
     do not all arrive within `wait_s` (the checkpoint then stays uncommitted)."""
-    expected = {".metadata", *(f"__{rank}_0.distcp" for rank in range(ranks))}
+    expected = {".metadata", *(name for rank in range(ranks) for name in (_shard(rank), _digests_file(rank)))}
     deadline = time.monotonic() + wait_s
     while not expected <= set(files := _files(location)):
         if time.monotonic() > deadline:
             raise RuntimeError(f"checkpoint {location}: {sorted(expected - set(files))} never arrived; not committed")
         time.sleep(0.5)
-    meta = dataclasses.replace(meta, code_version=code_version(), files=files)
+    checksums = {name: digest for rank in range(ranks)
+                 for name, digest in storage.read_json(storage.join(location, _digests_file(rank))).items()}
+    meta = dataclasses.replace(meta, code_version=code_version(), files=files, checksums=checksums)
     storage.write_json(storage.meta_path(location), dataclasses.asdict(meta))
 
 
-def check_files(location: storage.Location, meta: CheckpointMeta) -> None:
-    """UserError when a file the meta lists is missing or has another size (a copy cut short, a truncated
-    object)."""
+def check_files(location: storage.Location, meta: CheckpointMeta, name: str | None = None) -> None:
+    """`Damaged` when a file the meta lists is missing or has another size (a copy cut short, a truncated
+    object), or, in a local folder, when a shard's or the index's SHA-256 is not the one recorded at commit.
+    `name`: where the checkpoint came from, when `location` is a local copy."""
     found = _files(location)
     bad = sorted(name for name, size in meta.files.items() if found.get(name) != size)
     if bad:
-        raise UserError(f"checkpoint: {location} is incomplete: {', '.join(bad[:3])} missing or of another size")
+        raise Damaged(f"checkpoint: {name or location} is incomplete: {', '.join(bad[:3])} missing or of another size")
+    if storage.is_uri(location):
+        return  # digests are checked where the files are read: the local copy every load works on
+    changed = sorted(name for name, digest in meta.checksums.items() if _sha256(Path(location, name)) != digest)
+    if changed:
+        raise Damaged(f"checkpoint: {name or location} is damaged: {', '.join(changed[:3])} changed since it was committed "
+                      "(SHA-256)")
+
+
+def committed(run_dir: storage.Location) -> Iterator[str]:
+    """The checkpoints under a run's folder that have their meta (committed), newest first, each looked up only
+    when the one before it is passed over."""
+    for step in reversed(storage.checkpoint_steps(run_dir)):
+        if storage.is_checkpoint(location := storage.join(run_dir, storage.checkpoint_name(step))):
+            yield location
 
 
 def latest_committed(run_dir: storage.Location) -> str | None:
     """The newest checkpoint under a run's folder that has its meta (committed), or None."""
-    for step in reversed(storage.checkpoint_steps(run_dir)):
-        if storage.is_checkpoint(location := storage.join(run_dir, storage.checkpoint_name(step))):
-            return location
-    return None
+    return next(committed(run_dir), None)
 
 
 def load(path: str | Path, model, optimizer=None, *, name: str | None = None) -> CheckpointMeta:
@@ -148,7 +188,7 @@ def load(path: str | Path, model, optimizer=None, *, name: str | None = None) ->
     first; returns the meta. An index that names anything but DCP's own classes (INDEX_GLOBALS) is one UserError
     naming the checkpoint (`name`: where it came from, when `path` is a local copy), before anything in it runs."""
     meta = read_meta(path)
-    check_files(path, meta)
+    check_files(path, meta, name)
     state = {"model": get_model_state_dict(model)}
     if optimizer is not None:
         state["optim"] = get_optimizer_state_dict(model, optimizer)

@@ -15,6 +15,7 @@ and on GPU mfu and peak_mem_gb (this worker's peak allocated memory), where
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 import time
 from pathlib import Path
@@ -67,15 +68,21 @@ def restore(run: RunConfig, model, optimizer, resume_from: str | None, run_dir: 
     In order: the newest committed checkpoint in this run's folder (a worker or a whole node died and the group
     restarted, or the run is started again; committed means its meta was written after every shard, so one whose
     upload was cut short is passed over, and one that was committed before Ray Train registered it still counts:
-    a node lost between the two would otherwise restart the segment from its start), else `resume_from` (a sweep
+    a node lost between the two would otherwise restart the segment from its start; one whose files are not those
+    its meta recorded, sizes and SHA-256, is passed over with a line for the one before it), else `resume_from` (a sweep
     segment continuing its parent's checkpoint, same schedule), else a raybiphase checkpoint in model.init_from
     (continued pretraining: its weights, and its data stream carries on after the source's samples), else the
     fresh model at step 0.
     """
-    resume = checkpoint.latest_committed(run_dir) or resume_from
-    if resume:
-        with ray.train.Checkpoint(resume).as_directory() as local:
-            meta = checkpoint.load(local, model, optimizer, name=resume)
+    for resume in itertools.chain(checkpoint.committed(run_dir), [resume_from] if resume_from else []):
+        try:
+            with ray.train.Checkpoint(resume).as_directory() as local:
+                meta = checkpoint.load(local, model, optimizer, name=resume)
+        except checkpoint.Damaged as err:  # checked before any weight is set: the one before it, if any
+            if resume == resume_from:
+                raise
+            print(f"{err}; resuming from the committed checkpoint before it", flush=True)
+            continue
         return meta.step, meta.data_start
     source = run.model.init_from
     if source and storage.is_checkpoint(source):

@@ -1,7 +1,9 @@
 """Checkpoints: a save -> load round trip in process resumes bit for bit; loading never unpickles arbitrary objects."""
 
 import enum
+import hashlib
 import io
+import json
 import os
 import pickle
 
@@ -83,8 +85,9 @@ def test_a_real_index_reads_back_in_every_protocol(tmp_path, protocol):
 
 def test_a_crafted_index_in_a_committed_checkpoint_is_one_line_naming_it(tmp_path):
     """Through `load`, as a resume or a model.init_from start takes it: a UserError naming the checkpoint (not
-    the local copy it was read from), the command never run; the crafted index is padded to the size the meta
-    records, so only its content can give it away."""
+    the local copy it was read from), the command never run. The crafted index is padded to the size the meta
+    records: its SHA-256 gives it away; and with the meta's digest rewritten too (whoever can write a bucket can),
+    the index's allow-list still refuses it."""
     from raybiphase.checkpoint_meta import CheckpointMeta
     from raybiphase.config import RunConfig, from_dict, to_dict
     from raybiphase.errors import UserError
@@ -98,6 +101,11 @@ def test_a_crafted_index_in_a_committed_checkpoint_is_one_line_naming_it(tmp_pat
     index, marker = tmp_path / ".metadata", tmp_path / "ran"
     crafted = _global_call("torch.distributed.checkpoint.filesystem", "os.system", f"touch {marker}", 4)
     index.write_bytes(crafted.ljust(index.stat().st_size, b"\0"))
+    with pytest.raises(checkpoint.Damaged, match=r"^checkpoint: s3://bucket/run/step-1 is damaged: \.metadata"):
+        checkpoint.load(tmp_path, _tiny(seed=1)[0], name="s3://bucket/run/step-1")  # the digest gives it away
+    meta = json.loads((tmp_path / "meta.json").read_text())  # whoever can write the index can write the meta
+    meta["checksums"][".metadata"] = hashlib.sha256(index.read_bytes()).hexdigest()
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(UserError, match=r"^checkpoint s3://bucket/run/step-1: refused: its index names "
                                         r"torch\.distributed\.checkpoint\.filesystem\.os\.system"):
         checkpoint.load(tmp_path, _tiny(seed=1)[0], name="s3://bucket/run/step-1")
