@@ -158,13 +158,19 @@ def _above_zero(mean: float, variance: float, df: float) -> float:
     return 0.5 * (1 + math.erf(z / math.sqrt(2))) if not math.isfinite(df) else t_cdf(z, df)
 
 
-def observations(s: pd.DataFrame, size: str) -> tuple[pd.DataFrame, Noise | None]:
+def sized_rows(s: pd.DataFrame) -> pd.DataFrame:
+    """The enriched summary's final checkpoints of a size the project defines (baselines have none)."""
+    return s[s["final"] & (s["source"] != BASELINE) & s["size"].isin(list(SIZES))]
+
+
+def observations(s: pd.DataFrame, size: str, *, at: bool = False) -> tuple[pd.DataFrame, Noise | None]:
     """From the report's enriched summary (raybiphase.results.report.enriched_summary): the final checkpoints of
-    every size smaller than `size`, pooled over replicates (one row per arm, size and task, with `arm` the arm
-    across sizes, `x` = ln parameters and `target` the run name at `size`), and the replicates' noise."""
-    target = parameters(size)
-    final = s[s["final"] & (s["source"] != BASELINE) & s["size"].isin(list(SIZES))]
-    final = final[final["size"].map(parameters) < target]
+    every size smaller than `size` (of `size` itself with `at`), pooled over replicates (one row per arm, size and
+    task, with `arm` the arm across sizes, `x` = ln parameters and `target` the run name at `size`), and the
+    replicates' noise."""
+    final = sized_rows(s)
+    sizes = final["size"].map(parameters)
+    final = final[sizes == parameters(size) if at else sizes < parameters(size)]
     runs = with_noise_columns(final)
     noise = replicate_noise(runs[runs["objective"] != UNTRAINED], "score")
     cells = pool(runs)
