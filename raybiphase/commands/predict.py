@@ -1,11 +1,15 @@
-"""`raybiphase predict RESULTS_DIR --size SIZE [--json]`: every arm's score at a larger model size predicted from
-the smaller sizes' rows, with 95% prediction intervals and each finding's chance there (docs/statistics.md)."""
+"""`raybiphase predict RESULTS_DIR --size SIZE [--json]`: every arm's score at a larger size, from the smaller ones.
+
+Per task, a line in ln(parameters) with an offset per arm, fitted on the smaller sizes' rows; each score with a 95%
+prediction interval, and each finding's chance of lying in the paper's direction there (docs/statistics.md).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 
+from raybiphase.config.sizes import SIZE_NAMES
 from raybiphase.errors import UserError
 from raybiphase.storage import FINETUNE_FILE, check_reachable, join
 
@@ -13,8 +17,7 @@ from raybiphase.storage import FINETUNE_FILE, check_reachable, join
 def main() -> int:
     parser = argparse.ArgumentParser(prog="raybiphase predict", description=__doc__.split("\n")[0])
     parser.add_argument("results_dir", help="a sweep's results folder or bucket URI, or one `raybiphase import` made")
-    parser.add_argument("--size", required=True, help="the model size to predict (raybiphase.config.sizes: "
-                                                      "micro, tiny, mini, 210m, 610m, 1b)")
+    parser.add_argument("--size", required=True, help=f"the model size to predict: one of {', '.join(SIZE_NAMES)}")
     parser.add_argument("--json", action="store_true", help="a JSON list on stdout: run, task, predicted, low, high "
                                                             "on the summary's scale (fractions)")
     args = parser.parse_args()

@@ -130,7 +130,8 @@ class Forecast:
         return table.sort_values(["run", "task"], kind="stable").reset_index(drop=True)
 
     def chances_table(self) -> pd.DataFrame:
-        return pd.DataFrame([(claim, f"{p:.0%}", n) for claim, p, n in self.chances()],
+        return pd.DataFrame([(claim, f"{p:.0%}" if math.isfinite(p) else "no interval", n)
+                             for claim, p, n in self.chances()],
                             columns=["finding", f"P(effect at {self.size} in the paper's direction)", "cells"])
 
 
@@ -144,14 +145,17 @@ def satterthwaite(parts: list[tuple[float, float]]) -> float:
 
 def _quantile(df: float) -> float:
     """t's 97.5% quantile at `df` rounded down to two significant digits (a shade wider; the cached quantiles are
-    reused), normal beyond 1,000 degrees of freedom."""
-    if df > 1000:
+    reused), normal beyond 1,000 degrees of freedom (or none known: the interval itself is then NaN)."""
+    if not df <= 1000:
         return Z95
     scale = 10.0 ** (1 - math.floor(math.log10(df)))
     return t_quantile(0.975, math.floor(df * scale) / scale)
 
 
 def _above_zero(mean: float, variance: float, df: float) -> float:
+    """P(effect > 0) for an effect of this mean and variance (t at `df`, normal at inf); NaN without a variance."""
+    if not math.isfinite(variance):
+        return math.nan
     if variance <= 0:
         return 1.0 if mean > 0 else 0.0 if mean < 0 else 0.5
     z = mean / math.sqrt(variance)
@@ -206,8 +210,9 @@ def forecast(cells: pd.DataFrame, size: str, noise: Noise | None) -> Forecast:
           zip(noisy, predicted["noise_df"], np.diag(model), predicted["model_df"])]
     half = np.array([_quantile(d) for d in df]) * np.sqrt(variance)
     mean = predicted["mean"].to_numpy()
-    predicted = predicted.assign(size=size, **{"model.size": size}, predicted=mean.clip(*POINTS), low=(mean - half).clip(*POINTS),
-                                 high=(mean + half).clip(*POINTS), sd=np.sqrt(variance), df=df)
+    predicted = predicted.assign(size=size, **{"model.size": size}, predicted=mean.clip(*POINTS),
+                                 low=(mean - half).clip(*POINTS), high=(mean + half).clip(*POINTS),
+                                 sd=np.sqrt(variance), df=df)
     based_on = tuple(sorted(cells["size"].unique(), key=parameters))
     return Forecast(size, based_on, predicted, fit, model, future, _regime(noise, predicted, len(based_on)))
 
@@ -295,8 +300,10 @@ def _fit_source(obs: pd.DataFrame, x_target: float, noise: Noise | None):
                          sizes=[int(seen[a, t]) for a, t in zip(cells["arm"], cells["task"])], model_df=model_df,
                          noise_df=[float(noise.df.loc[t, t]) if noise is not None and t in noise.df.index
                                    else math.inf for t in cells["task"]])
-    future = _future(cells, per_run, noise)
-    return cells, mapping @ sigma @ mapping.T, model_var * (mapping @ mapping.T + np.eye(len(cells))), future
+    fit = mapping @ np.nan_to_num(sigma) @ mapping.T
+    unknown = (mapping != 0) @ np.isnan(sigma.diagonal()) > 0  # rests on a task with no seed variance: no interval
+    fit[unknown, :], fit[:, unknown] = math.nan, math.nan
+    return cells, fit, model_var * (mapping @ mapping.T + np.eye(len(cells))), _future(cells, per_run, noise)
 
 
 def _future(cells: pd.DataFrame, per_run: pd.Series, noise: Noise | None) -> np.ndarray:

@@ -95,6 +95,15 @@ def test_the_json_is_one_object_per_arm_and_task_on_the_summarys_scale(tmp_path,
         assert record["predicted"] == pytest.approx(_truth("mini", arm, record["task"]), abs=0.01)
 
 
+def test_a_task_with_fewer_than_3_seeds_has_no_interval_and_leaves_the_others_theirs(tmp_path) -> None:
+    rows = [r for r in _trials(("micro", "tiny"), noise=0.01) if r["task"] != "conll" or r["seed"] < 2]
+    append_rows(tmp_path / FINETUNE_FILE, rows, key=FINETUNE_KEY)
+    cells = predict(enriched_summary(tmp_path), "mini").cells
+    conll = cells["task"] == "conll"
+    assert cells.loc[conll, "low"].isna().all() and cells.loc[conll, "predicted"].notna().all()
+    assert (cells.loc[~conll, "low"] < cells.loc[~conll, "high"]).all()
+
+
 def test_the_readable_table_names_the_runs_and_the_findings_chances(tmp_path, capsys, monkeypatch) -> None:
     folder = _folder(tmp_path, ("micro", "tiny"), noise=0.01)
     code, out, _ = _run_cli([str(folder), "--size", "mini"], capsys, monkeypatch)
