@@ -42,7 +42,7 @@ from raybiphase.errors import UserError
 from raybiphase.naming import strip_hash
 from raybiphase.results.aggregate import t_cdf, t_quantile
 from raybiphase.results.findings import one_size_contrasts
-from raybiphase.results.inference import Noise, replicate_noise
+from raybiphase.results.inference import Noise, plural, replicate_noise
 from raybiphase.results.rows import BASELINE
 from raybiphase.results.tables import POINTS
 from raybiphase.results.verdicts import UNTRAINED, arm_ids, pool, with_noise_columns
@@ -225,7 +225,7 @@ def _regime(noise: Noise | None, predicted: pd.DataFrame, sizes: int) -> str:
     if measured.empty:
         parts.append("no model error (no residual degrees of freedom)")
     else:
-        parts.append(f"model error from the residuals ({int(measured.min())} degrees of freedom"
+        parts.append(f"model error from the residuals ({plural(int(measured.min()), 'degree')} of freedom"
                      + ("; with two sizes they show arms leaving the shared slope, not a curve)" if sizes < 3 else ")"))
     return "The intervals count fine-tuning seeds, the fit's own uncertainty, " + " and ".join(parts) + "."
 

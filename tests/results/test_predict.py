@@ -35,20 +35,23 @@ def _truth(size: str, arm: str, task: str) -> float:
     return 0.55 + offset + slope * (math.log(parameters(size)) - math.log(parameters("tiny")))
 
 
-def _trials(sizes: tuple[str, ...], noise: float = 0.0, seed: int = 0) -> list[dict]:
-    """Fine-tuning rows as a sweep writes them: every arm at every size, 2 LRs x 3 seeds per task."""
+def _trials(sizes: tuple[str, ...], noise: float = 0.0, seed: int = 0, replicates: int = 1) -> list[dict]:
+    """Fine-tuning rows as a sweep writes them: every arm at every size, 2 LRs x 3 seeds per task; the MLM arm at
+    the largest size pretrained `replicates` times (train.seed, each run `noise` apart)."""
     rng = np.random.default_rng(seed)
     rows = []
-    for size in sizes:
-        for arm, (share, ratio) in ARMS.items():
-            run = f"{size}-{arm}-420-a1b2c3"
+    for size, (arm, (share, ratio)) in ((z, a) for z in sizes for a in ARMS.items()):
+        for replicate in range(replicates if (size, arm) == (sizes[-1], "mlm40") else 1):
+            run = f"{size}-{arm}-420" + (f"-s{replicate}" if replicate else "") + "-a1b2c3"
             settings = {"model.size": size, "phases.steps": 420, "phases.clm_share": share,
-                        "phases.clm_steps": round(share * 420), "phases.mask_ratio": ratio, "train.seed": 0,
+                        "phases.clm_steps": round(share * 420), "phases.mask_ratio": ratio, "train.seed": replicate,
                         "model.init_from": None}
+            shift = noise * rng.normal(0, 1) if replicates > 1 else 0.0
             for task, family in TASKS.items():
                 for lr, penalty in ((1e-4, 0.0), (5e-4, 0.05)):  # the best LR is 1e-4, on validation and test
                     for seed in range(3):
-                        test = _truth(size, arm, task) - penalty + noise * ((seed - 1) + rng.normal(0, 0.1))
+                        test = (_truth(size, arm, task) + shift - penalty
+                                + noise * ((seed - 1) + rng.normal(0, 0.1)))
                         rows.append({**settings, "run": run, "pretrain_step": 420, "task": task, "lr": lr,
                                      "seed": seed, "source": "raybiphase", "family": family, "dataset": task,
                                      "metric": "accuracy", "val_score": test, "test_score": test, "steps": 10})
@@ -80,6 +83,15 @@ def test_scores_exactly_linear_in_log_parameters_are_predicted_exactly(tmp_path)
     for run, task, predicted in zip(cells["run"], cells["task"], cells["predicted"]):
         assert predicted == pytest.approx(100 * _truth("210m", run.split("-", 1)[1][:-4], task), abs=1e-9)
     assert result.based_on == ("micro", "tiny", "mini")
+
+
+def test_replicates_are_one_arm_and_their_noise_enters_the_intervals(tmp_path) -> None:
+    append_rows(tmp_path / FINETUNE_FILE, _trials(("micro", "tiny"), noise=0.01, replicates=3), key=FINETUNE_KEY)
+    result = predict(enriched_summary(tmp_path), "mini")
+    assert sorted(set(result.cells["run"])) == ["mini-clm-100-mlm40-420", "mini-clm-420", "mini-mlm40-420"]
+    assert len(result.cells) == len(ARMS) * len(TASKS)
+    assert "the replicates' pretraining noise" in result.regime
+    assert (result.cells["noise_df"] == 2).all()  # one replicated arm of three runs: 2 degrees of freedom
 
 
 def test_the_json_is_one_object_per_arm_and_task_on_the_summarys_scale(tmp_path, capsys, monkeypatch) -> None:
