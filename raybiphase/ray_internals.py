@@ -7,6 +7,8 @@ Ray 2.60 has no public call for two things the platform needs:
   another thread of that actor; the actor's own `execute` method runs in its main thread.
 - finding the Ray clusters `ray start` left running on this machine (`raybiphase.raycluster` says so before it
   starts a cluster of its own beside them).
+- draining a node for preemption with a deadline (`ray drain-node`, a CLI Ray keeps out of its stability
+  promise, the call its own autoscaler makes): `raybiphase spot-watch` turns a cloud's spot notice into one.
 
 `check()` runs before the driver starts or joins Ray. If the installed Ray moved either internal, it stops with one
 line naming what is missing and the Ray version this code was tested with, instead of letting preemption notices or
@@ -43,6 +45,10 @@ def missing() -> list[str]:
         from ray._private.utils import read_ray_address  # noqa: F401
     except ImportError:
         gaps.append("ray._private.services.find_gcs_addresses / ray._private.utils.read_ray_address")
+    try:
+        from ray.scripts.scripts import drain_node  # noqa: F401
+    except ImportError:
+        gaps.append("`ray drain-node` (ray.scripts.scripts.drain_node)")
     return gaps
 
 
@@ -75,3 +81,11 @@ def local_clusters() -> tuple[list[str], str]:
     from ray._private.utils import read_ray_address
 
     return sorted(find_gcs_addresses()), read_ray_address() or ""
+
+
+def drain_node_command(seconds_left: int, message: str, node_id: str | None = None,
+                       address: str | None = None) -> list[str]:
+    """`ray drain-node` for preemption with `seconds_left` until the machine goes (this node unless `node_id`)."""
+    command = ["ray", "drain-node", "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", message,
+               "--deadline-remaining-seconds", str(seconds_left)]
+    return command + (["--node-id", node_id] if node_id else []) + (["--address", address] if address else [])

@@ -80,6 +80,7 @@ RULES: list[tuple[str, str]] = [  # (a regex the whole command matches, how it i
      r"( \| (tail -\d+|grep -A\d+ \"\^\w+\"))?", RUN),
     (r"python -m raybiphase\.sweep sweeps/quickstart\.yaml --set phases\.(mask_ratoi=0\.3|mask_ratio=1\.5)", RUN),
     (r"raybiphase docs \[--check\]", RUN),
+    (r"raybiphase spot-watch --cloud aws\|gcp", _test("tests/test_spot.py")),
     (r"raybiphase (\w+) .*\b(CONFIG|MODEL|CHECKPOINT|TREE|RESULTS)\b.*|raybiphase assets fetch \| verify", HELP),
     # run by a test, shortened where it would take minutes
     (r"pip install -c constraints\.txt -e '\.\[dev\]' && python -m pytest", _test(".ci/run")),

@@ -19,7 +19,7 @@ LAYERS = (
     ("schedule",),  # phases and the WSD learning rate, step by step and piece by piece (pure: planning needs no torch)
     ("checkpoint_meta",),  # a checkpoint's typed meta, read and checked without torch (the tensors: pretrain)
     ("ray_internals",),  # the only reach past Ray's public API, checked when the driver starts Ray
-    ("raycluster",),  # starting or joining Ray, counting its CPUs
+    ("raycluster", "spot"),  # starting or joining Ray, counting its CPUs; a spot notice turned into a drain
     ("data",),  # corpora, tokenizer, shards, the stream and its masking
     ("telemetry",),  # progress, clock, history, W&B, provenance: what workers and drivers both report with
     ("results",),  # rows, tables, statistics, verdicts, the report

@@ -178,6 +178,15 @@ class TwoNodes:
             assert time.time() < deadline, f"the head counts {seen} CPUs, not {cpus}: {done.stderr[-2000:]}"
             time.sleep(1)
 
+    def worker_node_id(self) -> str:
+        """The Ray node id of the one worker node up (the head is the node without CPUs)."""
+        probe = (f"import ray; ray.init(address='127.0.0.1:{self.port}'); "
+                 "print('NODES', *[n['NodeID'] for n in ray.nodes() if n['Alive'] and n['Resources'].get('CPU')])")
+        done = subprocess.run([sys.executable, "-c", probe], env=self.env, capture_output=True, text=True, timeout=120)
+        nodes = next((line.split()[1:] for line in done.stdout.splitlines() if line.startswith("NODES")), [])
+        assert len(nodes) == 1, done.stdout + done.stderr[-2000:]
+        return nodes[0]
+
     def lose_worker(self) -> int:
         """SIGKILL every process of the newest worker node until none is left; returns how many there were."""
         return _kill_namespace(self.worker_namespaces.pop())
@@ -298,12 +307,22 @@ def test_the_quickstart_on_two_nodes_crosses_only_through_the_bucket(two_nodes, 
 
 @pytest.mark.cluster
 @pytest.mark.slow
-def test_a_worker_node_lost_whole_mid_segment_costs_only_the_steps_since_its_checkpoint(two_nodes, s3_bucket):
+def test_a_spot_notice_drains_the_worker_node_and_its_loss_costs_only_the_steps_since_the_drain(two_nodes,
+                                                                                                 s3_bucket):
     """The same sweep's pretraining again (no fine-tuning), into another folder of the bucket: once the shared CLM
-    prefix has committed its first checkpoint, every process of the worker node is SIGKILLed at once and a fresh node
-    joins 10 s later; the job succeeds with the clean run's rows, every loss equal, and every run ends with the clean
-    run's weights, bit for bit (the clean run: the test above, else run here)."""
+    prefix has committed its first checkpoint, the cloud announces the worker node's reclaim (a metadata server
+    answering as AWS's does) and `raybiphase spot-watch` drains the node through Ray with the time left. The
+    segment's workers write a checkpoint at the step under way (its meta says "drain") and train on; then every
+    process of the node is SIGKILLed at once, as the cloud stops the VM, and a fresh node joins 10 s later. The job
+    succeeds with the clean run's rows, every loss equal, every run ending with the clean run's weights bit for bit
+    (the clean run: the test above, else run here), and the restart resumes after the drain's checkpoint."""
+    import datetime
+    import http.server
+    import threading
+
     from raybiphase import storage
+    from raybiphase.checkpoint_meta import read_meta
+    from tests.test_spot import Metadata
 
     root = f"{s3_bucket}/two-nodes"
     clean = f"{root}/results/quickstart"
@@ -311,16 +330,26 @@ def test_a_worker_node_lost_whole_mid_segment_costs_only_the_steps_since_its_che
         two_nodes.run([f"sweep.storage={root}/results", f"data.dir={root}/shards", *SHRUNK])
     lost = f"{root}/results-lost/quickstart"
     paths, started = storage.SweepPaths(lost), time.time()
+    cloud = type("Cloud", (Metadata,), {"reclaim_at": None})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), cloud)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    watcher = subprocess.Popen([sys.executable, "-m", "raybiphase", "spot-watch", "--cloud", "aws", "--endpoint",
+                                f"http://127.0.0.1:{server.server_address[1]}", "--node-id", two_nodes.worker_node_id(),
+                                "--address", f"127.0.0.1:{two_nodes.port}", "--every-s", "0.5"],
+                               env=two_nodes.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     job = two_nodes.submit([f"sweep.storage={root}/results-lost", f"data.dir={root}/shards", *SHRUNK,
                             "finetune.tasks=[]", "data.decontam_tasks=[tweets]"])  # the same runs and shards
     try:
         prefix = _first_checkpointed(paths, job, started)
         assert prefix is not None, "the shared prefix never committed its first checkpoint"
+        cloud.reclaim_at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=60)
+        said = watcher.communicate(timeout=60)[0]
+        drain = _drain_checkpoint(paths, prefix, job)
+        assert drain is not None, "no checkpoint of the drain was committed"
         killed, lost_at = two_nodes.lose_worker(), time.time()
         beat = _beat(paths.progress(prefix))
         committed = max(step for step in paths.checkpoint_steps(prefix)
                         if storage.is_checkpoint(paths.checkpoint(prefix, step)))
-        mid_segment = committed < PREFIX_STEPS
         time.sleep(10)
         two_nodes.add_worker()
         resumed = None  # the step of the prefix's first progress beat after the loss
@@ -331,16 +360,20 @@ def test_a_worker_node_lost_whole_mid_segment_costs_only_the_steps_since_its_che
             time.sleep(0.5)
         output = job.communicate(timeout=900)[0]
     finally:
-        if job.poll() is None:
-            job.kill()
+        server.shutdown()
+        for process in (job, watcher):
+            if process.poll() is None:
+                process.kill()
     assert job.returncode == 0 and "succeeded" in output, output[-4000:]
+    assert "spot-watch: aws reclaims this node in" in said and "failed" not in said, said
     print("\n".join(line for line in output.splitlines() if line.startswith(("pretraining:", "fine-tuning:"))))
     trained = max(committed, int(beat.get("step", 0)))  # at least: the last beat lags by up to a second
-    print(f"node lost ({killed} processes) at step {trained}+ of {prefix}, step {committed} committed; its first "
-          f"step after the restart: {resumed}; job {time.time() - started:.0f}s")
-    # the restart began after the committed checkpoint, not from the segment's start: at most the steps since the
-    # checkpoint were trained again
-    assert mid_segment and resumed is not None and committed < resumed <= committed + CHECKPOINT_EVERY
+    print(f"node drained at step {drain} and lost ({killed} processes) at step {trained}+ of {prefix}, step "
+          f"{committed} committed; its first step after the restart: {resumed}; job {time.time() - started:.0f}s")
+    assert read_meta(paths.checkpoint(prefix, drain)).notice == "drain" and drain < PREFIX_STEPS
+    # the restart began after the newest committed checkpoint (the drain's, or a due one after it), not from the
+    # segment's start: at most the steps since that checkpoint were trained again
+    assert drain <= committed and resumed is not None and committed < resumed <= committed + CHECKPOINT_EVERY
 
     clean_pt, lost_pt = (_table(at, storage.PRETRAIN_FILE) for at in (clean, lost))
     losses = [c for c in clean_pt.columns if c.endswith("_loss")]
@@ -387,6 +420,22 @@ def _first_checkpointed(paths, job: subprocess.Popen, started: float) -> str | N
                           if storage.is_checkpoint(paths.checkpoint(name, CHECKPOINT_EVERY))), None)
             if found is not None:
                 return found
+        time.sleep(0.2)
+    return None
+
+
+def _drain_checkpoint(paths, segment: str, job: subprocess.Popen, timeout_s: float = 60) -> int | None:
+    """The step of the segment's committed checkpoint whose meta says a drain wrote it (None if the job ends or
+    `timeout_s` pass first)."""
+    from raybiphase import storage
+    from raybiphase.checkpoint_meta import read_meta
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and job.poll() is None:
+        for step in reversed(paths.checkpoint_steps(segment)):
+            location = paths.checkpoint(segment, step)
+            if storage.is_checkpoint(location) and read_meta(location).notice == "drain":
+                return step
         time.sleep(0.2)
     return None
 

@@ -53,9 +53,11 @@ def test_readme_shows_every_command_of_the_cli():
     from raybiphase.__main__ import COMMANDS, usage
 
     text = (REPO / "README.md").read_text()
-    for command in COMMANDS:
-        assert f"\nraybiphase {command} " in text, command
+    for command in COMMANDS:  # the sweep in its one spelling, the one cluster jobs run
+        assert (f"\nraybiphase {command} " if command != "sweep" else "\npython -m raybiphase.sweep ") in text, command
         assert f"  {command} " in usage()
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    assert [page.name for page in pages if "raybiphase sweep " in page.read_text()] == []
 
 
 def test_the_quickstart_table_is_the_recorded_run():
@@ -143,6 +145,12 @@ def test_the_status_line_quotes_the_papers_dry_run():
     assert (f"plans {pretraining} GPU-hours of pretraining and at most {finetuning} of fine-tuning, {days} days of "
             f"pretraining and at most {total_days} days in all on {gpus} GPUs, {on_demand} + {finetuning_usd} on "
             f"demand at the spec's example price of {rate} a GPU-hour") in status
+    # docs/study.md counts the models and runs the same plan has: every run, and those that only repeat another
+    # with another train.seed
+    study = " ".join((REPO / "docs" / "study.md").read_text().split())
+    replicates = sum(1 for run in plan.runs.values() if run.config.train.seed != spec.run.train.seed)
+    assert (f"`sweeps/paper.yaml` plans {len(plan.runs) - replicates} of these models under the study's names; its "
+            f"dry run lists {len(plan.runs)} runs") in study
 
 
 @pytest.mark.parametrize("typed, hint", [("sweeep", " (did you mean 'sweep'?)"), ("reprot", " (did you mean 'report'?)"),

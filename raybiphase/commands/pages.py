@@ -46,7 +46,7 @@ def settings_page(spec: type = SweepSpec) -> str:
     lines = [HEADER.rstrip(), "", "# Settings", "",
              "Every setting of a run config (`model`, `data`, `phases`, `optim`, `train`, `resources`) and of a sweep "
              "spec (those, plus `finetune` and `sweep`), by the dotted name a YAML file, `--set NAME=VALUE`, the "
-             "results tables and W&B use; the same text `raybiphase sweep --help` prints. `weights`: no means the "
+             "results tables and W&B use; the same text `python -m raybiphase.sweep --help` prints. `weights`: no means the "
              "setting never changes a run's weights (it is left out of the run's name hash and of the planner's "
              "shared segments); finetune and sweep settings are not run settings (—). Every dotted setting is also "
              "a column of the results tables ([results.md](results.md))."]

@@ -160,6 +160,7 @@ class Worker:
                              tokens_per_step=self.tokens_per_step, every_s=job.progress_every)
         # SIGTERM, a spot VM's notice: checkpoint after the step, restart from it
         preemption.install(self.world, keep_notice=job.kept_group)
+        self.drain_saved = False  # a drain notice checkpoints once; training goes on until Ray Train's restart
 
     def _model_and_optimizer(self):
         run, device = self.run, self.device
@@ -206,11 +207,14 @@ class Worker:
             total, tokens = self._optimizer_step([next(batches) for _ in range(self.accum)], phase.objective,
                                                  frozen)
             window_tokens += self.tokens_per_step
-            preempted = preemption.requested(self.world)
+            notice = preemption.requested(self.world)
+            save_for = ("signal" if notice == preemption.SIGNAL else  # a drain checkpoints once, then trains on
+                        "drain" if notice == preemption.DRAIN and not self.drain_saved else "")
+            self.drain_saved = self.drain_saved or notice == preemption.DRAIN
             if self._report(phase_idx, phase.objective, lr, total, tokens, time.perf_counter() - window_start,
-                            window_tokens, save=preempted):
+                            window_tokens, save_for=save_for):
                 window_start, window_tokens = time.perf_counter(), 0
-            if preempted and self.step < self.stop_at:  # at the segment's end it is simply done
+            if notice == preemption.SIGNAL and self.step < self.stop_at:  # at the segment's end it is simply done
                 preemption.wait_for_controller()
                 raise preemption.Preempted(f"preemption notice: checkpoint written at step {self.step}; Ray Train "
                                            "restarts the segment from it")
@@ -244,12 +248,12 @@ class Worker:
         return total, tokens
 
     def _report(self, phase_idx: int, objective: str, lr: float, total: torch.Tensor, tokens: torch.Tensor,
-                seconds: float, window_tokens: int, save: bool = False) -> bool:
-        """Eval and report at this step when it is due, with a checkpoint (and an HF export) when that is due or
-        `save` asks for one; whether it reported."""
+                seconds: float, window_tokens: int, save_for: str = "") -> bool:
+        """Eval and report at this step when it is due, with a checkpoint (and an HF export) when that is due or a
+        notice asks for one (`save_for`: "signal" or "drain"); whether it reported."""
         step = self.step
         do_eval, due_save = self.policy.evaluates(step), self.policy.saves(step)
-        do_save = save or due_save
+        do_save = bool(save_for) or due_save
         if not (do_eval or do_save):
             return False
         if self.world > 1:
@@ -270,7 +274,7 @@ class Worker:
             if self.manifest.unigram_entropy is not None:  # the reference the held-out losses should fall below
                 metrics["unigram_entropy"] = self.manifest.unigram_entropy
         if do_save:
-            self._save(metrics)
+            self._save(metrics, save_for)
         else:
             ray.train.report(metrics)
             if self.history is not None:
@@ -278,12 +282,12 @@ class Worker:
         wandb_log.log(self.tracker, {k: v for k, v in metrics.items() if k != "objective"}, step=step)
         return True
 
-    def _save(self, metrics: dict) -> None:
+    def _save(self, metrics: dict, notice: str = "") -> None:
         """A checkpoint (and, at an export step, the HF folder inside it) reported with the metrics (uploaded by
         each rank itself in a kept group: raybiphase.pretrain.pool); once every rank's part is uploaded, rank 0
         commits it (its meta, written last)."""
         meta = CheckpointMeta(run=to_dict(self.run), step=self.step, data_start=self.data_start, metrics=metrics,
-                              serves=list(self.job.serves))
+                              serves=list(self.job.serves), notice=notice)
         name = storage.checkpoint_name(self.step)
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint.save_shards(Path(tmp), self.model, self.optimizer)

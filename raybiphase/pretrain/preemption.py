@@ -1,11 +1,16 @@
 """A preemption notice: spot and preemptible VMs get SIGTERM and a grace period (30 s to 2 min) before they go.
 
-Two ways a notice reaches the loop: SIGTERM to a worker's process, and a drain of its node that Ray announces
-(an autoscaler reclaiming a spot node; read through Ray Train's public `ray.train.get_preemption_info`). On either,
-the workers finish the step under way, every worker agrees (one all-reduce of a flag per step), the segment writes a
-checkpoint at once and the workers raise `Preempted`; Ray Train then restarts the group from that checkpoint (on the
-nodes that are left, or new ones), so a resume loses at most the step that was under way. A second SIGTERM takes
-Ray's own way out (the process exits).
+Two ways a notice reaches the loop, both agreed by every worker after the step under way (one all-reduce per step):
+
+- a drain of a worker's node that Ray announces with its deadline (a cloud's spot notice turned into a drain by
+  `raybiphase spot-watch` on the node, or an autoscaler reclaiming it; read through Ray Train's public
+  `ray.train.get_preemption_info`): the segment writes a checkpoint at once and keeps training, as Ray Train asks;
+  at the deadline Ray Train restarts the group from that checkpoint on the nodes left or new ones, and counts the
+  restart against `FailureConfig.max_preemption_failures` (unbounded), never against the segment's `max_failures`.
+- SIGTERM to a worker's process (a plain VM's shutdown): the segment writes a checkpoint and the workers raise
+  `Preempted`; Ray Train restarts the group from it. A second SIGTERM takes Ray's own way out (the process exits).
+
+Either way a resume loses at most the steps trained after the notice's checkpoint.
 
 Ray's drain notice is read every `DRAIN_POLL_S` seconds, not every step: `get_preemption_info` is a barrier across
 the workers through Ray's actors, which a step of a fraction of a second should not wait on; the workers agree when
@@ -55,6 +60,7 @@ DRAIN_POLL_S = 5.0
 """How often the workers read Ray's drain notice: a few seconds of a grace period of 30 s or more."""
 _POLLED = [0.0]  # when the drain notice was last read (time.monotonic)
 _IN_TRAIN = [False]  # whether this process is a Ray Train worker (set by install)
+_DRAINING = [False]  # Ray's last answer: this group's nodes are being drained
 
 
 def install(world: int = 1, *, keep_notice: bool = False) -> bool:
@@ -64,6 +70,7 @@ def install(world: int = 1, *, keep_notice: bool = False) -> bool:
     before it (its node is still going: its first step checkpoints and the group restarts elsewhere)."""
     if not keep_notice:
         _NOTICE.clear()
+        _DRAINING[0] = False
     _POLLED[0] = time.monotonic()
     if world > 1 and _GROUP[0] is None and dist.get_backend() != "gloo":
         _GROUP[0] = dist.new_group(backend="gloo")
@@ -89,21 +96,26 @@ def _in_train_worker() -> bool:
     return True
 
 
-def requested(world: int) -> bool:
-    """Whether any worker got a notice (every worker calls this after each step: they stop together; a CPU
-    all-reduce, no GPU sync)."""
-    flag = _NOTICE.is_set()
+SIGNAL, DRAIN = 1, 2
+"""What `requested` says: a SIGTERM reached a worker (checkpoint, then stop), Ray is draining a worker's node
+(checkpoint, then keep training until Ray Train restarts the group at the drain's deadline)."""
+
+
+def requested(world: int) -> int:
+    """0, or the strongest notice any worker got (SIGNAL over DRAIN): every worker calls this after each step and
+    they act together (a CPU all-reduce, no GPU sync)."""
+    notice = SIGNAL if _NOTICE.is_set() else 0
     due = _IN_TRAIN[0] and time.monotonic() - _POLLED[0] >= DRAIN_POLL_S
     if world > 1:
-        tensor = torch.tensor([int(flag), int(due)], dtype=torch.int32)
+        tensor = torch.tensor([notice, int(due)], dtype=torch.int32)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_GROUP[0])
-        flag, due = bool(tensor[0].item()), bool(tensor[1].item())
+        notice, due = int(tensor[0].item()), bool(tensor[1].item())
     if due:  # every worker at once (the all-reduce agreed): Ray's call is a barrier over them
         import ray.train
 
         _POLLED[0] = time.monotonic()
-        flag = ray.train.get_preemption_info() is not None or flag
-    return flag
+        _DRAINING[0] = ray.train.get_preemption_info() is not None
+    return notice or (DRAIN if _DRAINING[0] else 0)
 
 
 def wait_for_controller(timeout_s: float = 60.0) -> None:

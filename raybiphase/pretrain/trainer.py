@@ -54,7 +54,8 @@ def group_trainer(res: ResourcesConfig, train_fn, loop_config: dict, *, name: st
         run_config=ray.train.RunConfig(
             name=name,
             storage_path=storage_path,
-            failure_config=ray.train.FailureConfig(max_failures=max_failures),
+            # a drained node's restart (a spot notice) is counted apart, without bound: it never fails a segment
+            failure_config=ray.train.FailureConfig(max_failures=max_failures, max_preemption_failures=-1),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=None),
             callbacks=list(callbacks),
         ),

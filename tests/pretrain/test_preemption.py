@@ -24,7 +24,7 @@ def test_the_first_sigterm_is_a_notice_and_the_second_exits_as_before():
     try:
         assert preemption.install() and not preemption.requested(1)
         os.kill(os.getpid(), signal.SIGTERM)
-        assert _wait(lambda: preemption.requested(1)) and exits == []  # a notice: the loop checkpoints and stops
+        assert _wait(lambda: preemption.requested(1) == preemption.SIGNAL) and exits == []  # checkpoint, stop
         os.kill(os.getpid(), signal.SIGTERM)
         assert _wait(lambda: exits == [signal.SIGTERM])  # the second one: the old handler's way out
         preemption.install()

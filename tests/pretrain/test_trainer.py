@@ -122,6 +122,9 @@ def test_a_preemption_notice_and_a_killed_worker_each_resume_to_identical_weight
     assert (tmp_path / "noticed").exists() and (tmp_path / "killed").read_text() == "5"
     steps = sorted(p.name for p in Path(result.path).glob("step-*"))
     assert steps == ["step-00000003", "step-00000004", "step-00000006", "step-00000008"]  # 3: the notice's
+    from raybiphase.checkpoint_meta import read_meta
+
+    assert [read_meta(Path(result.path) / step).notice for step in steps] == ["signal", "", "", ""]
     assert (tmp_path / "starts").read_text().split() == ["1", "4", "5"]  # after the notice at 3, the kill at 4
     assert pd.DataFrame(read_history(result.path))["step"].tolist() == list(range(1, 9))
     final, reference = _weights(result), _weights(uninterrupted)
