@@ -1,0 +1,23 @@
+"""The dry run's power lines: each finding's design read from the plan, replicates counted as runs."""
+
+from raybiphase.config import SweepSpec, load
+from raybiphase.sweep.plan import make_plan
+from raybiphase.sweep.power import FINDINGS, designs, power_lines
+
+
+def test_the_paper_plan_prices_findings_1_4_and_5_with_the_replicated_headline_arms(tmp_path):
+    spec = load(SweepSpec, "sweeps/paper.yaml", [f"sweep.storage={tmp_path}"])  # no rows there: the assumption
+    plan = make_plan(spec)
+    found = designs(plan, spec)
+    pairs, runs = found[FINDINGS[1]]["610m"]  # every 610m split against the MLM arm of its budget
+    assert len(pairs[["arm_a", "arm_b"]].drop_duplicates()) == 11 and pairs["task"].nunique() == 12
+    assert max(runs.values()) == 3  # the headline arms: three pretraining runs each
+    assert set(found[FINDINGS[2]]) == {"610m"}  # continued runs exist at 610m only
+    lines = power_lines(plan, spec)
+    assert lines[0].startswith("power: ") and "assumed: fine-tuning seed SD 1.00 pts" in lines[0]
+    assert any(line.startswith(f"power: {FINDINGS[0]}: 1b ") for line in lines)
+
+
+def test_a_sweep_without_fine_tuning_prints_no_power_line():
+    spec = load(SweepSpec, "sweeps/quickstart.yaml", ["finetune.tasks=[]"])
+    assert power_lines(make_plan(spec), spec) == []
