@@ -77,7 +77,7 @@ def _needs(reason: str) -> str:
 RULES: list[tuple[str, str]] = [  # (a regex the whole command matches, how it is run); the first match counts
     # run here: seconds, no Ray
     (r"(python -m raybiphase\.sweep|raybiphase sweep) sweeps/\w+\.yaml --dry-run( --set \S+)?( 2>&1)?"
-     r"( \| (tail -\d+|grep -A\d+ \"\^\w+\"))?", RUN),
+     r"( \| (tail -\d+|grep -A\d+ \"\^[\w-]+\"))?", RUN),
     (r"python -m raybiphase\.sweep sweeps/quickstart\.yaml --set phases\.(mask_ratoi=0\.3|mask_ratio=1\.5)", RUN),
     (r"raybiphase docs \[--check\]", RUN),
     (r"raybiphase spot-watch --cloud aws\|gcp", _test("tests/test_spot.py")),
@@ -153,7 +153,7 @@ def _piped(command: str) -> list[str]:
     if pipe.startswith("tail -"):
         return lines[-int(pipe.split("-")[1]):]
     if pipe.startswith("grep -A"):
-        after, word = re.fullmatch(r'grep -A(\d+) "\^(\w+)"', pipe).groups()
+        after, word = re.fullmatch(r'grep -A(\d+) "\^([\w-]+)"', pipe).groups()
         start = next(i for i, line in enumerate(lines) if line.startswith(word))
         return lines[start:start + int(after) + 1]
     return lines
