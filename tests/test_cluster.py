@@ -132,11 +132,12 @@ def test_every_node_installs_its_lock_by_hash_then_the_project(autoscaler):
     assert extras["flash"] == ["flash-attn>=2.6"]  # an option, installed from a prebuilt wheel or an image
     assert raw["file_mounts"]["~/raybiphase"] == ".", "setup installs the working tree that `ray up` syncs"
     # prepare_config puts setup_commands in front of head_setup_commands and worker_setup_commands.
-    for key, lock in (("head_setup_commands", "requirements-cpu.lock"), ("worker_setup_commands", "requirements-gpu.lock")):
+    for key, lock in (("head_setup_commands", "requirements-cpu.lock"),
+                      ("worker_setup_commands", "requirements-gpu.lock")):
         joined = " && ".join(" ".join(command.split()) for command in prepared[key])
         assert f"cd ~/raybiphase && {lock_install(lock)} && {EDITABLE_INSTALL}" in joined, key
-        installs = re.findall(r"pip install[^&]*", joined)
-        assert [i.strip() for i in installs] == [lock_install(lock), EDITABLE_INSTALL], f"{key}: an install outside the lock"
+        installs = [i.strip() for i in re.findall(r"pip install[^&]*", joined)]
+        assert installs == [lock_install(lock), EDITABLE_INSTALL], f"{key}: an install outside the lock"
         assert "flash-attn" not in joined  # start-up builds nothing
     # No type overrides the setup with its own list.
     assert all("setup_commands" not in k for t in raw["available_node_types"].values() for k in t)
@@ -286,7 +287,7 @@ def aws_policy(name: str) -> list[dict]:
 
 
 def listed(value: str | list[str]) -> list[str]:
-    return [value] if isinstance(value, str) else value
+    return [value] if isinstance(value, str) else value  # IAM takes one action or a list
 
 
 def test_the_bucket_policy_reaches_the_bucket_and_nothing_else():
@@ -299,7 +300,8 @@ def test_the_bucket_policy_reaches_the_bucket_and_nothing_else():
 # The EC2 calls the installed Ray's AWS node provider names (API operations and boto3 resource actions), and why
 # this cluster's head does without the ones its policy leaves out.
 RESOURCE_ACTIONS = {r"create_instances\(": "RunInstances", r"instances\.(filter|all)\(": "DescribeInstances",
-                    r"\.terminate\(": "TerminateInstances", r"\.stop\(": "StopInstances", r"\.start\(": "StartInstances"}
+                    r"\.terminate\(": "TerminateInstances", r"\.stop\(": "StopInstances",
+                    r"\.start\(": "StartInstances"}
 NOT_ON_THE_HEAD = {
     "DescribeInstanceTypes": "fills out node resources during `ray up`, on the launcher's machine",
     "DescribeImages": "checks the AMI's CloudWatch agent, only when the provider configures CloudWatch",
@@ -349,8 +351,8 @@ def test_the_roles_scripts_grant_the_documented_bindings():
     gcp = " ".join((CLUSTER / "gcp-roles.sh").read_text().replace("\\\n", " ").split())
     project_bindings = re.findall(r"gcloud projects add-iam-policy-binding (\S+) --member (\S+) --role (\S+)", gcp)
     assert project_bindings == [('"$project"', '"serviceAccount:$head"', "roles/compute.instanceAdmin.v1")]
-    assert re.findall(r"gcloud iam service-accounts add-iam-policy-binding (\S+) .*?--member (\S+) --role (\S+)", gcp) == [
-        ('"$worker"', '"serviceAccount:$head"', "roles/iam.serviceAccountUser")]
+    acting = re.findall(r"gcloud iam service-accounts add-iam-policy-binding (\S+) .*?--member (\S+) --role (\S+)", gcp)
+    assert acting == [('"$worker"', '"serviceAccount:$head"', "roles/iam.serviceAccountUser")]
     assert 'for account in "$head" "$worker"; do gcloud storage buckets add-iam-policy-binding "gs://$bucket"' in gcp
     aws = (CLUSTER / "aws-roles.sh").read_text()
     assert "for role in raybiphase-head raybiphase-worker; do" in aws and "policy aws-policy.json" in aws
@@ -363,7 +365,8 @@ def test_the_roles_scripts_grant_the_documented_bindings():
 def test_the_roles_scripts_refuse_bad_arguments_before_calling_a_cloud(script, args):
     run = subprocess.run(["bash", str(CLUSTER / script), *args], capture_output=True, text=True,
                          env={**os.environ, "PATH": "/usr/bin:/bin"})  # no gcloud or aws on this PATH
-    assert run.returncode == 2 and run.stderr.startswith(f"usage: cluster/{script} ") and len(run.stderr.splitlines()) == 1
+    assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
+    assert run.stderr.startswith(f"usage: cluster/{script} ")
 
 
 def test_the_cluster_scripts_pass_shellcheck():
@@ -447,13 +450,11 @@ def test_the_locks_are_for_the_nodes_python_and_the_gpu_lock_has_cudas_torch():
 def config_images() -> dict[str, set[str]]:
     """Every container image the cluster files name, by file: the autoscaler configs' docker images, the RayJob's
     containers and the FROM line of the image's Dockerfile in its comments."""
-    images = {name: {load(name)["docker"]["head_image"], load(name)["docker"]["worker_image"]}
-              for name in AUTOSCALER_CONFIGS}
-    rayjob_text = (CLUSTER / "kuberay-rayjob.yaml").read_text()
+    images = {name: {load(name)["docker"][k] for k in ("head_image", "worker_image")} for name in AUTOSCALER_CONFIGS}
     cluster = kuberay_documents()["RayJob"]["spec"]["rayClusterSpec"]
     templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
-    images["kuberay-rayjob.yaml"] = {c["image"] for t in templates for c in t["spec"]["containers"]}
-    images["kuberay-rayjob.yaml"] |= set(re.findall(r"^#\s+FROM\s+(\S+)", rayjob_text, re.M))
+    dockerfile = re.findall(r"^#\s+FROM\s+(\S+)", (CLUSTER / "kuberay-rayjob.yaml").read_text(), re.M)
+    images["kuberay-rayjob.yaml"] = {c["image"] for t in templates for c in t["spec"]["containers"]} | set(dockerfile)
     return images
 
 
@@ -461,15 +462,16 @@ def test_every_image_is_pinned_by_digest_or_is_a_tag_pin_images_pins():
     listed = subprocess.run(["bash", str(CLUSTER / "pin-images.sh"), "--list"], capture_output=True, text=True,
                             check=True).stdout.split("\n")
     to_pin = {tuple(line.split(" ")) for line in listed if line}
-    for name, images in config_images().items():
+    images_by_file = config_images()
+    for name, images in images_by_file.items():
         for image in images:
             if "YOUR_" in image:  # the user's own image: pinned by the digest their push prints (docs/cluster.md)
                 assert name == "kuberay-rayjob.yaml", image
             elif not DIGEST.search(image):
-                assert (f"cluster/{name}", image) in to_pin, f"{name}: {image} is neither pinned nor pinned by the script"
+                assert (f"cluster/{name}", image) in to_pin, f"{name}: {image}: not pinned, nor one the script pins"
             else:
                 assert re.fullmatch(r"[\w./-]+:[\w.-]+@sha256:[0-9a-f]{64}", image), f"{name}: {image} lost its tag"
-    assert {image for _, image in to_pin} <= set().union(*config_images().values())
+    assert {image for _, image in to_pin} <= set().union(*images_by_file.values())
 
 
 # --- KubeRay RayJob ---------------------------------------------------------------------------------------------
@@ -539,6 +541,35 @@ def test_rayjob_storage_is_a_bucket(rayjob):
     assert runtime_env["env_vars"]["RAYBIPHASE_STORAGE"].startswith(("gs://", "s3://"))
 
 
+def test_rayjob_resubmits_a_failed_job(rayjob):
+    """KubeRay's backoffLimit (1.2 or newer) runs a failed job again on a new Ray cluster; safe, as a rerun resumes."""
+    assert isinstance(rayjob["spec"]["backoffLimit"], int) and 1 <= rayjob["spec"]["backoffLimit"] <= 3
+
+
+def test_only_the_rayjobs_own_pods_reach_its_ray_pods(rayjob):
+    """The NetworkPolicy selects every pod of the RayJob's cluster by a label each pod template carries, lets those
+    pods reach each other on every port, the submitter and the KubeRay operator the dashboard's port alone, and no
+    one else: no rule without a source, no address block."""
+    policy = kuberay_documents()["NetworkPolicy"]
+    assert policy["apiVersion"] == "networking.k8s.io/v1" and policy["spec"]["policyTypes"] == ["Ingress"]
+    selected = policy["spec"]["podSelector"]["matchLabels"]
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
+    for template in templates:
+        assert selected.items() <= template["metadata"]["labels"].items(), "a Ray pod the policy does not cover"
+    peers, outside = policy["spec"]["ingress"]
+    assert peers == {"from": [{"podSelector": {"matchLabels": selected}}]}, "Ray's pods must reach each other"
+    assert outside["ports"] == [{"protocol": "TCP", "port": 8265}]
+    submitter, operator = outside["from"]
+    assert submitter == {"podSelector": {"matchLabels": {"batch.kubernetes.io/job-name": rayjob["metadata"]["name"]}}}
+    assert operator["podSelector"]["matchLabels"] == {"app.kubernetes.io/component": "kuberay-operator"}
+    # the ports it guards are the head's: GCS, dashboard, client
+    (head,) = cluster["headGroupSpec"]["template"]["spec"]["containers"]
+    assert {port["containerPort"] for port in head["ports"]} == {6379, 8265, 10001}
+    assert all(rule.get("from") for rule in policy["spec"]["ingress"]), "a rule without a source admits every pod"
+    assert "ipBlock" not in yaml.safe_dump(policy)
+
+
 # --- docs/cluster.md: the commands it shows ----------------------------------------------------------------------
 
 
@@ -547,6 +578,14 @@ def test_readme_commands_match_the_files():
     for name in AUTOSCALER_CONFIGS:
         assert f"ray up cluster/{name}" in readme
     assert "kubectl apply -f cluster/kuberay-rayjob.yaml" in readme
+    # the accounts, then the images pinned, before the first `ray up`
+    blocks = readme.split("```")[1::2]
+    for name, roles in (("aws.yaml", "cluster/aws-roles.sh YOUR_BUCKET"),
+                        ("gcp.yaml", "cluster/gcp-roles.sh YOUR_PROJECT_ID YOUR_BUCKET")):
+        assert roles in readme
+        (up,) = [block for block in blocks if f"ray up cluster/{name}" in block]
+        assert "cluster/pin-images.sh" in up.split("ray up")[0], f"docs/cluster.md: ray up {name} before pinning"
+    assert "cluster/lock.sh" in readme
     assert f"{DOCUMENTED_ENTRYPOINT} --dry-run" in readme
     submits = [line for line in readme.splitlines() if line.startswith("ray job submit")]
     rehearsal = [line for line in submits if "s3://rehearsal" in line]
