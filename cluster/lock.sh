@@ -16,7 +16,7 @@ platform=x86_64-manylinux_2_28
 
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
-sed -E 's/^(torch==[^+[:space:]]+)\+[[:alnum:].]+/\1/' constraints.txt > "$constraints"
+sed -E 's/^([A-Za-z0-9._-]+==[^+[:space:]]+)\+[[:alnum:].]+/\1/' constraints.txt > "$constraints"
 
 compile() {
     local output=$1
