@@ -25,15 +25,26 @@ ensure_account() {
         gcloud iam service-accounts create "$1" --project "$project" --display-name "$3"
     fi
 }
+# A binding naming an account created seconds ago can be refused until IAM has propagated it: try for a minute.
+retry() {
+    local attempt
+    for attempt in 1 2 3 4 5 6; do
+        "$@" && return 0
+        echo "retrying in 10 s ($attempt/6)" >&2
+        sleep 10
+    done
+    "$@"
+}
+
 ensure_account raybiphase-head "$head" "raybiphase Ray head: launches the workers"
 ensure_account raybiphase-worker "$worker" "raybiphase Ray workers: the sweep's bucket"
 
-gcloud projects add-iam-policy-binding "$project" --member "serviceAccount:$head" \
+retry gcloud projects add-iam-policy-binding "$project" --member "serviceAccount:$head" \
     --role roles/compute.instanceAdmin.v1 --condition None --format none
-gcloud iam service-accounts add-iam-policy-binding "$worker" --project "$project" --member "serviceAccount:$head" \
-    --role roles/iam.serviceAccountUser --format none
+retry gcloud iam service-accounts add-iam-policy-binding "$worker" --project "$project" \
+    --member "serviceAccount:$head" --role roles/iam.serviceAccountUser --format none
 for account in "$head" "$worker"; do
-    gcloud storage buckets add-iam-policy-binding "gs://$bucket" --member "serviceAccount:$account" \
+    retry gcloud storage buckets add-iam-policy-binding "gs://$bucket" --member "serviceAccount:$account" \
         --role roles/storage.objectAdmin --format none
 done
 echo "raybiphase-head and raybiphase-worker: project $project, bucket gs://$bucket"

@@ -349,11 +349,15 @@ def test_the_roles_scripts_grant_the_documented_bindings():
     """gcp-roles.sh: the worker account gets the bucket and nothing on the project; the head may act as the worker
     account alone. aws-roles.sh: both roles get the bucket policy, the head alone the launch policy."""
     gcp = " ".join((CLUSTER / "gcp-roles.sh").read_text().replace("\\\n", " ").split())
-    project_bindings = re.findall(r"gcloud projects add-iam-policy-binding (\S+) --member (\S+) --role (\S+)", gcp)
-    assert project_bindings == [('"$project"', '"serviceAccount:$head"', "roles/compute.instanceAdmin.v1")]
-    acting = re.findall(r"gcloud iam service-accounts add-iam-policy-binding (\S+) .*?--member (\S+) --role (\S+)", gcp)
-    assert acting == [('"$worker"', '"serviceAccount:$head"', "roles/iam.serviceAccountUser")]
-    assert 'for account in "$head" "$worker"; do gcloud storage buckets add-iam-policy-binding "gs://$bucket"' in gcp
+    binding = r"retry gcloud {} add-iam-policy-binding (\S+) .*?--member (\S+) --role (\S+)"
+    assert re.findall(binding.format("projects"), gcp) == [
+        ('"$project"', '"serviceAccount:$head"', "roles/compute.instanceAdmin.v1")]
+    assert re.findall(binding.format("iam service-accounts"), gcp) == [
+        ('"$worker"', '"serviceAccount:$head"', "roles/iam.serviceAccountUser")]
+    assert re.findall(binding.format("storage buckets"), gcp) == [
+        ('"gs://$bucket"', '"serviceAccount:$account"', "roles/storage.objectAdmin")]
+    assert 'for account in "$head" "$worker"; do retry gcloud storage' in gcp
+    assert len(re.findall(r"add-iam-policy-binding", gcp)) == 3, "a binding this test does not know"
     aws = (CLUSTER / "aws-roles.sh").read_text()
     assert "for role in raybiphase-head raybiphase-worker; do" in aws and "policy aws-policy.json" in aws
     assert re.findall(r"--role-name (\S+) --policy-name \S+ \\\n\s+--policy-document \"\$\(policy aws-head-policy",
