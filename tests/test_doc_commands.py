@@ -23,8 +23,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-PROGRAMS = ("python ", "raybiphase ", "pip ", "ray ", "cluster/make-token.sh", "kubectl ", "aws ", "export ", "moto_server ",
-            "unshare ")
+PROGRAMS = ("python ", "raybiphase ", "pip ", "ray ", "kubectl ", "aws ", "export ", "moto_server ", "unshare ",
+            *(f"cluster/{script}" for script in ("make-token.sh", "aws-roles.sh", "gcp-roles.sh", "pin-images.sh",
+                                                 "lock.sh")))
 
 
 @dataclass(frozen=True)
@@ -101,12 +102,16 @@ RULES: list[tuple[str, str]] = [  # (a regex the whole command matches, how it i
      r"ray job submit --address http://127\.0\.0\.1:8266 .*|ray stop --force",
      _test("tests/test_multinode.py::test_a_job_without_the_clusters_token_is_refused_and_one_with_it_runs")),
     # what CI cannot run
-    (r"ray (up|down|dashboard|exec) cluster/\w+\.yaml.*|aws iam .*|kubectl .*|"
+    (r"ray (up|down|dashboard|exec) cluster/\w+\.yaml.*|aws iam .*|kubectl .*|cluster/(aws|gcp)-roles\.sh .*|"
      r"ray job (submit|logs|list) --address http://127\.0\.0\.1:8265.*", _needs("a cloud account and its cluster")),
     (r"ray job submit --working-dir \. -- python -m raybiphase\.sweep sweeps/split_grid\.yaml|"
      r"--set sweep\.storage=(s3|gs)://YOUR_BUCKET/raybiphase", _needs("a GPU cluster and a bucket")),
     (r"python -m raybiphase\.sweep sweeps/(split_grid|gpu)\.yaml|pip install -c constraints\.txt -e '\.\[gpu\]'|"
      r"python benchmarks/bench_(train|finetune)_gpu\.py .*", _needs("a GPU")),
+    (r"cluster/pin-images\.sh", _needs("a container registry (crane or docker buildx); tests/test_cluster.py checks "
+                                        "that every image is pinned or one it pins")),
+    (r"cluster/lock\.sh", _needs("uv and the package index; it rewrites the committed locks, which "
+                                 "tests/test_cluster.py checks")),
     (r"pip install .*--extra-index-url https://download\.pytorch\.org/whl/cpu.*",
      _needs("the PyTorch package index (CI reaches PyPI only)")),
 ]
