@@ -608,3 +608,14 @@ def test_readme_commands_match_the_files():
     assert "--working-dir . -- python -m raybiphase.sweep sweeps/quickstart.yaml" in rehearsal[0]
     assert "sweep.storage=s3://" in rehearsal[0] and "data.dir=s3://" in rehearsal[0]
     assert "ray start --head --num-cpus=0" in readme and "unshare -m" in readme
+
+
+@pytest.mark.parametrize("name, cloud", [("aws.yaml", "aws"), ("gcp.yaml", "gcp")])
+def test_every_worker_node_turns_its_clouds_spot_notice_into_a_drain(name, cloud):
+    """Beside `ray start`, every worker node runs `raybiphase spot-watch` for its own cloud, with the cluster's
+    token (the drain is a call to Ray), in the background: a spot VM under Docker sees no SIGTERM of its own."""
+    commands = load(name)["worker_start_ray_commands"]
+    watch = [c for c in commands if "raybiphase spot-watch" in c]
+    assert len(watch) == 1 and f"spot-watch --cloud {cloud} " in watch[0] and watch[0].rstrip().endswith("&")
+    assert NODE_AUTH_ENV in watch[0] and commands.index(watch[0]) > max(
+        i for i, c in enumerate(commands) if "ray start" in c)
