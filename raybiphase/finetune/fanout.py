@@ -1,6 +1,6 @@
-"""The fine-tuning fan-out of checkpoints: tasks x learning rates x seeds, with ASHA stopping losers, as work that
-yields its trials wave by wave (`fanout_work`); raybiphase.sweep.scheduler runs those waves on long-lived Tuners
-(raybiphase.finetune.tuner) beside the sweep's segments, or alone (`raybiphase finetune`, the benchmarks).
+"""The fine-tuning fan-out of checkpoints: tasks x learning rates x seeds, with ASHA stopping losers, as an object
+that gives its trials wave by wave (`CheckpointWaves`); raybiphase.sweep.scheduler runs those waves on long-lived
+Tuners (raybiphase.finetune.tuner) beside the sweep's segments, or alone (`raybiphase finetune`, the benchmarks).
 
 One trial per (run, pretrain_step, task, lr, seed) of each distinct checkpoint's grid (`FinetuneSource.grid`: an
 intermediate checkpoint may take fewer tasks, LRs or seeds, finetune.exports; runs sharing a checkpoint get copies
@@ -39,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import defaultdict
-from collections.abc import Generator
 
 from raybiphase import storage
 from raybiphase.config import FinetuneConfig, FinetuneGrid, SweepSpec
@@ -183,47 +182,112 @@ def check_sources(sources: list[FinetuneSource], cfg: FinetuneConfig) -> list[Fi
     return sources
 
 
-def fanout_work(sources: list[FinetuneSource], cfg: Fanout, *, experiment: str,
-                done=frozenset()) -> Generator[Wave, list[FinetuneRow], list[dict]]:
-    """Fine-tune every source checkpoint on its grid (`grid_of`); yields the trials to run, a wave at a time, and
-    is sent the rows they ended with (trial_rows); returns one row per task, LR and seed not in `done` (keys
-    rows.TRIAL_KEY) as records (FinetuneRow.record), and a copy of it for every run in the source's `shared_by`.
-    A training group's tasks share one trial (module docstring). Bad task names or checkpoints raise UserError
-    before the first wave."""
-    sources = check_sources(sources, cfg.finetune)
-    done = {trial_key(dict(zip(result_rows.TRIAL_KEY, k))) for k in done}
-    copies = {(s.run, s.pretrain_step): s.shared_by for s in sources}
-    tasks = {(s.run, s.pretrain_step): grid_of(s, cfg.finetune).tasks for s in sources}
+class CheckpointWaves:
+    """The fine-tuning of checkpoints as waves of trials: `next_wave()` gives the first (the missing grid trials),
+    `next_wave(rows)`, given the rows a wave ended with (trial_rows), the next (each completion pass), and None once
+    nothing is left; `rows()` then gives one row per task, LR and seed not in `done` (keys rows.TRIAL_KEY) as records
+    (FinetuneRow.record), with a copy for every run in the source's `shared_by`. Each checkpoint is fine-tuned on
+    its grid (`grid_of`); a training group's tasks share one trial (module docstring). Bad task names or
+    checkpoints raise UserError when it is made, before the first wave."""
 
-    def copy_keys(spec: TrialSpec) -> list[tuple]:
-        return [(other.run, *spec.key[1:]) for other in copies[(spec.run, spec.pretrain_step)]]
+    def __init__(self, sources: list[FinetuneSource], cfg: Fanout, *, experiment: str, done=frozenset()):
+        sources = check_sources(sources, cfg.finetune)
+        self.cfg, self.experiment = cfg, experiment
+        self.done = {trial_key(dict(zip(result_rows.TRIAL_KEY, k))) for k in done}
+        self.copies = {(s.run, s.pretrain_step): s.shared_by for s in sources}
+        self.tasks = {(s.run, s.pretrain_step): grid_of(s, cfg.finetune).tasks for s in sources}
+        self.settings = trial_settings(cfg.finetune)
+        # a row is planned when it, or the row of a run sharing its checkpoint, is missing; its trial runs when it
+        # has no record (the trial that trains its group's model: the whole group's rows are recorded again)
+        self.plan = [s for s in plan_specs(sources, cfg.finetune, experiment=experiment, sweep=cfg.sweep)
+                     if s.key not in self.done or any(k not in self.done for k in self._copy_keys(s))]
+        self.records = {s.key: read_record(s.record) for s in self.plan}
+        for key, record in self.records.items():
+            if record is not None and record.stopped_early and not cfg.finetune.asha:
+                self.records[key] = None  # the full grid was asked for: a trial ASHA stopped runs again
+        self.new: set = set()  # the keys this invocation fine-tuned (W&B logs their groups)
+        self.stage = "start"  # then "grid" (its wave out), "complete" (a completion pass out), "done"
+        self.passes = 0
 
-    # a row is planned when it, or the row of a run sharing its checkpoint, is missing; its trial runs when it has
-    # no record (the trial that trains its group's model: the whole group's rows are recorded again)
-    plan = [s for s in plan_specs(sources, cfg.finetune, experiment=experiment, sweep=cfg.sweep)
-            if s.key not in done or any(k not in done for k in copy_keys(s))]
-    records = {s.key: read_record(s.record) for s in plan}
-    for key, record in records.items():
-        if record is not None and record.stopped_early and not cfg.finetune.asha:
-            records[key] = None  # the full grid was asked for: a trial ASHA stopped runs again
-    settings = trial_settings(cfg.finetune)
-    missing = _trials_for([s for s in plan if records[s.key] is None], tasks, experiment, settings)
-    new = set()
-    if missing:
-        for row in (yield missing):
-            new.add(row.key)
-            if row.key in records:  # a trained task's row already in `done` is not planned
-                records[row.key] = row
-    if cfg.complete_best:
-        new |= {row.key for row in (yield from _complete_best(records, plan, cfg, tasks, experiment))}
-    rows = []
-    for spec in plan:
-        record = records[spec.key]
-        if record is not None:
-            shared = [_shared_row(record, other) for other in copies[(spec.run, spec.pretrain_step)]]
-            rows += [{**row.record(), SETTINGS_COLUMN: settings} for row in [record, *shared] if row.key not in done]
-    _log_groups(rows, new, cfg.wandb)
-    return rows
+    def _copy_keys(self, spec: TrialSpec) -> list[tuple]:
+        return [(other.run, *spec.key[1:]) for other in self.copies[(spec.run, spec.pretrain_step)]]
+
+    def next_wave(self, rows: list[FinetuneRow] | None = None) -> Wave | None:
+        """The next trials to run, given the rows the last wave ended with; None when nothing is left."""
+        if self.stage == "start":
+            missing = _trials_for([s for s in self.plan if self.records[s.key] is None], self.tasks,
+                                  self.experiment, self.settings)
+            self.stage = "grid"
+            if missing:
+                return missing
+        elif self.stage == "grid":
+            for row in rows or []:
+                self.new.add(row.key)
+                if row.key in self.records:  # a trained task's row already in `done` is not planned
+                    self.records[row.key] = row
+        elif self.stage == "complete":
+            self._completed(rows or [])
+        if self.stage in ("grid", "complete") and self.cfg.complete_best:
+            self.stage = "complete"
+            wave = self._completion_pass()
+            if wave:
+                return wave
+        self.stage = "done"
+        return None
+
+    def _completion_pass(self) -> Wave:
+        """The next completion pass (`completion_wave`), at most one per LR."""
+        if self.passes >= len(self.cfg.finetune.lrs):
+            return []
+        self.passes += 1
+        return completion_wave(self.records, self.plan, self.cfg, self.tasks, self.experiment, self.settings)
+
+    def _completed(self, rows: list[FinetuneRow]) -> None:
+        self.new |= record_completed(self.records, self.plan, rows)
+
+    def rows(self) -> list[dict]:
+        """The rows to append, once `next_wave` has returned None (W&B gets the groups this invocation added to)."""
+        rows = []
+        for spec in self.plan:
+            record = self.records[spec.key]
+            if record is not None:
+                shared = [_shared_row(record, other) for other in self.copies[(spec.run, spec.pretrain_step)]]
+                rows += [{**row.record(), SETTINGS_COLUMN: self.settings} for row in [record, *shared]
+                         if row.key not in self.done]
+        _log_groups(rows, self.new, self.cfg.wandb)
+        return rows
+
+
+def completion_wave(records: dict, plan: list[TrialSpec], cfg: Fanout, tasks: dict, experiment: str,
+                    settings: str) -> Wave:
+    """Rerun, without ASHA, the stopped seeds of each group's best LR (aggregate.best_lr: the report's rule); with
+    `finetune.complete_lrs`, every stopped trial at once. A rider's stopped row reruns the trial that trains its
+    model (its group's rows all stopped with it). Empty once the best LR of every group has no stopped seed."""
+    groups = defaultdict(list)
+    for row in records.values():
+        if row is not None:
+            groups[(row.run, row.pretrain_step, row.task)].append(row)
+    complete_lrs, rerun = cfg.finetune.complete_lrs, []
+    for rows in groups.values():
+        lr = None if complete_lrs else best_lr([r.record() for r in rows], complete_only=False)
+        rerun += [r for r in rows if r.stopped_early and (complete_lrs or r.lr == lr)]
+    planned = {s.key: s for s in plan}
+    trials = _trials_for([planned[r.key] for r in rerun], tasks, experiment, settings)
+    return [dataclasses.replace(t, asha=False) for t in trials]
+
+
+def record_completed(records: dict, plan: list[TrialSpec], rows: list[FinetuneRow]) -> set:
+    """A completion pass's rows: each completes its stopped row in `records` (result_rows.completed_row) and is
+    written as its trial's record; returns their keys."""
+    planned, keys = {s.key: s for s in plan}, set()
+    for row in rows:
+        if row.key not in records:  # a trained task's row already in `done`
+            continue
+        row = result_rows.completed_row(records[row.key], row)
+        write_record(planned[row.key].record, row)
+        records[row.key] = row
+        keys.add(row.key)
+    return keys
 
 
 def _trials_for(specs: list[TrialSpec], tasks: dict, experiment: str, settings: str) -> list[TrialSpec]:
@@ -246,35 +310,6 @@ def _log_groups(rows: list[dict], new: set, settings: dict | None) -> None:
     for group in groups.values():
         if settings and any(trial_key(r) in new for r in group):
             log_finetune_group(settings, group)
-
-
-def _complete_best(records: dict, plan: list[TrialSpec], cfg: Fanout, tasks: dict,
-                   experiment: str) -> Generator[Wave, list[FinetuneRow], list[FinetuneRow]]:
-    """Rerun, without ASHA, the stopped seeds of each group's best LR (aggregate.best_lr: the report's rule), until
-    the best LR has none; with `finetune.complete_lrs`, every stopped trial at once. A rider's stopped row reruns
-    the trial that trains its model (its group's rows all stopped with it). Yields each pass's trials, is sent
-    their rows; returns the rerun rows."""
-    done, planned, settings = [], {s.key: s for s in plan}, trial_settings(cfg.finetune)
-    for _ in range(len(cfg.finetune.lrs)):
-        groups = defaultdict(list)
-        for row in records.values():
-            if row is not None:
-                groups[(row.run, row.pretrain_step, row.task)].append(row)
-        rerun = []
-        for rows in groups.values():
-            lr = None if cfg.finetune.complete_lrs else best_lr([r.record() for r in rows], complete_only=False)
-            rerun += [r for r in rows if r.stopped_early and (cfg.finetune.complete_lrs or r.lr == lr)]
-        if not rerun:
-            return done
-        trials = _trials_for([planned[r.key] for r in rerun], tasks, experiment, settings)
-        for row in (yield [dataclasses.replace(t, asha=False) for t in trials]):
-            if row.key not in records:  # a trained task's row already in `done`
-                continue
-            row = result_rows.completed_row(records[row.key], row)
-            write_record(planned[row.key].record, row)
-            records[row.key] = row
-            done.append(row)
-    return done
 
 
 def check_tasks(cfg: FinetuneConfig) -> None:

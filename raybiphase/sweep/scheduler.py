@@ -4,8 +4,8 @@ The sweep is a graph of jobs. A *segment* (raybiphase.sweep.plan) starts once th
 done; it is trained from the driver, in a thread of its own (training blocks), by a worker group that the segment
 before it may have left (raybiphase.pretrain.pool): after every round of starts the groups no segment took are let
 go. Each checkpoint a segment holds
-(and each untrained control, at once) is then a *fine-tuning job* (raybiphase.finetune.fanout.fanout_work): its
-trials, then its completion passes, each wave waiting for the last, then its rows appended to the table.
+(and each untrained control, at once) is then a *fine-tuning job* (raybiphase.finetune.fanout.CheckpointWaves):
+its trials, then its completion passes, each wave waiting for the last, then its rows appended to the table.
 
 One loop, in the driver's main thread, waits on whatever ends first: a segment (its thread posts to the loop's
 event queue) or a fine-tuning trial (the Tuner's thread posts, raybiphase.finetune.tuner), and starts what became
@@ -32,11 +32,11 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from typing import Protocol
 
 from raybiphase.errors import UserError
-from raybiphase.finetune.fanout import Fanout, check_tasks, fanout_work, trial_rows
+from raybiphase.finetune.fanout import CheckpointWaves, Fanout, check_tasks, trial_rows
 from raybiphase.finetune.spec import FinetuneSource, TrialSpec
 from raybiphase.finetune.tuner import TuneTrials
 from raybiphase.results import rows as result_rows
@@ -79,7 +79,7 @@ class Job:
 
     number: int
     name: str
-    work: Generator
+    work: CheckpointWaves
     waiting: set[int] = dataclasses.field(default_factory=set)
     """Tickets of the wave's trials not yet ended."""
     size: int = 0
@@ -227,22 +227,28 @@ class Scheduler:
         done = self.done_keys()
         for source in ready:
             number = next(self.numbers)
-            job = Job(number, f"{source.run}@{source.pretrain_step}",
-                      fanout_work([source], self.fanout, experiment=self.experiment, done=done))
+            try:
+                waves = CheckpointWaves([source], self.fanout, experiment=self.experiment, done=done)
+            except Exception as err:  # a bad checkpoint or task: said once the running work has ended
+                self.failed(err)
+                continue
+            job = Job(number, f"{source.run}@{source.pretrain_step}", waves)
             self.jobs[number] = job
-            self.advance(job, lambda: next(job.work))
+            self.advance(job)
 
-    def advance(self, job: Job, step: Callable[[], list[TrialSpec]]) -> None:
-        """Run the job to its next wave and submit that wave's trials; or append its rows once it has ended."""
+    def advance(self, job: Job, rows: list | None = None) -> None:
+        """Give the job the rows its last wave ended with and submit its next wave's trials; or append its rows
+        once it has none left."""
         try:
-            wave = step()
-        except StopIteration as end:
-            del self.jobs[job.number]
-            self.finished(job, end.value or [])
-            return
+            wave = job.work.next_wave(rows)
+            ended = job.work.rows() if wave is None else None
         except Exception as err:
             del self.jobs[job.number]
             self.failed(err)
+            return
+        if wave is None:
+            del self.jobs[job.number]
+            self.finished(job, ended)
             return
         job.size, job.rows, job.failures = len(wave), [], []
         for spec in wave:
@@ -275,7 +281,7 @@ class Scheduler:
             self.failed(RuntimeError(f"{len(job.failures)} of {job.size} fine-tuning trials failed; first: "
                                      f"{job.failures[0]}"))
             return
-        self.advance(job, lambda: job.work.send(job.rows))
+        self.advance(job, job.rows)
 
     def progress(self, *, stopped: bool) -> None:
         """A line at most every RAYBIPHASE_PROGRESS_S seconds, and once every trial submitted so far has ended."""

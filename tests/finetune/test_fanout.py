@@ -144,11 +144,12 @@ def test_the_completion_pass_reruns_the_best_lrs_stopped_seeds_or_every_stopped_
              for r in plan]
     records = {t.key: t for t in plan}
     cfg = fanout.Fanout.of(fanout_config(complete_lrs=complete_lrs, lrs=[1e-4, 2e-3]))
-    work = fanout._complete_best(records, specs, cfg, {("r", 8): ("tweets",)}, str(tmp_path / "ft"))
-    launched = [next(work)]  # one pass: its trials, without ASHA; then the best LR is complete
-    with pytest.raises(StopIteration):
-        work.send([dataclasses.replace(t.planned(), test_score=0.7, val_score=0.7, steps=9, steps_run=9)
-                   for t in launched[0]])
+    tasks, experiment = {("r", 8): ("tweets",)}, str(tmp_path / "ft")
+    launched = [fanout.completion_wave(records, specs, cfg, tasks, experiment, "")]  # one pass, without ASHA
+    completed = [dataclasses.replace(t.planned(), test_score=0.7, val_score=0.7, steps=9, steps_run=9)
+                 for t in launched[0]]
+    assert fanout.record_completed(records, specs, completed) == {t.key for t in launched[0]}
+    assert fanout.completion_wave(records, specs, cfg, tasks, experiment, "") == []  # the best LR is complete
     assert not any(t.asha for t in launched[0])
     launched = [sorted(t.key for t in wave) for wave in launched]
     if complete_lrs:

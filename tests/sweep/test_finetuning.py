@@ -142,16 +142,25 @@ def _scheduler(ctx, out, launched, monkeypatch, fail=()):
 
     from raybiphase.finetune.tasks import get_task
 
-    def work(sources, cfg, *, experiment, done):
-        rows = yield [TrialSpec(sources[0].run, sources[0].pretrain_step, "", get_task("tweets"), 1e-3, 0, "")]
-        return [{"run": r.run} for r in rows]
+    class OneTrial:  # CheckpointWaves' interface: one wave of one trial, then its rows
+        def __init__(self, sources, cfg, *, experiment, done):
+            self.source, self.ended = sources[0], None
+
+        def next_wave(self, rows=None):
+            if rows is None:
+                return [TrialSpec(self.source.run, self.source.pretrain_step, "", get_task("tweets"), 1e-3, 0, "")]
+            self.ended = rows
+            return None
+
+        def rows(self):
+            return [{"run": r.run} for r in self.ended]
 
     def outcome(spec):
         if spec.run in fail:
             raise RuntimeError("bad checkpoint")
         return {"step": 4, "finished": 1}
 
-    monkeypatch.setattr(scheduler, "fanout_work", work)
+    monkeypatch.setattr(scheduler, "CheckpointWaves", OneTrial)
     monkeypatch.setattr(scheduler, "trial_rows", lambda spec, metrics, failed: None if failed else [spec])
     return scheduler.Scheduler(Fanout.of(ctx.spec), slots=2, console=Console(out),
                                trials=recording(launched, outcome))
