@@ -47,6 +47,7 @@ from raybiphase.sweep.finetuning import baseline_rows, control_sources, finetune
 from raybiphase.sweep.plan import Plan, Segment, dependencies
 from raybiphase.sweep.preflight import check_room, plan_sweep
 from raybiphase.sweep.scheduler import Scheduler
+from raybiphase.sweep.space import check_space
 from raybiphase.sweep.timeline import remaining_chain, simulate, wall_hours
 from raybiphase.telemetry.clock import Clock, step_seconds
 from raybiphase.telemetry.console import STDOUT, Console
@@ -94,6 +95,7 @@ def check_and_prepare(ctx: SweepContext, clock: Clock) -> None:
     """The checks that need no Ray, Ray, the checks of what this machine's Ray has, then the data."""
     spec, paths = ctx.spec, ctx.paths
     storage.check_writable(paths.root, "sweep.storage")  # an unreachable bucket fails here, before any work
+    check_space(ctx.plan, spec)  # a local disk that cannot hold the plan's checkpoints, likewise
     if spec.finetune.tasks:
         check_settings(paths.table(storage.FINETUNE_FILE), spec.finetune)
     interval()  # a bad RAYBIPHASE_PROGRESS_S is said now, not once segments run
