@@ -46,8 +46,11 @@ def outage_budget(seconds: float) -> Iterator[None]:
 
 
 def minutes(seconds: float) -> str:
-    """A wait for a line: seconds under a minute and a half, else whole minutes."""
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+    """A wait for a line: seconds under a minute and a half, else minutes and seconds (`2 min 24 s`, `15 min`)."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    whole, rest = divmod(round(seconds), 60)
+    return f"{whole} min" + (f" {rest} s" if rest else "")
 
 
 class Outages:
