@@ -12,6 +12,7 @@ import logging
 import os
 
 from raybiphase import ray_internals
+from raybiphase.outages import NOTICE_ENV, OUTAGE_ENV
 from raybiphase.errors import env_number
 
 FORWARDED_ENV = (
@@ -19,6 +20,7 @@ FORWARDED_ENV = (
     "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION",  # an S3-compatible store
     "RAYBIPHASE_ASSET_MIRROR",  # where nodes without the offline assets copy them from
     "RAYBIPHASE_DATASETS_DIR",  # local snapshots of the fine-tuning datasets' hub repositories
+    "RAYBIPHASE_STORAGE_RETRY_S", OUTAGE_ENV, NOTICE_ENV,  # how long an unreachable bucket is waited out
 )  # and every WANDB_* setting but these: the key (raybiphase.telemetry.wandb shares it in memory) and a local folder
 PRIVATE_ENV = frozenset({"WANDB_API_KEY", "WANDB_DIR"})
 

@@ -32,6 +32,7 @@ from typing import Any, Callable, TypeVar
 import pyarrow.fs as pafs
 
 from raybiphase.errors import UserError, env_number
+from raybiphase.outages import OUTAGE_ENV, OUTAGES, StorageOutage, minutes
 
 META = "meta.json"
 HF_DIR = "hf"
@@ -48,7 +49,8 @@ Location = str | os.PathLike
 T = TypeVar("T")
 RETRY_SECONDS: float | None = None
 """How long a bucket operation keeps retrying a transient failure (a dropped connection, a server restarting, a
-5xx), with exponential backoff from 0.5 s: RAYBIPHASE_STORAGE_RETRY_S (default 120; 0: no retry) unless set here."""
+5xx), with exponential backoff from 0.5 s: RAYBIPHASE_STORAGE_RETRY_S (default 120; 0: no retry) unless set here,
+or, within a sweep, sweep.storage_outage_s (`outage_budget`)."""
 _PERMANENT = ("NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "NoSuchKey",
               "Path does not exist", "not found", "HTTP status 403", "HTTP status 404", "HTTP status 400",
               "Could not create a OAuth2 access token")  # GCS without credentials
@@ -59,14 +61,24 @@ log = logging.getLogger(__name__)
 
 
 def retry_seconds() -> float:
-    return RETRY_SECONDS if RETRY_SECONDS is not None else env_number("RAYBIPHASE_STORAGE_RETRY_S", 120.0)
+    if RETRY_SECONDS is not None:
+        return RETRY_SECONDS
+    if os.environ.get(OUTAGE_ENV):
+        return env_number(OUTAGE_ENV, 900.0)
+    return env_number("RAYBIPHASE_STORAGE_RETRY_S", 120.0)
+
+
+def budget_setting() -> str:
+    """The name of the setting `retry_seconds` comes from, for the lines that say what bounds a wait."""
+    return "sweep.storage_outage_s" if RETRY_SECONDS is None and os.environ.get(OUTAGE_ENV) else \
+        "RAYBIPHASE_STORAGE_RETRY_S"
 
 
 def transient(err: BaseException) -> bool:
     """An object-store error worth retrying: pyarrow's OSError for a connection refused, reset or timed out, or a
-    server error; not a missing bucket or key, a denied request, or bad credentials."""
+    server error; not a missing bucket or key, a denied request, bad credentials, or an outage already waited out."""
     if not isinstance(err, OSError) or isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError,
-                                                        NotADirectoryError)):
+                                                        NotADirectoryError, StorageOutage)):
         return False
     text = str(err)
     return not any(marker in text for marker in _PERMANENT)
@@ -74,27 +86,41 @@ def transient(err: BaseException) -> bool:
 
 def retrying(seconds: float | None = None, *, quiet: bool = False) -> Callable[[Callable[..., T]], Callable[..., T]]:
     """Retry a function whose first argument is a location, when that is a URI and the failure is `transient`:
-    backoff 0.5, 1, 2, 4 ... s (at most 16 s a wait) for up to `seconds` (default `retry_seconds()`) in all; then the
-    last error. Local paths are never retried. Each retry is logged unless `quiet` (a check that ends in one line of
-    its own)."""
+    backoff 0.5, 1, 2, 4 ... s (at most 16 s a wait) while the bucket has been unreachable for less than `seconds`
+    (default `retry_seconds()`), saying so as `Outages` does; then a StorageOutage naming the location and the
+    setting. Local paths are never retried. `quiet`: a check that ends in one line of its own (the pre-flight
+    probes): it says nothing, counts from its own start and raises the last error as it is."""
 
     def decorate(fn: Callable[..., T]) -> Callable[..., T]:
         @functools.wraps(fn)
         def wrapper(location, *args, **kwargs):
             budget = retry_seconds() if seconds is None else seconds
-            deadline, wait = time.monotonic() + budget, 0.5
-            remote = any(isinstance(a, (str, os.PathLike)) and is_uri(a) for a in (location, *args))
+            started, wait = time.monotonic(), 0.5
+            remote = next((str(a) for a in (location, *args) if isinstance(a, (str, os.PathLike)) and is_uri(a)),
+                          None)
+            bucket = remote and bucket_of(remote)
             while True:
                 try:
-                    return fn(location, *args, **kwargs)
+                    result = fn(location, *args, **kwargs)
                 except OSError as err:
-                    if not (remote and transient(err)) or time.monotonic() + wait > deadline:
+                    if not (remote and transient(err)) or budget <= 0:
                         raise
-                    if not quiet:
-                        log.warning("storage: %s on %s failed (%s); retrying in %.1f s", fn.__name__, location,
-                                    " ".join(str(err).split())[:200], wait)
-                    time.sleep(wait)
+                    began = started if quiet else min(started, OUTAGES.failed(bucket, fn.__name__, remote, err,
+                                                                              budget, budget_setting()))
+                    left = began + budget - time.monotonic()
+                    if left <= 0:
+                        if quiet:
+                            raise
+                        reason = " ".join(str(err).split())[:200]
+                        raise StorageOutage(f"storage: {remote} unreachable for {minutes(budget)} "
+                                            f"({budget_setting()} = {budget:g} s; raise it to wait longer): "
+                                            f"{reason}") from None
+                    time.sleep(min(wait, left))
                     wait = min(wait * 2, 16.0)
+                    continue
+                if bucket and not quiet:
+                    OUTAGES.reached(bucket)
+                return result
 
         return wrapper
 
@@ -106,6 +132,12 @@ def retrying(seconds: float | None = None, *, quiet: bool = False) -> Callable[[
 
 def is_uri(location: Location) -> bool:
     return "://" in str(location)
+
+
+def bucket_of(uri: Location) -> str:
+    """scheme://bucket of a URI."""
+    scheme, rest = str(uri).split("://", 1)
+    return f"{scheme}://{rest.split('/', 1)[0]}"
 
 
 def absolute(location: Location) -> str:
@@ -225,8 +257,7 @@ def check_reachable(location: Location, key: str) -> None:
     cannot be reached or does not exist. Writes nothing (what a dry run checks). A local path passes."""
     if not is_uri(location):
         return
-    scheme, rest = str(location).split("://", 1)
-    bucket = f"{scheme}://{rest.split('/', 1)[0]}"
+    bucket = bucket_of(location)
     try:
         found = retrying(min(retry_seconds(), 10.0), quiet=True)(exists.__wrapped__)(bucket)
     except OSError as err:

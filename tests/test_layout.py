@@ -13,6 +13,7 @@ MAX_LINES = 450
 MAX_FUNCTION_LINES = 60  # body lines, the docstring not counted: the orchestrators read as a list of named steps
 LAYERS = (
     ("errors",),  # the two error kinds every layer raises
+    ("outages",),  # how long an unreachable bucket is waited out, and what is said meanwhile
     ("storage",),  # every path, URI and file name
     ("config",),  # the run config and the sweep spec (with the size table they validate against)
     ("naming",),  # run names and the phase tag rule, from a RunConfig

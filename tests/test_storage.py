@@ -97,3 +97,36 @@ def test_check_reachable_says_in_one_line_what_a_dry_run_cannot_reach(s3_bucket,
     with pytest.raises(UserError, match="^sweep.storage: cannot reach s3://raybiphase-test/x: .*connect"):
         storage.check_reachable(f"{s3_bucket}/x", "sweep.storage")
     assert not [r for r in caplog.records if "retrying" in r.getMessage()]  # no retry lines before the error
+
+
+def test_a_sweeps_outage_budget_is_what_it_and_its_ray_workers_wait_and_ends_with_it(tmp_path, monkeypatch):
+    """sweep.storage_outage_s bounds the driver's waits and goes to every Ray worker with the environment Ray
+    starts with (the sweep starts Ray inside it); the lines name it. Outside a sweep RAYBIPHASE_STORAGE_RETRY_S
+    decides again. It must be positive."""
+    import io
+
+    from raybiphase.config import ConfigError, SweepSpec, from_dict
+    from raybiphase.errors import UserError
+    from raybiphase.outages import OUTAGE_ENV
+    from raybiphase.raycluster import worker_env
+    from raybiphase.sweep import driver
+    from raybiphase.telemetry.console import Console
+    from tests.conftest import TINY_BASE
+
+    monkeypatch.delenv("RAYBIPHASE_STORAGE_RETRY_S", raising=False)
+    seen = {}
+
+    def first_step(ctx, clock, spec_path):  # what the sweep's first step sees; nothing after it is needed here
+        seen.update(budget=storage.retry_seconds(), setting=storage.budget_setting(), env=worker_env()[OUTAGE_ENV])
+        raise UserError("stopped after the first step")
+
+    monkeypatch.setattr(driver, "start", first_step)
+    spec = from_dict(SweepSpec, {**TINY_BASE, "sweep": {"storage": str(tmp_path), "storage_outage_s": 600}})
+    with pytest.raises(UserError, match="stopped after the first step"):
+        driver.run_sweep(spec, console=Console(io.StringIO()))
+    assert seen == {"budget": 600.0, "setting": "sweep.storage_outage_s", "env": "600"}
+    assert storage.retry_seconds() == 120.0 and storage.budget_setting() == "RAYBIPHASE_STORAGE_RETRY_S"
+    assert OUTAGE_ENV not in worker_env()
+    assert SweepSpec().sweep.storage_outage_s == 900.0  # 15 minutes by default
+    with pytest.raises(ConfigError, match="^sweep.storage_outage_s: 0.0 is out of range"):
+        from_dict(SweepSpec, {"sweep": {"storage_outage_s": 0}})

@@ -1,10 +1,16 @@
 """Storage hiccups, against a real S3-compatible server on 127.0.0.1 that goes down and comes
 back: bucket operations retry with backoff and succeed once it is back; a checkpoint whose upload was cut short
 has no meta (it is written last) and is never the one a resume or a child segment starts from; a committed
-checkpoint whose files were damaged afterwards refuses to load."""
+checkpoint whose files were damaged afterwards refuses to load. A longer outage (the rehearsal) is waited out for
+sweep.storage_outage_s with a line every so often, not one per retry; past that budget a call stops with one line.
+
+The rehearsal stops the server for RAYBIPHASE_REHEARSAL_OUTAGE_S seconds (default 14, to keep the suite short);
+docs/troubleshooting.md gives the command that rehearses a 3-minute outage."""
 
 from __future__ import annotations
 
+import logging
+import os
 import socket
 import threading
 import time
@@ -13,6 +19,7 @@ import pytest
 
 from raybiphase import storage
 from raybiphase.errors import UserError
+from raybiphase.outages import NOTICE_ENV, StorageOutage, outage_budget
 
 
 class Server:
@@ -189,3 +196,88 @@ def test_a_checkpoint_changed_since_its_commit_is_passed_over_for_the_one_before
     assert _restored_step(str(run_dir), registered=None, model=model, optimizer=optimizer) == 3
     said = capsys.readouterr().out
     assert "step-00000005 is damaged" in said and "resuming from the committed checkpoint before it" in said
+
+
+OUTAGE_S = float(os.environ.get("RAYBIPHASE_REHEARSAL_OUTAGE_S") or 14)
+"""How long the rehearsal's server stays down (the suite: 14 s; docs/troubleshooting.md: 180)."""
+
+
+@pytest.mark.slow  # waits out OUTAGE_S, and up to one backoff (16 s) after it
+def test_rehearsal_a_checkpoint_and_a_table_append_wait_out_an_outage_with_a_line_now_and_then(server, tmp_path,
+                                                                                                monkeypatch, caplog):
+    """The server goes down before a committed checkpoint's upload and a results append start, in two threads, and
+    comes back OUTAGE_S later, longer than the old two-minute budget when rehearsed at full length. Both finish with
+    exactly the objects and rows an uninterrupted run leaves; the outage is said once as it begins, once per notice
+    interval (RAYBIPHASE_STORAGE_NOTICE_S, here a quarter of the outage) for both threads together, and once when
+    the bucket answers again."""
+    import pandas as pd
+
+    from raybiphase.pretrain import checkpoint
+    from raybiphase.results import store
+
+    monkeypatch.setenv(NOTICE_ENV, f"{OUTAGE_S / 4:g}")
+    model, optimizer, meta = _tiny_checkpoint(tmp_path / "local", step=3)
+    location, table = "s3://hiccups/sweep/runs/seg/step-00000003", "s3://hiccups/sweep/finetune.parquet"
+    row = {"run": "seg", "task": "sst2", "seed": 0, "score": 0.5}
+    errors: list[BaseException] = []
+
+    def save():
+        storage.upload(tmp_path / "local", location)
+        checkpoint.commit(location, meta, ranks=1)
+
+    def append():
+        store.append_rows(table, [row], key=("run", "task", "seed"))
+
+    def run(work):
+        try:
+            work()
+        except BaseException as err:  # said by the assertion below
+            errors.append(err)
+
+    caplog.set_level(logging.WARNING, logger="raybiphase.storage")
+    with outage_budget(OUTAGE_S + 120):
+        server.stop()
+        began = time.monotonic()
+        restarted = server.restart_after(OUTAGE_S)
+        threads = [threading.Thread(target=run, args=(work,)) for work in (save, append)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        restarted.join()
+    took = time.monotonic() - began
+    assert not errors, errors
+    assert OUTAGE_S <= took < OUTAGE_S + 20  # waited the outage out, noticing its end within one backoff
+
+    local = {p.relative_to(tmp_path / "local").as_posix() for p in (tmp_path / "local").rglob("*") if p.is_file()}
+    assert set(storage.list_tree(location)) == local | {storage.META}  # the same keys, the meta last
+    assert checkpoint.load(storage.local_copy(location, tmp_path / "cache"), model, optimizer).step == 3
+    assert store.read_rows(table).to_dict("records") == [row]
+    assert store.append_rows(table, pd.DataFrame([row]), key=("run", "task", "seed")) == 1  # a rerun adds nothing
+
+    said = [r.getMessage() for r in caplog.records]
+    assert len([m for m in said if "retrying for up to" in m]) == 1, said  # one bucket, one outage: said once
+    assert "(sweep.storage_outage_s)" in said[0]
+    waiting = [m for m in said if m.startswith("storage: s3://hiccups unreachable for")]
+    assert 1 <= len(waiting) <= 5, said  # a line per notice interval, not per retry of each thread
+    assert all("waiting up to" in m and "(sweep.storage_outage_s)" in m for m in waiting)
+    assert [m for m in said if "reachable again" in m] == [said[-1]]
+
+
+@pytest.mark.slow  # waits out a 1-second budget
+def test_past_the_outage_budget_a_call_stops_with_one_line_and_writes_nothing(server, tmp_path):
+    """The line names the location and the setting; nothing half-written is left, so a rerun starts clean."""
+    location = "s3://hiccups/sweep/pretrain.json"
+    storage.write_json(location, {"rows": 1})
+    server.stop()
+    try:
+        with outage_budget(1.0), pytest.raises(StorageOutage) as raised:
+            storage.write_json(location, {"rows": 2})
+    finally:
+        server.start()
+    line = str(raised.value)
+    assert line.startswith("storage: s3://hiccups/sweep/pretrain.json unreachable for 1 s (sweep.storage_outage_s "
+                           "= 1 s; raise it to wait longer): ") and "\n" not in line
+    assert isinstance(raised.value, UserError)  # a command says it in one line, exit code 2
+    assert storage.read_json(location) == {"rows": 1}  # the old document, whole
+    assert not storage.transient(raised.value)  # an enclosing retry does not wait the outage out again

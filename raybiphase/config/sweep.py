@@ -196,6 +196,9 @@ class SweepConfig:
     """Sweep name: results go to <storage>/<name>/."""
     storage: str = "results"
     """Local directory or cloud URI (s3://, gs://) for checkpoints and results."""
+    storage_outage_s: float = 900.0
+    """Seconds a bucket unreachable mid-sweep is waited out (every process retrying, a line a minute) before the
+    sweep stops with a line naming it; a rerun resumes."""
     grid: dict[str, list[Any]] = field(default_factory=dict)
     """Dotted key -> list of values; the sweep runs the cross product."""
     runs: tuple[dict[str, Any], ...] = ()
@@ -254,6 +257,7 @@ class SweepSpec:
         check(_FOLDER.fullmatch(self.sweep.name) is not None and ".." not in self.sweep.name, "sweep.name",
               f"{self.sweep.name!r} is not a plain folder name; allowed: letters, digits, '.', '_' and '-', not "
               "starting with '.' (results go to <sweep.storage>/<sweep.name>/)")
+        positive(self.sweep.storage_outage_s, "sweep.storage_outage_s")
         ratio(self.sweep.mfu, "sweep.mfu")
         ratio(self.sweep.finetune_mfu, "sweep.finetune_mfu")
         positive(self.sweep.gpu_peak_tflops, "sweep.gpu_peak_tflops")

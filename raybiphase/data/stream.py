@@ -117,8 +117,10 @@ def open_dataset(path: str | Path, *, seq_len: int, tokenizer_fingerprint: str |
 
 
 @functools.lru_cache(maxsize=16)
+@storage.retrying()
 def _load_blocks(location: str, seq_len: int) -> np.ndarray:
-    """A shard's blocks, read straight from its folder or bucket (cached per process)."""
+    """A shard's blocks, read straight from its folder or bucket (cached per process; a bucket that is down is
+    waited out, as every storage call is, so a segment mid-step outlives an outage)."""
     fs, path = storage.filesystem(location)
     column = pq.read_table(path, columns=["input_ids"], filesystem=fs).column("input_ids").combine_chunks()
     return column.values.to_numpy().reshape(-1, seq_len)

@@ -39,6 +39,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raybiphase import storage
 from raybiphase.config import ResourcesConfig
+from raybiphase.outages import StorageOutage
 from raybiphase.pretrain.checkpoint import latest_committed
 from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.loop import Worker, rank_world
@@ -127,10 +128,15 @@ class JobBoard:
         """Whether a group has started job `index`."""
         return index in self.tries
 
-    async def failed(self, index: int, error: str) -> None:
+    async def failed(self, index: int, error: str, *, final: bool = False) -> None:
         """A worker's error while training job `index` (the group restarts, or the fit ends): the try's first
-        error is kept (the other ranks' follow from it)."""
+        error is kept (the other ranks' follow from it). `final`: another try cannot help (the bucket stayed
+        unreachable for the whole outage budget, which a restart would only wait out again): the job is given up."""
         self.errors.setdefault(index, error)
+        if final and index not in self.given_up:
+            self.given_up[index] = f"stopped: {error}"
+            self.closed = True
+            await self._notify()
 
     async def done(self, index: int) -> None:
         self.finished = max(self.finished, index + 1)
@@ -178,6 +184,9 @@ def pool_loop(loop_config: dict) -> None:
         index, job = item[0]
         try:
             Worker(job).train()
+        except StorageOutage as err:  # said in one line; no restart: it would wait the same outage out again
+            ray.get(board.failed.remote(index, str(err), final=True))
+            raise
         except BaseException as err:
             ray.get(board.failed.remote(index, "".join(traceback.format_exception(err)).strip()))
             raise
@@ -245,6 +254,8 @@ class Pool:
                 raise Untaken(f"the worker group for {job.name} ended before taking it: {self.error}")
             raise self.error or RuntimeError(f"the worker group of {job.name} ended before the segment did")
         error = ray.get(ended)
+        if error is not None and error.startswith("stopped: "):
+            raise RuntimeError(f"the workers of {job.name} {error}")
         if error is not None:
             head = f"the workers of {job.name} failed {self.attempts} times from the same checkpoint"
             raise RuntimeError(f"{head}\n{error}" if "Traceback" in error else f"{head}: {error}")

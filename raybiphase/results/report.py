@@ -19,7 +19,6 @@ from typing import get_args
 
 import matplotlib
 import pandas as pd
-import pyarrow.fs as pafs
 from matplotlib.figure import Figure  # figures without pyplot: no global state, PNGs through Agg
 
 from raybiphase import storage
@@ -430,6 +429,5 @@ def write_report(results_dir: storage.Location) -> tuple[str, list[Section]]:
         (out / storage.REPORT_MD).write_text("\n".join(lines).rstrip() + "\n")
         (out / storage.REPORT_HTML).write_text(html.render(title, header=header, intro=intro, sections=sections))
         if storage.is_uri(results_dir):  # a bucket: the drawn folder goes up as a whole
-            fs, path = storage.filesystem(target)
-            pafs.copy_files(str(out), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+            storage.upload(out, target)
     return storage.join(target, storage.REPORT_MD), sections

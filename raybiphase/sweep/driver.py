@@ -28,6 +28,7 @@ from raybiphase.errors import ConfigError, UserError
 from raybiphase.finetune.fanout import Fanout
 from raybiphase.finetune.heldout import evaluation_texts
 from raybiphase.finetune.records import check_settings
+from raybiphase.outages import outage_budget
 from raybiphase.pretrain.export import write_card
 from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.policy import CheckpointPolicy
@@ -46,6 +47,7 @@ from raybiphase.sweep.finetuning import baseline_rows, control_sources, finetune
 from raybiphase.sweep.plan import Plan, Segment, dependencies
 from raybiphase.sweep.preflight import check_room, plan_sweep
 from raybiphase.sweep.scheduler import Scheduler
+from raybiphase.sweep.space import check_space
 from raybiphase.sweep.timeline import remaining_chain, simulate, wall_hours
 from raybiphase.telemetry.clock import Clock, step_seconds
 from raybiphase.telemetry.console import STDOUT, Console
@@ -57,19 +59,21 @@ from raybiphase.telemetry.wandb import log_pretraining_run, sweep_settings
 def run_sweep(spec: SweepSpec, *, dry_run: bool = False, console: Console = STDOUT, spec_path: str = "") -> Plan:
     """Plan the spec (the dry run stops there), then prepare the data, pretrain every segment and, beside it,
     fine-tune every distinct checkpoint and the controls as they are ready, and draw the report; resumes where an
-    earlier invocation stopped."""
+    earlier invocation stopped. An unreachable bucket is waited out for sweep.storage_outage_s, by the driver and
+    by every Ray worker it starts."""
     spec, plan = plan_sweep(spec, dry_run=dry_run, console=console)
     if dry_run:
         return plan
-    clock = Clock()
-    ctx = SweepContext(spec, plan, SweepPaths.of(spec.sweep.storage, spec.sweep.name), console=console)
-    start(ctx, clock, spec_path)
-    rows = run_jobs(ctx, clock)
-    if spec.finetune.tasks:
-        record_baselines(ctx, clock, rows)
-    with clock.span("report"):
-        finish(ctx.paths, spec, console=console, cards=finetune_sources(ctx))
-    ctx.say(clock.summary())
+    with outage_budget(spec.sweep.storage_outage_s):  # for this process and every Ray worker it starts
+        clock = Clock()
+        ctx = SweepContext(spec, plan, SweepPaths.of(spec.sweep.storage, spec.sweep.name), console=console)
+        start(ctx, clock, spec_path)
+        rows = run_jobs(ctx, clock)
+        if spec.finetune.tasks:
+            record_baselines(ctx, clock, rows)
+        with clock.span("report"):
+            finish(ctx.paths, spec, console=console, cards=finetune_sources(ctx))
+        ctx.say(clock.summary())
     return plan
 
 
@@ -91,6 +95,7 @@ def check_and_prepare(ctx: SweepContext, clock: Clock) -> None:
     """The checks that need no Ray, Ray, the checks of what this machine's Ray has, then the data."""
     spec, paths = ctx.spec, ctx.paths
     storage.check_writable(paths.root, "sweep.storage")  # an unreachable bucket fails here, before any work
+    check_space(ctx.plan, spec)  # a local disk that cannot hold the plan's checkpoints, likewise
     if spec.finetune.tasks:
         check_settings(paths.table(storage.FINETUNE_FILE), spec.finetune)
     interval()  # a bad RAYBIPHASE_PROGRESS_S is said now, not once segments run

@@ -86,6 +86,21 @@ def test_a_job_is_given_up_after_its_tries_from_one_checkpoint_and_progress_star
     asyncio.run(scenario())
 
 
+def test_a_bucket_unreachable_past_its_outage_budget_gives_the_job_up_at_once():
+    """A restart would wait the same outage out again: the first such error ends the job, with its one line."""
+    async def scenario():
+        board = _board(attempts=3)
+        await board.give("a")
+        assert await _take(board, await board.join()) == (0, "a")
+        ended = asyncio.create_task(board.wait(0))
+        line = "storage: s3://b/runs/a/history.json unreachable for 15 min (sweep.storage_outage_s = 900 s; ...)"
+        await board.failed(0, line, final=True)
+        assert await asyncio.wait_for(ended, 1) == f"stopped: {line}"
+        assert await _take(board, await board.join()) is None  # the restarted group gets nothing: no second try
+
+    asyncio.run(scenario())
+
+
 def test_a_restart_that_grows_an_elastic_group_is_no_try_and_a_lost_group_is_said_as_lost():
     async def scenario():
         board = _board(attempts=1)
