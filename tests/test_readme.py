@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -162,3 +163,14 @@ def test_a_misspelt_command_is_one_line_that_names_the_closest(typed, hint, caps
         main([typed])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == f"error: {typed}: unknown command{hint}; allowed: {', '.join(COMMANDS)}\n"
+
+
+def test_the_suites_time_is_the_recorded_runs():
+    """The README's time for the whole suite is every run of the newest suite record, in its order."""
+    records = sorted((REPO / "benchmarks" / "results").glob("suite-*.json"))
+    record = json.loads(records[-1].read_text())
+    times = [f"{int(run['seconds'] // 60)}m{round(run['seconds'] % 60):02d}s" for run in record["runs"]]
+    said = " ".join(", ".join(times[:-1]).split() + ["and", times[-1]]) if len(times) > 1 else times[0]
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert f"the whole suite took {said} on clean clones on 2 cores, two-node tests included " \
+           f"(`benchmarks/results/{records[-1].name}`" in readme
