@@ -18,8 +18,8 @@ META = CheckpointMeta(run=to_dict(RUN), step=6, data_start=0, metrics={"step": 6
 SUMMARY = [
     {"run": "r", "pretrain_step": 6, "task": "tweets", "family": "SC", "dataset": "3-class sentiment (tweets)",
      "metric": "accuracy", "test_mean": 0.5123, "test_ci95": 0.0211, "best_lr": 1e-4, "n_seeds": 3},
-    {"run": "r", "pretrain_step": 6, "task": "squad_retrieval", "family": "IR", "dataset": "SQuAD question -> paragraph",
-     "metric": "ndcg@10", "test_mean": 0.4, "test_ci95": math.nan, "best_lr": 3e-5, "n_seeds": 1},
+    {"run": "r", "pretrain_step": 6, "task": "squad_retrieval", "family": "IR",
+     "dataset": "SQuAD question -> paragraph", "metric": "ndcg@10", "test_mean": 0.4, "test_ci95": math.nan, "best_lr": 3e-5, "n_seeds": 1},
     {"run": "r", "pretrain_step": 6, "task": "squad", "family": "QA", "dataset": "SQuAD v1.1", "metric": "f1",
      "test_mean": math.nan, "test_ci95": math.nan, "best_lr": math.nan, "n_seeds": 0},  # every seed stopped
 ]
