@@ -19,13 +19,17 @@ from raybiphase.commands.pages import (
     MISSING,
     REGENERATE,
     benchmark_line,
+    described,
     pages,
     row_columns,
     settings_page,
 )
 from raybiphase.config.load import NOT_WEIGHTS
+from raybiphase.errors import UserError
 from raybiphase.results.aggregate import BOOTSTRAP_COLUMNS, SUMMARY_COLUMNS, summarize
 from raybiphase.results.rows import FinetuneRow, PretrainRow
+from raybiphase.telemetry.history import RESUME_POINT
+from raybiphase.telemetry.report import PretrainReport, column
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -83,6 +87,45 @@ def test_every_row_column_says_what_it_holds():
     undocumented = [(cls.__name__, name) for cls in (PretrainRow, FinetuneRow)
                     for name, _, doc in row_columns(cls) if not doc]
     assert undocumented == []
+
+
+def test_the_results_page_names_every_metric_and_every_fine_tuning_column_once():
+    page = pages(REPO)["docs/results.md"]
+    pretrain, rest = page.split("## finetune.parquet")
+    finetune = rest.split("## summary.parquet")[0]
+    metrics = [column(f) for f in dataclasses.fields(PretrainReport) if column(f) not in ("step", RESUME_POINT)]
+    assert {"train/clm_loss", "val/mlm_loss", "mfu", "data_epochs", "workers", "unigram_entropy"} <= set(metrics)
+    assert all(pretrain.count(f"| `{name}` |") == 1 for name in metrics)
+    assert all(finetune.count(f"| `{f.name}` |") == 1 for f in dataclasses.fields(FinetuneRow) if f.name != "settings")
+    assert "one column per key" not in page  # no column hides behind a spread field any more
+
+
+@dataclass(frozen=True, kw_only=True)
+class _NewColumns:
+    run: str
+    """Documented."""
+    fresh: float = 0.0
+
+
+def test_a_column_added_without_a_description_stops_the_docs_and_their_check(tmp_path, monkeypatch, capsys):
+    from raybiphase.__main__ import main
+    from raybiphase.commands import pages as pages_module
+
+    with pytest.raises(UserError, match=r"^_NewColumns\.fresh: a results column without a description"):
+        described(_NewColumns)
+    monkeypatch.setattr(pages_module, "FinetuneRow", _NewColumns)  # as if FinetuneRow gained `fresh`
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["docs", "--check", "--root", str(REPO)])
+    assert exit_info.value.code != 0 and "_NewColumns.fresh: a results column without" in capsys.readouterr().err
+
+
+def test_a_metric_the_loop_reports_without_a_field_is_refused():
+    report = {"step": 1, "tokens_seen": 2048, "phase": 0, "objective": "clm", "train/clm_loss": 7.0, "lr": 1e-3,
+              "tokens_per_s": 900.0, "workers": 1, "data_epochs": 0.01}
+    assert PretrainReport.from_columns(report).columns() == report  # same names, same order, no None filled in
+    with pytest.raises(TypeError, match=r"\['grad_norm'\] are not fields of PretrainReport"):
+        PretrainReport.from_columns({**report, "grad_norm": 0.5})
 
 
 def test_summary_columns_are_summarizes_own_columns_in_order():

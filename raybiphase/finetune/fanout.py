@@ -44,7 +44,7 @@ from collections.abc import Generator
 from raybiphase import storage
 from raybiphase.config import FinetuneConfig, FinetuneGrid, SweepSpec
 from raybiphase.errors import UserError
-from raybiphase.finetune.records import SETTINGS_COLUMN, read_record, record_path, trial_settings, write_record
+from raybiphase.finetune.records import read_record, record_path, trial_settings, write_record
 from raybiphase.finetune.spec import FinetuneSource, TrialSpec
 from raybiphase.finetune.tasks import get_task, training_groups
 from raybiphase.finetune.trial import TrialResult, find_hf_dir, load_checked_tokenizer, resolve_hf_dir
@@ -221,7 +221,8 @@ def fanout_work(sources: list[FinetuneSource], cfg: Fanout, *, experiment: str,
         record = records[spec.key]
         if record is not None:
             shared = [_shared_row(record, other) for other in copies[(spec.run, spec.pretrain_step)]]
-            rows += [{**row.record(), SETTINGS_COLUMN: settings} for row in [record, *shared] if row.key not in done]
+            rows += [dataclasses.replace(row, finetune_settings=settings).record() for row in [record, *shared]
+                     if row.key not in done]
     _log_groups(rows, new, cfg.wandb)
     return rows
 
