@@ -4,8 +4,8 @@ use (`column`: the field's name, or the `column` its metadata gives, `train/clm_
 
     metrics = PretrainReport.from_columns({"step": 100, "tokens_seen": 204800, ...}).columns()
 
-`from_columns` refuses a name no field declares, so a metric cannot be reported without its description, and
-docs/results.md lists every column from these fields (`python -m raybiphase docs`). A metric a report does not
+`from_columns` refuses a name no field declares, so a metric cannot be reported without a field; docs/results.md
+lists every column from these fields, and `python -m raybiphase docs` stops at a field without a docstring. A metric a report does not
 hold (an MLM loss at a CLM step, the evaluations between evaluation steps, MFU off GPU) is None and left out.
 """
 
