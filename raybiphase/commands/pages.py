@@ -120,7 +120,68 @@ def results_page() -> str:
               f"summarize` of {storage.FINETUNE_FILE}), known by {key(SUMMARY_KEY)}; after these columns come "
               "every column constant within the group (the dotted settings, `family`, `dataset`, `metric`).", ""]
     lines += table(("column", "description"), [(f"`{n}`", d) for n, d in SUMMARY_COLUMNS + BOOTSTRAP_COLUMNS])
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + READING
+
+
+READING = """
+## Reading the tables
+
+Any Parquet reader reads them. With pandas, from a sweep's folder (`<sweep.storage>/<sweep.name>`):
+
+```python
+import pandas as pd
+
+results = "results/quickstart"
+pretrain = pd.read_parquet(f"{results}/pretrain.parquet")
+trials = pd.read_parquet(f"{results}/finetune.parquet")
+summary = pd.read_parquet(f"{results}/summary.parquet")
+
+# each run's held-out MLM loss at its last evaluation
+evaluated = pretrain.dropna(subset=["val/mlm_loss"]).sort_values("step")
+print(evaluated.groupby("run")[["step", "val/mlm_loss"]].last())
+# the best LR's mean test score of each checkpoint of ours, a column per task
+ours = summary[summary["source"] == "raybiphase"]
+print(ours.pivot_table(index=["run", "pretrain_step"], columns="task", values="test_mean"))
+# every LR's seeds behind those means
+print(trials.groupby(["run", "pretrain_step", "task", "lr"])["test_score"].agg(["mean", "count"]))
+```
+
+With DuckDB, SQL over the same files (a column whose name has a slash is quoted): the first query is each run's best
+held-out MLM loss, the second recomputes each summary row's test mean from its trials at the best LR.
+
+```python
+import duckdb
+
+print(duckdb.sql(f\"\"\"
+    SELECT run, max(step) AS steps, min("val/mlm_loss") AS best_val_mlm_loss
+    FROM read_parquet('{results}/pretrain.parquet') GROUP BY run ORDER BY run\"\"\").df())
+best = duckdb.sql(f\"\"\"
+    SELECT s.source, s.run, s.pretrain_step, s.task, s.best_lr, avg(t.test_score) AS test_mean, count(*) AS seeds
+    FROM read_parquet('{results}/summary.parquet') s
+    JOIN read_parquet('{results}/finetune.parquet') t
+      ON t.source = s.source AND t.run = s.run AND t.pretrain_step = s.pretrain_step AND t.task = s.task
+         AND t.lr = s.best_lr
+    GROUP BY ALL ORDER BY ALL\"\"\").df()
+print(best)
+```
+
+In a bucket, DuckDB reads them through its httpfs extension (downloaded once from DuckDB's extension repository)
+with the machine's credentials; pandas reads the same URIs once `s3fs` (or `gcsfs`) is installed:
+
+```python
+import duckdb
+
+con = duckdb.connect()
+con.sql("INSTALL httpfs; LOAD httpfs")
+con.sql("CREATE SECRET (TYPE s3, PROVIDER credential_chain)")  # the AWS credentials the machine has
+# an S3-compatible server: CREATE SECRET (TYPE s3, KEY_ID '...', SECRET '...', ENDPOINT 'host:9000',
+#                                         URL_STYLE 'path', USE_SSL false)
+summary_uri = "s3://my-bucket/studies/split_grid/summary.parquet"  # <sweep.storage>/<sweep.name>/summary.parquet
+print(con.sql(f"SELECT run, task, test_mean FROM read_parquet('{summary_uri}')").df())
+```
+"""
+"""How to read the tables, on the generated page; tests/test_docs.py runs the pandas and local DuckDB blocks on a
+real sweep's tables."""
 
 
 @dataclass(frozen=True)
