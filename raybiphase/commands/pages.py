@@ -2,7 +2,8 @@
 and the unit tests compare them), so a page cannot drift from the code:
 
     docs/settings.md     every setting of a run config and a sweep spec: config.docs.setting_list, the `--help` text
-    docs/results.md      the columns of pretrain/finetune/summary.parquet: results.rows and results.aggregate
+    docs/results.md      the columns of pretrain/finetune/summary.parquet: results.rows, telemetry.report (each
+                         pretraining metric) and results.aggregate, each with its description; then how to read them
     docs/benchmarks.md   one line per record in benchmarks/results/*.json (benchmark_line reads each record's shape)
 """
 

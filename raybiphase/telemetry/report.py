@@ -88,7 +88,3 @@ class PretrainReport:
         values = ((column(f), getattr(self, f.name)) for f in dataclasses.fields(self))
         return {name: value for name, value in values if value is not None}
 
-
-def report_columns() -> list[tuple[str, dataclasses.Field]]:
-    """(column, field) of every metric a report can hold."""
-    return [(column(f), f) for f in dataclasses.fields(PretrainReport)]
