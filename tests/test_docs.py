@@ -19,13 +19,17 @@ from raybiphase.commands.pages import (
     MISSING,
     REGENERATE,
     benchmark_line,
+    described,
     pages,
     row_columns,
     settings_page,
 )
 from raybiphase.config.load import NOT_WEIGHTS
+from raybiphase.errors import UserError
 from raybiphase.results.aggregate import BOOTSTRAP_COLUMNS, SUMMARY_COLUMNS, summarize
 from raybiphase.results.rows import FinetuneRow, PretrainRow
+from raybiphase.telemetry.history import RESUME_POINT
+from raybiphase.telemetry.report import PretrainReport, column
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -83,6 +87,45 @@ def test_every_row_column_says_what_it_holds():
     undocumented = [(cls.__name__, name) for cls in (PretrainRow, FinetuneRow)
                     for name, _, doc in row_columns(cls) if not doc]
     assert undocumented == []
+
+
+def test_the_results_page_names_every_metric_and_every_fine_tuning_column_once():
+    page = pages(REPO)["docs/results.md"]
+    pretrain, rest = page.split("## finetune.parquet")
+    finetune = rest.split("## summary.parquet")[0]
+    metrics = [column(f) for f in dataclasses.fields(PretrainReport) if column(f) not in ("step", RESUME_POINT)]
+    assert {"train/clm_loss", "val/mlm_loss", "mfu", "data_epochs", "workers", "unigram_entropy"} <= set(metrics)
+    assert all(pretrain.count(f"| `{name}` |") == 1 for name in metrics)
+    assert all(finetune.count(f"| `{f.name}` |") == 1 for f in dataclasses.fields(FinetuneRow) if f.name != "settings")
+    assert "one column per key" not in page  # no column hides behind a spread field any more
+
+
+@dataclass(frozen=True, kw_only=True)
+class _NewColumns:
+    run: str
+    """Documented."""
+    fresh: float = 0.0
+
+
+def test_a_column_added_without_a_description_stops_the_docs_and_their_check(tmp_path, monkeypatch, capsys):
+    from raybiphase.__main__ import main
+    from raybiphase.commands import pages as pages_module
+
+    with pytest.raises(UserError, match=r"^_NewColumns\.fresh: a results column without a description"):
+        described(_NewColumns)
+    monkeypatch.setattr(pages_module, "FinetuneRow", _NewColumns)  # as if FinetuneRow gained `fresh`
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["docs", "--check", "--root", str(REPO)])
+    assert exit_info.value.code != 0 and "_NewColumns.fresh: a results column without" in capsys.readouterr().err
+
+
+def test_a_metric_the_loop_reports_without_a_field_is_refused():
+    report = {"step": 1, "tokens_seen": 2048, "phase": 0, "objective": "clm", "train/clm_loss": 7.0, "lr": 1e-3,
+              "tokens_per_s": 900.0, "workers": 1, "data_epochs": 0.01}
+    assert PretrainReport.from_columns(report).columns() == report  # same names, same order, no None filled in
+    with pytest.raises(TypeError, match=r"\['grad_norm'\] are not fields of PretrainReport"):
+        PretrainReport.from_columns({**report, "grad_norm": 0.5})
 
 
 def test_summary_columns_are_summarizes_own_columns_in_order():
@@ -162,3 +205,51 @@ def test_the_settings_page_lists_every_field_of_every_section():
     assert all(f"| `{s.name}` |" in page for s in setting_list(SweepSpec))
     assert list(sections(SweepSpec)) == re.findall(r"^## (\w+)$", page, flags=re.M)
     assert list(sections(SweepSpec)) == [*RUN_SECTIONS, "finetune", "sweep"]
+
+
+QUICKSTART_RESULTS = REPO / "tests" / "fixtures" / "quickstart_results"
+"""A real sweep's tables: `python -m raybiphase.sweep sweeps/quickstart.yaml`'s three Parquet files, copied. A column
+the code adds later is not in them until they are made again; the driver test's sweep (tests/sweep) catches it."""
+
+
+def _reading_blocks() -> list[str]:
+    section = (REPO / "docs" / "results.md").read_text().split("## Reading the tables")[1]
+    return re.findall(r"^```python\n(.*?)^```", section, flags=re.M | re.S)
+
+
+def test_the_pages_pandas_and_duckdb_examples_run_on_a_real_sweeps_tables(capsys):
+    blocks = _reading_blocks()
+    local = [b for b in blocks if "s3://" not in b]  # the bucket's needs a bucket, and httpfs from DuckDB's site
+    assert len(blocks) == 3 and len(local) == 2
+    namespace: dict = {}
+    for block in local:
+        code = re.sub(r'^results = ".*"$', f"results = {str(QUICKSTART_RESULTS)!r}", block, flags=re.M)
+        exec(compile(code, "docs/results.md", "exec"), namespace)
+    printed = capsys.readouterr().out
+    pretrain, summary, best = namespace["pretrain"], namespace["summary"], namespace["best"]
+    assert all(run in printed for run in pretrain["run"].unique()) and "val/mlm_loss" in printed
+    ours = summary[summary["source"] == "raybiphase"]
+    assert len(ours) >= 4 and "best_val_mlm_loss" in printed
+    recomputed = best.merge(ours, on=["source", "run", "pretrain_step", "task"], suffixes=("", "_summary"))
+    assert len(recomputed) == len(ours)  # every checkpoint and task of ours has its best LR's trials
+    assert recomputed["test_mean"].tolist() == pytest.approx(recomputed["test_mean_summary"].tolist(), abs=1e-9)
+    assert (recomputed["seeds"] == recomputed["n_seeds"]).all()
+
+
+def undocumented_columns(results: Path) -> dict[str, list[str]]:
+    """{table the folder holds: its columns that docs/results.md does not name}; a dotted setting is named on
+    docs/settings.md, and `phases.clm_steps` in the page's prose."""
+    rendered = pages(REPO)
+    sections = dict(re.findall(r"^## (\S+\.parquet)\n(.*?)(?=^## |\Z)", rendered["docs/results.md"], flags=re.M | re.S))
+    named = {name: set(re.findall(r"^\| `([^`]+)`", text, flags=re.M)) for name, text in sections.items()}
+    settings = set(re.findall(r"^\| `([^`]+)`", rendered["docs/settings.md"], flags=re.M)) | {"phases.clm_steps"}
+    allowed = {"pretrain.parquet": named["pretrain.parquet"] | settings,
+               "finetune.parquet": named["finetune.parquet"] | settings,  # a summary row also keeps every column
+               "summary.parquet": named["summary.parquet"] | named["finetune.parquet"] | settings}  # constant in it
+    return {table: [c for c in pd.read_parquet(results / table).columns if c not in allowed[table]]
+            for table in allowed if (results / table).exists()}
+
+
+def test_every_column_of_a_real_sweeps_tables_is_on_the_page():
+    assert undocumented_columns(QUICKSTART_RESULTS) == {t: [] for t in ("pretrain.parquet", "finetune.parquet",
+                                                                        "summary.parquet")}

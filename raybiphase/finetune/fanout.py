@@ -43,7 +43,7 @@ from collections import defaultdict
 from raybiphase import storage
 from raybiphase.config import FinetuneConfig, FinetuneGrid, SweepSpec
 from raybiphase.errors import UserError
-from raybiphase.finetune.records import SETTINGS_COLUMN, read_record, record_path, trial_settings, write_record
+from raybiphase.finetune.records import read_record, record_path, trial_settings, write_record
 from raybiphase.finetune.spec import FinetuneSource, TrialSpec
 from raybiphase.finetune.tasks import get_task, training_groups
 from raybiphase.finetune.trial import TrialResult, find_hf_dir, load_checked_tokenizer, resolve_hf_dir
@@ -252,8 +252,8 @@ class CheckpointWaves:
             record = self.records[spec.key]
             if record is not None:
                 shared = [_shared_row(record, other) for other in self.copies[(spec.run, spec.pretrain_step)]]
-                rows += [{**row.record(), SETTINGS_COLUMN: self.settings} for row in [record, *shared]
-                         if row.key not in self.done]
+                rows += [dataclasses.replace(row, finetune_settings=self.settings).record()
+                         for row in [record, *shared] if row.key not in self.done]
         _log_groups(rows, self.new, self.cfg.wandb)
         return rows
 

@@ -18,7 +18,8 @@ from raybiphase.results import store
 from raybiphase.results.rows import FinetuneRow
 
 SETTINGS_COLUMN = "finetune_settings"
-"""Every row of ours carries `trial_settings`: a table is kept to one set of fine-tuning settings."""
+"""The FinetuneRow field every row of ours fills with `trial_settings`: a table is kept to one set of fine-tuning
+settings."""
 PROTOCOL = 4
 """Bumped when the trial protocol changes what a record holds, so older records are not reused. 2: diverged trials
 score a floor; offline validation paragraphs held out of the pretraining corpus; every sub-token of a word

@@ -5,7 +5,9 @@ and its downstream scores when the sweep's summary holds them.
 
 The card names the run in the paper's scheme, its phases (objective, steps, masking ratio), data, tokens seen,
 the held-out losses at this step, the code version that wrote it, the run config as YAML, and, per fine-tuning
-task, the test score (mean ± 95% CI over seeds at the best LR) as raybiphase.results.aggregate computes it.
+task, the test score (mean ± 95% CI over seeds at the best LR) as raybiphase.results.aggregate computes it. The
+header is huggingface_hub's `ModelCardData`: those scores are also its model-index (`EvalResult`s), so the Hub shows
+them and `ModelCard.load(...).data.eval_results` reads them back.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import math
 
 import yaml
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from raybiphase.checkpoint_meta import CheckpointMeta
 from raybiphase.config import MASKED, RunConfig
@@ -20,6 +23,10 @@ from raybiphase.results.tables import mean_ci
 from raybiphase.schedule import Schedule
 
 CARD = "README.md"
+TASK_TYPES = {"SC": "text-classification", "TC": "token-classification", "QA": "question-answering",
+              "IR": "information-retrieval"}
+"""The model-index task type of each family: the Hub's pipeline names, and sentence-transformers' cards' name for
+retrieval evaluations."""
 
 
 def _phases(config: RunConfig) -> list[str]:
@@ -51,6 +58,25 @@ def _scores(rows: list[dict]) -> list[str]:
     return lines
 
 
+def eval_results(rows: list[dict]) -> list[EvalResult]:
+    """One model-index entry per summary row with a test score: the task (its family's type, its name), the
+    dataset's test split, and the metric's mean over seeds at the best LR, a fraction as the results tables hold
+    it, with that LR, the seed count and the 95% CI half-width (when there is one) as its arguments."""
+    results = []
+    for row in sorted(rows, key=lambda r: (r.get("family") or "", r["task"])):
+        if not _score(row.get("test_mean")):
+            continue
+        arguments = {"best_lr": float(row["best_lr"]), "n_seeds": int(row["n_seeds"])}
+        if _score(row.get("test_ci95")):
+            arguments["ci95"] = float(row["test_ci95"])
+        results.append(EvalResult(
+            task_type=TASK_TYPES.get(row.get("family") or "", "other"), task_name=row["task"],
+            dataset_type=row["task"], dataset_name=row.get("dataset") or row["task"], dataset_split="test",
+            metric_type=row["metric"], metric_value=float(row["test_mean"]), metric_args=arguments,
+            metric_name=f"test {row['metric']} (mean over {arguments['n_seeds']} seeds at the best LR)"))
+    return results
+
+
 def model_card(meta: CheckpointMeta, *, name: str, scores: list[dict] = (), location: str = "PATH") -> str:
     """The card's Markdown (with the Hub's YAML header). `location`: the folder or Hub repository to load from."""
     config = meta.config
@@ -62,11 +88,13 @@ def model_card(meta: CheckpointMeta, *, name: str, scores: list[dict] = (), loca
     if meta.metrics.get("unigram_entropy"):
         losses += f" (the corpus' unigram entropy: {meta.metrics['unigram_entropy']:.3f} nats)"
     data = config.data
-    header = {"library_name": "transformers", "pipeline_tag": "fill-mask",
-              "tags": ["raybiphase", "eurobert", "encoder", *sorted({p.objective for p in schedule.phases})]}
+    scores = list(scores)
+    header = ModelCardData(library_name="transformers", pipeline_tag="fill-mask", model_name=name,
+                           tags=["raybiphase", "eurobert", "encoder", *sorted({p.objective for p in schedule.phases})],
+                           eval_results=eval_results(scores) or None)
     source = (f"\n\nContinued pretraining from `{config.model.init_from}`." if config.model.init_from else "")
     lines = [
-        "---", yaml.safe_dump(header, sort_keys=False).strip(), "---", "",
+        "---", header.to_yaml(), "---", "",
         f"# {name}", "",
         f"A {config.model.size} encoder of the EuroBERT architecture pretrained with raybiphase ({objectives}), "
         f"the recipe family of Gisserot-Boukhlef et al., *Should We Still Pretrain Encoders with Masked Language "
@@ -90,10 +118,10 @@ def model_card(meta: CheckpointMeta, *, name: str, scores: list[dict] = (), loca
         f'model = AutoModelForMaskedLM.from_pretrained("{location}")  # or AutoModel, '
         "EuroBertForSequenceClassification, ...",
         "```", "",
-        "## Downstream scores", "", *_scores(list(scores)), "",
+        "## Downstream scores", "", *_scores(scores), "",
         "## Config", "", "```yaml", yaml.safe_dump(meta.run, sort_keys=False).strip(), "```", "",
     ]
-    return "\n".join(lines)
+    return str(ModelCard("\n".join(lines)))  # read back once: a header huggingface_hub cannot read fails here
 
 
 def scores_for(summary_rows: list[dict], *, run: str, step: int) -> list[dict]:

@@ -5,9 +5,10 @@ sections: schedule, micro-steps, clip and step, what this step does (decided onc
 a causal mask, MLM bidirectional at its ratio) and its learning rate come from `Schedule.at(step)`; data for
 step k is global batch k (raybiphase.data.stream), so resuming or branching at any step is exact.
 
-Metrics (one dotted namespace): step, tokens_seen, phase, objective, train/{clm,mlm}_loss, val/clm_loss,
-val/mlm_loss, lr, tokens_per_s, unigram_entropy (with the evaluations: the corpus' unigram entropy, a reference),
-and on GPU mfu and peak_mem_gb (this worker's peak allocated memory), where
+Metrics (one dotted namespace, each a field of raybiphase.telemetry.report.PretrainReport): step, tokens_seen,
+phase, objective, train/{clm,mlm}_loss, val/clm_loss, val/mlm_loss, lr, tokens_per_s, unigram_entropy (with the
+evaluations: the corpus' unigram entropy, a reference), and on GPU mfu and peak_mem_gb (this worker's peak
+allocated memory), where
     model FLOPs per token = 6 * (N_nonembedding + LM head) + 12 * layers * hidden * seq_len   (PaLM, appendix B;
                             raybiphase.config.sizes.flops_per_token)
     mfu = FLOPs per token * tokens_per_s / (peak bf16 FLOP/s of the device * world size).
@@ -39,6 +40,7 @@ from raybiphase.pretrain.parallel import apply_fsdp, use_bf16, wrap_blocks
 from raybiphase.schedule import Schedule
 from raybiphase.telemetry import wandb as wandb_log
 from raybiphase.telemetry.history import RESUME_POINT, History
+from raybiphase.telemetry.report import PretrainReport
 from raybiphase.telemetry.progress import Beacon
 
 
@@ -273,6 +275,7 @@ class Worker:
             metrics.update(evaluate(self.model, self.val, self.device))
             if self.manifest.unigram_entropy is not None:  # the reference the held-out losses should fall below
                 metrics["unigram_entropy"] = self.manifest.unigram_entropy
+        metrics = PretrainReport.from_columns(metrics).columns()  # every metric a declared, described field
         if do_save:
             self._save(metrics, save_for)
         else:

@@ -11,7 +11,8 @@ whichever way its phases were written. (run, pretrain_step) stay two fields from
                                                                                                 key PRETRAIN_KEY
     finetune   run, pretrain_step, sweep, source, checkpoint, task, family, dataset, metric, lr, seed, val_score,
                test_score, steps, stopped_early, seconds, test_per_example, secondary_metric, test_secondary,
-               steps_run, completed_after_stop, trials_of, diverged, the dotted settings       key FINETUNE_KEY
+               steps_run, completed_after_stop, trials_of, diverged, finetune_settings, train_data, the dotted
+               settings                                                                         key FINETUNE_KEY
 """
 
 from __future__ import annotations
@@ -55,10 +56,8 @@ class PretrainRow:
     step: int
     """The pretraining step of the report."""
     metrics: dict[str, Any]
-    """The report: tokens_seen, phase, objective, train/ and val/ losses, lr, tokens_per_s, mfu on GPU, data_epochs
-    (passes over the training blocks at this step, a continued run's source's included: above 1, repeated data),
-    workers (the Train workers that trained the step: in an elastic segment, resources.num_workers [min, max], as
-    many as were placed; the global batch and its order are the same at every count)."""
+    """The report's metrics (raybiphase.telemetry.report.PretrainReport: tokens_seen, phase, objective, train/ and
+    val/ losses, lr, tokens_per_s, workers, data_epochs, ...), a column each."""
     checkpoint: str = ""
     """The checkpoint written with this report; "" when none."""
     settings: dict[str, Any] = field(default_factory=dict)
@@ -138,6 +137,12 @@ class FinetuneRow:
     diverged: bool = False
     """The fine-tuning loss turned NaN or inf: the trial stopped and scored the metric's floor, what a model that
     learned nothing scores (raybiphase.finetune.baselines.FLOORS), so it still counts against its LR."""
+    finetune_settings: str | None = None
+    """Our trials: the digest of the fine-tuning settings that shape a trial's result
+    (raybiphase.finetune.records.trial_settings), one value per table; None for baselines and imported rows."""
+    train_data: str | None = None
+    """Imported rows (source paper): the data the trial trained on, as the authors' result tree names it (a
+    retrieval folder's prefix, msmarco_pairs; else the task's dataset); None for ours."""
     settings: dict[str, Any] = field(default_factory=dict)
     """The pretrained run's dotted settings."""
 

@@ -115,6 +115,12 @@ def test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once(finis
     assert sorted(steps.tolist()) == [[1, 2, 3, 4], list(range(1, 7))] + [list(range(1, 9))] * 2
 
 
+def test_every_column_the_sweep_wrote_is_named_on_the_results_page(finished_sweep):
+    from tests.test_docs import undocumented_columns
+
+    assert undocumented_columns(finished_sweep["root"]) == {"pretrain.parquet": []}
+
+
 def test_continued_run_starts_from_the_decayed_source_with_its_own_schedule(finished_sweep):
     from raybiphase.checkpoint_meta import read_meta
 
