@@ -10,6 +10,7 @@ by name outside this module. The layout of a sweep, under `<sweep.storage>/<swee
     tune/                                   Ray Tune's experiment folders                 SweepPaths.tune
     finetune/records/<trial>.json           one record per finished fine-tuning trial    SweepPaths.finetune
     pretrain.parquet, finetune.parquet, summary.parquet                                   SweepPaths.table(name)
+    wandb-logged.json                       the pretraining runs logged to W&B            SweepPaths.wandb_logged
     report/report.md and its PNGs                                                         SweepPaths.report
 """
 
@@ -41,6 +42,7 @@ PROGRESS_FILE = "progress.json"  # a run's latest progress beat (raybiphase.tele
 CHECKPOINT_DIR = "step-{:08d}"
 PRETRAIN_FILE, FINETUNE_FILE, SUMMARY_FILE = "pretrain.parquet", "finetune.parquet", "summary.parquet"
 RUN_INFO = "sweep.json"  # the report's header: spec, code, hardware, protocol (raybiphase.results.html)
+WANDB_LOGGED = "wandb-logged.json"  # the pretraining runs a sweep has logged to W&B, each once
 REPORT_DIR, REPORT_MD, REPORT_HTML = "report", "report.md", "report.html"
 RECORDS = "records"  # one JSON record per finished fine-tuning trial, under the fan-out's experiment folder
 CONTROLS, EXPORTED = "controls", "exported.json"  # the untrained controls' exports, and the mark of a finished one
@@ -389,6 +391,10 @@ class SweepPaths:
     def checkpoint_steps(self, name: str) -> list[int]:
         """The steps of a run's checkpoint folders, in order (finished or not)."""
         return checkpoint_steps(self.run_dir(name))
+
+    @property
+    def wandb_logged(self) -> str:
+        return join(self.root, WANDB_LOGGED)
 
     def control(self, name: str) -> str:
         """The folder of an untrained control's export (its HF folder is `hf` inside)."""

@@ -136,6 +136,7 @@ def run_jobs(ctx: SweepContext, clock: Clock) -> list[dict]:
     and each checkpoint's trials as soon as they are ready. Returns the fine-tuning rows appended."""
     plan, spec, paths = ctx.plan, ctx.spec, ctx.paths
     done = {s.id for s in plan.segments.values() if ctx.segment_done(s)}
+    done_before = set(done)  # `done` grows as segments end
     todo = [s for s in plan.segments.values() if s.id not in done]
     ctx.say(f"pretraining: {len(done)}/{len(plan.segments)} segments already done")
     fanout = Fanout.of(spec) if spec.finetune.tasks else None
@@ -159,9 +160,10 @@ def run_jobs(ctx: SweepContext, clock: Clock) -> list[dict]:
             if fanout:
                 clock.spans["fine-tuning"] = scheduler.finetuning_ended - scheduler.began
         segments.close()  # every kept group was let go as the last segment ended: wait until their fits return
-    for sid in done:  # rows of segments an earlier invocation finished but was interrupted before recording
+    for sid in done_before:  # rows of segments an earlier invocation finished but was interrupted before recording
         record_pretraining(ctx, plan.segments[sid])
         prune_checkpoints(ctx, plan.segments[sid])
+    log_runs(ctx, done=done)  # and the W&B runs it finished but did not log
     return rows
 
 
@@ -233,7 +235,7 @@ def segment_ended(ctx: SweepContext, clock: Clock, segment: Segment, done: set[s
     clock.segments += 1
     clock.in_steps += step_seconds(ctx.history(segment), segment.start,
                                    segment.config.train.global_batch_tokens)
-    log_runs(ctx, finished={segment.id}, done=done)
+    log_runs(ctx, done=done)
     plan = ctx.plan
     done_steps = sum(plan.segments[s].steps for s in done)
     ctx.say(f"pretraining: {len(done)}/{len(plan.segments)} segments, {done_steps:,}/{plan.planned_steps:,} steps"
@@ -311,16 +313,23 @@ def record_pretraining(ctx: SweepContext, segment: Segment) -> int:
     return store.append_rows(paths.table(storage.PRETRAIN_FILE), rows, key=result_rows.PRETRAIN_KEY) if rows else 0
 
 
-def log_runs(ctx: SweepContext, *, finished: set[str], done: set[str]) -> None:
-    """W&B (when sweep.wandb_project is set): one run per pretraining run that `finished` completed, with the
-    reports of all its segments as one curve."""
+def log_runs(ctx: SweepContext, *, done: set[str]) -> None:
+    """W&B (when sweep.wandb_project is set): one run per pretraining run whose segments are all `done`, with the
+    reports of all its segments as one curve, each logged once: the runs logged are listed in the sweep's folder
+    (SweepPaths.wandb_logged), so a run an interrupted invocation finished is logged by the next one, and none
+    twice."""
     settings = sweep_settings(ctx.spec)
-    for run in ctx.plan.runs.values() if settings else ():
-        if set(run.segments) <= done and finished & set(run.segments):
+    if not settings:
+        return
+    logged = set(storage.read_json(ctx.paths.wandb_logged) or [])
+    for run in ctx.plan.runs.values():
+        if set(run.segments) <= done and run.name not in logged:
             segments = [ctx.plan.segments[s] for s in run.segments]
             history = [r for s in segments for r in results(ctx.history(s))
                        if s.start < r["step"] <= s.end]
             log_pretraining_run(settings, run.name, flatten(run.config), history)
+            logged.add(run.name)
+            storage.write_json(ctx.paths.wandb_logged, sorted(logged))
 
 
 def finish(paths: SweepPaths, spec: SweepSpec, console: Console = STDOUT, cards=()) -> None:

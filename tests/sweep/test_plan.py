@@ -433,3 +433,27 @@ def test_a_preemption_notices_resume_point_leaves_no_row(tmp_path, monkeypatch):
     assert sorted(set(rows["step"])) == [100, 200, 300, 400] and rows["val/clm_loss"].notna().all()
     assert record_pretraining(ctx, prefix) == 2 * 4 and len(ctx.history(prefix)) == 5  # all 8 skipped: once
     assert read == [paths.run_dir(prefix.id)]  # a done segment's history is read from storage once, whoever asks
+
+
+def test_each_pretraining_run_reaches_wandb_once_even_when_an_earlier_invocation_finished_it(tmp_path, monkeypatch):
+    """A driver killed after a run's last segment ended but before it logged that run to W&B: the next invocation
+    logs it (every run whose segments are done and that the sweep's list does not name), and no run twice."""
+    from raybiphase.storage import SweepPaths
+    from raybiphase.sweep import driver
+    from raybiphase.sweep.driver import SweepContext
+    from raybiphase.telemetry.history import History
+
+    spec = load(SweepSpec, "sweeps/quickstart.yaml", [f"sweep.storage={tmp_path}", "sweep.wandb_project=p"])
+    plan = make_plan(spec)
+    paths = SweepPaths.of(spec.sweep.storage, spec.sweep.name)
+    for segment in plan.segments.values():
+        History(paths.run_dir(segment.id)).add({"step": segment.end, "train/clm_loss": 5.0})
+    logged = []
+    monkeypatch.setattr(driver, "log_pretraining_run", lambda settings, name, config, history: logged.append(name))
+    first = next(iter(plan.runs.values()))
+    driver.log_runs(SweepContext(spec, plan, paths), done=set(first.segments))  # then the driver was killed
+    assert logged == [first.name]
+    everything = set(plan.segments)
+    driver.log_runs(SweepContext(spec, plan, paths), done=everything)  # the next invocation, every segment done
+    driver.log_runs(SweepContext(spec, plan, paths), done=everything)
+    assert sorted(logged) == sorted(plan.runs)
