@@ -41,6 +41,7 @@ def _clone(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.slow  # seconds of model training
 def test_frozen_blocks_end_the_phase_bit_for_bit_as_they_began_it_and_the_others_train():
     model, optimizer = _tiny()
     _step(model, optimizer, 0)  # every block has moments before the freeze
@@ -56,6 +57,7 @@ def test_frozen_blocks_end_the_phase_bit_for_bit_as_they_began_it_and_the_others
     assert all(not torch.equal(after[k], before[k]) for k in trained)  # weight decay alone would move them
 
 
+@pytest.mark.slow  # seconds of model training
 def test_prefilled_state_steps_exactly_like_adamw_lazy_state():
     """fill_fresh_state writes what AdamW would create at a parameter's first update: the same update, bit for bit."""
     (lazy, lazy_opt), (filled, filled_opt) = _tiny(), _tiny()
@@ -68,6 +70,7 @@ def test_prefilled_state_steps_exactly_like_adamw_lazy_state():
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow  # seconds of model training
 @pytest.mark.parametrize("fill", [True, False])
 def test_a_checkpoint_taken_while_blocks_are_frozen_resumes_bit_for_bit(tmp_path, fill):
     """Blocks frozen from the first step have no AdamW state of their own; the loop fills it before the phase so

@@ -97,6 +97,7 @@ def _split_gradients(model, batches, objective, world: int, weighting: str) -> l
     return [g / world for g in summed]
 
 
+@pytest.mark.slow  # seconds of model training
 def test_token_weighted_loss_equals_one_big_batch_whatever_the_split(model):
     # MLM micro-batches with different numbers of masked tokens (different lengths of rows masked at 40%)
     batches = [_batch("mlm", seed=s, rows=2, length=length) for s, length in enumerate((8, 16, 24, 32))]

@@ -137,6 +137,7 @@ def test_log_report_uploads_tables_and_figures(offline: Path) -> None:
     assert not _files_containing(offline, FAKE_KEY)
 
 
+@pytest.mark.slow  # wandb's service process
 def test_a_pretraining_run_is_one_wandb_run_across_its_segments(offline: Path) -> None:
     settings = {"project": "raybiphase-test", "group": "quickstart", "mode": "offline", "sync_to": None}
     shared = [{"step": s, "train/clm_loss": 6.0 - s / 10, "objective": "clm"} for s in (1, 2)]  # the shared prefix
