@@ -241,3 +241,9 @@ def check_report(root) -> None:
     five = merged(continued[from_clm], continued[~from_clm], ["size", "budget", "ratio", "task"])
     assert len(five) == 1
     check_effects(found["5"], five)
+    # beyond the paper: mini (the 1b-like size) predicted from micro and tiny only, beside what it showed, and the
+    # share of its cells whose interval covered it (the forecast at the next size: none above mini)
+    prediction = report.split("Beyond the paper: the next model size, predicted from the smaller ones\n", 1)[1]
+    prediction = prediction.split("\n## ", 1)[0]
+    assert "**mini predicted from micro, tiny only, beside what it showed**" in prediction
+    assert re.search(r"mini's scores fell inside their 95% intervals in (\d+ of \d+ \(\d+%\)|none)", prediction)
