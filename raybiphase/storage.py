@@ -9,7 +9,10 @@ by name outside this module. The layout of a sweep, under `<sweep.storage>/<swee
         hf/                                 save_pretrained export                        hf_dir(ckpt)
     tune/                                   Ray Tune's experiment folders                 SweepPaths.tune
     finetune/records/<trial>.json           one record per finished fine-tuning trial    SweepPaths.finetune
-    pretrain.parquet, finetune.parquet, summary.parquet                                   SweepPaths.table(name)
+    pretrain.parquet/, finetune.parquet/    appended tables: a folder of part files       SweepPaths.table(name)
+        part-<ns>-<id>.parquet              one per append (raybiphase.results.store)     part_name()
+    summary.parquet                                                                       SweepPaths.table(name)
+    lease/                                  the driver that holds the sweep (raybiphase.sweep.lease)  SweepPaths.lease
     report/report.md and its PNGs                                                         SweepPaths.report
 """
 
@@ -19,6 +22,7 @@ import datetime
 import functools
 import hashlib
 import json
+import contextlib
 import logging
 import os
 import shutil
@@ -27,7 +31,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import pyarrow.fs as pafs
 
@@ -39,6 +43,8 @@ HISTORY = "history.json"
 PROGRESS_FILE = "progress.json"  # a run's latest progress beat (raybiphase.telemetry.progress)
 CHECKPOINT_DIR = "step-{:08d}"
 PRETRAIN_FILE, FINETUNE_FILE, SUMMARY_FILE = "pretrain.parquet", "finetune.parquet", "summary.parquet"
+PART_PREFIX, PART_SUFFIX = "part-", ".parquet"  # an appended table's part files (raybiphase.results.store)
+LEASE_DIR = "lease"  # the lease of the driver holding a sweep (raybiphase.sweep.lease)
 RUN_INFO = "sweep.json"  # the report's header: spec, code, hardware, protocol (raybiphase.results.html)
 REPORT_DIR, REPORT_MD, REPORT_HTML = "report", "report.md", "report.html"
 RECORDS = "records"  # one JSON record per finished fine-tuning trial, under the fan-out's experiment folder
@@ -185,6 +191,62 @@ def write_bytes(location: Location, data: bytes) -> None:
         handle.write(data)
     if target != path:
         fs.move(target, path)
+
+
+def create_exclusive(location: Location, data: bytes) -> bool:
+    """Create a local file holding `data` only if none is there (os.open with O_CREAT | O_EXCL, atomic on local
+    disks and NFS v3+); False when one already exists. Object stores have no such create through pyarrow.fs: a
+    URI is refused (raybiphase.sweep.lease claims a bucket another way)."""
+    if is_uri(location):
+        raise ValueError(f"{location}: an exclusive create needs a local path")
+    path = Path(location)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return True
+
+
+@contextlib.contextmanager
+def local_lock(location: Location) -> Iterator[None]:
+    """Hold an exclusive fcntl lock on a hidden `.<name>.lock` beside a local `location`, so that processes of
+    one machine take turns; a URI is not locked (an object store has no lock: callers that share one must not
+    need it)."""
+    if is_uri(location):
+        yield
+        return
+    import fcntl
+
+    path = Path(location)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@retrying()
+def delete_file(location: Location) -> bool:
+    """Remove one file if it exists; whether it did."""
+    fs, path = filesystem(location)
+    try:
+        fs.delete_file(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def part_name() -> str:
+    """A new part file's name: the writer's clock in nanoseconds (parts sort in the order they were written,
+    give or take the writers' clock skew) and a random suffix (two writers never pick the same name)."""
+    return f"{PART_PREFIX}{time.time_ns():020d}-{uuid.uuid4().hex[:12]}{PART_SUFFIX}"
 
 
 @retrying()
@@ -376,6 +438,11 @@ class SweepPaths:
     def table(self, file: str) -> str:
         """One of PRETRAIN_FILE, FINETUNE_FILE, SUMMARY_FILE."""
         return join(self.root, file)
+
+    @property
+    def lease(self) -> str:
+        """The folder of the lease of the driver that holds this sweep (raybiphase.sweep.lease)."""
+        return join(self.root, LEASE_DIR)
 
     @property
     def report(self) -> str:
