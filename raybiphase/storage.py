@@ -9,9 +9,8 @@ by name outside this module. The layout of a sweep, under `<sweep.storage>/<swee
         hf/                                 save_pretrained export                        hf_dir(ckpt)
     tune/                                   Ray Tune's experiment folders                 SweepPaths.tune
     finetune/records/<trial>.json           one record per finished fine-tuning trial    SweepPaths.finetune
-    pretrain.parquet/, finetune.parquet/    appended tables: a folder of part files       SweepPaths.table(name)
-        part-<ns>-<id>.parquet              one per append (raybiphase.results.store)     part_name()
-    summary.parquet                                                                       SweepPaths.table(name)
+    pretrain.parquet/, finetune.parquet/    part-<ns>-<id>.parquet files, one per append  SweepPaths.table(name)
+    summary.parquet (one file)              (raybiphase.results.store)                    part_name()
     lease/                                  the driver that holds the sweep (raybiphase.sweep.lease)  SweepPaths.lease
     report/report.md and its PNGs                                                         SweepPaths.report
 """
@@ -43,8 +42,7 @@ HISTORY = "history.json"
 PROGRESS_FILE = "progress.json"  # a run's latest progress beat (raybiphase.telemetry.progress)
 CHECKPOINT_DIR = "step-{:08d}"
 PRETRAIN_FILE, FINETUNE_FILE, SUMMARY_FILE = "pretrain.parquet", "finetune.parquet", "summary.parquet"
-PART_PREFIX, PART_SUFFIX = "part-", ".parquet"  # an appended table's part files (raybiphase.results.store)
-LEASE_DIR = "lease"  # the lease of the driver holding a sweep (raybiphase.sweep.lease)
+PART_PREFIX, PART_SUFFIX, LEASE_DIR = "part-", ".parquet", "lease"  # an appended table's parts; a sweep's lease
 RUN_INFO = "sweep.json"  # the report's header: spec, code, hardware, protocol (raybiphase.results.html)
 REPORT_DIR, REPORT_MD, REPORT_HTML = "report", "report.md", "report.html"
 RECORDS = "records"  # one JSON record per finished fine-tuning trial, under the fan-out's experiment folder
@@ -194,29 +192,31 @@ def write_bytes(location: Location, data: bytes) -> None:
 
 
 def create_exclusive(location: Location, data: bytes) -> bool:
-    """Create a local file holding `data` only if none is there (os.open with O_CREAT | O_EXCL, atomic on local
-    disks and NFS v3+); False when one already exists. Object stores have no such create through pyarrow.fs: a
-    URI is refused (raybiphase.sweep.lease claims a bucket another way)."""
+    """Create a local file holding `data` only if none is there (else False): a temporary sibling hard-linked to
+    the name fails, like O_CREAT | O_EXCL, when the name exists (local disks, NFS v3+) and shows the file whole
+    the moment it appears. pyarrow.fs has no such create on a bucket: a URI is refused."""
     if is_uri(location):
         raise ValueError(f"{location}: an exclusive create needs a local path")
     path = Path(location)
     path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.link(tmp, path)
     except FileExistsError:
         return False
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+    finally:
+        os.unlink(tmp)
     return True
 
 
 @contextlib.contextmanager
 def local_lock(location: Location) -> Iterator[None]:
-    """Hold an exclusive fcntl lock on a hidden `.<name>.lock` beside a local `location`, so that processes of
-    one machine take turns; a URI is not locked (an object store has no lock: callers that share one must not
-    need it)."""
+    """An exclusive fcntl lock on a hidden `.<name>.lock` beside a local `location`: processes of one machine
+    take turns. A URI is not locked (an object store has none)."""
     if is_uri(location):
         yield
         return
@@ -233,19 +233,16 @@ def local_lock(location: Location) -> Iterator[None]:
 
 
 @retrying()
-def delete_file(location: Location) -> bool:
-    """Remove one file if it exists; whether it did."""
+def delete_file(location: Location) -> None:
+    """Remove one file if it exists."""
     fs, path = filesystem(location)
-    try:
+    with contextlib.suppress(FileNotFoundError):
         fs.delete_file(path)
-    except FileNotFoundError:
-        return False
-    return True
 
 
 def part_name() -> str:
-    """A new part file's name: the writer's clock in nanoseconds (parts sort in the order they were written,
-    give or take the writers' clock skew) and a random suffix (two writers never pick the same name)."""
+    """A new part file's name: the writer's clock in ns (parts sort in the order written, give or take clock
+    skew) and a random suffix (two writers never pick one name)."""
     return f"{PART_PREFIX}{time.time_ns():020d}-{uuid.uuid4().hex[:12]}{PART_SUFFIX}"
 
 

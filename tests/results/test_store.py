@@ -160,7 +160,8 @@ def test_a_key_two_writers_both_appended_reads_once_as_the_first_wrote_it(tmp_pa
     append_rows(path, [_trial("r", 1e-4, 0)], key=FINETUNE_KEY)
     late = pa.Table.from_pylist([{**_trial("r", 1e-4, 0), "val_score": 0.99}, _trial("r", 1e-4, 1)])
     (first,) = path.iterdir()
-    pq.write_table(late.replace_schema_metadata(pq.read_schema(first).metadata), path / "part-99999999999999999999-x.parquet")
+    later = path / "part-99999999999999999999-x.parquet"
+    pq.write_table(late.replace_schema_metadata(pq.read_schema(first).metadata), later)
     frame = read_rows(path)
     assert list(frame["seed"]) == [0, 1] and frame.loc[0, "val_score"] == 0.70
     assert append_rows(path, [_trial("r", 1e-4, 1)], key=FINETUNE_KEY) == 1
