@@ -3,7 +3,8 @@ lives, given back when it exits.
 
 A second driver on the same folder stops with one line naming the holder (host, pid, since when, last renewal)
 before it starts anything; a dry run takes no lease. A lease not renewed for `sweep.lease_timeout_s` (its driver
-was killed, its node lost) is taken over, with a line saying so. The holder renews it every fifth of the timeout
+was killed, its node lost) is taken over, with a line saying so; so is at once one whose driver ran on this machine
+and whose process is gone (a driver killed and run again on the same machine need not wait). The holder renews it every fifth of the timeout
 from a daemon thread, so a long blocking call in the driver does not let it lapse; a holder that finds its lease
 taken over says so and interrupts its main thread (KeyboardInterrupt: the driver ends its segments and stops).
 
@@ -87,6 +88,19 @@ class Holder:
     def describe(self) -> str:
         return f"host {self.host}, pid {self.pid}, since {self.since}, renewed {self.idle_s():.0f} s ago"
 
+    def ended_here(self) -> bool:
+        """Its driver ran on this machine and its process is gone (killed, crashed): no need to wait it out. A
+        pid reused since reads as alive, which only makes the wait the timeout's."""
+        if self.host != socket.gethostname():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # alive, another user's
+            return False
+        return False
+
 
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
@@ -136,11 +150,12 @@ class Lease:
 
     def _taking_over(self, other: Holder | None) -> None:
         who = other.describe() if other else "a damaged lease"
-        self.console.say(f"lease: taking over {storage.parent(self.folder)} from {who} (not renewed for "
-                         f"sweep.lease_timeout_s={self.timeout_s:g} s)")
+        why = ("its process on this machine has ended" if other and other.ended_here() else
+               f"not renewed for sweep.lease_timeout_s={self.timeout_s:g} s")
+        self.console.say(f"lease: taking over {storage.parent(self.folder)} from {who} ({why})")
 
     def _stale(self, other: Holder | None) -> bool:
-        return other is None or other.idle_s() > self.timeout_s
+        return other is None or other.idle_s() > self.timeout_s or other.ended_here()
 
     def _acquire_file(self) -> None:
         path = storage.join(self.folder, HOLDER)

@@ -202,3 +202,16 @@ def test_the_lease_timeout_must_be_positive() -> None:
 
     with pytest.raises(ConfigError, match="sweep.lease_timeout_s"):
         load(SweepSpec, str(REPO / "sweeps" / "quickstart.yaml"), ["sweep.lease_timeout_s=0"])
+
+
+def test_a_lease_whose_process_on_this_machine_has_ended_is_taken_over_at_once(tmp_path) -> None:
+    """A driver killed (kill -9) and run again on the same machine does not wait out the timeout."""
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    folder = tmp_path / "lease"
+    folder.mkdir()
+    record = _left_by_a_dead_driver(1, host=socket.gethostname(), pid=int(ended.stdout))
+    (folder / HOLDER).write_text(json.dumps(record))
+    taker, lines = _lease(str(folder))
+    taker.acquire()
+    assert "its process on this machine has ended" in lines.getvalue()
+    taker.release()
