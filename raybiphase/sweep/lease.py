@@ -4,9 +4,10 @@ lives, given back when it exits.
 A second driver on the same folder stops with one line naming the holder (host, pid, since when, last renewal)
 before it starts anything; a dry run takes no lease. A lease not renewed for `sweep.lease_timeout_s` (its driver
 was killed, its node lost) is taken over, with a line saying so; so is at once one whose driver ran on this machine
-and whose process is gone (a driver killed and run again on the same machine need not wait). The holder renews it every fifth of the timeout
-from a daemon thread, so a long blocking call in the driver does not let it lapse; a holder that finds its lease
-taken over says so and interrupts its main thread (KeyboardInterrupt: the driver ends its segments and stops).
+and whose process is gone (a driver killed and run again on the same machine need not wait). The holder renews it
+every fifth of the timeout from a daemon thread, so a long blocking call in the driver does not let it lapse; a
+holder that finds its lease taken over says so and interrupts its main thread (KeyboardInterrupt: the driver ends
+its segments and stops).
 
 How the lease is claimed, and what that guarantees:
 
