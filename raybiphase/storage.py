@@ -9,7 +9,9 @@ by name outside this module. The layout of a sweep, under `<sweep.storage>/<swee
         hf/                                 save_pretrained export                        hf_dir(ckpt)
     tune/                                   Ray Tune's experiment folders                 SweepPaths.tune
     finetune/records/<trial>.json           one record per finished fine-tuning trial    SweepPaths.finetune
-    pretrain.parquet, finetune.parquet, summary.parquet                                   SweepPaths.table(name)
+    pretrain.parquet/, finetune.parquet/    part-<ns>-<id>.parquet files, one per append  SweepPaths.table(name)
+    summary.parquet (one file)              (raybiphase.results.store)                    part_name()
+    lease/                                  the driver that holds the sweep (raybiphase.sweep.lease)  SweepPaths.lease
     wandb-logged.json                       the pretraining runs logged to W&B            SweepPaths.wandb_logged
     report/report.md and its PNGs                                                         SweepPaths.report
 """
@@ -20,6 +22,7 @@ import datetime
 import functools
 import hashlib
 import json
+import contextlib
 import logging
 import os
 import shutil
@@ -41,6 +44,7 @@ HISTORY = "history.json"
 PROGRESS_FILE = "progress.json"  # a run's latest progress beat (raybiphase.telemetry.progress)
 CHECKPOINT_DIR = "step-{:08d}"
 PRETRAIN_FILE, FINETUNE_FILE, SUMMARY_FILE = "pretrain.parquet", "finetune.parquet", "summary.parquet"
+PART_PREFIX, PART_SUFFIX, LEASE_DIR = "part-", ".parquet", "lease"  # an appended table's parts; a sweep's lease
 RUN_INFO = "sweep.json"  # the report's header: spec, code, hardware, protocol (raybiphase.results.html)
 WANDB_LOGGED = "wandb-logged.json"  # the pretraining runs a sweep has logged to W&B, each once
 REPORT_DIR, REPORT_MD, REPORT_HTML = "report", "report.md", "report.html"
@@ -219,6 +223,20 @@ def write_bytes(location: Location, data: bytes) -> None:
         handle.write(data)
     if target != path:
         fs.move(target, path)
+
+
+@retrying()
+def delete_file(location: Location) -> None:
+    """Remove one file if it exists."""
+    fs, path = filesystem(location)
+    with contextlib.suppress(FileNotFoundError):
+        fs.delete_file(path)
+
+
+def part_name() -> str:
+    """A new part file's name: the writer's clock in ns (parts sort in the order written, give or take clock
+    skew) and a random suffix (two writers never pick one name)."""
+    return f"{PART_PREFIX}{time.time_ns():020d}-{uuid.uuid4().hex[:12]}{PART_SUFFIX}"
 
 
 @retrying()
@@ -413,6 +431,11 @@ class SweepPaths:
     def table(self, file: str) -> str:
         """One of PRETRAIN_FILE, FINETUNE_FILE, SUMMARY_FILE."""
         return join(self.root, file)
+
+    @property
+    def lease(self) -> str:
+        """The folder of the lease of the driver that holds this sweep (raybiphase.sweep.lease)."""
+        return join(self.root, LEASE_DIR)
 
     @property
     def report(self) -> str:

@@ -252,13 +252,11 @@ def two_nodes(s3_bucket, offline_cache):
 
 
 def _table(results: str, name: str):
-    """A Parquet file of the sweep at `results` (a bucket URI), as a DataFrame."""
-    import pyarrow.parquet as pq
-
+    """A results table of the sweep at `results` (a bucket URI), as a DataFrame."""
     from raybiphase import storage
+    from raybiphase.results.store import read_rows
 
-    fs, path = storage.filesystem(storage.join(results, name))
-    return pq.read_table(path, filesystem=fs).to_pandas()
+    return read_rows(storage.join(results, name))
 
 
 @pytest.mark.cluster
@@ -297,7 +295,7 @@ def test_the_quickstart_on_two_nodes_crosses_only_through_the_bucket(two_nodes, 
     finetune = _table(results, storage.FINETUNE_FILE)
     assert len(finetune[finetune["source"] == "raybiphase"]) == 3  # (two runs + their untrained control) x 1 x 1 x 1
     assert finetune["test_score"].between(0, 1).all()
-    assert storage.is_file(storage.join(results, storage.PRETRAIN_FILE))
+    assert storage.exists(storage.join(results, storage.PRETRAIN_FILE))
     assert storage.is_file(storage.join(results, storage.REPORT_DIR, "report.md"))
     assert storage.is_file(storage.join(root, "shards", "manifest.json"))
     # the worker node had no assets: it read them from the bucket, where the driver put them
@@ -326,7 +324,7 @@ def test_a_spot_notice_drains_the_worker_node_and_its_loss_costs_only_the_steps_
 
     root = f"{s3_bucket}/two-nodes"
     clean = f"{root}/results/quickstart"
-    if not storage.is_file(storage.join(clean, storage.FINETUNE_FILE)):
+    if not storage.exists(storage.join(clean, storage.FINETUNE_FILE)):
         two_nodes.run([f"sweep.storage={root}/results", f"data.dir={root}/shards", *SHRUNK])
     lost = f"{root}/results-lost/quickstart"
     paths, started = storage.SweepPaths(lost), time.time()

@@ -108,7 +108,13 @@ def results_page() -> str:
              f"`{storage.SUMMARY_FILE}`. Every row of the first two carries its run's settings as dotted columns "
              "(`phases.mask_ratio`, `model.size`, ...: every setting of [settings.md](settings.md) is also a column), "
              "with the phases resolved: `phases.clm_share` and `phases.clm_steps` hold the run's actual CLM share and "
-             "steps whichever way its phases were written.",
+             "steps whichever way its phases were written.", "",
+             f"`{storage.PRETRAIN_FILE}` and `{storage.FINETUNE_FILE}` are folders of part files, one written per "
+             "append and none ever rewritten, so writers that meet lose no row (a key both wrote reads once, as the "
+             "part written first had it); a table written as one file by an older raybiphase still reads. Read them "
+             "with `raybiphase.results.store.read_rows`, pandas or pyarrow (on the folder, while its parts share "
+             "their columns), or DuckDB: `SELECT * FROM read_parquet('results/quickstart/finetune.parquet/*.parquet', "
+             "union_by_name=true)`.",
              "", f"## {storage.PRETRAIN_FILE}", "", f"One row per report of a run (`PretrainRow`), known by "
              f"{key(PRETRAIN_KEY)}; its metrics are the fields of `PretrainReport` "
              "(raybiphase/telemetry/report.py), a column each, empty in the rows of reports that do not hold them.",

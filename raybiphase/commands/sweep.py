@@ -1,7 +1,8 @@
 """`raybiphase sweep SPEC [--set k=v] [--dry-run]` (or `python -m raybiphase.sweep SPEC`): plan and run a pretraining
 + fine-tuning sweep; the dry run prints the plan, the data budget, the distinct checkpoints and the GPU-hours.
 
-RAYBIPHASE_STORAGE, when set, overrides sweep.storage (the KubeRay job uses it).
+RAYBIPHASE_STORAGE, when set, overrides sweep.storage (the KubeRay job uses it). One driver runs a sweep folder at a
+time (raybiphase.sweep.lease): a second one exits with one line naming the holder; the dry run takes no lease.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ def main() -> int:
 
         plan_sweep(spec, dry_run=True)
         return 0
+    from raybiphase.storage import SweepPaths
+    from raybiphase.sweep.lease import Lease
+
+    # another driver on the folder: said in a fraction of a second, not after the training stack loads
+    Lease(SweepPaths.of(spec.sweep.storage, spec.sweep.name).lease, spec.sweep.lease_timeout_s).check_free()
     from raybiphase.sweep.driver import run_sweep  # lazy: --help and a bad spec answer before torch and Ray load
 
     run_sweep(spec, spec_path=" ".join([args.config, *(f"--set {o}" for o in overrides)]))

@@ -231,6 +231,10 @@ class SweepConfig:
     checkpoint_gb_per_s: float = 2.0
     """The rate a checkpoint reaches the bucket at, summed over a segment's workers: training waits for it. A
     checkpoint holds 12 bytes per parameter (fp32 weights and AdamW's two moments)."""
+    lease_timeout_s: float = 300.0
+    """Seconds a sweep's lease (one driver per sweep folder) may go unrenewed before another driver takes it over:
+    longer than storage's default retry budget for a bucket outage (120 s), so a live driver keeps it; short
+    enough that a rerun after a crash waits at most this long."""
     wandb_project: str | None = None
     """W&B project; runs go there: online when the driver has a key (WANDB_API_KEY or `wandb login`), else offline
     (WANDB_MODE overrides both). None disables W&B."""
@@ -265,6 +269,7 @@ class SweepSpec:
             non_negative(getattr(self.sweep, key), f"sweep.{key}")
         positive(self.sweep.gpus_per_node, "sweep.gpus_per_node")
         positive(self.sweep.checkpoint_gb_per_s, "sweep.checkpoint_gb_per_s")
+        positive(self.sweep.lease_timeout_s, "sweep.lease_timeout_s")
         for key, values in self.sweep.grid.items():
             _run_key(key, "sweep.grid")
             check(isinstance(values, list) and len(values) > 0, f"sweep.grid.{key}", "expected a non-empty list of values")

@@ -1,42 +1,49 @@
-"""The results store: flat rows in Parquet, appended atomically, never rewritten.
+"""The results store: flat rows in Parquet, appended as part files, never rewritten.
 
-Files per sweep, under `results/<sweep>/`:
+Tables per sweep, under `results/<sweep>/`:
 
-    pretrain.parquet   one row per reported checkpoint/eval of a pretraining run      key rows.PRETRAIN_KEY
-    finetune.parquet   one row per fine-tuning trial (ours: source="raybiphase",     key rows.FINETUNE_KEY
+    pretrain.parquet/  one row per reported checkpoint/eval of a pretraining run      key rows.PRETRAIN_KEY
+    finetune.parquet/  one row per fine-tuning trial (ours: source="raybiphase",     key rows.FINETUNE_KEY
                        the authors' imported results: source="paper")
     summary.parquet    derived by `write_summary` from finetune.parquet (raybiphase.results.aggregate); rewritten freely
 
 Columns: raybiphase.results.rows builds every row (scores are fractions in [0, 1]; test_score is NaN when ASHA
 stopped the trial); summary.parquet: raybiphase.results.aggregate.summarize.
 
-`append_rows` reads the file, drops incoming rows whose key is already there (counted, never changed), unions the
-columns (a new column is null in old rows; an old column is null in new rows), writes a temporary file in the same
-folder, fsyncs it and renames it over the old one, so a reader sees either the old file or the new one. Local files
-are also locked (fcntl, on a hidden `.<name>.lock` beside the file) so appenders on one machine queue up. For
-s3:// or gs:// URIs the write goes through `pyarrow.fs` (temporary object, then move: not atomic on object stores)
-and there must be one writer per file (the sweep driver).
+An appended table is a folder of part files (Spark's layout, `storage.part_name()`): `append_rows` reads the table,
+drops incoming rows whose key is already there (counted, never changed), gives the rest the table's types for the
+columns it has, and writes them as one new, uniquely named part (a temporary file renamed into place locally; an
+object published whole on a bucket). No append rewrites another's file, so two writers that meet, on one machine
+or on a bucket, lose no row; where both appended the same key, the reader keeps the row of the part written first
+(parts sort by the writer's clock). Reading unions the parts' columns (a new column is null in old rows, an old
+column is null in new rows). Local appenders also queue on a lock (fcntl, on a hidden `.<name>.lock` beside the
+table), so on one machine a key is never written twice. A table written as one file by an older raybiphase still
+reads, and its first append moves that file into the folder as its first part.
 
-The Parquet key-value metadata holds `raybiphase.schema_version` and the key columns. Readable by pandas, pyarrow
-and DuckDB (`SELECT * FROM 'results/sweep/finetune.parquet'`).
+Every part's Parquet key-value metadata holds `raybiphase.schema_version` and the key columns. Read a table with
+`read_rows` (or pandas/pyarrow on the folder when its parts share their columns; DuckDB:
+`SELECT * FROM read_parquet('results/sweep/finetune.parquet/*.parquet', union_by_name=true)`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import shutil
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from raybiphase import storage
+from raybiphase import locks, storage
 from raybiphase.errors import UserError
 from raybiphase.results.aggregate import SUMMARY_KEY, summarize
 
@@ -47,35 +54,109 @@ KEY_COLUMNS_KEY = b"raybiphase.key"
 
 
 Rows = Sequence[Mapping[str, Any]] | pd.DataFrame
+T = TypeVar("T")
 
 
 @storage.retrying()
-def _read_parquet(path: str | os.PathLike, columns: Sequence[str] | None) -> pa.Table | None:
-    if not storage.is_file(path):
-        return None
+def _parts(path: str | os.PathLike) -> list[str]:
+    """The files of a table: itself when it is one file (written by an older raybiphase), else its folder's part
+    files in the order they were written; [] when there is no table."""
     fs, inner = storage.filesystem(path)
+    kind = fs.get_file_info(inner).type
+    if kind == pafs.FileType.File:
+        return [str(path)]
+    if kind != pafs.FileType.Directory:
+        return []
+    names = sorted(n for n in storage.list_files(path) if n.startswith(storage.PART_PREFIX)
+                   and n.endswith(storage.PART_SUFFIX))
+    return [storage.join(path, name) for name in names]
+
+
+@storage.retrying()
+def _read_part(part: str, columns: Sequence[str] | None) -> pa.Table:
+    fs, inner = storage.filesystem(part)
     if columns is not None:
         present = set(pq.read_schema(inner, filesystem=fs).names)
         columns = [c for c in columns if c in present]
     return pq.read_table(inner, filesystem=fs, columns=columns)
 
 
-def _read_table(path: str | os.PathLike, columns: Sequence[str] | None = None) -> pa.Table | None:
-    """The table at `path` (None when there is none); a UserError naming the file when it is not a Parquet file
-    (truncated, overwritten) or was written by a newer raybiphase."""
+@storage.retrying()
+def _key_of(part: str) -> tuple[str, ...]:
+    fs, inner = storage.filesystem(part)
+    return tuple(json.loads((pq.read_schema(inner, filesystem=fs).metadata or {}).get(KEY_COLUMNS_KEY, b"[]")))
+
+
+def _checked(read: Callable[[], T], location: str | os.PathLike) -> T:
+    """read(), or a UserError naming `location` when it is not a Parquet file or cannot be reached."""
     try:
-        table = _read_parquet(path, columns)
+        return read()
     except (pa.ArrowInvalid, OSError) as err:
         reason = " ".join(str(err).split())[:200]
-        if isinstance(err, OSError) and storage.is_uri(path) and storage.transient(err):  # retried, still down
-            raise UserError(f"{path}: cannot read it ({reason})") from None
-        raise UserError(f"{path}: not a readable Parquet table ({reason})") from None
-    if table is None:
+        if isinstance(err, OSError) and storage.is_uri(location) and storage.transient(err):  # retried, still down
+            raise UserError(f"{location}: cannot read it ({reason})") from None
+        raise UserError(f"{location}: not a readable Parquet table ({reason})") from None
+
+
+def _read_table(path: str | os.PathLike, columns: Sequence[str] | None = None) -> pa.Table | None:
+    """The table at `path`, its parts' columns unioned and a key recorded twice kept once (the row of the part
+    written first); None when there is none. A UserError naming the file when a part is not a Parquet file
+    (truncated, overwritten) or was written by a newer raybiphase."""
+    parts = _checked(lambda: _parts(path), path)
+    key = _checked(lambda: _key_of(parts[0]), parts[0]) if len(parts) > 1 else ()  # every append gives the same
+    wanted = None if columns is None else list(dict.fromkeys([*columns, *key]))
+    tables = []
+    for part in parts:
+        table = _checked(lambda: _read_part(part, wanted), part)
+        version = int((table.schema.metadata or {}).get(VERSION_KEY, b"0"))
+        if version > SCHEMA_VERSION:
+            raise UserError(f"{part} has schema version {version}; this raybiphase reads up to {SCHEMA_VERSION}")
+        tables.append(table)
+    if not tables:
         return None
-    version = int((table.schema.metadata or {}).get(VERSION_KEY, b"0"))
-    if version > SCHEMA_VERSION:
-        raise UserError(f"{path} has schema version {version}; this raybiphase reads up to {SCHEMA_VERSION}")
+    table = functools.reduce(_union, tables)
+    if key and set(key) <= set(table.column_names):
+        table = table.take(pa.array(_first_of_each(_key_tuples(table, key)), type=pa.int64()))
+    if columns is not None:
+        table = table.select([c for c in table.column_names if c in columns])
     return table
+
+
+def _first_of_each(keys: Iterable[tuple], recorded: Iterable[tuple] = ()) -> list[int]:
+    """The indices of the first row of each key not already `recorded`."""
+    seen = set(recorded)
+    keep = []
+    for index, row_key in enumerate(keys):
+        if row_key not in seen:
+            seen.add(row_key)
+            keep.append(index)
+    return keep
+
+
+@storage.retrying()
+def _make_folder(path: str | os.PathLike) -> None:
+    """Turn a table written as one file (by an older raybiphase) into a folder whose first part is that file, so
+    that appends add parts beside it. Locally a hard link in a staging folder, the file's removal and a rename:
+    a reader finds no table only between the last two, and a crash there is finished by the next call. On a
+    bucket a copy, then the file's removal: until then readers read the file, which holds every row."""
+    fs, inner = storage.filesystem(path)
+    first = f"{storage.PART_PREFIX}{0:020d}-legacy{storage.PART_SUFFIX}"  # sorts before every appended part
+    if isinstance(fs, pafs.LocalFileSystem):
+        table = Path(inner)
+        staging = table.with_name(f".{table.name}.folder")
+        if not table.exists() and staging.is_dir():  # a crash between the removal and the rename
+            os.rename(staging, table)
+        if not table.is_file():
+            return
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        os.link(table, staging / first)
+        os.unlink(table)
+        os.rename(staging, table)
+        return
+    if fs.get_file_info(inner).type == pafs.FileType.File:
+        fs.copy_file(inner, f"{inner}/{first}")
+        fs.delete_file(inner)
 
 
 def _with_metadata(table: pa.Table, key: Sequence[str]) -> pa.Table:
@@ -115,23 +196,6 @@ def _write_atomic(table: pa.Table, path: str | os.PathLike) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-
-
-@contextlib.contextmanager
-def _lock(path: str | os.PathLike) -> Iterator[None]:
-    if storage.is_uri(path):
-        yield
-        return
-    import fcntl
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(f".{path.name}.lock"), "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _to_table(rows: Rows) -> pa.Table:
@@ -193,7 +257,8 @@ def _union(old: pa.Table, new: pa.Table) -> pa.Table:
 
 
 def append_rows(path: str | os.PathLike, rows: Rows, key: Sequence[str]) -> int:
-    """Append the rows whose key is not in the file yet; return how many were skipped as already present.
+    """Append the rows whose key is not in the table yet, as one new part file; return how many were skipped as
+    already present.
 
     Rows are dicts (or a DataFrame) of column -> value; a row repeated within `rows` is kept once.
     """
@@ -201,20 +266,17 @@ def append_rows(path: str | os.PathLike, rows: Rows, key: Sequence[str]) -> int:
     new = _to_table(rows)
     if new.num_rows == 0:
         return 0
-    with _lock(path):
+    with locks.local_lock(path):
+        _make_folder(path)
         old = _read_table(path)
-        seen = set(_key_tuples(old, key)) if old is not None else set()
-        keep = []
-        for index, row_key in enumerate(_key_tuples(new, key)):
-            if row_key not in seen:
-                seen.add(row_key)
-                keep.append(index)
+        keep = _first_of_each(_key_tuples(new, key), _key_tuples(old, key) if old is not None else ())
         skipped = new.num_rows - len(keep)
         if not keep:
             return skipped
         new = new.take(pa.array(keep, type=pa.int64()))
-        table = new if old is None else _union(old, _conform(new, old.schema))
-        _write_atomic(_with_metadata(table, key), path)
+        if old is not None:
+            new = _conform(new, old.schema)
+        _write_atomic(_with_metadata(new, key), storage.join(path, storage.part_name()))
     return skipped
 
 
@@ -242,13 +304,11 @@ def write_summary(results_dir: str | os.PathLike) -> str:
     trials = read_rows(storage.join(results_dir, storage.FINETUNE_FILE))
     summary = summarize(trials)
     path = storage.join(results_dir, storage.SUMMARY_FILE)
-    with _lock(path):
+    with locks.local_lock(path):
         _write_atomic(_with_metadata(pa.Table.from_pandas(summary, preserve_index=False), SUMMARY_KEY), path)
     return path
 
 
 def read_table(location: str) -> list[dict]:
     """The rows of a results table as records; none when it does not exist."""
-    if not storage.is_file(location):
-        return []
     return read_rows(location).to_dict("records")

@@ -7,9 +7,11 @@ chain first, and fine-tunes the final (and requested intermediate) checkpoints o
 beside the segments still training (raybiphase.sweep.finetuning names them); rows land in
 <storage>/<sweep>/{pretrain,finetune,summary}.parquet and the report is drawn.
 
-Run it again after an interruption and it continues: a segment whose end checkpoint exists is not rerun, a
-segment cut short resumes from its newest committed checkpoint, a fine-tuning trial with a row is
-not rerun, and no row is written twice. Works the same under `ray job submit` (joins the cluster in RAY_ADDRESS).
+One driver holds a sweep folder at a time (raybiphase.sweep.lease): a second one on the same folder stops with one
+line naming the holder, before Ray starts. Run it again after an interruption and it continues: a segment whose end
+checkpoint exists is not rerun, a segment cut short resumes from its newest committed checkpoint, a fine-tuning trial
+with a row is not rerun, and no row is written twice. Works the same under `ray job submit` (joins the cluster in
+RAY_ADDRESS).
 RAYBIPHASE_STORAGE, when set, overrides sweep.storage (the KubeRay job uses it).
 """
 
@@ -43,6 +45,7 @@ from raybiphase.results.report import write_report
 from raybiphase.storage import SweepPaths
 from raybiphase.pretrain.budget import check_budget, data_budget
 from raybiphase.sweep.context import SweepContext
+from raybiphase.sweep import lease
 from raybiphase.sweep.finetuning import baseline_rows, control_sources, finetune_sources, say_planned, trials_done
 from raybiphase.sweep.plan import Plan, Segment, dependencies
 from raybiphase.sweep.preflight import check_room, plan_sweep
@@ -57,16 +60,18 @@ from raybiphase.telemetry.wandb import log_pretraining_run, sweep_settings
 
 
 def run_sweep(spec: SweepSpec, *, dry_run: bool = False, console: Console = STDOUT, spec_path: str = "") -> Plan:
-    """Plan the spec (the dry run stops there), then prepare the data, pretrain every segment and, beside it,
-    fine-tune every distinct checkpoint and the controls as they are ready, and draw the report; resumes where an
-    earlier invocation stopped. An unreachable bucket is waited out for sweep.storage_outage_s, by the driver and
-    by every Ray worker it starts."""
+    """Plan the spec (the dry run stops there), take the sweep folder's lease (raybiphase.sweep.lease: another
+    driver holding it stops this one here, before Ray starts), then prepare the data, pretrain every segment and,
+    beside it, fine-tune every distinct checkpoint and the controls as they are ready, and draw the report; resumes
+    where an earlier invocation stopped. An unreachable bucket is waited out for sweep.storage_outage_s, by the
+    driver and by every Ray worker it starts."""
     spec, plan = plan_sweep(spec, dry_run=dry_run, console=console)
     if dry_run:
         return plan
-    with outage_budget(spec.sweep.storage_outage_s):  # for this process and every Ray worker it starts
-        clock = Clock()
-        ctx = SweepContext(spec, plan, SweepPaths.of(spec.sweep.storage, spec.sweep.name), console=console)
+    clock = Clock()
+    ctx = SweepContext(spec, plan, SweepPaths.of(spec.sweep.storage, spec.sweep.name), console=console)
+    with (outage_budget(spec.sweep.storage_outage_s),  # for this process and every Ray worker it starts
+          lease.hold(ctx.paths.lease, spec.sweep.lease_timeout_s, console=console)):  # one driver per sweep folder
         start(ctx, clock, spec_path)
         rows = run_jobs(ctx, clock)
         if spec.finetune.tasks:
@@ -81,7 +86,9 @@ def start(ctx: SweepContext, clock: Clock, spec_path: str) -> None:
     """Everything before the first segment: storage checks (an unreachable bucket, trials recorded under other
     fine-tuning settings), Ray, the report's header, the data of every corpus and its budget. A start refused with
     bad input (UserError, ConfigError) leaves no sweep folder it made."""
-    made = not storage.is_uri(ctx.paths.root) and not storage.exists(ctx.paths.root)
+    root = ctx.paths.root  # made by this start when it holds nothing but the lease just taken
+    made = not storage.is_uri(root) and not storage.list_files(root) and set(storage.list_folders(root)) <= {
+        storage.LEASE_DIR}
     try:
         check_and_prepare(ctx, clock)
     except (UserError, ConfigError):
@@ -180,7 +187,8 @@ class SweepSegments:
         self.pace = Pace()
         self.began = self.last_end = time.perf_counter()
         # kept worker groups: a segment's group trains the next ready segment of its shape (raybiphase.pretrain.pool);
-        # an interrupted invocation's groups left Ray Train records there that nothing resumes from
+        # an interrupted invocation's groups left Ray Train records there that nothing resumes from (and no other
+        # driver's live ones are there: this one holds the sweep's lease)
         storage.delete(storage.join(ctx.paths.root, "pools"))
         self.pools = WorkerPools(storage.join(ctx.paths.root, "pools"), segments=len(todo))
         self.claimed: dict[str, Pool] = {}

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing
 import os
+import threading
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from raybiphase import storage
 from raybiphase.errors import UserError
 from raybiphase.results import store as results
 from raybiphase.results.rows import FINETUNE_KEY, PRETRAIN_KEY
@@ -60,19 +64,24 @@ def test_old_columns_missing_from_new_rows_become_null(tmp_path) -> None:
     assert list(frame.loc[0, "test_per_example"]) == [1.0, 0.0, 1.0] and frame.loc[1, "test_per_example"] is None
 
 
-def test_a_type_clash_is_refused_and_leaves_the_file_as_it_was(tmp_path) -> None:
+def _files(table) -> dict[str, bytes]:
+    """Every file of a table's folder, hidden ones included, name -> bytes."""
+    return {p.name: p.read_bytes() for p in table.iterdir()}
+
+
+def test_a_type_clash_is_refused_and_leaves_the_table_as_it_was(tmp_path) -> None:
     path = tmp_path / "pretrain.parquet"
     append_rows(path, [_pretrain("a", 10)], key=PRETRAIN_KEY)
-    data = path.read_bytes()
+    before = _files(path)
     with pytest.raises(ValueError, match="tokens_seen"):
         append_rows(path, [_pretrain("a", 20, tokens_seen="many")], key=PRETRAIN_KEY)
-    assert path.read_bytes() == data
+    assert _files(path) == before
 
 
-def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch) -> None:
+def test_a_failed_write_leaves_the_old_parts_and_no_temporary(tmp_path, monkeypatch) -> None:
     path = tmp_path / "pretrain.parquet"
     append_rows(path, [_pretrain("a", 10)], key=PRETRAIN_KEY)
-    data = path.read_bytes()
+    before = _files(path)
 
     def crash(*args, **kwargs):
         raise OSError("disk full")
@@ -80,50 +89,94 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypat
     monkeypatch.setattr(results.pq, "write_table", crash)
     with pytest.raises(OSError, match="disk full"):
         append_rows(path, [_pretrain("a", 20)], key=PRETRAIN_KEY)
-    assert path.read_bytes() == data
+    assert _files(path) == before
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == ["pretrain.parquet"]
 
 
-def test_schema_version_and_key_are_in_the_parquet_metadata(tmp_path) -> None:
+def test_each_append_writes_one_new_part_and_rewrites_none(tmp_path) -> None:
     path = tmp_path / "finetune.parquet"
     append_rows(path, [_trial("r", 1e-4, 0)], key=FINETUNE_KEY)
-    meta = pq.read_schema(path).metadata
+    first = _files(path)
+    append_rows(path, [_trial("r", 1e-4, 0), _trial("r", 1e-4, 1)], key=FINETUNE_KEY)
+    after = _files(path)
+    assert len(first) == 1 and len(after) == 2 and all(after[name] == data for name, data in first.items())
+    assert all(name.startswith("part-") and name.endswith(".parquet") for name in after)
+    assert append_rows(path, [_trial("r", 1e-4, 1)], key=FINETUNE_KEY) == 1 and len(_files(path)) == 2
+
+
+def test_schema_version_and_key_are_in_every_part_s_metadata(tmp_path) -> None:
+    path = tmp_path / "finetune.parquet"
+    append_rows(path, [_trial("r", 1e-4, 0)], key=FINETUNE_KEY)
+    (part,) = path.iterdir()
+    meta = pq.read_schema(part).metadata
     assert int(meta[b"raybiphase.schema_version"]) == results.SCHEMA_VERSION == results.schema_version(path)
+    assert json.loads(meta[b"raybiphase.key"]) == list(FINETUNE_KEY)
     assert b"pandas" not in meta
     assert results.schema_version(tmp_path / "absent.parquet") is None
 
 
-def test_a_file_from_a_newer_schema_is_refused(tmp_path) -> None:
+def test_a_part_from_a_newer_schema_is_refused(tmp_path) -> None:
     path = tmp_path / "finetune.parquet"
     append_rows(path, [_trial("r", 1e-4, 0)], key=FINETUNE_KEY)
-    table = pq.read_table(path)
-    pq.write_table(table.replace_schema_metadata({b"raybiphase.schema_version": b"99"}), path)
+    (part,) = path.iterdir()
+    table = pq.read_table(part)
+    pq.write_table(table.replace_schema_metadata({b"raybiphase.schema_version": b"99"}), part)
     with pytest.raises(UserError, match="schema version 99"):
         read_rows(path)
 
 
-def test_a_damaged_table_is_named_in_one_line_and_nothing_is_appended(tmp_path) -> None:
+def test_a_damaged_part_is_named_in_one_line_and_nothing_is_appended(tmp_path) -> None:
     path = tmp_path / "finetune.parquet"
     append_rows(path, [_trial("r", 1e-4, seed) for seed in range(3)], key=FINETUNE_KEY)
-    whole = path.read_bytes()
+    (part,) = path.iterdir()
+    whole = part.read_bytes()
     for damaged in (whole[: len(whole) // 2], b"not parquet at all"):  # a copy cut short, a file overwritten
-        path.write_bytes(damaged)
+        part.write_bytes(damaged)
         for read in (lambda: read_rows(path), lambda: done_keys(path, FINETUNE_KEY),
                      lambda: append_rows(path, [_trial("r", 1e-4, 9)], key=FINETUNE_KEY)):
-            with pytest.raises(UserError, match=f"^{path}: not a readable Parquet table \\(") as err:
+            with pytest.raises(UserError, match=f"^{part}: not a readable Parquet table \\(") as err:
                 read()
             assert "\n" not in str(err.value)
-        assert path.read_bytes() == damaged  # left as it was found, for the user to look at
+        assert _files(path) == {part.name: damaged}  # left as it was found, for the user to look at
+
+
+def test_a_table_written_as_one_file_reads_and_its_first_append_keeps_its_rows(tmp_path) -> None:
+    """A table of an older raybiphase (one Parquet file) reads as before; appending moves it into the folder."""
+    path = tmp_path / "finetune.parquet"
+    legacy = pa.Table.from_pylist([_trial("r", 1e-4, seed) for seed in range(2)])
+    pq.write_table(legacy.replace_schema_metadata({b"raybiphase.schema_version": b"1",
+                                                   b"raybiphase.key": json.dumps(FINETUNE_KEY).encode()}), path)
+    assert len(read_rows(path)) == 2 and done_keys(path, FINETUNE_KEY) == {("r", 100, "tweet_sentiment", 1e-4, s,
+                                                                             "raybiphase") for s in (0, 1)}
+    assert append_rows(path, [_trial("r", 1e-4, 1), _trial("r", 1e-4, 2)], key=FINETUNE_KEY) == 1
+    assert path.is_dir() and len(_files(path)) == 2
+    frame = read_rows(path)
+    assert list(frame["seed"]) == [0, 1, 2] and list(frame["val_score"]) == [0.70, 0.71, 0.72]
+
+
+def test_a_key_two_writers_both_appended_reads_once_as_the_first_wrote_it(tmp_path) -> None:
+    """Writers on a bucket share no lock: both may append a key; the part written first is the one read."""
+    path = tmp_path / "finetune.parquet"
+    append_rows(path, [_trial("r", 1e-4, 0)], key=FINETUNE_KEY)
+    late = pa.Table.from_pylist([{**_trial("r", 1e-4, 0), "val_score": 0.99}, _trial("r", 1e-4, 1)])
+    (first,) = path.iterdir()
+    later = path / "part-99999999999999999999-x.parquet"
+    pq.write_table(late.replace_schema_metadata(pq.read_schema(first).metadata), later)
+    frame = read_rows(path)
+    assert list(frame["seed"]) == [0, 1] and frame.loc[0, "val_score"] == 0.70
+    assert append_rows(path, [_trial("r", 1e-4, 1)], key=FINETUNE_KEY) == 1
 
 
 def test_readable_by_pyarrow_pandas_and_duckdb(tmp_path) -> None:
     path = tmp_path / "finetune.parquet"
     append_rows(path, [_trial("r", lr, seed) for lr in (1e-4, 5e-4) for seed in (0, 1)], key=FINETUNE_KEY)
-    assert pq.read_table(path).num_rows == 4
-    assert pd.read_parquet(path)["lr"].nunique() == 2
+    append_rows(path, [_trial("r", 1e-3, 0)], key=FINETUNE_KEY)  # a second part
+    assert pq.read_table(path).num_rows == 5
+    assert pd.read_parquet(path)["lr"].nunique() == 3
     duckdb = pytest.importorskip("duckdb")
-    ((count, best),) = duckdb.sql(f"SELECT count(*), max(val_score) FROM '{path}'").fetchall()
-    assert count == 4 and best == pytest.approx(0.71)
+    query = f"SELECT count(*), max(val_score) FROM read_parquet('{path}/*.parquet', union_by_name=true)"
+    ((count, best),) = duckdb.sql(query).fetchall()
+    assert count == 5 and best == pytest.approx(0.71)
 
 
 def test_uri_paths_go_through_pyarrow_filesystems(tmp_path) -> None:
@@ -132,7 +185,7 @@ def test_uri_paths_go_through_pyarrow_filesystems(tmp_path) -> None:
     assert append_rows(uri, [_pretrain("a", 10), _pretrain("a", 20)], key=PRETRAIN_KEY) == 1
     assert len(read_rows(tmp_path / "sweep" / "pretrain.parquet")) == 2
     assert done_keys(uri, PRETRAIN_KEY) == {("a", 10), ("a", 20)}
-    assert not [p for p in (tmp_path / "sweep").iterdir() if p.name.endswith(".tmp")]
+    assert not [p for p in (tmp_path / "sweep" / "pretrain.parquet").iterdir() if p.name.endswith(".tmp")]
 
 
 def test_missing_file_reads_empty_and_missing_key_column_is_an_error(tmp_path) -> None:
@@ -191,3 +244,34 @@ def test_typed_rows_flatten_to_dotted_columns_and_back():
     record = done.record()
     assert record["phases.clm_share"] == 0.25 and record["pretrain_step"] == 40 and record["steps_run"] == 9
     assert FinetuneRow.from_record(record) == done
+
+
+def test_two_appenders_on_one_bucket_table_keep_every_row(s3_bucket) -> None:
+    """A bucket has no lock: two writers that meet each add their own parts, and all 2 x 3 rows are read back."""
+    path = f"{s3_bucket}/appenders/pretrain.parquet"
+    start = threading.Barrier(2)
+
+    def appender(worker: int) -> None:
+        start.wait()
+        for step in range(3):
+            append_rows(path, [_pretrain(f"w{worker}", step)], key=PRETRAIN_KEY)
+
+    threads = [threading.Thread(target=appender, args=(w,)) for w in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(read_rows(path)) == 6
+    assert done_keys(path, PRETRAIN_KEY) == {(f"w{w}", step) for w in range(2) for step in range(3)}
+
+
+def test_a_one_file_bucket_table_becomes_a_folder_on_its_first_append(s3_bucket) -> None:
+    path = f"{s3_bucket}/legacy/finetune.parquet"
+    legacy = pa.Table.from_pylist([_trial("r", 1e-4, 0)])
+    fs, inner = storage.filesystem(path)
+    pq.write_table(legacy.replace_schema_metadata({b"raybiphase.key": json.dumps(FINETUNE_KEY).encode()}), inner,
+                   filesystem=fs)
+    assert len(read_rows(path)) == 1
+    assert append_rows(path, [_trial("r", 1e-4, 0), _trial("r", 1e-4, 1)], key=FINETUNE_KEY) == 1
+    assert not storage.is_file(path) and len(storage.list_files(path)) == 2
+    assert list(read_rows(path)["seed"]) == [0, 1]

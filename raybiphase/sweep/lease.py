@@ -1,0 +1,283 @@
+"""One driver per sweep folder: a lease in `<sweep>/lease/`, taken before Ray starts, renewed while the driver
+lives, given back when it exits.
+
+A second driver on the same folder stops with one line naming the holder (host, pid, since when, last renewal)
+before it starts anything; a dry run takes no lease. A lease not renewed for `sweep.lease_timeout_s` (its driver
+was killed, its node lost) is taken over, with a line saying so; so is at once one whose driver ran on this machine
+and whose process is gone (a driver killed and run again on the same machine need not wait). The holder renews it
+every fifth of the timeout from a daemon thread, so a long blocking call in the driver does not let it lapse; a
+holder that finds its lease taken over says so and interrupts its main thread (KeyboardInterrupt: the driver ends
+its segments and stops).
+
+How the lease is claimed, and what that guarantees:
+
+- On a local disk (or NFS) the lease is one file, `lease/holder.json`, created only if absent
+  (`locks.create_exclusive`: of two drivers exactly one creates it). Renewal, take-over and release hold an fcntl
+  lock beside it and re-read it under the lock: a stale lease is replaced only if it is still the one found stale,
+  and a driver renews or removes only its own.
+- On a bucket each driver writes a claim of its own, `lease/<token>.json`, then lists the folder: it holds the lease
+  only if its claim is the only one there, else it removes its claim, waits a random moment and looks again (a
+  live claim found then is a holder: refused). pyarrow.fs, the one way this project reaches buckets, cannot send
+  S3's `If-None-Match` (nor GCS's generation preconditions), so the claim relies on what S3 (since December 2020),
+  GCS and MinIO promise instead: a list made after a write has finished shows it. Of two drivers that claim at
+  once, the one that lists last sees the other's claim, so at most one holds the lease; both may step back, and
+  after a few rounds one says the folder is busy. A taker first removes the stale claims and names the lease it
+  took over in its claim; a holder whose claim is gone, or named so, has lost it.
+
+Limits, as for any lease without fencing tokens: staleness is judged on the taker's clock against the holder's
+(clocks must agree to well within the timeout); a holder paused longer than the timeout (a frozen VM) may write
+for up to one renewal interval after it was taken over before it notices.
+"""
+
+from __future__ import annotations
+
+import _thread
+import contextlib
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+
+from raybiphase import locks, storage
+from raybiphase.errors import UserError
+from raybiphase.telemetry.console import STDOUT, Console
+
+HOLDER = "holder.json"  # the lease file on a local disk
+ROUNDS = 4  # how often a bucket claim that met another is tried again before the folder is called busy
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """What a lease records: who holds it, since when, when it was last renewed (UTC, ISO 8601)."""
+
+    host: str
+    pid: int
+    since: str
+    renewed_at: str
+    token: str
+    took_over: str = ""
+    """The token of the stale lease this one replaced (bucket claims: its holder then knows it lost)."""
+
+    @classmethod
+    def me(cls, took_over: str = "") -> Holder:
+        now = _now()
+        return cls(socket.gethostname(), os.getpid(), now, now, uuid.uuid4().hex[:16], took_over)
+
+    @classmethod
+    def of(cls, document: object) -> Holder | None:
+        """The holder a lease document names; None for anything else (a damaged file)."""
+        try:
+            holder = cls(**document)  # type: ignore[arg-type]
+            holder.idle_s()
+        except (TypeError, ValueError):
+            return None
+        return holder
+
+    def idle_s(self) -> float:
+        """Seconds since the last renewal, on this machine's clock."""
+        renewed = datetime.datetime.fromisoformat(self.renewed_at)
+        return (datetime.datetime.now(datetime.timezone.utc) - renewed).total_seconds()
+
+    def describe(self) -> str:
+        return f"host {self.host}, pid {self.pid}, since {self.since}, renewed {self.idle_s():.0f} s ago"
+
+    def ended_here(self) -> bool:
+        """Its driver ran on this machine and its process is gone (killed, crashed): no need to wait it out. A
+        pid reused since reads as alive, which only makes the wait the timeout's."""
+        if self.host != socket.gethostname():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # alive, another user's
+            return False
+        return False
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+class Lease:
+    """The lease of the sweep at `folder` (SweepPaths.lease), held by this process once `acquire` returns."""
+
+    def __init__(self, folder: str, timeout_s: float, console: Console = STDOUT):
+        self.folder, self.timeout_s, self.console = folder, timeout_s, console
+        self.holder = Holder.me()
+        self.local = not storage.is_uri(folder)
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---------------------------------------------------------------------------------------------- acquire
+
+    def acquire(self) -> None:
+        """Hold the lease, taking over a stale one; a UserError naming the holder when another driver has it."""
+        try:
+            self._acquire_file() if self.local else self._acquire_claim()
+        except OSError as err:
+            reason = " ".join(str(err).split())[:300]
+            raise UserError(f"sweep.storage: cannot take the sweep's lease at {self.folder}: {reason}") from None
+
+    def check_free(self) -> None:
+        """A UserError naming the holder when another driver holds the lease now; writes nothing. Only a first
+        look (the commands' fast refusal, before the training stack loads): `acquire` decides."""
+        try:
+            if self.local:
+                found = [Holder.of(_read(storage.join(self.folder, HOLDER)))]
+            else:
+                found = list(self._claims().values())
+        except OSError:  # an unreachable bucket: the sweep's own checks say so in their words
+            return
+        self._refuse_live(found)
+
+    def _refuse_live(self, found: Iterable[Holder | None]) -> None:
+        live = sorted((h for h in found if not self._stale(h)), key=lambda h: h.since)
+        if live:
+            raise self._refuse(live[0])
+
+    def _refuse(self, other: Holder) -> UserError:
+        return UserError(f"sweep.storage: {storage.parent(self.folder)} is held by another driver ({other.describe()});"
+                         f" a lease not renewed for sweep.lease_timeout_s={self.timeout_s:g} s is taken over")
+
+    def _taking_over(self, other: Holder | None) -> None:
+        who = other.describe() if other else "a damaged lease"
+        why = ("its process on this machine has ended" if other and other.ended_here() else
+               f"not renewed for sweep.lease_timeout_s={self.timeout_s:g} s")
+        self.console.say(f"lease: taking over {storage.parent(self.folder)} from {who} ({why})")
+
+    def _stale(self, other: Holder | None) -> bool:
+        return other is None or other.idle_s() > self.timeout_s or other.ended_here()
+
+    def _acquire_file(self) -> None:
+        path = storage.join(self.folder, HOLDER)
+        while not locks.create_exclusive(path, self._document()):
+            with locks.local_lock(path):
+                if not storage.exists(path):  # released since: try the exclusive create again
+                    continue
+                other = Holder.of(_read(path))
+                if not self._stale(other):
+                    raise self._refuse(other)
+                self._taking_over(other)
+                self.holder = dataclasses.replace(self.holder, took_over=other.token if other else "")
+                storage.write_json(path, dataclasses.asdict(self.holder))  # the stale one, checked under the lock
+                return
+
+    def _acquire_claim(self) -> None:
+        for round_ in range(ROUNDS):
+            claims = self._claims()
+            self._refuse_live(claims.values())
+            for name, other in claims.items():
+                self._taking_over(other)
+                self.holder = dataclasses.replace(self.holder, took_over=other.token if other else "")
+                storage.delete_file(storage.join(self.folder, name))
+            storage.write_json(self._claim(), dataclasses.asdict(self.holder))
+            if set(self._claims()) == {self._name()}:
+                return
+            storage.delete_file(self._claim())  # another driver claimed at the same moment: step back, look again
+            time.sleep(random.uniform(0.2, 1.0) * (round_ + 1))
+        raise UserError(f"sweep.storage: {storage.parent(self.folder)} is being claimed by another driver at this "
+                        "moment; run again in a minute")
+
+    # ---------------------------------------------------------------------------------------------- renew
+
+    def renew(self) -> bool:
+        """Record a renewal; False (and `lost`) when another driver has taken the lease over."""
+        self.holder = dataclasses.replace(self.holder, renewed_at=_now())
+        if self.local:
+            path = storage.join(self.folder, HOLDER)
+            with locks.local_lock(path):
+                current = Holder.of(_read(path))
+                self.lost = current is None or current.token != self.holder.token
+                if not self.lost:
+                    storage.write_json(path, dataclasses.asdict(self.holder))
+            return not self.lost
+        claims = self._claims()
+        self.lost = self._name() not in claims or any(
+            other is not None and other.took_over == self.holder.token for other in claims.values())
+        if self.lost:
+            storage.delete_file(self._claim())
+        else:
+            storage.write_json(self._claim(), dataclasses.asdict(self.holder))
+        return not self.lost
+
+    def start(self) -> None:
+        """Renew every fifth of the timeout from a daemon thread until `release`."""
+        self._thread = threading.Thread(target=self._renewing, name="sweep-lease", daemon=True)
+        self._thread.start()
+
+    def _renewing(self) -> None:
+        while not self._stop.wait(self.timeout_s / 5):
+            try:
+                if self.renew():
+                    continue
+            except OSError as err:  # a bucket down past storage's retries: try again at the next tick
+                log.warning("lease: cannot renew %s (%s)", self.folder, " ".join(str(err).split())[:200])
+                continue
+            self.console.say(f"lease: {storage.parent(self.folder)} was taken over by another driver; stopping")
+            _thread.interrupt_main()
+            return
+
+    # ---------------------------------------------------------------------------------------------- release
+
+    def release(self) -> None:
+        """Stop renewing and remove this driver's lease (not another's that took it over)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        if self.lost:
+            return
+        if not self.local:
+            storage.delete_file(self._claim())
+            return
+        path = storage.join(self.folder, HOLDER)
+        if not storage.exists(path):  # the sweep folder was removed (a start refused with bad input)
+            return
+        with locks.local_lock(path):
+            current = Holder.of(_read(path))
+            if current is not None and current.token == self.holder.token:
+                storage.delete_file(path)
+
+    # ---------------------------------------------------------------------------------------------- claims
+
+    def _name(self) -> str:
+        return f"{self.holder.token}.json"
+
+    def _claim(self) -> str:
+        return storage.join(self.folder, self._name())
+
+    def _claims(self) -> dict[str, Holder | None]:
+        """The bucket's claims, name -> holder (None: damaged, or gone while listed)."""
+        return {name: Holder.of(_read(storage.join(self.folder, name)))
+                for name in storage.list_files(self.folder) if name.endswith(".json")}
+
+    def _document(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self.holder)).encode()
+
+
+def _read(location: str) -> object:
+    try:
+        return storage.read_json(location)
+    except (ValueError, FileNotFoundError):  # not JSON (a damaged lease), or removed since it was listed
+        return None
+
+
+@contextlib.contextmanager
+def hold(folder: str, timeout_s: float, console: Console = STDOUT) -> Iterator[Lease]:
+    """Hold the sweep's lease for the block: acquired (or refused) on entry, renewed throughout, released on exit."""
+    lease = Lease(folder, timeout_s, console)
+    lease.acquire()
+    lease.start()
+    try:
+        yield lease
+    finally:
+        lease.release()

@@ -1,0 +1,217 @@
+"""One driver per sweep folder: the lease is taken once, refused with the holder's line, taken over when stale,
+given back at exit; on a local disk and on a bucket (the local S3 server); and the command stops before Ray."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from raybiphase import storage
+from raybiphase.errors import UserError
+from raybiphase.sweep.lease import HOLDER, Holder, Lease, hold
+from raybiphase.telemetry.console import Console
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _lease(folder: str, timeout_s: float = 300.0) -> tuple[Lease, io.StringIO]:
+    lines = io.StringIO()
+    return Lease(folder, timeout_s, Console(lines)), lines
+
+
+def _left_by_a_dead_driver(seconds_ago: float, host: str = "gone-node", pid: int = 4242) -> dict:
+    """What a driver killed `seconds_ago` left: its last renewal is that old."""
+    then = (datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=seconds_ago)).isoformat()
+    return dataclasses.asdict(Holder(host, pid, then, then, f"{pid:016d}"))
+
+
+def test_a_lease_records_its_holder_and_a_second_driver_is_refused_naming_it(tmp_path) -> None:
+    folder = str(tmp_path / "sweep" / "lease")
+    first, _ = _lease(folder)
+    first.acquire()
+    record = json.loads((Path(folder) / HOLDER).read_text())
+    assert (record["host"], record["pid"]) == (socket.gethostname(), os.getpid())
+    assert record["since"] == record["renewed_at"]
+    second, _ = _lease(folder)
+    with pytest.raises(UserError) as err:
+        second.acquire()
+    line = str(err.value)
+    assert "\n" not in line and "held by another driver" in line
+    assert f"host {socket.gethostname()}, pid {os.getpid()}, since {record['since']}" in line
+    assert json.loads((Path(folder) / HOLDER).read_text()) == record  # the holder's lease untouched
+
+
+def test_a_released_lease_is_free_at_once_and_renewal_moves_its_time(tmp_path) -> None:
+    folder = str(tmp_path / "lease")
+    first, _ = _lease(folder)
+    first.acquire()
+    since = first.holder.renewed_at
+    time.sleep(0.01)
+    assert first.renew() and json.loads((Path(folder) / HOLDER).read_text())["renewed_at"] > since
+    first.release()
+    assert not (Path(folder) / HOLDER).exists()
+    second, _ = _lease(folder)
+    second.acquire()
+    second.release()
+
+
+def test_a_lease_not_renewed_for_the_timeout_is_taken_over_with_a_line(tmp_path) -> None:
+    folder = tmp_path / "lease"
+    folder.mkdir()
+    (folder / HOLDER).write_text(json.dumps(_left_by_a_dead_driver(301)))
+    with pytest.raises(UserError, match="host gone-node, pid 4242"):  # not stale under a longer timeout
+        Lease(str(folder), 600.0).acquire()
+    taker, lines = _lease(str(folder))
+    taker.acquire()
+    assert "lease: taking over" in lines.getvalue() and "host gone-node, pid 4242" in lines.getvalue()
+    record = json.loads((folder / HOLDER).read_text())
+    assert record["pid"] == os.getpid() and record["took_over"] == f"{4242:016d}"
+    taker.release()
+
+
+def test_a_holder_taken_over_knows_it_lost_and_leaves_the_new_lease(tmp_path) -> None:
+    folder = str(tmp_path / "lease")
+    old, _ = _lease(folder, timeout_s=0.05)
+    old.acquire()
+    time.sleep(0.1)  # the old holder stalled past its timeout
+    new, _ = _lease(folder, timeout_s=0.05)
+    new.acquire()
+    assert not old.renew() and old.lost
+    old.release()
+    assert json.loads((Path(folder) / HOLDER).read_text())["token"] == new.holder.token
+
+
+def test_the_holder_renews_from_a_thread_while_it_lives(tmp_path) -> None:
+    folder = str(tmp_path / "lease")
+    with hold(folder, 0.25, Console(io.StringIO())):
+        first = json.loads((Path(folder) / HOLDER).read_text())["renewed_at"]
+        time.sleep(0.4)  # longer than the timeout: only renewals keep it
+        assert json.loads((Path(folder) / HOLDER).read_text())["renewed_at"] > first
+        with pytest.raises(UserError, match="held by another driver"):
+            Lease(folder, 0.25).acquire()
+    assert not (Path(folder) / HOLDER).exists()
+
+
+def test_drivers_starting_at_once_on_a_disk_get_one_lease(tmp_path) -> None:
+    folder = str(tmp_path / "lease")
+    assert _race([Lease(folder, 300.0, Console(io.StringIO())) for _ in range(4)]) == 1
+
+
+def _race(leases: list[Lease]) -> int:
+    """Acquire every lease at once, each on its own thread; how many got it."""
+    start, won = threading.Barrier(len(leases)), []
+
+    def attempt(lease: Lease) -> None:
+        start.wait()
+        try:
+            lease.acquire()
+            won.append(lease)
+        except UserError:
+            pass
+
+    threads = [threading.Thread(target=attempt, args=(lease,)) for lease in leases]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return len(won)
+
+
+def test_two_drivers_on_one_bucket_the_second_refuses_and_a_stale_claim_is_taken_over(s3_bucket) -> None:
+    folder = storage.SweepPaths(f"{s3_bucket}/lease-two").lease
+    first, _ = _lease(folder)
+    first.acquire()
+    second, _ = _lease(folder)
+    with pytest.raises(UserError, match=f"host {socket.gethostname()}, pid {os.getpid()}, since "):
+        second.acquire()
+    assert list(storage.list_files(folder)) == [f"{first.holder.token}.json"]
+    storage.write_json(storage.join(folder, f"{first.holder.token}.json"),
+                       {**dataclasses.asdict(first.holder), "renewed_at": _left_by_a_dead_driver(400)["renewed_at"]})
+    taker, lines = _lease(folder)
+    taker.acquire()
+    assert "lease: taking over" in lines.getvalue()
+    assert not first.renew() and first.lost  # its claim is gone: it knows it lost
+    assert list(storage.list_files(folder)) == [f"{taker.holder.token}.json"]
+    taker.release()
+    assert storage.list_files(folder) == {}
+
+
+def test_drivers_claiming_one_bucket_at_once_get_at_most_one_lease(s3_bucket) -> None:
+    folder = storage.SweepPaths(f"{s3_bucket}/lease-race").lease
+    leases = [Lease(folder, 300.0, Console(io.StringIO())) for _ in range(3)]
+    assert _race(leases) <= 1
+    holders = [lease for lease in leases if storage.exists(storage.join(folder, f"{lease.holder.token}.json"))]
+    assert len(holders) <= 1
+
+
+def _sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "raybiphase", "sweep", "sweeps/quickstart.yaml",
+                           "--set", f"sweep.storage={tmp_path}", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_the_sweep_command_stops_in_one_line_while_another_driver_holds_the_folder(tmp_path) -> None:
+    lease = tmp_path / "quickstart" / "lease" / HOLDER
+    lease.parent.mkdir(parents=True)
+    lease.write_text(json.dumps(_left_by_a_dead_driver(1, host="node-7", pid=99)))  # renewed a second ago
+    proc = _sweep(tmp_path)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: sweep.storage: ") and "held by another driver (host node-7, pid 99, since " in line
+    assert proc.stdout == ""  # not even the plan: nothing ran, Ray least of all
+    assert sorted(p.name for p in (tmp_path / "quickstart").iterdir()) == ["lease"]
+    dry = _sweep(tmp_path, "--dry-run")  # the plan takes no lease and needs none
+    assert dry.returncode == 0 and "steps:" in dry.stdout
+    assert json.loads(lease.read_text())["pid"] == 99
+    assert sorted(p.name for p in lease.parent.iterdir()) == [HOLDER]
+
+
+def test_a_dry_run_takes_no_lease(tmp_path) -> None:
+    assert _sweep(tmp_path, "--dry-run").returncode == 0
+    assert not (tmp_path / "quickstart" / "lease").exists()
+
+
+@pytest.mark.slow  # imports the driver (the training stack): seconds
+def test_the_driver_refuses_a_held_folder_before_ray_starts(tmp_path) -> None:
+    """The lease `run_sweep` takes after planning is the one that decides; Ray (refused in this unit test) and
+    the sweep's files come after it."""
+    from raybiphase.config import SweepSpec, load
+    from raybiphase.sweep.driver import run_sweep
+
+    spec = load(SweepSpec, str(REPO / "sweeps" / "quickstart.yaml"), [f"sweep.storage={tmp_path}"])
+    with hold(storage.SweepPaths.of(str(tmp_path), spec.sweep.name).lease, 300.0, Console(io.StringIO())):
+        with pytest.raises(UserError, match="held by another driver"):
+            run_sweep(spec, console=Console(io.StringIO()))
+        assert sorted(p.name for p in (tmp_path / spec.sweep.name).iterdir()) == ["lease"]
+
+
+def test_the_lease_timeout_must_be_positive() -> None:
+    from raybiphase.config import ConfigError, SweepSpec, load
+
+    with pytest.raises(ConfigError, match="sweep.lease_timeout_s"):
+        load(SweepSpec, str(REPO / "sweeps" / "quickstart.yaml"), ["sweep.lease_timeout_s=0"])
+
+
+def test_a_lease_whose_process_on_this_machine_has_ended_is_taken_over_at_once(tmp_path) -> None:
+    """A driver killed (kill -9) and run again on the same machine does not wait out the timeout."""
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    folder = tmp_path / "lease"
+    folder.mkdir()
+    record = _left_by_a_dead_driver(1, host=socket.gethostname(), pid=int(ended.stdout))
+    (folder / HOLDER).write_text(json.dumps(record))
+    taker, lines = _lease(str(folder))
+    taker.acquire()
+    assert "its process on this machine has ended" in lines.getvalue()
+    taker.release()
