@@ -37,6 +37,7 @@ def saved(small_shards, tmp_path):
     return path, model, run
 
 
+@pytest.mark.slow  # a checkpoint saved and exported, seconds
 def test_a_step_that_was_not_exported_loads_in_stock_transformers_with_its_card(saved, tmp_path):
     from transformers import AutoModelForMaskedLM
 
@@ -63,6 +64,7 @@ def test_a_step_that_was_not_exported_loads_in_stock_transformers_with_its_card(
     assert "| tweets | SC | accuracy | 51.23 ± 2.11 | 0.0001 | 3 |" in card and "squad" not in card  # its step only
 
 
+@pytest.mark.slow  # a checkpoint saved and exported, seconds
 def test_bad_input_stops_before_anything_is_written(saved, tmp_path, monkeypatch):
     from raybiphase.pretrain.export import export_checkpoint
 
@@ -82,6 +84,7 @@ def test_bad_input_stops_before_anything_is_written(saved, tmp_path, monkeypatch
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow  # a checkpoint saved and exported, seconds
 @pytest.mark.parametrize("exported_by_the_run", [False, True])
 def test_an_export_says_the_length_it_was_trained_on_and_computes_the_same(saved, small_shards, tmp_path,
                                                                           exported_by_the_run):
@@ -122,6 +125,7 @@ def test_a_rope_that_reads_the_length_keeps_it(tmp_path):
         assert json.loads((tmp_path / "config.json").read_text())["max_position_embeddings"] == expected
 
 
+@pytest.mark.slow  # a checkpoint saved and exported, seconds
 @pytest.mark.parametrize("exported_by_the_run", [False, True])
 def test_the_exports_stock_tokenizer_frames_texts_as_pretraining_and_fine_tuning_did(saved, small_shards, tmp_path,
                                                                                      exported_by_the_run):

@@ -98,6 +98,7 @@ def written(tmp_path_factory) -> tuple[Path, Path, dict]:
     return results_dir, path, {s.name: s for s in sections}
 
 
+@pytest.mark.slow  # a whole report drawn (matplotlib), seconds
 def test_report_draws_every_figure_with_titles_labels_and_paper_rows(written) -> None:
     _, _, by_name = written
     assert set(by_name) == {*FIGURES, "summary", "control", "findings", "compute"}
@@ -126,6 +127,7 @@ def _legend_texts(figure) -> set[str]:
     return {text.get_text() for legend in legends for text in legend.get_texts()}
 
 
+@pytest.mark.slow  # a whole report drawn (matplotlib), seconds
 def test_report_writes_markdown_and_valid_pngs(written) -> None:
     results_dir, path, _ = written
     text = Path(path).read_text()
@@ -138,6 +140,7 @@ def test_report_writes_markdown_and_valid_pngs(written) -> None:
     assert (results_dir / "summary.parquet").exists()
 
 
+@pytest.mark.slow  # a whole report drawn (matplotlib), seconds
 def test_the_html_report_travels_alone_with_vector_figures_and_a_header(written) -> None:
     results_dir, _, by_name = written
     page = (results_dir / "report" / "report.html").read_text()
@@ -261,6 +264,7 @@ def test_report_from_a_bucket_is_written_beside_its_rows(s3_bucket, tmp_path) ->
     assert storage.is_file(f"{uri}/{storage.SUMMARY_FILE}")
 
 
+@pytest.mark.slow  # a whole report drawn (matplotlib), seconds
 def test_an_interval_needs_three_seeds(written) -> None:
     """With 2 seeds Student's t at 1 degree of freedom is 12.7: such rows print their mean and seed count only."""
     import pandas as pd
