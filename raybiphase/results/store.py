@@ -87,6 +87,11 @@ def _key_of(part: str) -> tuple[str, ...]:
     return tuple(json.loads((pq.read_schema(inner, filesystem=fs).metadata or {}).get(KEY_COLUMNS_KEY, b"[]")))
 
 
+REBUILD = ("a sweep's tables are rebuilt from its own records: move the table away and run the same sweep again "
+           "(its pretraining rows come back from the runs' histories, its fine-tuning rows from the trials' "
+           "records; nothing is trained again)")
+
+
 def _checked(read: Callable[[], T], location: str | os.PathLike) -> T:
     """read(), or a UserError naming `location` when it is not a Parquet file or cannot be reached."""
     try:
@@ -95,7 +100,7 @@ def _checked(read: Callable[[], T], location: str | os.PathLike) -> T:
         reason = " ".join(str(err).split())[:200]
         if isinstance(err, OSError) and storage.is_uri(location) and storage.transient(err):  # retried, still down
             raise UserError(f"{location}: cannot read it ({reason})") from None
-        raise UserError(f"{location}: not a readable Parquet table ({reason})") from None
+        raise UserError(f"{location}: not a readable Parquet table ({reason}); {REBUILD}") from None
 
 
 def _read_table(path: str | os.PathLike, columns: Sequence[str] | None = None) -> pa.Table | None:
