@@ -28,6 +28,7 @@ from raybiphase.config.load import NOT_WEIGHTS
 from raybiphase.errors import UserError
 from raybiphase.results.aggregate import BOOTSTRAP_COLUMNS, SUMMARY_COLUMNS, summarize
 from raybiphase.results.rows import FinetuneRow, PretrainRow
+from raybiphase.results.store import read_rows
 from raybiphase.telemetry.history import RESUME_POINT
 from raybiphase.telemetry.report import PretrainReport, column
 
@@ -246,7 +247,7 @@ def undocumented_columns(results: Path) -> dict[str, list[str]]:
     allowed = {"pretrain.parquet": named["pretrain.parquet"] | settings,
                "finetune.parquet": named["finetune.parquet"] | settings,  # a summary row also keeps every column
                "summary.parquet": named["summary.parquet"] | named["finetune.parquet"] | settings}  # constant in it
-    return {table: [c for c in pd.read_parquet(results / table).columns if c not in allowed[table]]
+    return {table: [c for c in read_rows(results / table).columns if c not in allowed[table]]
             for table in allowed if (results / table).exists()}
 
 

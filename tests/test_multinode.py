@@ -342,17 +342,18 @@ def test_a_spot_notice_drains_the_worker_node_and_its_loss_costs_only_the_steps_
         assert prefix is not None, "the shared prefix never committed its first checkpoint"
         cloud.reclaim_at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=60)
         said = watcher.communicate(timeout=60)[0]
-        drain = _drain_checkpoint(paths, prefix, job)
-        assert drain is not None, "no checkpoint of the drain was committed"
+        found = _drain_checkpoint(paths, job)  # the prefix's, or a later segment's when the prefix ended first
+        assert found is not None, f"no checkpoint of the drain was committed: {said}"
+        segment, drain = found
         killed, lost_at = two_nodes.lose_worker(), time.time()
-        beat = _beat(paths.progress(prefix))
-        committed = max(step for step in paths.checkpoint_steps(prefix)
-                        if storage.is_checkpoint(paths.checkpoint(prefix, step)))
+        beat = _beat(paths.progress(segment))
+        committed = max(step for step in paths.checkpoint_steps(segment)
+                        if storage.is_checkpoint(paths.checkpoint(segment, step)))
         time.sleep(10)
         two_nodes.add_worker()
         resumed = None  # the step of the prefix's first progress beat after the loss
         while job.poll() is None:
-            beat_after = _beat(paths.progress(prefix))
+            beat_after = _beat(paths.progress(segment))
             if resumed is None and beat_after.get("time", 0) > lost_at:
                 resumed = beat_after["step"]
             time.sleep(0.5)
@@ -366,9 +367,9 @@ def test_a_spot_notice_drains_the_worker_node_and_its_loss_costs_only_the_steps_
     assert "spot-watch: aws reclaims this node in" in said and "failed" not in said, said
     print("\n".join(line for line in output.splitlines() if line.startswith(("pretraining:", "fine-tuning:"))))
     trained = max(committed, int(beat.get("step", 0)))  # at least: the last beat lags by up to a second
-    print(f"node drained at step {drain} and lost ({killed} processes) at step {trained}+ of {prefix}, step "
+    print(f"node drained at step {drain} and lost ({killed} processes) at step {trained}+ of {segment}, step "
           f"{committed} committed; its first step after the restart: {resumed}; job {time.time() - started:.0f}s")
-    assert read_meta(paths.checkpoint(prefix, drain)).notice == "drain" and drain < PREFIX_STEPS
+    assert read_meta(paths.checkpoint(segment, drain)).notice == "drain" and drain < int(segment.rsplit("-", 2)[1])
     # the restart began after the newest committed checkpoint (the drain's, or a due one after it), not from the
     # segment's start: at most the steps since that checkpoint were trained again
     assert drain <= committed and resumed is not None and committed < resumed <= committed + CHECKPOINT_EVERY
@@ -422,18 +423,19 @@ def _first_checkpointed(paths, job: subprocess.Popen, started: float) -> str | N
     return None
 
 
-def _drain_checkpoint(paths, segment: str, job: subprocess.Popen, timeout_s: float = 60) -> int | None:
-    """The step of the segment's committed checkpoint whose meta says a drain wrote it (None if the job ends or
+def _drain_checkpoint(paths, job: subprocess.Popen, timeout_s: float = 90) -> tuple[str, int] | None:
+    """(segment, step) of a committed checkpoint whose meta says a drain wrote it (None if the job ends or
     `timeout_s` pass first)."""
     from raybiphase import storage
     from raybiphase.checkpoint_meta import read_meta
 
     deadline = time.time() + timeout_s
     while time.time() < deadline and job.poll() is None:
-        for step in reversed(paths.checkpoint_steps(segment)):
-            location = paths.checkpoint(segment, step)
-            if storage.is_checkpoint(location) and read_meta(location).notice == "drain":
-                return step
+        for segment in storage.list_folders(paths.runs):
+            for step in reversed(paths.checkpoint_steps(segment)):
+                location = paths.checkpoint(segment, step)
+                if storage.is_checkpoint(location) and read_meta(location).notice == "drain":
+                    return segment, step
         time.sleep(0.2)
     return None
 

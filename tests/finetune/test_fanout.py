@@ -125,7 +125,9 @@ def test_a_sweep_over_trials_made_under_other_settings_stops_before_any_work(tmp
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert proc.stderr.startswith(f"error: finetune: {table} holds trials fine-tuned under other settings")
     assert "pretraining:" not in proc.stdout  # nothing ran, nothing was written beside the table (and its lock)
-    assert {p.name for p in table.parent.iterdir()} == {"finetune.parquet", ".finetune.parquet.lock"}
+    # beside the table, only the released lease's folder (raybiphase.sweep.lease): no holder left in it
+    assert {p.name for p in table.parent.iterdir()} <= {"finetune.parquet", ".finetune.parquet.lock", "lease"}
+    assert not (table.parent / "lease" / "holder.json").exists()
 
 
 @pytest.mark.parametrize("complete_lrs", [False, True])
