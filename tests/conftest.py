@@ -77,14 +77,31 @@ def s3_bucket():
 
 
 @pytest.fixture(scope="session")
-def ray_cluster(s3_bucket):
+def hub_snapshots(tmp_path_factory):
+    """The session's RAYBIPHASE_DATASETS_DIR for Ray's workers: a folder of hub-layout dataset snapshots that tests
+    write as they need them (empty until then)."""
+    return tmp_path_factory.mktemp("hub-snapshots")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(s3_bucket, hub_snapshots):
     """One local Ray for the whole session, sized like this 2-core machine; its workers find the S3 server through
-    the same AWS_* environment as the tests."""
+    the same AWS_* environment as the tests, and the hub's datasets in `hub_snapshots` (the driver, this process,
+    reads them only in the tests that set RAYBIPHASE_DATASETS_DIR themselves)."""
     import ray
 
+    from raybiphase.finetune.hub import DATASETS_DIR_ENV
     from raybiphase.raycluster import ensure_ray
 
-    ensure_ray(num_cpus=2)
+    before = os.environ.get(DATASETS_DIR_ENV)
+    os.environ[DATASETS_DIR_ENV] = str(hub_snapshots)  # Ray's workers take the environment at its start
+    try:
+        ensure_ray(num_cpus=2)
+    finally:
+        if before is None:
+            os.environ.pop(DATASETS_DIR_ENV)
+        else:
+            os.environ[DATASETS_DIR_ENV] = before
     yield
     ray.shutdown()
 

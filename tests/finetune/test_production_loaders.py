@@ -179,6 +179,25 @@ def _mteb(root: Path, dataset_id: str, corpus: list[dict], queries: list[dict], 
                  "corpus": {"corpus": "corpus/corpus-*"}, "queries": {"queries": "queries/queries-*"}})
 
 
+def squad_as_msmarco(root: Path, *, queries: int = 64) -> None:
+    """An mteb/msmarco snapshot of real text: SQuAD's questions and paragraphs (the offline assets) in MS MARCO's
+    layout and its qrels' shapes: `queries` train questions judged on their paragraph, as many dev questions with
+    one relevant and one non-relevant judgement, and as many TREC-DL-like test questions graded 3 on their paragraph
+    and 1 on another (binary relevance counts both, graded NDCG the grades)."""
+    from raybiphase.data import sources
+
+    train, held = sources.squad("train")[:queries], sources.squad("validation")[:2 * queries]
+    pid = {}
+    for r in train + held:
+        pid.setdefault(r["context"], str(len(pid)))
+    other = {r["id"]: pid[held[(i + 7) % len(held)]["context"]] for i, r in enumerate(held)}
+    _mteb(root, hub.MSMARCO, [{"_id": i, "title": "", "text": text} for text, i in pid.items()],
+          [{"_id": r["id"], "text": r["question"]} for r in train + held], {
+              "train": [(r["id"], pid[r["context"]], 1) for r in train],
+              "dev": [(r["id"], x, s) for r in held[:queries] for x, s in ((pid[r["context"]], 1), (other[r["id"]], 0))],
+              "test": [(r["id"], x, s) for r in held[queries:] for x, s in ((pid[r["context"]], 3), (other[r["id"]], 1))]})
+
+
 NQ_QUERIES = [f"test{i}" for i in range(7)]
 
 

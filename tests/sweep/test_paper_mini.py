@@ -3,9 +3,9 @@
 The shortened miniature keeps what only a spec of several sizes reaches: the CLM-only and MLM runs at 20% and 40%
 of two sizes, the MLM 40% run and the 25% CLM split of two sizes (each with a pretraining replicate at the middle
 size), the three sizes' controls; and what every study has: the middle size's early (undecayed) checkpoint of its
-CLM and MLM runs, and continued MLM from its decayed CLM and MLM checkpoints (steps / 15, one SC task, two LRs at
-the final checkpoints and one at the early one, 3 seeds so that intervals exist, a few fine-tuning steps). Every
-run must train, every checkpoint (the controls, the early and the final ones) be fine-tuned once per LR and seed.
+CLM and MLM runs, and continued MLM from its decayed CLM and MLM checkpoints (steps / 15; an SC task and MS MARCO
+from a hub-layout snapshot; two LRs at the final checkpoints and one at the early one, 3 seeds so that intervals
+exist, a few fine-tuning steps). Every run must train, every checkpoint (the controls, the early and the final ones) be fine-tuned once per LR and seed.
 The report must then draw a panel per size, give the masking-ratio table a column per size, give each finding's
 effect per size, and judge every model against the control of its own size; and every finding's effect per size
 must equal what a plain merge of summary.parquet's rows (replicates pooled) on size, budget (or step), ratio and
@@ -23,10 +23,11 @@ import pytest
 import yaml
 
 from tests.conftest import SMALL_DATA
+from tests.finetune.test_production_loaders import squad_as_msmarco
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 SIZES = ("micro", "tiny", "mini")
-TASK = "tweets"
+TASKS = {"tweets": "SC", "msmarco": "IR"}  # msmarco: the hub path (real SQuAD text in an mteb/msmarco snapshot)
 SCALE = 15  # 420 steps -> 28, the 25% split's 100 CLM steps -> 6, the continued runs' 120 -> 8
 LRS = (1e-3, 3e-3)  # final checkpoints: the best chosen on validation, the spread is finding 2's LR half
 EARLY = 6  # the early checkpoint of the tiny CLM-only and MLM 40% runs: undecayed (the decay is the last 4 steps)
@@ -64,9 +65,9 @@ def shortened(tmp_path, small_data) -> dict:
     spec["data"] = {**SMALL_DATA, "dir": small_data[0].dir, "decontaminate": False}  # the shared shards hold none out
     spec["optim"].update(warmup_steps=2, decay_steps=4)
     spec["train"].update(eval_every=100, eval_batches=1, checkpoint_every=100, export_steps=[EARLY])  # the base run
-    spec["finetune"].update(tasks=[TASK], lrs=list(LRS), seeds=[0, 1, 2], max_examples=48, max_eval_examples=48,
+    spec["finetune"].update(tasks=list(TASKS), lrs=list(LRS), seeds=[0, 1, 2], max_examples=48, max_eval_examples=48,
                            max_steps=3, eval_every=3, max_len=64,  # the small data's blocks: what it trained on
-                           exports=[{"steps": [EARLY], "tasks": [TASK], "lrs": [LRS[0]]}])  # one LR, early
+                           exports=[{"steps": [EARLY], "tasks": list(TASKS), "lrs": [LRS[0]]}])  # one LR, early
     return spec
 
 
@@ -142,13 +143,22 @@ def section_table(report: str, title: str) -> list[str]:
 # ------------------------------------------------------------------------------------------------ the test
 
 
-def test_the_shortened_miniature_reports_per_size_what_its_rows_imply(ray_cluster, small_data, tmp_path):
+def test_the_shortened_miniature_reports_per_size_what_its_rows_imply(ray_cluster, small_data, hub_snapshots,
+                                                                       tmp_path, monkeypatch):
+    """Two tasks: an offline SC task, and paper.yaml's MS MARCO through the production loader (`datasets` on a
+    hub-layout snapshot, dev and TREC-DL-like test qrels over one corpus, binary relevance: the path a cluster
+    sweep's retrieval takes), so that finding 1 keeps to SC and finding 3 compares retrieval's slope."""
     from raybiphase.config import SweepSpec, from_dict
+    from raybiphase.finetune import hub
+    from raybiphase.finetune.tasks import _load_splits
     from raybiphase.sweep.driver import run_sweep
     from raybiphase.telemetry.console import Console
 
     from raybiphase.results.store import read_rows
 
+    squad_as_msmarco(hub_snapshots)  # Ray's workers read the session's snapshots; this process, from here on
+    monkeypatch.setenv(hub.DATASETS_DIR_ENV, str(hub_snapshots))
+    _load_splits.cache_clear()
     out = io.StringIO()
     plan = run_sweep(from_dict(SweepSpec, shortened(tmp_path, small_data)), console=Console(out))
     root = tmp_path / "paper_mini"
@@ -164,7 +174,7 @@ def test_the_shortened_miniature_reports_per_size_what_its_rows_imply(ray_cluste
         **{name: (EARLY, run.steps) if name in early else (run.steps,) for name, run in plan.runs.items()},
         **{control: (0,) for control in plan.controls}}
     per_checkpoint = ours.groupby(["run", "pretrain_step"]).size()  # every seed of each LR: one LR early
-    assert per_checkpoint.to_dict() == {(run, step): 3 if step == EARLY else 3 * len(LRS)
+    assert per_checkpoint.to_dict() == {(run, step): len(TASKS) * 3 * (1 if step == EARLY else len(LRS))
                                         for run, step in per_checkpoint.index}
     assert out.getvalue().splitlines()[-1].startswith("time: ")  # where the time went
     check_report(root)
@@ -179,31 +189,31 @@ def check_report(root) -> None:
     _, sections = write_report(root)  # the same rows drawn again: the figures' panels, inspectable
     assert (root / "report" / "report.md").read_text() == report  # drawn from the Parquet rows alone
     s = summary_rows(root)
-    assert set(s["size"]) == set(SIZES) and set(s["task"]) == {TASK}
+    assert set(s["size"]) == set(SIZES) and set(s["task"]) == set(TASKS)
 
     # the figures along an axis other than the size: one panel per (task, size), its size in the title
     drawn = {x.name: x for x in sections if x.figure is not None}
     for name in ("clm_share", "mask_ratio"):
         titles = sorted(ax.get_title() for ax in drawn[name].figure.axes if ax.get_visible())
-        assert titles == sorted(f"SC · {TASK} · {size}" for size in SIZES), name
+        assert titles == sorted(f"{family} · {task} · {size}" for task, family in TASKS.items() for size in SIZES), name
 
     # the masking-ratio table: a column per size, a row per MLM-only run of every size and ratio
     table = section_table(report, "Downstream score vs masking ratio (MLM-only runs)")
-    assert all(f"{TASK} · {size}" in table[0] for size in SIZES)
+    assert all(f"{task} · {size}" in table[0] for task in TASKS for size in SIZES)
     scratch = s[(s["budget"] > 0) & s["init_from"].isna()]
     only = scratch[scratch["share"] == 0]
     printed = {(row.split(" | ")[1].split()[0], float(row.split(" | ")[2])) for row in table[2:]}
     assert printed == {(z, round(r * 100, 1)) for z, r in zip(only["size"], only["ratio"])}
 
     # every pretrained model against the control of its own size, one row each, the verdict from the intervals
-    control = s[s["budget"] == 0].set_index(["size", "seed"])  # each seed of the pretraining has its own control
-    models = s[s["budget"] > 0].set_index("run")
+    control = s[s["budget"] == 0].set_index(["size", "seed", "task"])  # each pretraining seed has its own control
+    models = s[s["budget"] > 0].set_index(["run", "task"])
     rows = section_table(report, "Pretrained vs untrained control, with baselines")[2:]
-    assert sorted(r.split(" | ")[2] for r in rows) == sorted(models.index)
+    assert sorted(tuple(r.strip("| ").split(" | ")[2:0:-1]) for r in rows) == sorted(models.index)
     for row in rows:
-        run, against, verdict = (row.strip("| ").split(" | ")[i] for i in (2, 5, 7))
-        model = models.loc[run]
-        own = control.loc[(model["size"], model["seed"])]
+        task, run, against, verdict = (row.strip("| ").split(" | ")[i] for i in (1, 2, 5, 7))
+        model = models.loc[(run, task)]
+        own = control.loc[(model["size"], model["seed"], task)]
         assert against == mean_ci(own["score"], own["ci"], own["n_seeds"]), run
         apart = side(model["score"], model["ci"], own["score"], own["ci"])
         resolved = pd.notna(model["ci"]) and pd.notna(own["ci"])
@@ -216,20 +226,26 @@ def check_report(root) -> None:
     arms = pooled(scratch)
     only, clm, two = arms[arms["share"] == 0], arms[arms["share"] == 1], arms[(arms["share"] > 0) & (arms["share"] < 1)]
     one = merged(only, clm, ["size", "budget", "task"])
-    check_effects(found["1"], one)
+    check_effects(found["1"], one[one["task"] != "msmarco"])  # on SC and QA, as the paper states it
     assert set(one["size"]) == {"micro", "tiny"}
     four = merged(two, only, ["size", "budget", "ratio", "task"])
     check_effects(found["4"], four)
-    assert set(four["size"]) == {"tiny", "mini"} and len(four) == 2  # the replicated split against the pooled MLM
-    # finding 3: the slope on the masking ratio grows from micro to tiny (the sizes with two ratios, one task)
-    ratios = only[only["size"].isin(["micro", "tiny"])].pivot_table(index="size", columns="ratio", values="score")
-    slopes = (ratios[0.4] - ratios[0.2]) / 2  # points per 10 points of masking
+    assert set(four["size"]) == {"tiny", "mini"} and len(four) == 2 * len(TASKS)  # the replicated split vs pooled MLM
+    # finding 3: the slope on the masking ratio (per task, the sizes with two ratios) grows from micro to tiny, and
+    # retrieval's slope exceeds the other family's, per size
+    ratios = only[only["size"].isin(["micro", "tiny"])].pivot_table(index=["size", "task"], columns="ratio",
+                                                                     values="score")
+    slopes = ((ratios[0.4] - ratios[0.2]) / 2).unstack("task")  # points per 10 points of masking
     trend = re.match(r"([+-]\d+\.\d\d) pts", found["3"][1].split("slope tiny - slope micro: ", 1)[1])
-    assert float(trend.group(1)) == pytest.approx(slopes["tiny"] - slopes["micro"], abs=0.006)
+    assert float(trend.group(1)) == pytest.approx(slopes.loc["tiny"].mean() - slopes.loc["micro"].mean(), abs=0.006)
+    retrieval = effects(found["3"][1].split("retrieval's slope - the other families': ", 1)[1])
+    assert set(retrieval) == {"micro", "tiny"}
+    for size, (estimate, _, _) in retrieval.items():
+        assert estimate == pytest.approx(slopes.loc[size, "msmarco"] - slopes.loc[size, "tweets"], abs=0.006), size
     # finding 2: CLM - MLM at the early checkpoint (one LR there), and MLM's LR spread - CLM's at the final ones
     early = pooled(summary_rows(root, final=False))
     efficiency = merged(early[early["share"] == 1], early[early["share"] == 0], ["size", "pretrain_step", "task"])
-    assert len(efficiency) == 1
+    assert len(efficiency) == len(TASKS)
     two_parts = found["2"][1].split(" · ")
     check_effects((found["2"][0], two_parts[0]), efficiency)
     spread = merged(only, clm, ["size", "budget", "task"])
@@ -239,7 +255,7 @@ def check_report(root) -> None:
     continued = pooled(s[s["init_from"].notna()])
     from_clm = continued["init_from"].str.contains("-clm-")
     five = merged(continued[from_clm], continued[~from_clm], ["size", "budget", "ratio", "task"])
-    assert len(five) == 1
+    assert len(five) == len(TASKS)
     check_effects(found["5"], five)
     # beyond the paper: mini (the 1b-like size) predicted from micro and tiny only, beside what it showed, and the
     # share of its cells whose interval covered it (the forecast at the next size: none above mini)
