@@ -93,7 +93,7 @@ def test_check_reachable_says_in_one_line_what_a_dry_run_cannot_reach(s3_bucket,
                                         "does not exist$"):
         storage.check_reachable("s3://no-such-bucket/x", "data.dir")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens: fails within the short budget
-    monkeypatch.setattr(storage, "RETRY_SECONDS", 1.0)
+    monkeypatch.setattr(storage, "RETRY_SECONDS", 0.2)
     with pytest.raises(UserError, match="^sweep.storage: cannot reach s3://raybiphase-test/x: .*connect"):
         storage.check_reachable(f"{s3_bucket}/x", "sweep.storage")
     assert not [r for r in caplog.records if "retrying" in r.getMessage()]  # no retry lines before the error

@@ -197,7 +197,7 @@ def test_finetune_command_refuses_bad_input_before_anything_runs(tmp_path, capsy
     assert capsys.readouterr().err.startswith("error: finetune.tasks: unknown task 'nope'")
     assert not (tmp_path / "out").exists()
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # a bucket out of reach: one line, at once
-    monkeypatch.setattr(storage, "RETRY_SECONDS", 1.0)
+    monkeypatch.setattr(storage, "RETRY_SECONDS", 0.2)
     with pytest.raises(UserError, match="^OUT: cannot reach s3://raybiphase-test/ft: .*connect"):
         finetune_model(str(tmp_path), "s3://raybiphase-test/ft", spec)
 

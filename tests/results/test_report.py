@@ -223,7 +223,7 @@ def test_report_cli_says_an_unreachable_bucket_in_one_line_at_once(monkeypatch, 
     from raybiphase import storage
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
-    monkeypatch.setattr(storage, "RETRY_SECONDS", 1.0)
+    monkeypatch.setattr(storage, "RETRY_SECONDS", 0.2)
     monkeypatch.setattr(sys, "argv", ["report", "s3://raybiphase-test/results"])
     with pytest.raises(SystemExit) as exit_info:
         run_main(report_command.main)
