@@ -22,10 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from raybiphase.errors import UserError
+from raybiphase.finetune.input_lengths import CUDA_PAD_MULTIPLE, EVAL_BATCH  # noqa: F401 (the heads' batching)
 from raybiphase.finetune.tasks import Task
 
-EVAL_BATCH = 64
-CUDA_PAD_MULTIPLE = 64
 
 
 @dataclass(frozen=True)
