@@ -11,9 +11,8 @@ The paper's twelve datasets come from the hub, which this machine cannot reach; 
 official files a PyPI package carries: the same text as the hub's `squad`). `STAND_INS` says, for each of the
 twelve, which measured task the dry run reads in its place and why; a dataset with none is priced at max_len.
 
-    pip download --no-deps llama-models==0.3.0 -d /tmp/llm && (cd /tmp/llm && unzip -o -q llama_models-0.3.0-*.whl)
-    python benchmarks/bench_input_lengths.py --tokenizer-model /tmp/llm/llama_models/llama3/tokenizer.model \
-        [--sample 5000] [--out benchmarks/results/input-lengths-DATE.json]
+    pip install --no-deps llama-models==0.3.0      # the tokenizer file only: none of its dependencies is needed
+    python benchmarks/bench_input_lengths.py [--tokenizer-model FILE] [--sample 5000] [--out RECORD]
 """
 
 from __future__ import annotations
@@ -52,6 +51,17 @@ def llama3_tokenizer(model_file: str):
     encoding = tiktoken.Encoding("llama3", pat_str=PATTERN, mergeable_ranks=load_tiktoken_bpe(model_file),
                                  special_tokens={})
     return PreTrainedTokenizerFast(tokenizer_object=converted, bos_token=bos, eos_token=eos), encoding
+
+
+def installed_tokenizer_model() -> str:
+    """llama-models' `llama3/tokenizer.model`, found without importing the package (its dependencies are not needed)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llama_models")
+    if spec is None:
+        raise SystemExit("llama-models is not installed: pip install --no-deps llama-models==0.3.0, or pass "
+                         "--tokenizer-model FILE")
+    return str(Path(spec.submodule_search_locations[0]) / "llama3" / "tokenizer.model")
 
 
 def _sample(items: list, n: int) -> list:
@@ -113,13 +123,13 @@ def check_tokenizer(tokenizer, encoding, texts: list[str]) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokenizer-model", required=True, help="llama-models' llama3/tokenizer.model")
+    parser.add_argument("--tokenizer-model", help="Llama 3's tokenizer.model (default: the installed llama-models')")
     parser.add_argument("--sample", type=int, default=5000, help="inputs measured per task and part, at most")
     parser.add_argument("--out", default=f"benchmarks/results/input-lengths-{datetime.date.today()}.json")
     args = parser.parse_args()
     from raybiphase.finetune.tasks import OFFLINE_TASKS, get_task, load_splits
 
-    tokenizer, encoding = llama3_tokenizer(args.tokenizer_model)
+    tokenizer, encoding = llama3_tokenizer(args.tokenizer_model or installed_tokenizer_model())
     squad = load_splits(get_task("squad"), source="offline").test
     checked = check_tokenizer(tokenizer, encoding, [r["context"] for r in squad[:300]] + [r["question"] for r in
                                                                                          squad[:300]])
