@@ -116,6 +116,11 @@ class FinetuneConfig:
     as 1, as the authors' evaluation code does, or `graded`, each by its score, as trec_eval does. Only MS MARCO's
     test qrels (TREC-DL 2019, scores 0-3) grade, so only msmarco's test scores and its BM25 row can change; MRR@10
     is the same either way."""
+    bucket_by_length: bool = False
+    """Batch training inputs of about one length (raybiphase.finetune.input_lengths.training_order): each run of
+    50 batches of the seeded order sorted by length and cut into batches, the batches then shuffled, so a batch is
+    padded little (the dry run prices it at about its inputs' mean length, not the 98th percentile). Changes the
+    batches, so trials made either way are not reused; off by default, as the authors' batches are random."""
     compile: bool = False
     """torch.compile each transformer block of the fine-tuned model, as train.compile does in pretraining.
     Measured on an H100 at 210m (tweets, batch 32, 512 tokens, 16 free CPU cores): about 15 s of compilation in a

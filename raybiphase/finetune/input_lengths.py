@@ -21,6 +21,9 @@ priced at max_len. A hub task the table does not name is priced at max_len too.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+
+import numpy as np
 
 from raybiphase.finetune.tasks import get_task
 
@@ -32,6 +35,8 @@ QUANTILES = (50, 90, 97, 98, 99)
 """The percentiles the record holds; the dry run reads WIDTH_QUANTILE."""
 WIDTH_QUANTILE = 98
 RECORD = "benchmarks/results/input-lengths-2026-11-28.json"
+BUCKET_BATCHES = 50
+"""finetune.bucket_by_length sorts runs of this many batches of the seeded order by length."""
 
 STAND_INS: dict[str, tuple[str | None, str]] = {
     "sst2": ("tweets", "SST-2's single movie-review sentences and phrases are shorter than tweets"),
@@ -76,16 +81,37 @@ def lengths(name: str, part: str) -> tuple[float, int] | None:
     return MEASURED.get(measured_on, {}).get(part) if measured_on else None
 
 
-def width(name: str, part: str, max_len: int) -> int:
+def width(name: str, part: str, max_len: int, *, bucketed: bool = False) -> int:
     """The padded width a batch of task `name`'s `part` inputs is priced at: the measured high quantile rounded up
-    to CUDA_PAD_MULTIPLE, at most max_len; max_len where nothing was measured."""
+    to CUDA_PAD_MULTIPLE, at most max_len; max_len where nothing was measured. `bucketed` (training under
+    finetune.bucket_by_length): a batch holds inputs of about one length, so the widths average about the inputs'
+    mean plus the rounding, at most CUDA_PAD_MULTIPLE more."""
     found = lengths(name, part)
     if found is None:
         return max_len
-    return min(math.ceil(found[1] / CUDA_PAD_MULTIPLE) * CUDA_PAD_MULTIPLE, max_len)
+    padded = math.ceil(found[1] / CUDA_PAD_MULTIPLE) * CUDA_PAD_MULTIPLE
+    if bucketed:
+        padded = min(padded, math.ceil(found[0]) + CUDA_PAD_MULTIPLE)
+    return min(padded, max_len)
+
+
+def training_order(unit_lengths: Sequence[int], batch_size: int, seed: int, *, bucket: bool = False) -> np.ndarray:
+    """The order a trial reads its training units in, batch after batch of `batch_size`: a permutation seeded by
+    `seed`; with `bucket` (finetune.bucket_by_length), each run of BUCKET_BATCHES batches of it sorted by length
+    and cut into batches, the whole batches then shuffled (seeded) and a short last batch kept last. Every unit is
+    read once an epoch either way, and the seed alone fixes the order."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(unit_lengths))
+    if not bucket or not len(order):
+        return order
+    values, run = np.asarray(unit_lengths), BUCKET_BATCHES * batch_size
+    ordered = np.concatenate([chunk[np.argsort(values[chunk], kind="stable")]
+                              for chunk in np.split(order, range(run, len(order), run))])
+    batches = np.split(ordered, range(batch_size, len(ordered), batch_size))
+    short = [batches.pop()] if len(batches[-1]) < batch_size else []
+    return np.concatenate([batches[i] for i in rng.permutation(len(batches))] + short)
 
 
 def is_measured(name: str) -> bool:
     """Whether task `name`'s widths come from measured lengths (its own or a stand-in's), not max_len."""
-    get_task(name)
     return lengths(name, "train_query" if get_task(name).family == "IR" else "train") is not None

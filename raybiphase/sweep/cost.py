@@ -61,7 +61,8 @@ def trial_count(group: tuple[str, ...], size: str, spec: SweepSpec) -> TrialCoun
     ft, trained = spec.finetune, group[0]
     steps = min(ft.max_steps, math.ceil(training_examples(trained, ft.max_examples) / ft.batch_size))
     parts = ("train_query", "train_passage") if get_task(trained).family == "IR" else ("train",)
-    train_s = sum(_pass_s(size, spec, steps * ft.batch_size, width(trained, part, ft.max_len), steps, forward=False)
+    train_s = sum(_pass_s(size, spec, steps * ft.batch_size, width(trained, part, ft.max_len,
+                                                                   bucketed=ft.bucket_by_length), steps, forward=False)
                   for part in parts)
     validations = math.ceil(steps / ft.eval_every)
     eval_s = 0.0
@@ -85,8 +86,10 @@ def finetune_basis_text(spec: SweepSpec) -> str:
     """How the dry run prices fine-tuning, in a clause: which tasks' widths were measured, the MFU and the floor."""
     tasks = spec.finetune.tasks
     measured = sum(is_measured(name) for name in tasks)
-    widths = "inputs at their measured p98 width" if measured == len(tasks) else (
-        f"inputs at their measured p98 width for {measured} of {len(tasks)} tasks, at max_len for the rest")
+    bucketed = spec.finetune.bucket_by_length
+    quantile = "p98 width (training's length-bucketed: about the mean)" if bucketed else "p98 width"
+    widths = f"inputs at their measured {quantile}" if measured == len(tasks) else (
+        f"inputs at their measured {quantile} for {measured} of {len(tasks)} tasks, at max_len for the rest")
     return (f"{widths}; a step's FLOPs at {spec.sweep.finetune_mfu:.0%} MFU plus a launch-bound "
             f"{spec.sweep.finetune_launch_s_per_layer * 1000:g} ms a layer")
 

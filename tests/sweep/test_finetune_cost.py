@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from raybiphase.config import SweepSpec, load
@@ -98,3 +99,33 @@ def test_the_packaged_widths_are_the_committed_records():
     assert "bench_input_lengths.py" in record["command"] and "tiktoken" in record["tokenizer"]
     assert all(on is None or on in MEASURED for on, _ in STAND_INS.values())
     assert math.isclose(MEASURED["squad"]["train"][0], record["tasks"]["squad"]["train"]["mean"])
+
+
+def test_length_bucketed_batches_read_every_unit_once_in_batches_of_about_one_length():
+    from raybiphase.finetune.input_lengths import BUCKET_BATCHES, training_order
+
+    lengths = list(np.random.default_rng(7).integers(10, 500, size=10 * BUCKET_BATCHES * 8 + 5))
+    plain = training_order(lengths, 8, seed=3)
+    assert (plain == np.random.default_rng(3).permutation(len(lengths))).all()  # off: the order trials always read
+    bucketed = training_order(lengths, 8, seed=3, bucket=True)
+    assert sorted(bucketed) == list(range(len(lengths)))  # a permutation: one epoch reads every unit once
+    assert (bucketed == training_order(lengths, 8, seed=3, bucket=True)).all()
+    assert (bucketed != training_order(lengths, 8, seed=4, bucket=True)).any()
+
+    def spread(order) -> float:  # mean (longest - shortest) over the full batches
+        values = np.asarray(lengths)[order[: len(order) // 8 * 8]].reshape(-1, 8)
+        return float((values.max(1) - values.min(1)).mean())
+    assert spread(bucketed) < spread(plain) / 10
+    assert set(bucketed[-5:]) == set(plain[-5:])  # the last run's 5 units: a short batch, kept last
+    assert len(training_order([], 8, seed=0, bucket=True)) == 0
+
+
+def test_bucketing_is_a_recorded_setting_and_prices_training_at_about_the_mean():
+    from raybiphase.finetune.records import trial_settings
+
+    plain, bucketed = _spec(), _spec(bucket_by_length=True)
+    assert trial_settings(plain.finetune) != trial_settings(bucketed.finetune)  # other batches: records not reused
+    assert width("squad", "train", 2048, bucketed=True) == 239  # mean 174.8 + 64, below the p98's 384
+    assert width("record", "train", 2048, bucketed=True) == 2048  # unmeasured: max_len either way
+    squad, squad_bucketed = (trial_count(("squad",), "610m", spec) for spec in (plain, bucketed))
+    assert squad_bucketed.train_s < squad.train_s and squad_bucketed.eval_s == squad.eval_s  # evaluation unchanged

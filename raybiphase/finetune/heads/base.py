@@ -72,6 +72,10 @@ class Head:
         """`<bos> ids <eos>`, the ids' end trimmed to fit max_len (as the authors' tokenizer call truncates)."""
         return self.open + ids[:self.max_len - len(self.open) - len(self.close)] + self.close
 
+    def unit_length(self, unit) -> int:
+        """The tokens of a training unit that set its batch's width (length-bucketed batching)."""
+        return len(unit[0])
+
     def tensor(self, values) -> torch.Tensor:
         """Labels or masks on the trial's device."""
         return torch.as_tensor(values, device=self.device)
