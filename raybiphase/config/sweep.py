@@ -116,6 +116,11 @@ class FinetuneConfig:
     as 1, as the authors' evaluation code does, or `graded`, each by its score, as trec_eval does. Only MS MARCO's
     test qrels (TREC-DL 2019, scores 0-3) grade, so only msmarco's test scores and its BM25 row can change; MRR@10
     is the same either way."""
+    bucket_by_length: bool = False
+    """Batch training inputs of about one length (raybiphase.finetune.input_lengths.training_order): each run of
+    50 batches of the seeded order sorted by length and cut into batches, the batches then shuffled, so a batch is
+    padded little (the dry run prices it at about its inputs' mean length, not the 98th percentile). Changes the
+    batches, so trials made either way are not reused; off by default, as the authors' batches are random."""
     compile: bool = False
     """torch.compile each transformer block of the fine-tuned model, as train.compile does in pretraining.
     Measured on an H100 at 210m (tweets, batch 32, 512 tokens, 16 free CPU cores): about 15 s of compilation in a
@@ -206,12 +211,19 @@ class SweepConfig:
     mfu: float = 0.4
     """Model FLOPs utilisation assumed by the dry run's GPU-hour estimate of pretraining."""
     finetune_mfu: float = 0.24
-    """The share of the GPU's peak the dry run's fine-tuning estimate runs at, every input counted at
-    finetune.max_len tokens. 0.24 is a measured trial's steady rate: 210m on an H100, tweets at max_len 512, batch
-    32, bf16, eager, 634 examples/s (benchmarks/results/h100-2026-11-26.json). Tweets are padded to 64 or 128
-    tokens, not 512, so the step is launch-bound, and the count of max_len tokens stands in for that cost; where
-    inputs are counted at more tokens than they hold (sweeps/paper.yaml: 2,048) the estimate is an upper bound. It
-    assumes eager trials; finetune.compile runs them about 1.9x faster."""
+    """The share of the GPU's peak a fine-tuning step's FLOPs run at in the dry run's estimate, the inputs counted
+    at their measured width (raybiphase.finetune.input_lengths), beside the step's launch-bound floor
+    (sweep.finetune_launch_s_per_layer). 0.24 is a measured trial's whole rate with every input counted at max_len:
+    210m on an H100, tweets at max_len 512, batch 32, bf16, eager, 634 examples/s
+    (benchmarks/results/h100-2026-11-26.json); a step of wide inputs is compute-bound and runs nearer
+    pretraining's sweep.mfu, so the FLOPs' share of the estimate is an upper bound. It assumes eager trials;
+    finetune.compile runs them about 1.9x faster."""
+    finetune_launch_s_per_layer: float = 0.0037
+    """Seconds a fine-tuning training step takes per transformer layer however few tokens it holds (an evaluation
+    batch, a forward pass: a third), the dry run's floor beside the FLOPs: an eager step is launch-bound (a
+    profile of the measured trial: 7.9 s of host time against 3.9 s on the device). 0.0037: the measured 210m
+    trial's 50.5 ms step (12 layers) less its FLOPs at the tweets' padded width of 64 tokens at
+    sweep.finetune_mfu. The floor counts a whole GPU even where trials share one (finetune.gpus_per_trial)."""
     gpu_peak_tflops: float = PEAK_BF16_TFLOPS["H100"]
     """Peak dense bf16 TFLOP/s of one GPU for the estimate (H100 SXM: 989)."""
     gpu_hour_usd: float = 4.0
@@ -264,6 +276,7 @@ class SweepSpec:
         positive(self.sweep.storage_outage_s, "sweep.storage_outage_s")
         ratio(self.sweep.mfu, "sweep.mfu")
         ratio(self.sweep.finetune_mfu, "sweep.finetune_mfu")
+        non_negative(self.sweep.finetune_launch_s_per_layer, "sweep.finetune_launch_s_per_layer")
         positive(self.sweep.gpu_peak_tflops, "sweep.gpu_peak_tflops")
         for key in ("gpu_hour_usd", "spot_gpu_hour_usd", "preemptions_per_node_hour", "restart_minutes"):
             non_negative(getattr(self.sweep, key), f"sweep.{key}")

@@ -1,4 +1,5 @@
-"""How many inputs each task's evaluations encode, without loading any data: what the dry run prices evaluation by.
+"""How many inputs each task's training and evaluations read, without loading any data: what the dry run prices
+fine-tuning by.
 
     evaluation_inputs("msmarco")                     # (23677, 16740): one validation, one test evaluation
     evaluation_inputs("squad_retrieval", cap=800)    # capped as finetune.max_eval_examples caps the splits
@@ -52,14 +53,32 @@ SPLITS: dict[str, tuple[Split, Split]] = {
     "nq": ((1726, 4201), (1726, 4201)),
     "mldr": ((200, 1000), (800, 1000)),
 }
+TRAIN: dict[str, int] = {
+    # offline: the training split tasks.load_splits makes (questions for QA, pairs for retrieval)
+    "tweets": 29045, "wiki_topics": 2071, "qnli": 414324, "squad_shuffle": 84547, "squad_bio": 86517,
+    "squad_commas": 86517, "squad": 83650, "squad_sentence": 83545, "squad_retrieval": 83650, "wiki_retrieval": 2231,
+    # the hub's: the stated train split less its 5% validation; msmarco: its train qrels' 502,939 queries, each
+    # with its first relevant passage (nq and mldr train on these pairs)
+    "sst2": 67349 - _held_out(67349), "mnli": 392702 - _held_out(392702), "qqp": 363846 - _held_out(363846),
+    "conll2003": 14041 - _held_out(14041), "ontonotes": 75187 - _held_out(75187), "uner": 12543 - _held_out(12543),
+    "squad_v2": 130319 - _held_out(130319), "record": 100730 - _held_out(100730), "msmarco": 502939,
+}
+"""Training examples of a task that trains (tasks with a `train_task` train on that task's)."""
 COLLECTIONS = {"msmarco": 8841823, "nq": 2681468, "mldr": 200000}
 """Passages of the whole collections a hub retrieval task ranks under finetune.ir_corpus "full"."""
 
 
-def evaluation_inputs(name: str, cap: int = 0, ir_corpus: str = "judged") -> tuple[int, int]:
-    """Inputs one validation and one test evaluation of task `name` encode, capped at `cap` examples or queries
-    (0: none) the way `tasks.load_splits` caps them (a capped retrieval corpus: IR_CORPUS_PER_QUERY passages per
-    query kept)."""
+def training_examples(name: str, cap: int = 0) -> int:
+    """Examples one epoch of task `name`'s training reads (its `train_task`'s when it has one), at most `cap`
+    (finetune.max_examples; 0: none): what caps a trial's steps at one epoch."""
+    examples = TRAIN[get_task(name).train_task or name]
+    return min(examples, cap) if cap else examples
+
+
+def evaluation_splits(name: str, cap: int = 0, ir_corpus: str = "judged") -> tuple[Split, Split]:
+    """(examples or queries, corpus passages) of one validation and one test evaluation of task `name`, capped at
+    `cap` examples or queries (0: none) the way `tasks.load_splits` caps them (a capped retrieval corpus:
+    IR_CORPUS_PER_QUERY passages per query kept)."""
     task = get_task(name)
     out = []
     for examples, passages in SPLITS[name]:
@@ -68,5 +87,11 @@ def evaluation_inputs(name: str, cap: int = 0, ir_corpus: str = "judged") -> tup
         if cap:
             examples = min(examples, cap)
             passages = min(passages, IR_CORPUS_PER_QUERY * examples) if passages else 0
-        out.append(examples + passages)
+        out.append((examples, passages))
     return out[0], out[1]
+
+
+def evaluation_inputs(name: str, cap: int = 0, ir_corpus: str = "judged") -> tuple[int, int]:
+    """Inputs one validation and one test evaluation of task `name` encode (`evaluation_splits`, added up)."""
+    validation, test = evaluation_splits(name, cap, ir_corpus)
+    return sum(validation), sum(test)

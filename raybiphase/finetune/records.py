@@ -40,6 +40,8 @@ def trial_settings(cfg: FinetuneConfig) -> str:
         settings.append(["max_eval_examples", cfg.max_eval_examples])
     if cfg.gpus_per_trial > 0:
         settings.append("bf16")
+    if cfg.bucket_by_length:
+        settings.append("bucket_by_length")
     if cfg.tc_labels != "all_subtokens":  # the default's own change is PROTOCOL 2's
         settings.append(["tc_labels", cfg.tc_labels])
     if cfg.ir_corpus != "judged":
@@ -60,8 +62,8 @@ def check_settings(table: str, cfg: FinetuneConfig) -> None:
     made = set(rows[(rows["source"] == result_rows.OURS) & rows[SETTINGS_COLUMN].notna()][SETTINGS_COLUMN])
     if made - {trial_settings(cfg)}:
         raise UserError(f"finetune: {table} holds trials fine-tuned under other settings (finetune.batch_size, "
-                        "max_steps, warmup_ratio, eval_every, max_examples, max_eval_examples, max_len, tc_labels, "
-                        "ir_corpus or ir_relevance); "
+                        "max_steps, warmup_ratio, eval_every, max_examples, max_eval_examples, max_len, "
+                        "bucket_by_length, tc_labels, ir_corpus or ir_relevance); "
                         "they would count as done and the report would mix them: set another sweep.name (or output "
                         "folder), or move that file away")
 

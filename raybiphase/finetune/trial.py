@@ -37,7 +37,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from raybiphase import storage
@@ -46,6 +45,7 @@ from raybiphase.data.assets import cache_dir
 from raybiphase.errors import UserError
 from raybiphase.finetune.baselines import floor_scores
 from raybiphase.finetune.heads import head_for
+from raybiphase.finetune.input_lengths import training_order
 from raybiphase.finetune.spec import TrialSpec
 from raybiphase.finetune.tasks import get_task, load_splits
 from raybiphase.optim import adamw, set_lr
@@ -263,7 +263,7 @@ def run_trial(spec: TrialSpec, *, cfg: FinetuneConfig, report: Callable[[dict], 
     optimizer = adamw(model, lr=lr, **ADAMW, fused=device.type == "cuda")
     total = min(cfg.max_steps, math.ceil(len(units) / cfg.batch_size))  # at most one epoch
     warmup = round(cfg.warmup_ratio * total)
-    order = np.random.default_rng(seed).permutation(len(units))
+    order = training_order([head.unit_length(u) for u in units], cfg.batch_size, seed, bucket=cfg.bucket_by_length)
     val_score, also_val = float("nan"), {}
     finite = torch.ones((), dtype=torch.bool, device=device)  # read at evaluations only: no sync per step
 

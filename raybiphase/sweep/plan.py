@@ -31,7 +31,8 @@ from raybiphase.config.identity import digest
 from raybiphase.naming import run_name, steps_label
 from raybiphase.pretrain.budget import budget_lines, data_budget
 from raybiphase.schedule import Schedule
-from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, gpu_hours_text, segment_gpu_hours
+from raybiphase.sweep.cost import (checkpoint_finetune_gpu_hours, finetune_basis_text, gpu_hours_text,
+                                   segment_gpu_hours)
 from raybiphase.sweep.grids import check_export_grids, checkpoint_grid, grid_lines, grid_trials
 from raybiphase.sweep.replicates import replicate_lines
 from raybiphase.sweep.steps import first_difference, id_bytes, step_order, step_tag, step_value
@@ -139,8 +140,7 @@ class Plan:
 
     def finetune_gpu_hours(self, spec: SweepSpec, *, evaluation_only: bool = False) -> float:
         """An upper bound on the fan-out's GPU-hours: every trial of each distinct checkpoint's grid and each
-        control's (no ASHA stop), running finetune.max_steps steps of finetune.batch_size inputs of finetune.max_len
-        tokens (no LM head), and its evaluations (raybiphase.sweep.cost.checkpoint_finetune_gpu_hours).
+        control's (no ASHA stop), its steps and evaluations as raybiphase.sweep.cost.trial_count counts them.
         `evaluation_only`: the evaluations' share alone."""
         runs = self.checkpoints()
         sized = [(self.runs[runs[key][0]].config.model.size, grid) for key, grid in self.grids(spec).items()]
@@ -422,7 +422,7 @@ def describe(plan: Plan, spec: SweepSpec) -> str:
                      f"(full grid; {plan.finetune_trials(spec, distinct=False):,} without de-duplication), at most "
                      f"{gpu_hours_text(plan.finetune_gpu_hours(spec), 1)} GPU-hours "
                      f"({gpu_hours_text(plan.finetune_gpu_hours(spec, evaluation_only=True), 1)} of them evaluation; "
-                     f"{spec.sweep.finetune_mfu:.0%} MFU, inputs counted at max_len) beside "
+                     f"{finetune_basis_text(spec)}) beside "
                      f"pretraining's {gpu_hours_text(plan.gpu_hours(spec))}")
     lines += grid_lines(plan, spec) + replicate_lines(plan, spec)
     return "\n".join(lines)

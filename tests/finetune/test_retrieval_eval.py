@@ -102,24 +102,20 @@ def _spec(**finetune) -> SweepSpec:
 
 
 def test_the_dry_runs_fine_tuning_gpu_hours_count_every_evaluation_of_every_task():
-    from raybiphase.config.sizes import SIZES
+    from raybiphase.sweep.cost import trial_count
     from raybiphase.sweep.plan import describe, make_plan
 
     spec = _spec()
     plan = make_plan(spec)
     ft = spec.finetune
-    checkpoints = len(plan.checkpoints()) + len(plan.controls)
-    # msmarco trains; msmarco, nq and mldr are each validated max_steps / eval_every times and tested once
-    evaluations = math.ceil(ft.max_steps / ft.eval_every)
-    inputs = (evaluations * (6980 + 7437 + 9260) + 43 + 7437 + 9260) + (evaluations * (1726 + 4201) + 1726 + 4201) + \
-        (evaluations * 1200 + 1800)
-    per_gpu_hour = spec.sweep.gpu_peak_tflops * 1e12 * spec.sweep.finetune_mfu * 3600
-    forward = SIZES["tiny"].flops_per_token(0, ft.max_len) / 3
-    evaluation = checkpoints * len(ft.lrs) * len(ft.seeds) * inputs * ft.max_len * forward / per_gpu_hour
-    training = checkpoints * len(ft.lrs) * len(ft.seeds) * ft.max_steps * ft.batch_size * ft.max_len * 3 * forward \
-        / per_gpu_hour
-    assert plan.finetune_gpu_hours(spec, evaluation_only=True) == pytest.approx(evaluation)
-    assert plan.finetune_gpu_hours(spec) == pytest.approx(training + evaluation)
+    trials = (len(plan.checkpoints()) + len(plan.controls)) * len(ft.lrs) * len(ft.seeds)
+    # one trial trains msmarco's pairs; msmarco, nq and mldr are each validated and tested on its model
+    trial = trial_count(("msmarco", "nq", "mldr"), "tiny", spec)
+    assert trial.validations == math.ceil(trial.steps / ft.eval_every)
+    assert plan.finetune_gpu_hours(spec, evaluation_only=True) == pytest.approx(trials * trial.eval_s / 3600)
+    assert plan.finetune_gpu_hours(spec) == pytest.approx(trials * (trial.train_s + trial.eval_s) / 3600)
+    scored_apart = sum(trial_count((name,), "tiny", spec).eval_s for name in ("msmarco", "nq", "mldr"))
+    assert trial.eval_s == pytest.approx(scored_apart)
     assert "of them evaluation" in describe(plan, spec)
     # validating more often, or over the whole collections, costs more
     assert make_plan(_spec(eval_every=50)).finetune_gpu_hours(_spec(eval_every=50)) > plan.finetune_gpu_hours(spec)
@@ -130,7 +126,7 @@ def test_the_dry_runs_fine_tuning_gpu_hours_count_every_evaluation_of_every_task
 @pytest.mark.parametrize("task, cap", [("squad_retrieval", 0), ("squad_retrieval", 800), ("wiki_retrieval", 0),
                                        ("tweets", 0), ("tweets", 800)])
 def test_the_offline_tasks_evaluation_sizes_are_their_splits(task, cap):
-    from raybiphase.finetune.eval_sizes import evaluation_inputs
+    from raybiphase.finetune.eval_sizes import evaluation_inputs, training_examples
     from raybiphase.finetune.tasks import get_task, load_splits
 
     splits = load_splits(get_task(task), max_examples=cap)
@@ -138,10 +134,12 @@ def test_the_offline_tasks_evaluation_sizes_are_their_splits(task, cap):
     def inputs(split) -> int:
         return len(split["queries"]) + len(split["passages"]) if isinstance(split, dict) else len(split)
     assert evaluation_inputs(task, cap) == (inputs(splits.val), inputs(splits.test))
+    assert training_examples(task, cap) == len(splits.train)  # what caps a trial at one epoch
 
 
 def test_every_task_has_evaluation_sizes():
-    from raybiphase.finetune.eval_sizes import SPLITS
+    from raybiphase.finetune.eval_sizes import SPLITS, TRAIN
     from raybiphase.finetune.tasks import TASKS
 
     assert set(SPLITS) == set(TASKS)
+    assert set(TRAIN) == {name for name, task in TASKS.items() if not task.train_task}  # every task that trains

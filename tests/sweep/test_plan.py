@@ -195,8 +195,9 @@ def test_paper_spec_plans_every_model_of_the_study_under_its_own_name():
     # 41 final checkpoints and 5 controls on the full grid (300 trials each), 147 intermediate ones on
     # finetune.exports' (60 each); the full grid at 1k, 2k and 10k alone was 30,900 trials
     assert ("fine-tuning: 188 distinct checkpoints for 248 run checkpoints (shared ones fine-tuned once), 5 control(s):"
-            " 22,620 trials (full grid; 28,980 without de-duplication), at most 12,067.4 GPU-hours (6,098.9 of them "
-            "evaluation; 24% MFU, inputs counted at max_len) beside pretraining's 7,360\n") in printed
+            " 22,620 trials (full grid; 28,980 without de-duplication), at most 2,516.2 GPU-hours (1,114.4 of them "
+            "evaluation; inputs at their measured p98 width for 10 of 12 tasks, at max_len for the rest; a step's FLOPs "
+            "at 24% MFU plus a launch-bound 3.7 ms a layer) beside pretraining's 7,360\n") in printed
     assert ("finetune.exports.0: 147 intermediate checkpoint(s) at steps 1k, 2k, 4k, 6k, 10k, 16k, 24k, 32k, 40k, each"
             " on 4 task(s) (sst2, conll2003, squad, msmarco) x 3 LR(s) x 5 seed(s): 60 trials each, where a final "
             "checkpoint takes 300\n") in printed
@@ -220,9 +221,9 @@ def test_a_spec_on_the_real_corpus_fine_tunes_on_the_papers_datasets_and_one_on_
 
 
 @pytest.mark.parametrize("name, tasks, trials, hours, paper_runs", [
-    ("split_grid", ["sst2", "conll2003", "squad", "msmarco"], "3,360", "1,718.7", 11),  # 28 checkpoints: one per family
-    ("mask_ratio", sorted(PAPER_DATASETS), "3,000", "1,059.9", 8),
-    ("cpt", sorted(PAPER_DATASETS), "1,500", "841.8", 4),
+    ("split_grid", ["sst2", "conll2003", "squad", "msmarco"], "3,360", "317.7", 11),  # 28 checkpoints: one per family
+    ("mask_ratio", sorted(PAPER_DATASETS), "3,000", "257.9", 8),
+    ("cpt", sorted(PAPER_DATASETS), "1,500", "195.6", 4),
 ])
 def test_the_cluster_sweeps_fine_tune_on_the_papers_datasets_and_their_headers_quote_the_dry_run(
         name, tasks, trials, hours, paper_runs):

@@ -81,7 +81,7 @@ def test_the_dry_run_says_how_long_and_what_more_slots_buy(paper):
     spec, plan = paper
     lines = timeline_lines(plan, spec)
     assert lines[0].startswith("wall-clock: 2.4 days of pretraining with 4 segment(s) at once (128 GPUs")
-    assert lines[0].endswith("with fine-tuning (full grid, filling idle GPUs) at most 6.3 days")  # each checkpoint's grid
+    assert lines[0].endswith("with fine-tuning (full grid, filling idle GPUs) at most 3.2 days")  # each checkpoint's grid
     assert lines[1].startswith("longest chain: 15.2 hours; 20 segment(s) at once (640 GPUs) reach it")
 
 

@@ -22,10 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from raybiphase.errors import UserError
+from raybiphase.finetune.input_lengths import CUDA_PAD_MULTIPLE, EVAL_BATCH  # noqa: F401 (the heads' batching)
 from raybiphase.finetune.tasks import Task
 
-EVAL_BATCH = 64
-CUDA_PAD_MULTIPLE = 64
 
 
 @dataclass(frozen=True)
@@ -72,6 +71,10 @@ class Head:
     def wrap(self, ids: list[int]) -> list[int]:
         """`<bos> ids <eos>`, the ids' end trimmed to fit max_len (as the authors' tokenizer call truncates)."""
         return self.open + ids[:self.max_len - len(self.open) - len(self.close)] + self.close
+
+    def unit_length(self, unit) -> int:
+        """The tokens of a training unit that set its batch's width (length-bucketed batching)."""
+        return len(unit[0])
 
     def tensor(self, values) -> torch.Tensor:
         """Labels or masks on the trial's device."""

@@ -98,6 +98,10 @@ class RetrievalHead(Head):
     def train_units(self, records: list[dict]) -> list:
         return [(self.query(r["query"]), self.document(r["passage"]), r["pid"]) for r in records]
 
+    def unit_length(self, unit) -> int:
+        """A pair's passage: the longer of its two inputs, and the wider batch."""
+        return len(unit[1])
+
     def loss(self, model, units: list) -> torch.Tensor:
         queries = self.embed(model, [u[0] for u in units])
         passages = self.embed(model, [u[1] for u in units])
