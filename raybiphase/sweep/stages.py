@@ -10,6 +10,7 @@ starts only if some run through it was launched. Pure: no Ray, no torch (the dry
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import pandas as pd
@@ -62,9 +63,22 @@ def decide_size(paths: SweepPaths, plan: Plan, size: str, probability: float) ->
     else:
         from raybiphase.results.report import enriched_summary  # lazy: the report's plotting stack
 
-        decision = stage_decision(enriched_summary(paths.root), size, runs, probability)
+        decision = with_sources(stage_decision(enriched_summary(paths.root), size, runs, probability), plan)
     store.append_rows(paths.table(storage.STAGES_FILE), decision.records(probability), key=STAGES_KEY)
     return decision
+
+
+def with_sources(decision: StageDecision, plan: Plan) -> StageDecision:
+    """The decision with every run a launched run continues from (model.init_from '@NAME') launched too: a
+    continued run cannot train without its source's weights."""
+    launch, sources = set(decision.launch), list(decision.launch)
+    while sources:
+        source = plan.runs[sources.pop()].source
+        if source is not None and source not in launch and plan.runs[source].config.model.size == decision.size:
+            launch.add(source)
+            sources.append(source)
+    return dataclasses.replace(decision, launch=tuple(r for r in plan.runs if r in launch),
+                               skipped=tuple(s for s in decision.skipped if s.run not in launch))
 
 
 class SizeStages:
@@ -114,11 +128,13 @@ def stage_lines(plan: Plan, spec: SweepSpec) -> list[str]:
         return []
     sizes = list(plan_sizes(plan))
     full, staged, known = staged_gpu_hours(plan, spec)
-    basis = "; ".join(known) or (f"before any rows, each arm of {', '.join(sizes[2:]) or 'no larger size'} "
-                                 f"launches with prior probability {PRIOR_LAUNCH:g}")
+    basis = "; ".join(known) or (f"before any rows, each arm of {', '.join(sizes[2:])} launches with prior "
+                                 f"probability {PRIOR_LAUNCH:g}")
+    why = (f"{', '.join(sizes[:2])} always run; {basis}" if len(sizes) > 2 else
+           f"{', '.join(sizes)}: every size runs whole, a prediction needs two smaller sizes")
     return [f"staging: by_size at decide_probability {spec.sweep.decide_probability:g}: the full plan "
             f"{gpu_hours_text(full)} GPU-hours (pretraining and fine-tuning, controls aside), staged "
-            f"{gpu_hours_text(staged)} expected ({', '.join(sizes[:2])} always run; {basis})"]
+            f"{gpu_hours_text(staged)} expected ({why})"]
 
 
 def staged_gpu_hours(plan: Plan, spec: SweepSpec) -> tuple[float, float, list[str]]:

@@ -15,7 +15,8 @@ from raybiphase.results.store import append_rows, read_rows
 from raybiphase.storage import FINETUNE_FILE, STAGES_FILE, SweepPaths
 from raybiphase.sweep.plan import make_plan
 from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, segment_gpu_hours
-from raybiphase.sweep.stages import SizeStages, stage_lines, staged_gpu_hours
+from raybiphase.results.staging import Skip, StageDecision
+from raybiphase.sweep.stages import SizeStages, stage_lines, staged_gpu_hours, with_sources
 from raybiphase.telemetry.console import Console
 from tests.results.test_staging import study_rows
 
@@ -99,3 +100,12 @@ def test_the_dry_run_prices_the_full_and_the_staged_plan(tmp_path) -> None:
 def test_a_sweep_not_staged_has_no_staging_line(tmp_path, stages) -> None:
     spec = _spec(tmp_path, stages)
     assert stage_lines(make_plan(spec), spec) == []
+
+
+def test_a_launched_continued_run_launches_the_run_it_continues() -> None:
+    plan = make_plan(load(SweepSpec, "sweeps/paper.yaml"))
+    continued = "610m-clm-dec42k-mlm40-44k-723811"
+    source = plan.runs[continued].source
+    decision = StageDecision("610m", (continued,), (Skip(source, "1. MLM beats CLM on SC and QA 99%", ""),), (), "")
+    after = with_sources(decision, plan)
+    assert set(after.launch) == {continued, source} and after.skipped == ()
