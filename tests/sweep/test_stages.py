@@ -109,3 +109,47 @@ def test_a_launched_continued_run_launches_the_run_it_continues() -> None:
     decision = StageDecision("610m", (continued,), (Skip(source, "1. MLM beats CLM on SC and QA 99%", ""),), (), "")
     after = with_sources(decision, plan)
     assert set(after.launch) == {continued, source} and after.skipped == ()
+
+
+class _Segments:
+    """The sweep's segments as the one scheduler sees them, each trained at once, behind the by_size gate."""
+
+    def __init__(self, gate: SizeStages):
+        from raybiphase.sweep.plan import dependencies
+
+        self.gate, self.todo, self.done = gate, list(gate.plan.segments.values()), gate.done
+        self.chain = {sid: 0.0 for sid in gate.plan.segments}
+        self.dependencies = lambda s: dependencies(s, gate.plan.runs)
+        self.order: list[str] = []
+
+    def ready(self, segment) -> bool:
+        return all(d in self.done for d in self.dependencies(segment)) and self.gate.ready(segment)
+
+    def fit(self, segment) -> None:
+        pass
+
+    def started(self, segment, running) -> None:
+        self.order.append(self.gate.size_of[segment.id])
+
+    def ended(self, segment, seconds, running) -> None:
+        pass
+
+    def idle(self) -> None:
+        pass
+
+    def sources(self, segments):
+        return []
+
+
+def test_the_scheduler_runs_the_sizes_in_order_and_ends_with_the_skipped_segment_never_started(tmp_path) -> None:
+    from raybiphase.sweep.scheduler import Scheduler
+
+    spec = _spec(tmp_path)
+    append_rows(SweepPaths.of(spec.sweep.storage, spec.sweep.name).table(FINETUNE_FILE), study_rows(("micro", "tiny")),
+                key=FINETUNE_KEY)
+    segments = _Segments(_gate(spec, set()))
+    Scheduler(None, slots=2, console=Console(io.StringIO())).run(segments, lambda: [])
+    sizes = _by_size(segments.gate)
+    assert segments.order == sorted(segments.order, key=["micro", "tiny", "mini"].index)  # smallest first
+    never = {s.id for s in segments.gate.plan.segments.values()} - segments.done
+    assert len(never) == 1 and [s.runs for s in sizes["mini"] if s.id in never][0][0].startswith("mini-clm-420-")
