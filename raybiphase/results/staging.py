@@ -12,9 +12,10 @@ only when it serves at least one and every finding it serves is decided. An arm 
 the size, or on a task with no slope) serves nothing predicted and launches; so does every arm when fewer than
 two smaller sizes have rows (`predict` needs two) or nothing can be predicted.
 
-The rule's error rate: a finding decided in the paper's direction (or against it) when its true effect at the
-size lies the other way happens at most 1 - p of the time for any fixed truth, the chance being a one-sided
-predictive probability; tests/results/test_staging.py measures it by simulation.
+The rule's error rate: the chance is a one-sided predictive probability, so under the prediction's assumptions (a
+line in ln parameters, arm offsets the same at every size) a finding is decided the wrong way (its true effect at
+the size lying the other way) in at most 1 - p of studies, whatever the truth; tests/results/test_staging.py
+measures it by simulation.
 """
 
 from __future__ import annotations
