@@ -44,6 +44,7 @@ HISTORY = "history.json"
 PROGRESS_FILE = "progress.json"  # a run's latest progress beat (raybiphase.telemetry.progress)
 CHECKPOINT_DIR = "step-{:08d}"
 PRETRAIN_FILE, FINETUNE_FILE, SUMMARY_FILE = "pretrain.parquet", "finetune.parquet", "summary.parquet"
+STAGES_FILE = "stages.parquet"  # sweep.stages by_size: each size's arms launched or skipped, decided once
 PART_PREFIX, PART_SUFFIX, LEASE_DIR = "part-", ".parquet", "lease"  # an appended table's parts; a sweep's lease
 RUN_INFO = "sweep.json"  # the report's header: spec, code, hardware, protocol (raybiphase.results.html)
 WANDB_LOGGED = "wandb-logged.json"  # the pretraining runs a sweep has logged to W&B, each once
@@ -429,7 +430,7 @@ class SweepPaths:
         return join(self.root, experiment)
 
     def table(self, file: str) -> str:
-        """One of PRETRAIN_FILE, FINETUNE_FILE, SUMMARY_FILE."""
+        """One of PRETRAIN_FILE, FINETUNE_FILE, SUMMARY_FILE, STAGES_FILE."""
         return join(self.root, file)
 
     @property

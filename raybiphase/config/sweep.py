@@ -35,6 +35,7 @@ from raybiphase.errors import ConfigError
 TcLabels = Literal["all_subtokens", "first_subtoken"]
 IrCorpus = Literal["judged", "full"]
 IrRelevance = Literal["binary", "graded"]
+Stages = Literal["all", "by_size"]
 _FOLDER = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 """A sweep name: one plain folder under sweep.storage (no separators, no '..', not hidden)."""
 
@@ -247,6 +248,13 @@ class SweepConfig:
     """Seconds a sweep's lease (one driver per sweep folder) may go unrenewed before another driver takes it over:
     longer than storage's default retry budget for a bucket outage (120 s), so a live driver keeps it; short
     enough that a rerun after a crash waits at most this long."""
+    stages: Stages = "all"
+    """all: every run may start at once. by_size: the model sizes run smallest first, a size's runs starting once
+    every smaller size's runs and fine-tuning are done, and only the arms that serve a finding still undecided at
+    sweep.decide_probability by the smaller sizes' prediction (docs/statistics.md, "Staging by size")."""
+    decide_probability: float = 0.9
+    """With stages: by_size, a finding is decided at a size when the chance its effect there lies in the paper's
+    direction is at least this or at most 1 minus this; an arm all of whose findings are decided is skipped."""
     wandb_project: str | None = None
     """W&B project; runs go there: online when the driver has a key (WANDB_API_KEY or `wandb login`), else offline
     (WANDB_MODE overrides both). None disables W&B."""
@@ -283,6 +291,8 @@ class SweepSpec:
         positive(self.sweep.gpus_per_node, "sweep.gpus_per_node")
         positive(self.sweep.checkpoint_gb_per_s, "sweep.checkpoint_gb_per_s")
         positive(self.sweep.lease_timeout_s, "sweep.lease_timeout_s")
+        check(0.5 < self.sweep.decide_probability < 1, "sweep.decide_probability",
+              f"{self.sweep.decide_probability} is out of range; allowed: a probability in (0.5, 1)")
         for key, values in self.sweep.grid.items():
             _run_key(key, "sweep.grid")
             check(isinstance(values, list) and len(values) > 0, f"sweep.grid.{key}", "expected a non-empty list of values")

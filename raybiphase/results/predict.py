@@ -95,6 +95,24 @@ class Forecast:
         """(claim, the probability its effect at this size is in the paper's direction, cells it rests on) for each
         finding the predicted cells can compare (`raybiphase.results.findings.one_size_contrasts`), over the paper's
         settings only (runs with knobs beyond the paper are left out, as the findings leave them)."""
+        return [(claim, chance, len(runs)) for claim, chance, runs in self.served()]
+
+    def served(self, contrasts: list[tuple[str, np.ndarray]] | None = None) -> list[tuple[str, float, list[str]]]:
+        """`chances` with, in place of the count, the predicted cells' runs (names at this size) each finding's
+        contrast rests on, one entry per cell: the arms that serve it. `contrasts`: `self.contrasts()` when
+        already known (they depend on the cells' arms and tasks, not on the scores)."""
+        out = []
+        for claim, c in self.contrasts() if contrasts is None else contrasts:
+            used = self.cells[c != 0]
+            parts = [(float(c @ self.fit @ c), used["noise_df"].min()), (float(c @ self.model @ c),
+                                                                         used["model_df"].min())]
+            mean = float(c @ self.cells["mean"].to_numpy())
+            out.append((claim, _above_zero(mean, sum(v for v, _ in parts), satterthwaite(parts)),
+                        list(used["run"])))
+        return out
+
+    def contrasts(self) -> list[tuple[str, np.ndarray]]:
+        """Each finding the predicted cells can compare, as its weights over `cells` (paper's settings only)."""
         cells = self.cells[self.cells["knobs"] == ""] if "knobs" in self.cells else self.cells
         position = {(a, t): i for i, (a, t) in enumerate(zip(self.cells["arm"], self.cells["task"]))}
         out = []
@@ -102,12 +120,16 @@ class Forecast:
             c = np.zeros(len(self.cells))
             for cell, weight in contrast.items():
                 c[position[cell]] += weight
-            used = self.cells[c != 0]
-            parts = [(float(c @ self.fit @ c), used["noise_df"].min()), (float(c @ self.model @ c),
-                                                                         used["model_df"].min())]
-            mean = float(c @ self.cells["mean"].to_numpy())
-            out.append((claim, _above_zero(mean, sum(v for v, _ in parts), satterthwaite(parts)), len(used)))
+            out.append((claim, c))
         return out
+
+    def restricted(self, runs: set[str]) -> Forecast:
+        """The forecast of the cells whose run (its name at this size) is in `runs` only: what a plan that has those
+        arms at this size would compare."""
+        keep = self.cells["run"].isin(runs).to_numpy()
+        pick = np.ix_(keep, keep)
+        return Forecast(self.size, self.based_on, self.cells[keep].reset_index(drop=True), self.fit[pick],
+                        self.model[pick], self.future[pick], self.regime)
 
     def records(self) -> list[dict]:
         """One dict per predicted cell: `run` (the arm's name at the size), `task`, `predicted`, `low`, `high` on the

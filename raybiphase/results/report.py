@@ -30,6 +30,7 @@ from raybiphase.results.aggregate import lr_table, summarize
 from raybiphase.results.compute import compute_section
 from raybiphase.results.findings import Study, judge
 from raybiphase.results.next_size import next_size_section
+from raybiphase.results.staging import staged_section
 from raybiphase.results.questions import beyond_sections, knobs
 from raybiphase.results.replicates import replicates_section
 from raybiphase.results.rows import BASELINE, OURS
@@ -414,6 +415,7 @@ def write_report(results_dir: storage.Location) -> tuple[str, list[Section]]:
     lines[1:1] = ["", " · ".join(f"{k}: {v}" for k, v in header.items() if v and k != "report drawn")]
     title, intro = lines[0][2:], lines[3:]
     sections = build_sections(pretrain, trials)
+    sections += filter(None, [staged_section(read_rows(storage.join(results_dir, storage.STAGES_FILE)))])
     target = storage.join(results_dir, storage.REPORT_DIR)
     with tempfile.TemporaryDirectory() as staging:
         out = Path(staging) if storage.is_uri(results_dir) else Path(target)

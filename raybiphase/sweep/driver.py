@@ -51,6 +51,7 @@ from raybiphase.sweep.plan import Plan, Segment, dependencies
 from raybiphase.sweep.preflight import check_room, plan_sweep
 from raybiphase.sweep.scheduler import Scheduler
 from raybiphase.sweep.space import check_space
+from raybiphase.sweep.stages import SizeStages
 from raybiphase.sweep.timeline import remaining_chain, simulate, wall_hours
 from raybiphase.telemetry.clock import Clock, step_seconds
 from raybiphase.telemetry.console import STDOUT, Console
@@ -154,6 +155,9 @@ def run_jobs(ctx: SweepContext, clock: Clock) -> list[dict]:
                           table=table, console=ctx.console, done=lambda: trials_done(table))
     with Watch({}, ctx.console) as watch:  # a line per running segment every few seconds
         segments = SweepSegments(ctx, clock, todo, done, watch)
+        if spec.sweep.stages == "by_size":  # a size starts once the smaller ones and their fine-tuning are done
+            segments.gate = SizeStages(paths, plan, spec.sweep.decide_probability, done, console=ctx.console,
+                                       finetuning_open=lambda: bool(scheduler.jobs) or scheduler.error is not None)
         try:
             rows = scheduler.run(segments if todo else None,
                                  lambda: control_sources(ctx) + finetune_sources(ctx, done))  # the controls first
@@ -192,9 +196,11 @@ class SweepSegments:
         storage.delete(storage.join(ctx.paths.root, "pools"))
         self.pools = WorkerPools(storage.join(ctx.paths.root, "pools"), segments=len(todo))
         self.claimed: dict[str, Pool] = {}
+        self.gate: SizeStages | None = None  # sweep.stages by_size
 
     def ready(self, segment: Segment) -> bool:
-        return all(d in self.done for d in dependencies(segment, self.ctx.plan.runs))
+        return (all(d in self.done for d in dependencies(segment, self.ctx.plan.runs))
+                and (self.gate is None or self.gate.ready(segment)))
 
     def fit(self, segment: Segment) -> None:
         pool = self.claimed.pop(segment.id, None)

@@ -17,6 +17,7 @@ from raybiphase.pretrain.budget import check_budget, data_budget
 from raybiphase.sweep.bill import bill_lines
 from raybiphase.sweep.plan import Plan, describe, make_plan
 from raybiphase.sweep.power import power_lines
+from raybiphase.sweep.stages import stage_lines
 from raybiphase.sweep.timeline import timeline_lines
 from raybiphase.telemetry.console import STDOUT, Console
 
@@ -37,7 +38,7 @@ def plan_sweep(spec: SweepSpec, *, dry_run: bool = False, console: Console = STD
         check_held_out_tasks(run.config.data)
     check_finetune_length(plan, spec)
     text = "\n".join([describe(plan, spec), *timeline_lines(plan, spec), *bill_lines(plan, spec),
-                      *(power_lines(plan, spec) if dry_run else [])])
+                      *(power_lines(plan, spec) if dry_run else []), *(stage_lines(plan, spec) if dry_run else [])])
     lines = text.splitlines()
     console.say(text if dry_run else "\n".join([lines[0], *(x for x in lines if x.startswith("steps:"))]))
     check_budget(data_budget(plan, spec))  # a run that would repeat data stops here, dry run included

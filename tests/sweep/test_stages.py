@@ -1,0 +1,155 @@
+"""A sweep staged by size (sweep.stages: by_size): the driver's gate holds a size back until the smaller ones and
+their fine-tuning are done, skips the arms the smaller sizes' rows decide, writes the decision down once and reads
+it back on resume; the dry run prices the full and the staged plan. Results rows are built directly: no training."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from raybiphase import storage
+from raybiphase.config import load
+from raybiphase.config.sweep import SweepSpec
+from raybiphase.results.rows import FINETUNE_KEY
+from raybiphase.results.store import append_rows, read_rows
+from raybiphase.storage import FINETUNE_FILE, STAGES_FILE, SweepPaths
+from raybiphase.sweep.plan import make_plan
+from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, segment_gpu_hours
+from raybiphase.results.staging import Skip, StageDecision
+from raybiphase.sweep.stages import SizeStages, stage_lines, staged_gpu_hours, with_sources
+from raybiphase.telemetry.console import Console
+from tests.results.test_staging import study_rows
+
+
+def _spec(tmp_path, stages: str = "by_size") -> SweepSpec:
+    """Three sizes of the quickstart's three arms at 420 steps (MLM, CLM 100 then MLM, CLM), named as the rows of
+    tests.results.test_predict name them."""
+    return load(SweepSpec, "sweeps/quickstart.yaml", overrides=[
+        f"sweep.storage={tmp_path}", f"sweep.stages={stages}", "phases.steps=420", "model.size=micro",
+        "sweep.grid={'model.size': ['micro', 'tiny', 'mini'], 'phases.clm_share': [0.0, 0.2380952380952381, 1.0]}"])
+
+
+def _gate(spec: SweepSpec, done: set[str], finetuning_open=lambda: False) -> SizeStages:
+    plan = make_plan(spec)
+    return SizeStages(SweepPaths.of(spec.sweep.storage, spec.sweep.name), plan, spec.sweep.decide_probability, done,
+                      finetuning_open=finetuning_open, console=Console(io.StringIO()))
+
+
+def _by_size(gate: SizeStages) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for segment in gate.plan.segments.values():
+        out.setdefault(gate.size_of[segment.id], []).append(segment)
+    return out
+
+
+def test_a_by_size_sweep_skips_the_arm_the_smaller_sizes_decide_and_a_resume_decides_the_same(tmp_path) -> None:
+    spec = _spec(tmp_path)
+    paths = SweepPaths.of(spec.sweep.storage, spec.sweep.name)
+    append_rows(paths.table(FINETUNE_FILE), study_rows(("micro", "tiny")), key=FINETUNE_KEY)
+    done: set[str] = set()
+    gate = _gate(spec, done, finetuning_open=lambda: fine_tuning)
+    sizes = _by_size(gate)
+    fine_tuning = False
+    assert all(gate.ready(s) for s in sizes["micro"])  # the smallest size: everything, at once
+    assert not any(gate.ready(s) for s in sizes["tiny"] + sizes["mini"])  # micro not done yet
+    done |= {s.id for s in sizes["micro"]}
+    assert all(gate.ready(s) for s in sizes["tiny"])  # two sizes needed to predict: tiny launches whole
+    done |= {s.id for s in sizes["tiny"]}
+    fine_tuning = True
+    assert not any(gate.ready(s) for s in sizes["mini"])  # tiny's fine-tuning still runs
+    fine_tuning = False
+    clm = next(r for r in gate.plan.runs if r.startswith("mini-clm-420-"))
+    ready = {s.id: gate.ready(s) for s in sizes["mini"]}
+    # CLM serves finding 1 only, decided by micro and tiny: its own segment never starts; the prefix it shares
+    # with the split run (which serves the open finding 4) does
+    assert ready == {s.id: s.runs != [clm] for s in sizes["mini"]} and not all(ready.values())
+    rows = read_rows(paths.table(STAGES_FILE))
+    assert set(rows.loc[~rows["launched"], "run"]) == {clm} and len(rows) == 9
+    assert rows.loc[~rows["launched"], "findings"].iloc[0].startswith("1. MLM beats CLM")
+
+    # a resumed sweep reads the decision back, whatever the rows say now (without them, a fresh decision would
+    # launch every arm)
+    storage.delete(paths.table(FINETUNE_FILE))
+    again = _gate(spec, set(done))
+    assert {s.id: again.ready(s) for s in sizes["mini"]} == ready
+    assert len(read_rows(paths.table(STAGES_FILE))) == 9  # nothing written twice
+
+
+def test_the_dry_run_prices_the_full_and_the_staged_plan(tmp_path) -> None:
+    spec = _spec(tmp_path)
+    plan = make_plan(spec)
+    (before,) = stage_lines(plan, spec)
+    assert before.startswith("staging: by_size at decide_probability 0.9: the full plan ")
+    assert "micro, tiny always run; before any rows, each arm of mini launches with prior probability 0.5" in before
+    full, staged, _ = staged_gpu_hours(plan, spec)
+    mini = [s for s in plan.segments.values() if s.runs[0].startswith("mini-")]
+    assert full > staged > full - sum(segment_gpu_hours(s, spec) for s in mini) - 3 * checkpoint_finetune_gpu_hours(
+        "mini", spec)
+    paths = SweepPaths.of(spec.sweep.storage, spec.sweep.name)
+    append_rows(paths.table(FINETUNE_FILE), study_rows(("micro", "tiny")), key=FINETUNE_KEY)
+    full, staged, known = staged_gpu_hours(plan, spec)  # what the line says once the rows are there
+    assert known == ["mini from micro, tiny: 2 of 3 run(s) launch"]
+    clm = next(r for r in plan.runs.values() if r.name.startswith("mini-clm-420-"))
+    own = [plan.segments[s] for s in clm.segments if plan.segments[s].runs == [clm.name]]
+    finetuning = checkpoint_finetune_gpu_hours("mini", spec)  # its final checkpoint, the full grid
+    assert staged == pytest.approx(full - sum(segment_gpu_hours(s, spec) for s in own) - finetuning)
+
+
+@pytest.mark.parametrize("stages", ["all"])
+def test_a_sweep_not_staged_has_no_staging_line(tmp_path, stages) -> None:
+    spec = _spec(tmp_path, stages)
+    assert stage_lines(make_plan(spec), spec) == []
+
+
+def test_a_launched_continued_run_launches_the_run_it_continues() -> None:
+    plan = make_plan(load(SweepSpec, "sweeps/paper.yaml"))
+    continued = "610m-clm-dec42k-mlm40-44k-723811"
+    source = plan.runs[continued].source
+    decision = StageDecision("610m", (continued,), (Skip(source, "1. MLM beats CLM on SC and QA 99%", ""),), (), "")
+    after = with_sources(decision, plan)
+    assert set(after.launch) == {continued, source} and after.skipped == ()
+
+
+class _Segments:
+    """The sweep's segments as the one scheduler sees them, each trained at once, behind the by_size gate."""
+
+    def __init__(self, gate: SizeStages):
+        from raybiphase.sweep.plan import dependencies
+
+        self.gate, self.todo, self.done = gate, list(gate.plan.segments.values()), gate.done
+        self.chain = {sid: 0.0 for sid in gate.plan.segments}
+        self.dependencies = lambda s: dependencies(s, gate.plan.runs)
+        self.order: list[str] = []
+
+    def ready(self, segment) -> bool:
+        return all(d in self.done for d in self.dependencies(segment)) and self.gate.ready(segment)
+
+    def fit(self, segment) -> None:
+        pass
+
+    def started(self, segment, running) -> None:
+        self.order.append(self.gate.size_of[segment.id])
+
+    def ended(self, segment, seconds, running) -> None:
+        pass
+
+    def idle(self) -> None:
+        pass
+
+    def sources(self, segments):
+        return []
+
+
+def test_the_scheduler_runs_the_sizes_in_order_and_ends_with_the_skipped_segment_never_started(tmp_path) -> None:
+    from raybiphase.sweep.scheduler import Scheduler
+
+    spec = _spec(tmp_path)
+    append_rows(SweepPaths.of(spec.sweep.storage, spec.sweep.name).table(FINETUNE_FILE), study_rows(("micro", "tiny")),
+                key=FINETUNE_KEY)
+    segments = _Segments(_gate(spec, set()))
+    Scheduler(None, slots=2, console=Console(io.StringIO())).run(segments, lambda: [])
+    sizes = _by_size(segments.gate)
+    assert segments.order == sorted(segments.order, key=["micro", "tiny", "mini"].index)  # smallest first
+    never = {s.id for s in segments.gate.plan.segments.values()} - segments.done
+    assert len(never) == 1 and [s.runs for s in sizes["mini"] if s.id in never][0][0].startswith("mini-clm-420-")
