@@ -34,8 +34,8 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
-import math
 import json
+import math
 import shutil
 import tempfile
 import threading
