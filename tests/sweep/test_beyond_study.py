@@ -86,8 +86,8 @@ def test_a_damaged_table_is_named_and_both_tables_come_back_from_the_sweeps_reco
     """A copy of the finished study whose finetune.parquet part is overwritten: the sweep stops with one line
     naming the part and saying how to rebuild, before Ray starts; with both tables moved away, the same sweep
     trains and fine-tunes nothing and writes back every row the tables held (keys and scores), pretraining's from
-    the runs' histories and fine-tuning's from the trials' records. Tune kept none of its pickled state in the
-    sweep's folder (raybiphase.finetune.tuner)."""
+    the runs' histories and fine-tuning's from the trials' records. (The CLI turns the UserError into that one line
+    and exit code 2.) Tune kept none of its pickled state in the sweep's folder (raybiphase.finetune.tuner)."""
     import shutil
 
     from raybiphase.config import SweepSpec, from_dict, to_dict
