@@ -1,16 +1,23 @@
-"""What the processes of one machine take turns with: a local file created only if absent, and a lock beside a
-local file (raybiphase.sweep.lease holds a sweep folder with them; raybiphase.results.store appends under the lock).
-An object store offers neither through pyarrow.fs: a bucket's lease is a claim protocol of its own (the lease)."""
+"""What drivers take turns with: a local file created only if absent, a lock beside a local file (the processes of
+one machine), and on S3 an object created only if absent or replaced only if unchanged (raybiphase.sweep.lease holds
+a sweep folder with them; raybiphase.results.store appends under the lock).
+
+pyarrow.fs sends no conditional write. S3 has taken `If-None-Match: *` and `If-Match: <etag>` on PutObject since
+2024 (a second create, or a replace of a changed object, gets 412 Precondition Failed); boto3, when installed (the
+clusters' heads have it), sends them: `ConditionalS3.of` gives one for an s3:// folder whose store honours them (a
+store that ignores the headers is found by a probe and gets None). Elsewhere (gs://, no boto3) the lease falls back
+to a claim protocol of its own."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from raybiphase.storage import Location, is_uri
+from raybiphase.storage import Location, is_uri, join
 
 
 def create_exclusive(location: Location, data: bytes) -> bool:
@@ -52,3 +59,69 @@ def local_lock(location: Location) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class ConditionalS3:
+    """Conditional writes to one s3:// folder through boto3 (module docstring). Each write returns the object's new
+    ETag, or None when its condition failed; an unreachable store is an OSError, as pyarrow's are."""
+
+    def __init__(self, folder: str, client):
+        self.folder, self.client = folder, client
+        self.bucket, _, self.prefix = folder.split("://", 1)[1].partition("/")
+
+    @classmethod
+    def of(cls, folder: Location) -> ConditionalS3 | None:
+        """One for an s3:// `folder` when boto3 is installed and sends the conditions, and the store refuses a
+        second create of one name (a probe object, removed); None otherwise."""
+        if not str(folder).startswith("s3://"):
+            return None
+        try:
+            import boto3
+        except ImportError:
+            return None
+        client = boto3.client("s3")  # endpoint, region and credentials as pyarrow finds them: AWS_* and the profile
+        members = client.meta.service_model.operation_model("PutObject").input_shape.members
+        if not {"IfNoneMatch", "IfMatch"} <= set(members):
+            return None
+        store = cls(str(folder).rstrip("/"), client)
+        probe = f".conditional-probe-{uuid.uuid4().hex[:12]}"
+        try:
+            honoured = store.create(probe, b"") is not None and store.create(probe, b"") is None
+        finally:
+            store.delete(probe)
+        return store if honoured else None
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def _call(self, operation: str, name: str, **kwargs) -> dict | None:
+        """The response, or None on 412 (a condition failed) or 404 (no such object)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return getattr(self.client, operation)(Bucket=self.bucket, Key=self._key(name), **kwargs)
+        except ClientError as err:
+            status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status in (404, 412) or err.response.get("Error", {}).get("Code") in ("NoSuchKey", "PreconditionFailed"):
+                return None
+            raise OSError(f"{join(self.folder, name)}: {err}") from None
+        except BotoCoreError as err:
+            raise OSError(f"{join(self.folder, name)}: {err}") from None
+
+    def create(self, name: str, data: bytes) -> str | None:
+        """Create `name` holding `data` only if no object has that name: its ETag, or None."""
+        response = self._call("put_object", name, Body=data, IfNoneMatch="*")
+        return response["ETag"] if response else None
+
+    def replace(self, name: str, data: bytes, etag: str) -> str | None:
+        """Overwrite `name` only if it is still the object of `etag`: the new ETag, or None (changed or gone)."""
+        response = self._call("put_object", name, Body=data, IfMatch=etag)
+        return response["ETag"] if response else None
+
+    def read(self, name: str) -> tuple[bytes, str] | None:
+        """`name`'s bytes and ETag, or None when there is no such object."""
+        response = self._call("get_object", name)
+        return (response["Body"].read(), response["ETag"]) if response else None
+
+    def delete(self, name: str) -> None:
+        self._call("delete_object", name)

@@ -7,13 +7,14 @@ by name outside this module. The layout of a sweep, under `<sweep.storage>/<swee
     runs/<segment>/step-00000040/           a checkpoint (Ray Train's folder name)        SweepPaths.checkpoint
         meta.json                           typed meta (raybiphase.checkpoint_meta)       meta_path(ckpt)
         hf/                                 save_pretrained export                        hf_dir(ckpt)
-    tune/                                   Ray Tune's experiment folders                 SweepPaths.tune
     finetune/records/<trial>.json           one record per finished fine-tuning trial    SweepPaths.finetune
     pretrain.parquet/, finetune.parquet/    part-<ns>-<id>.parquet files, one per append  SweepPaths.table(name)
     summary.parquet (one file)              (raybiphase.results.store)                    part_name()
     lease/                                  the driver that holds the sweep (raybiphase.sweep.lease)  SweepPaths.lease
     wandb-logged.json                       the pretraining runs logged to W&B            SweepPaths.wandb_logged
     report/report.md and its PNGs                                                         SweepPaths.report
+
+Ray Tune's experiment folders are not among them: they stay on the driver's own disk (raybiphase.finetune.tuner).
 """
 
 from __future__ import annotations
@@ -421,10 +422,6 @@ class SweepPaths:
 
     def checkpoint(self, name: str, step: int) -> str:
         return join(self.run_dir(name), checkpoint_name(step))
-
-    @property
-    def tune(self) -> str:
-        return join(self.root, "tune")
 
     def finetune(self, experiment: str) -> str:
         return join(self.root, experiment)

@@ -3,6 +3,7 @@ ranges, every image pinned by digest or one cluster/pin-images.sh pins. No netwo
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import tomllib
@@ -106,3 +107,44 @@ def test_every_image_is_pinned_by_digest_or_is_a_tag_pin_images_pins():
             else:
                 assert re.fullmatch(r"[\w./-]+:[\w.-]+@sha256:[0-9a-f]{64}", image), f"{name}: {image} lost its tag"
     assert {image for _, image in to_pin} <= set().union(*images_by_file.values())
+
+
+# --- GPU hosts: the driver each cluster boots runs the lock's CUDA ---------------------------------------------
+
+
+def host_images(name: str) -> set[str]:
+    """The machine image every node type of an autoscaler config boots."""
+    node_configs = [t["node_config"] for t in load(name)["available_node_types"].values()]
+    if name == "aws.yaml":
+        return {config["ImageId"] for config in node_configs}
+    return {disk["initializeParams"]["sourceImage"] for config in node_configs for disk in config["disks"]}
+
+
+def driver_runs(driver: str, needed: Version) -> bool:
+    """Whether `driver` (a full version, or a branch such as "580": its first release) is `needed` or newer."""
+    version = Version(driver)
+    return version >= needed if len(version.release) > 1 else version.major >= needed.major
+
+
+def test_every_gpu_host_has_a_driver_the_locks_cuda_runs_on():
+    """PyPI's torch brings its CUDA libraries but not the driver: the hosts' driver must be one the lock's CUDA major
+    runs on (CUDA 13: 580 or newer; torch 2.13's wheels on a 570 driver find no usable GPU). Each config boots the
+    image cluster/gpu-drivers.json states, and a Deep Learning VM family's name agrees with the driver given."""
+    table = json.loads((CLUSTER / "gpu-drivers.json").read_text())
+    cuda = Version(next(iter(parse_lock("requirements-gpu.lock")["nvidia-cuda-runtime"][0].specifier)).version)
+    needed = Version(table["cuda_min_driver"][str(cuda.major)])
+    assert set(table["hosts"]) == set(AUTOSCALER_CONFIGS)
+    for name, host in table["hosts"].items():
+        assert host_images(name) == {host["image"]}, f"{name}: boots another image than cluster/gpu-drivers.json's"
+        assert driver_runs(host["driver"], needed), f"{name}: driver {host['driver']} cannot run CUDA {cuda}"
+        if family := re.search(r"-nvidia-(\d+)$", host["image"]):
+            assert family[1] == host["driver"].split(".")[0], f"{name}: the image family installs driver {family[1]}"
+    for name in table["unmanaged"]:  # hosts the file does not choose: it says what they need
+        assert f"driver {needed.major} or newer" in (CLUSTER / name).read_text(), name
+
+
+@pytest.mark.parametrize("driver, runs", [("570", False), ("570.172.08", False), ("575.51.03", False),
+                                          ("580", True), ("580.105.08", True), ("595.91.07", True)])
+def test_a_driver_below_580_is_refused_for_cuda_13(driver, runs):
+    """The pairing the check exists for: torch 2.13's CUDA 13 wheels on the driver-570 images the configs booted."""
+    assert driver_runs(driver, Version("580.65.06")) is runs

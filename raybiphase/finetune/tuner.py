@@ -21,6 +21,11 @@ What keeps this working on Tune's public surface:
   per group and one count of live trials, so the overlap while the first one's last trials end stays in bounds.
 - `max_concurrent_trials`: Tune starts one trial at a time from a custom searcher otherwise.
 - The searcher and callback keep their lock and callables out of pickles (Tune pickles both with the experiment).
+- Nothing Tune writes reaches the bucket, and nothing Tune reads back can have been written by another: each
+  `TuneTrials` keeps Tune's experiment folders (whose state files Tune pickles: tuner.pkl, experiment_state-*.json,
+  search_gen_state-*.json, callback-states-*.pkl, a trial's params.pkl and error.pkl) in a private temporary folder
+  on the driver's own disk, removed by `join`. No Tuner is ever restored: a rerun starts new Tuners and learns
+  which trials are done from their records (raybiphase.finetune.records). The searcher's own state is JSON.
 - A failed trial runs again from its start up to `TRIAL_RETRIES` times (a node lost); only then is it ended.
 """
 
@@ -29,8 +34,10 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import json
 import math
-import pickle
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +48,7 @@ from ray.tune.search import Searcher
 
 from raybiphase import storage
 from raybiphase.config import FinetuneConfig
+from raybiphase.errors import UserError
 from raybiphase.finetune.fanout import record_final, rider_metric
 from raybiphase.finetune.spec import TrialSpec
 from raybiphase.finetune.trial import run_trial
@@ -51,6 +59,8 @@ TRIAL_RETRIES = 2
 three attempts before it is reported)."""
 KEEPALIVE = "keepalive"
 """The keep-alive trial's config key (and its reports')."""
+SEARCHER_FORMAT = "raybiphase-feed-searcher/1"
+"""What `FeedSearcher.save` writes (JSON), the only state its `restore` reads."""
 
 
 def _trainable(config: dict, finetune: FinetuneConfig) -> None:
@@ -89,6 +99,8 @@ class FeedSearcher(Searcher):
     first, then the lowest-ranked queued trial while fewer than `capacity()` are live, else None (Tune asks again
     next step); FINISHED once closed with nothing queued. A trial is live from its hand-out to its completion,
     retries included. One lock guards the queue, the live set and the closed flag."""
+
+    CKPT_FILE_TMPL = "searcher-state-{}.json"  # Tune's name for the file `save` writes: it is JSON, not a pickle
 
     def __init__(self, capacity: Callable[[], int] | None = None, live: Callable[[], int] | None = None):
         """`capacity()`: how many trials may be live now; `live()`: how many are live on other Tuners."""
@@ -141,16 +153,29 @@ class FeedSearcher(Searcher):
             self._live.pop(trial_id, None)
 
     def save(self, checkpoint_path: str) -> None:
+        """The queue, the live trials and the closed flag as JSON: plain data, which no reader runs."""
         with self._lock:
-            state = {"queue": list(self._queue), "live": dict(self._live), "closed": self._closed}
-        with open(checkpoint_path, "wb") as f:
-            pickle.dump(state, f)
+            state = {"format": SEARCHER_FORMAT, "queue": [[list(rank), n, config] for rank, n, config in self._queue],
+                     "live": dict(self._live), "closed": self._closed}
+        with open(checkpoint_path, "w") as f:
+            json.dump(state, f)
 
     def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "rb") as f:
-            state = pickle.load(f)
+        """The state `save` wrote; anything else (a pickle, another searcher's state, a damaged file) is a
+        UserError naming the file, and nothing in it is run."""
+        try:
+            with open(checkpoint_path, "rb") as f:
+                state = json.loads(f.read())
+            if not (isinstance(state, dict) and state.get("format") == SEARCHER_FORMAT):
+                raise ValueError(f"not {SEARCHER_FORMAT} state")
+            queue = [(tuple(rank), int(n), dict(config)) for rank, n, config in state["queue"]]
+            live, closed = {str(k): dict(v) for k, v in state["live"].items()}, bool(state["closed"])
+        except (ValueError, TypeError, KeyError, AttributeError) as err:  # JSON's errors are ValueErrors
+            reason = " ".join(str(err).split())[:120]
+            raise UserError(f"{checkpoint_path}: not a fine-tuning searcher's state ({reason}); it is never "
+                            "unpickled") from None
         with self._lock:
-            self._queue, self._live, self._closed = state["queue"], state["live"], state["closed"]
+            self._queue, self._live, self._closed = queue, live, closed
             heapq.heapify(self._queue)
 
     def __getstate__(self):
@@ -264,6 +289,7 @@ class TuneTrials:
         self.searchers: list[FeedSearcher] = []
         self.threads: list[threading.Thread] = []
         self.reuse = self.reusing = False  # whether trials should reuse processes; whether the last Tuner does
+        self.tune_dir: str | None = None  # Tune's experiment folders: the driver's own disk (module docstring)
 
     def submit(self, ticket: int, rank: tuple, spec: TrialSpec) -> None:
         group = list(spec.group) if spec.asha else None
@@ -283,9 +309,12 @@ class TuneTrials:
             searcher.close()
 
     def join(self) -> None:
+        """Wait for every Tuner to end, then remove Tune's folders (no rerun reads them)."""
         for thread in self.threads:
             while thread.is_alive():
                 thread.join(timeout=0.5)  # short joins: Ctrl-C still reaches the main thread
+        if self.tune_dir:
+            shutil.rmtree(self.tune_dir, ignore_errors=True)
 
     def _queue(self, rank: tuple, config: dict) -> None:
         if not self.searchers or self.reuse != self.reusing:
@@ -308,12 +337,13 @@ class TuneTrials:
                                         lambda config: {"cpu": 0, "memory": 1 << 20} if config.get(KEEPALIVE)
                                         else resources)
         name = storage.basename(self.experiment) + (f"-{number + 1}" if number else "")  # a folder per Tuner
+        self.tune_dir = self.tune_dir or tempfile.mkdtemp(prefix="raybiphase-tune-")
         tuner = tune.Tuner(
             trainable, param_space={},
             tune_config=tune.TuneConfig(search_alg=searcher, scheduler=self.asha, num_samples=-1,
                                         reuse_actors=self.reuse, max_concurrent_trials=self.max_concurrent + 1,
                                         trial_dirname_creator=lambda t: f"trial_{t.trial_id}"),
-            run_config=tune.RunConfig(storage_path=storage.parent(self.experiment), name=name, verbose=0,
+            run_config=tune.RunConfig(storage_path=self.tune_dir, name=name, verbose=0,
                                       stop=KeepAliveStopper(searcher), callbacks=[Ended(self.ended)],
                                       failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES)))
         thread = threading.Thread(target=self._fit, args=(tuner,), name=f"fine-tuning trials {number + 1}",

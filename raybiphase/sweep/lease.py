@@ -15,14 +15,19 @@ How the lease is claimed, and what that guarantees:
   (`locks.create_exclusive`: of two drivers exactly one creates it). Renewal, take-over and release hold an fcntl
   lock beside it and re-read it under the lock: a stale lease is replaced only if it is still the one found stale,
   and a driver renews or removes only its own.
-- On a bucket each driver writes a claim of its own, `lease/<token>.json`, then lists the folder: it holds the lease
-  only if its claim is the only one there, else it removes its claim, waits a random moment and looks again (a
-  live claim found then is a holder: refused). pyarrow.fs, the one way this project reaches buckets, cannot send
-  S3's `If-None-Match` (nor GCS's generation preconditions), so the claim relies on what S3 (since December 2020),
-  GCS and MinIO promise instead: a list made after a write has finished shows it. Of two drivers that claim at
-  once, the one that lists last sees the other's claim, so at most one holds the lease; both may step back, and
-  after a few rounds one says the folder is busy. A taker first removes the stale claims and names the lease it
-  took over in its claim; a holder whose claim is gone, or named so, has lost it.
+- On S3, when boto3 is installed and the store honours conditional writes (`locks.ConditionalS3`), the lease is
+  the one object `lease/holder.json`, created with `If-None-Match: *` (of two drivers exactly one creates it);
+  renewal and take-over replace it with `If-Match: <the ETag read>`, so a stale lease is replaced only if it is
+  still the one found stale (of two takers one succeeds), and a holder whose renewal is refused has lost it.
+- Elsewhere (gs://, S3 without boto3 or with a store that ignores the conditions) each driver writes a claim of its
+  own, `lease/<token>.json`, then lists the folder: it holds the lease only if its claim is the only one there,
+  else it removes its claim, waits a random moment and looks again (a live claim found then is a holder: refused).
+  pyarrow.fs, the one way this project otherwise reaches buckets, sends no conditional write, so the claim relies
+  on what S3, GCS and MinIO promise instead: a list made after a write has finished shows it. Of two drivers that
+  claim at once, the one that lists last sees the other's claim, so at most one holds the lease; both may step
+  back, and after a few rounds one says the folder is busy. A taker first removes the stale claims and names the
+  lease it took over in its claim; a holder whose claim is gone, or named so, has lost it. A claim and a
+  conditional `holder.json` see each other: each protocol lists the folder's leases before it takes one.
 
 Limits, as for any lease without fencing tokens: staleness is judged on the taker's clock against the holder's
 (clocks must agree to well within the timeout); a holder paused longer than the timeout (a frozen VM) may write
@@ -108,12 +113,15 @@ def _now() -> str:
 
 
 class Lease:
-    """The lease of the sweep at `folder` (SweepPaths.lease), held by this process once `acquire` returns."""
+    """The lease of the sweep at `folder` (SweepPaths.lease), held by this process once `acquire` returns; on a
+    bucket by a conditional create where the store allows one (`conditional`, module docstring), else by claims."""
 
-    def __init__(self, folder: str, timeout_s: float, console: Console = STDOUT):
-        self.folder, self.timeout_s, self.console = folder, timeout_s, console
+    def __init__(self, folder: str, timeout_s: float, console: Console = STDOUT, *, conditional: bool = True):
+        self.folder, self.timeout_s, self.console, self.conditional = folder, timeout_s, console, conditional
         self.holder = Holder.me()
         self.local = not storage.is_uri(folder)
+        self.s3: locks.ConditionalS3 | None = None  # S3 with conditional writes, found by `acquire`
+        self.etag = ""  # the ETag of this driver's holder.json on S3
         self.lost = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -123,7 +131,13 @@ class Lease:
     def acquire(self) -> None:
         """Hold the lease, taking over a stale one; a UserError naming the holder when another driver has it."""
         try:
-            self._acquire_file() if self.local else self._acquire_claim()
+            if self.local:
+                self._acquire_file()
+            elif self.conditional and (s3 := locks.ConditionalS3.of(self.folder)):
+                self.s3 = s3
+                self._acquire_conditional()
+            else:
+                self._acquire_claim()
         except OSError as err:
             reason = " ".join(str(err).split())[:300]
             raise UserError(f"sweep.storage: cannot take the sweep's lease at {self.folder}: {reason}") from None
@@ -172,6 +186,30 @@ class Lease:
                 storage.write_json(path, dataclasses.asdict(self.holder))  # the stale one, checked under the lock
                 return
 
+    def _acquire_conditional(self) -> None:
+        s3 = self.s3
+        self._refuse_live(h for name, h in self._claims().items() if name != HOLDER)  # a claiming driver's
+        for _ in range(ROUNDS):
+            if etag := s3.create(HOLDER, self._document()):
+                self.etag = etag
+                return
+            found = s3.read(HOLDER)
+            if found is None:  # released since: create again
+                continue
+            other = Holder.of(_parse(found[0]))
+            if not self._stale(other):
+                raise self._refuse(other)
+            self._taking_over(other)
+            self.holder = dataclasses.replace(self.holder, took_over=other.token if other else "")
+            if etag := s3.replace(HOLDER, self._document(), found[1]):  # only if still the stale one
+                self.etag = etag
+                return
+        raise self._busy()
+
+    def _busy(self) -> UserError:
+        return UserError(f"sweep.storage: {storage.parent(self.folder)} is being claimed by another driver at this "
+                         "moment; run again in a minute")
+
     def _acquire_claim(self) -> None:
         for round_ in range(ROUNDS):
             claims = self._claims()
@@ -185,8 +223,7 @@ class Lease:
                 return
             storage.delete_file(self._claim())  # another driver claimed at the same moment: step back, look again
             time.sleep(random.uniform(0.2, 1.0) * (round_ + 1))
-        raise UserError(f"sweep.storage: {storage.parent(self.folder)} is being claimed by another driver at this "
-                        "moment; run again in a minute")
+        raise self._busy()
 
     # ---------------------------------------------------------------------------------------------- renew
 
@@ -200,6 +237,10 @@ class Lease:
                 self.lost = current is None or current.token != self.holder.token
                 if not self.lost:
                     storage.write_json(path, dataclasses.asdict(self.holder))
+            return not self.lost
+        if self.s3:
+            etag = self.s3.replace(HOLDER, self._document(), self.etag)
+            self.lost, self.etag = etag is None, etag or self.etag
             return not self.lost
         claims = self._claims()
         self.lost = self._name() not in claims or any(
@@ -236,6 +277,11 @@ class Lease:
             self._thread.join(timeout=60)
         if self.lost:
             return
+        if self.s3:
+            found = self.s3.read(HOLDER)
+            if found is not None and found[1] == self.etag:  # its own, not one that took it over
+                self.s3.delete(HOLDER)
+            return
         if not self.local:
             storage.delete_file(self._claim())
             return
@@ -268,6 +314,13 @@ def _read(location: str) -> object:
     try:
         return storage.read_json(location)
     except (ValueError, FileNotFoundError):  # not JSON (a damaged lease), or removed since it was listed
+        return None
+
+
+def _parse(data: bytes) -> object:
+    try:
+        return json.loads(data)
+    except ValueError:  # a damaged lease
         return None
 
 

@@ -82,6 +82,52 @@ def test_the_shortened_beyond_study_shares_its_prefixes_and_answers_every_questi
         assert section and section[1] in VERDICTS, title
 
 
+def test_a_damaged_table_is_named_and_both_tables_come_back_from_the_sweeps_records(study, tmp_path):
+    """A copy of the finished study whose finetune.parquet part is overwritten: the sweep stops with one line
+    naming the part and saying how to rebuild, before Ray starts; with both tables moved away, the same sweep
+    trains and fine-tunes nothing and writes back every row the tables held (keys and scores), pretraining's from
+    the runs' histories and fine-tuning's from the trials' records. (The CLI turns the UserError into that one line
+    and exit code 2.) Tune kept none of its pickled state in the sweep's folder (raybiphase.finetune.tuner)."""
+    import shutil
+
+    from raybiphase.config import SweepSpec, from_dict, to_dict
+    from raybiphase.errors import UserError
+    from raybiphase.results.rows import FINETUNE_KEY, PRETRAIN_KEY
+    from raybiphase.results.store import read_rows
+    from raybiphase.sweep.driver import run_sweep
+    from raybiphase.telemetry.console import Console
+
+    assert not [p.name for p in study["root"].rglob("*") if p.suffix == ".pkl" or "experiment_state" in p.name]
+    copy = tmp_path / "beyond"
+    shutil.copytree(study["root"], copy)
+    spec = to_dict(study["spec"])
+    spec = from_dict(SweepSpec, {**spec, "sweep": {**spec["sweep"], "storage": str(tmp_path)}})
+    tables = {name: (copy / name, key) for name, key in (("pretrain.parquet", PRETRAIN_KEY),
+                                                          ("finetune.parquet", FINETUNE_KEY))}
+    held = {name: read_rows(path) for name, (path, _) in tables.items()}
+    (part, *_) = sorted((copy / "finetune.parquet").iterdir())
+    part.write_bytes(b"overwritten by something else")
+    with pytest.raises(UserError) as refused:
+        run_sweep(spec, console=Console(io.StringIO()))
+    assert len(str(refused.value).splitlines()) == 1 and f"{part}: not a readable Parquet table" in str(refused.value)
+    assert "move the table away and run the same sweep again" in str(refused.value)
+    for name, (path, _) in tables.items():
+        shutil.move(path, tmp_path / f"{name}.damaged")
+    records = {p.name: p.stat().st_mtime_ns for p in (copy / "finetune" / "records").iterdir()}
+    out = io.StringIO()
+    run_sweep(spec, console=Console(out))
+    segments = len(study["plan"].segments)
+    assert f"pretraining: {segments}/{segments} segments already done" in out.getvalue(), out.getvalue()[-3000:]
+    assert "pretraining: starting" not in out.getvalue()  # and no trial ran again: each would rewrite its record
+    assert {p.name: p.stat().st_mtime_ns for p in (copy / "finetune" / "records").iterdir()} == records
+    for name, (path, key) in tables.items():  # every column but those naming a place in the original's folder
+        kept = [c for c in held[name].columns if not held[name][c].astype(str).str.contains(str(study["root"])).any()]
+        assert {"val_score", "test_score"} <= set(kept) or name == "pretrain.parquet", kept
+        again, before = read_rows(path), held[name]
+        assert again.sort_values(list(key))[kept].reset_index(drop=True).astype(str).equals(
+            before.sort_values(list(key))[kept].reset_index(drop=True).astype(str)), name
+
+
 def _alone(study, tmp_path, name: str, **overrides) -> Path:
     """`raybiphase pretrain`'s path: the spec's base run with `overrides`, trained alone."""
     from raybiphase.config import SweepSpec, from_dict, to_dict

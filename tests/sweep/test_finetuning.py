@@ -75,6 +75,59 @@ def test_an_earlier_checkpoints_trials_go_first_and_a_later_ones_fill_the_slots_
     assert searcher.suggest("d") == {"job": 2, "n": 2}
 
 
+def test_the_searchers_state_is_plain_json_that_reads_back_in_order(tmp_path):
+    """What Tune keeps of the searcher between runs is data: a restored searcher hands out the same trials in the
+    same order, and trials submitted after the restore rank among them."""
+    import json
+
+    from raybiphase.finetune.tuner import KEEPALIVE, FeedSearcher
+
+    searcher = FeedSearcher(lambda: 1)
+    searcher.suggest("keep-alive")
+    for job, n in ((2, 1), (1, 1), (2, 2)):
+        searcher.submit((job,), {"job": job, "n": n, "group": ["run", 8, "tweets"]})
+    assert searcher.suggest("a") == {"job": 1, "n": 1, "group": ["run", 8, "tweets"]}
+    searcher.save_to_dir(str(tmp_path))
+    (state,) = tmp_path.glob("searcher-state-*.json")
+    assert json.loads(state.read_text())["live"] == {"a": {"job": 1, "n": 1, "group": ["run", 8, "tweets"]}}
+    restored = FeedSearcher(lambda: 2)
+    restored.restore(str(state))
+    restored.submit((1,), {"job": 1, "n": 2})
+    assert restored.suggest("k") == {KEEPALIVE: True}  # the restored Tuner's own keep-alive trial comes first
+    assert [restored.suggest(t) for t in ("b", "c")] == [{"job": 1, "n": 2}, None]  # "a" is still live
+    restored.on_trial_complete("a")
+    assert restored.suggest("d") == {"job": 2, "n": 1, "group": ["run", 8, "tweets"]}
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4, 5])
+def test_a_crafted_searcher_state_is_refused_in_one_line_and_never_run(tmp_path, protocol):
+    """Whoever can write a sweep's files must not get code run by the driver: a pickle that would run a command,
+    put where the searcher's state goes, is a UserError naming the file, and the command never runs."""
+    import pickle
+
+    from raybiphase.errors import UserError
+    from raybiphase.finetune.tuner import FeedSearcher
+
+    marker, state = tmp_path / "ran", tmp_path / "searcher-state-crafted.json"
+    state.write_bytes(pickle.dumps({"queue": [], "live": {}, "closed": _RunsCode(marker)}, protocol=protocol))
+    with pytest.raises(UserError, match=f"^{state}: not a fine-tuning searcher's state .*never unpickled$") as err:
+        FeedSearcher().restore(str(state))
+    assert "\n" not in str(err.value) and not marker.exists()
+    state.write_text('{"queue": [], "live": {}, "closed": false}')  # JSON, but not this searcher's
+    with pytest.raises(UserError, match=f"^{state}: not a fine-tuning searcher's state"):
+        FeedSearcher().restore(str(state))
+
+
 class _Paths:
     def __init__(self, root):
         self.root = str(root)

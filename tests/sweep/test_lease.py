@@ -25,9 +25,9 @@ from raybiphase.telemetry.console import Console
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _lease(folder: str, timeout_s: float = 300.0) -> tuple[Lease, io.StringIO]:
+def _lease(folder: str, timeout_s: float = 300.0, **kwargs) -> tuple[Lease, io.StringIO]:
     lines = io.StringIO()
-    return Lease(folder, timeout_s, Console(lines)), lines
+    return Lease(folder, timeout_s, Console(lines), **kwargs), lines
 
 
 def _left_by_a_dead_driver(seconds_ago: float, host: str = "gone-node", pid: int = 4242) -> dict:
@@ -129,16 +129,17 @@ def _race(leases: list[Lease]) -> int:
 
 
 def test_two_drivers_on_one_bucket_the_second_refuses_and_a_stale_claim_is_taken_over(s3_bucket) -> None:
+    """The claim protocol, as a gs:// bucket takes it (pyarrow.fs sends no conditional write), on the S3 server."""
     folder = storage.SweepPaths(f"{s3_bucket}/lease-two").lease
-    first, _ = _lease(folder)
+    first, _ = _lease(folder, conditional=False)
     first.acquire()
-    second, _ = _lease(folder)
+    second, _ = _lease(folder, conditional=False)
     with pytest.raises(UserError, match=f"host {socket.gethostname()}, pid {os.getpid()}, since "):
         second.acquire()
     assert list(storage.list_files(folder)) == [f"{first.holder.token}.json"]
     storage.write_json(storage.join(folder, f"{first.holder.token}.json"),
                        {**dataclasses.asdict(first.holder), "renewed_at": _left_by_a_dead_driver(400)["renewed_at"]})
-    taker, lines = _lease(folder)
+    taker, lines = _lease(folder, conditional=False)
     taker.acquire()
     assert "lease: taking over" in lines.getvalue()
     assert not first.renew() and first.lost  # its claim is gone: it knows it lost
@@ -149,10 +150,52 @@ def test_two_drivers_on_one_bucket_the_second_refuses_and_a_stale_claim_is_taken
 
 def test_drivers_claiming_one_bucket_at_once_get_at_most_one_lease(s3_bucket) -> None:
     folder = storage.SweepPaths(f"{s3_bucket}/lease-race").lease
-    leases = [Lease(folder, 300.0, Console(io.StringIO())) for _ in range(3)]
+    leases = [Lease(folder, 300.0, Console(io.StringIO()), conditional=False) for _ in range(3)]
     assert _race(leases) <= 1
     holders = [lease for lease in leases if storage.exists(storage.join(folder, f"{lease.holder.token}.json"))]
     assert len(holders) <= 1
+
+
+def test_on_s3_the_lease_is_one_object_created_only_if_absent_and_replaced_only_if_unchanged(s3_bucket) -> None:
+    """boto3 sends S3's conditional writes: the lease is lease/holder.json, which a second driver cannot create
+    (412), a stale one is replaced only while it is the one read, and a holder whose renewal is refused lost it."""
+    from raybiphase.locks import ConditionalS3
+
+    folder = storage.SweepPaths(f"{s3_bucket}/lease-conditional").lease
+    first, _ = _lease(folder)
+    first.acquire()
+    assert first.s3 is not None and list(storage.list_files(folder)) == [HOLDER]
+    store = ConditionalS3.of(folder)
+    assert store.create(HOLDER, b"{}") is None  # the server refuses a second create
+    second, _ = _lease(folder)
+    with pytest.raises(UserError, match=f"host {socket.gethostname()}, pid {os.getpid()}, since "):
+        second.acquire()
+    assert first.renew() and not first.lost
+    (_, etag) = store.read(HOLDER)
+    stale = {**dataclasses.asdict(first.holder), "renewed_at": _left_by_a_dead_driver(400)["renewed_at"]}
+    etag = store.replace(HOLDER, json.dumps(stale).encode(), etag)  # as a frozen holder leaves it
+    assert etag and store.replace(HOLDER, b"{}", first.etag) is None  # an ETag read before is refused
+    taker, lines = _lease(folder)
+    taker.acquire()
+    assert "lease: taking over" in lines.getvalue() and taker.etag != etag
+    assert not first.renew() and first.lost  # its If-Match fails: it knows it lost
+    first.release()
+    assert Holder.of(json.loads(store.read(HOLDER)[0])).token == taker.holder.token  # the taker's, left in place
+    taker.release()
+    assert storage.list_files(folder) == {}
+
+
+def test_a_claiming_driver_and_a_conditional_one_see_each_others_lease(s3_bucket) -> None:
+    """Drivers of either protocol on one S3 folder (one without boto3, one with): each is refused by the other."""
+    folder = storage.SweepPaths(f"{s3_bucket}/lease-mixed").lease
+    for holds, asks in ((False, True), (True, False)):
+        holder, _ = _lease(folder, conditional=holds)
+        holder.acquire()
+        other, _ = _lease(folder, conditional=asks)
+        with pytest.raises(UserError, match="is held by another driver"):
+            other.acquire()
+        holder.release()
+        assert storage.list_files(folder) == {}
 
 
 def _sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
