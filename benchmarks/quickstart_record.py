@@ -1,15 +1,18 @@
 """The quickstart's figures as a record: what the README's quickstart table and held-out losses are copied from.
 
-    python -m raybiphase.sweep sweeps/quickstart.yaml
-    python benchmarks/quickstart_record.py results/quickstart --out benchmarks/results/quickstart-DATE.json
+    python -m raybiphase.sweep sweeps/quickstart.yaml 2>&1 | tee quickstart.log
+    python benchmarks/quickstart_record.py results/quickstart --log quickstart.log --shared "nothing" \\
+        --out benchmarks/results/quickstart-DATE.json
 
 Reads the sweep's own tables (summary.parquet, finetune.parquet, pretrain.parquet) and writes one JSON record: the
 machine (CPU model, cores), the code version, each run's held-out loss at its end, and per task and objective the
 test score (x 100) with its 95% interval half-width and seed count, the control's, the baselines', how many trials
-diverged, and the corpus' unigram entropy (the reference line of the loss curves). It prints the README's table (a
-cell in bold where its interval lies above the control's) and the line under it saying which families separate from
-the control at this scale. `tests/test_readme.py` checks that every cell, every bold and that line are this record's
-(every figure in the README comes from a run of the code it documents).
+diverged, the corpus' unigram entropy (the reference line of the loss curves), the run's time as the driver's last
+line gave it (`--log`: its output; "not measured" without one), what else ran on the machine meanwhile (`--shared`),
+and the environment's lock (benchmarks/environment.py). It prints the README's table (a cell in bold where its
+interval lies above the control's), the line under it saying which families separate from the control at this
+scale, and the README's line on the run's time. `tests/test_readme.py` checks that every cell, every bold and those
+lines are this record's (every figure in the README comes from a run of the code it documents).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import math
 import os
 import platform
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -29,6 +33,8 @@ from raybiphase.results.report import enriched_summary
 from raybiphase.results.store import read_rows
 from raybiphase.results.tables import POINTS
 from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE, read_json
+
+from environment import environment  # benchmarks/environment.py, beside this script
 
 FAMILIES = {"SC": "squad_shuffle", "TC": "squad_commas", "QA": "squad_sentence", "IR": "squad_retrieval"}
 COLUMNS = ("CLM→MLM", "CLM", "MLM", "untrained")
@@ -54,6 +60,46 @@ def cell(score: float, ci: float) -> str:
         return f"{score:.1f}"
     low, high = clipped(score, ci, POINTS)
     return f"{score:.1f} ± {ci:.1f}" if (low, high) == (score - ci, score + ci) else f"{score:.1f} [{low:.1f}, {high:.1f}]"
+
+
+TIME_LINE = re.compile(r"^time: (\S+) in all: (.*)$", re.M)
+"""The driver's last line (raybiphase.telemetry.clock.Clock.summary): `time: 5m55s in all: pretraining 2m38s (...),
+fine-tuning 5m45s (...)`."""
+
+
+def seconds(text: str) -> int:
+    """'5m55s' or '42s' (raybiphase.telemetry.clock.duration) as seconds."""
+    minutes, _, rest = text.rpartition("m")
+    return int(minutes or 0) * 60 + int(rest.rstrip("s"))
+
+
+def timing(log: str) -> dict:
+    """The run's time from the driver's output: the whole, and each stage the last line names, in seconds."""
+    found = TIME_LINE.findall(log)
+    if not found:
+        raise SystemExit("the log has no `time: ... in all` line: pass the quickstart driver's whole output")
+    total, stages = found[-1]
+    named = re.findall(r"(?:^|, )([a-z][a-z -]*?) (\d+m\d{2}s|\d+s)", re.sub(r"\([^)]*\)", "", stages))
+    spans = {re.sub(r"[ -]", "_", name) + "_s": seconds(value) for name, value in named}
+    return {"total_s": seconds(total), **spans, "line": f"time: {total} in all"}
+
+
+def minutes(total: int) -> str:
+    return f"{total // 60}m{total % 60:02d}s" if total >= 60 else f"{total}s"
+
+
+def time_line(rec: dict) -> str:
+    """The README's line on the quickstart's time, from the record's `time`, `machine` and `trials`."""
+    took = rec.get("time", "not measured")
+    if not isinstance(took, dict):
+        return (f"Its time is not in the record (`time`: {took}), so this page quotes none; the driver's last "
+                "line says where a run's time went.")
+    shared = rec["machine"].get("shared", "unknown")
+    beside = "nothing else running" if shared == "nothing" else f"beside other work ({shared})"
+    stages = ", ".join(f"{name[:-2].replace('_', '-')} {minutes(value)}" for name, value in took.items()
+                       if name.endswith("_s") and name != "total_s")
+    return (f"On {rec['machine']['cores']} cores, {beside}, it took {minutes(took['total_s'])}: its last line read "
+            f"`{took['line']}`, of which {stages} (fine-tuning runs beside pretraining).")
 
 
 def record(results: Path) -> dict:
@@ -131,13 +177,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", type=Path, help="the quickstart's results folder (results/quickstart)")
     parser.add_argument("--out", type=Path, help="where to write the JSON record")
+    parser.add_argument("--log", type=Path, help="the sweep driver's output, whose last line is the run's time")
+    parser.add_argument("--shared", required=True,
+                        help="what else ran on the machine during the run ('nothing' when it ran alone)")
     args = parser.parse_args()
     rec = record(args.results)
+    rec["machine"]["shared"] = args.shared
+    rec["time"] = timing(args.log.read_text()) if args.log else "not measured"
+    rec["environment"] = environment()
     rec["headline"] = f"{rec['trials']} trials. {separation(rec)}"
     if args.out:
         args.out.write_text(json.dumps(rec, indent=2, ensure_ascii=False) + "\n")
     print(table(rec))
-    print(f"\n{separation(rec)}")
+    print(f"\n{separation(rec)}\n\n{time_line(rec)}")
     return 0
 
 

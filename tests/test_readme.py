@@ -112,6 +112,21 @@ def test_the_quickstart_table_is_the_recorded_run():
     assert line and re.findall(r"SC|TC|QA|IR", line[1]) == rest and re.findall(r"SC|TC|QA|IR", line[2]) == apart
 
 
+def test_the_quickstarts_time_is_the_records():
+    """The README's line on the quickstart's time is the one benchmarks/quickstart_record.py prints for the latest
+    record: the run's time, its stages and what else ran on the machine, or that the record has none."""
+    import importlib
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        quickstart_record = importlib.import_module("quickstart_record")
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    record = json.loads(sorted((REPO / "benchmarks" / "results").glob("quickstart-*.json"))[-1].read_text())
+    assert record["time"] == "not measured" or {"total_s", "line"} <= set(record["time"])
+    assert " ".join(quickstart_record.time_line(record).split()) in " ".join((REPO / "README.md").read_text().split())
+
+
 def test_the_retrieval_figures_are_the_recorded_benchmarks():
     """The README's ranking figures are those of the IR benchmark record it names."""
     import json
