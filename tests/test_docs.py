@@ -159,6 +159,26 @@ def test_a_benchmark_record_shows_what_it_says_and_a_dash_for_what_it_does_not(t
         "2026-01-02", MISSING, MISSING, "python benchmarks/p.py", MISSING)  # the date its file name ends with
 
 
+def test_every_committed_record_says_its_figure_and_its_code():
+    """docs/benchmarks.md has no row without a figure or a code version: a record states its headline and the code
+    that made it, or says that the code was not recorded."""
+    lines = [benchmark_line(path) for path in sorted((REPO / "benchmarks" / "results").glob("*.json"))]
+    assert [line.file for line in lines if MISSING in (line.code, line.figure)] == []
+
+
+def test_the_settings_page_states_compiles_speed_up_as_its_record_has_it():
+    """train.compile's figure is the range of plain+compile over plain tokens/s in the record it names, every size
+    and objective of the record's first two runs."""
+    record = json.loads((REPO / "benchmarks" / "results" / "h100-2026-11-23.json").read_text())
+    runs = [r for r in record["records"] if r["run"] in (1, 2)]
+    eager = {(r["run"], r["size"], r["objective"]): r["tokens_per_s"] for r in runs if r["mode"] == "plain"}
+    ratios = [r["tokens_per_s"] / eager[r["run"], r["size"], r["objective"]] for r in runs
+              if r["mode"] == "plain+compile"]
+    sizes = " and ".join(sorted({r["size"] for r in runs}))
+    said = f"{min(ratios):.1f}-{max(ratios):.1f}x the eager step's tokens/s at both sizes, {sizes}, CLM and MLM"
+    assert len(ratios) == 4 and said in " ".join(pages(REPO)["docs/settings.md"].split())
+
+
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 
 
