@@ -178,7 +178,7 @@ def main() -> int:
     parser.add_argument("results", type=Path, help="the quickstart's results folder (results/quickstart)")
     parser.add_argument("--out", type=Path, help="where to write the JSON record")
     parser.add_argument("--log", type=Path, help="the sweep driver's output, whose last line is the run's time")
-    parser.add_argument("--shared", required=True,
+    parser.add_argument("--shared", default="unknown",
                         help="what else ran on the machine during the run ('nothing' when it ran alone)")
     args = parser.parse_args()
     rec = record(args.results)

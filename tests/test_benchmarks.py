@@ -74,6 +74,20 @@ def test_checkpoint_benchmark_times_the_save_and_the_upload_and_prices_the_stall
         assert p["background"]["stalled_share"] <= p["sync"]["stalled_share"]
 
 
+def test_the_environment_check_names_the_locks_digest_and_every_package_that_differs():
+    """`benchmarks/environment.py check` ends on the committed lock's sha256 (what a record names) and exits 0 only
+    when no package differs from the lock, each one that does on a line of its own."""
+    import hashlib
+
+    proc = subprocess.run([sys.executable, "benchmarks/environment.py", "check"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    *differ, last = proc.stdout.splitlines()
+    digest = hashlib.sha256((REPO / "benchmarks" / "requirements-cpu.lock").read_bytes()).hexdigest()
+    assert last.startswith(f"benchmarks/requirements-cpu.lock sha256 {digest}: ")
+    assert proc.returncode == (1 if differ else 0) and all(": installed " in line for line in differ)
+    assert last.endswith("this environment matches it" if not differ else f"{len(differ)} package(s) differ")
+
+
 @pytest.mark.parametrize("record", sorted((REPO / "benchmarks" / "results").glob("*.json")),
                          ids=lambda p: p.name)
 def test_every_committed_benchmark_record_is_valid_json(record):

@@ -271,7 +271,8 @@ def benchmarks_page(records: Path) -> str:
              "One row per JSON record in [benchmarks/results/](../benchmarks/results/): when it ran, at which code, "
              f"where, how, and its headline figure ({MISSING}: the record does not say; a record-writing benchmark "
              "writes `date`, `code`, `machine`, `command` and `headline`; a long field shows its first clause, …). "
-             "[Benchmarking](benchmarking.md) tells what each measures.", ""]
+             "[Benchmarking](benchmarking.md) tells what each measures, and how to reproduce a CPU figure in the "
+             "environment its record names ([its lock](benchmarking.md#reproducing-a-cpu-figure)).", ""]
     rows = [(f"[{b.file}](../benchmarks/results/{b.file})", b.date, b.code, b.machine,
              f"`{b.command}`" if b.command != MISSING else MISSING, b.figure) for b in found]
     return "\n".join(lines + table(("record", "date", "code", "machine", "command", "figure"), rows)) + "\n"
