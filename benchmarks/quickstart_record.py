@@ -22,7 +22,6 @@ import json
 import math
 import os
 import platform
-import re
 from pathlib import Path
 
 import pandas as pd
@@ -34,7 +33,8 @@ from raybiphase.results.store import read_rows
 from raybiphase.results.tables import POINTS
 from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE, read_json
 
-from environment import environment  # benchmarks/environment.py, beside this script
+from environment import environment  # benchmarks/environment.py and quickstart_time.py, beside this script
+from quickstart_time import time_line, timing
 
 FAMILIES = {"SC": "squad_shuffle", "TC": "squad_commas", "QA": "squad_sentence", "IR": "squad_retrieval"}
 COLUMNS = ("CLM→MLM", "CLM", "MLM", "untrained")
@@ -60,46 +60,6 @@ def cell(score: float, ci: float) -> str:
         return f"{score:.1f}"
     low, high = clipped(score, ci, POINTS)
     return f"{score:.1f} ± {ci:.1f}" if (low, high) == (score - ci, score + ci) else f"{score:.1f} [{low:.1f}, {high:.1f}]"
-
-
-TIME_LINE = re.compile(r"^time: (\S+) in all: (.*)$", re.M)
-"""The driver's last line (raybiphase.telemetry.clock.Clock.summary): `time: 5m55s in all: pretraining 2m38s (...),
-fine-tuning 5m45s (...)`."""
-
-
-def seconds(text: str) -> int:
-    """'5m55s' or '42s' (raybiphase.telemetry.clock.duration) as seconds."""
-    minutes, _, rest = text.rpartition("m")
-    return int(minutes or 0) * 60 + int(rest.rstrip("s"))
-
-
-def timing(log: str) -> dict:
-    """The run's time from the driver's output: the whole, and each stage the last line names, in seconds."""
-    found = TIME_LINE.findall(log)
-    if not found:
-        raise SystemExit("the log has no `time: ... in all` line: pass the quickstart driver's whole output")
-    total, stages = found[-1]
-    named = re.findall(r"(?:^|, )([a-z][a-z -]*?) (\d+m\d{2}s|\d+s)", re.sub(r"\([^)]*\)", "", stages))
-    spans = {re.sub(r"[ -]", "_", name) + "_s": seconds(value) for name, value in named}
-    return {"total_s": seconds(total), **spans, "line": f"time: {total} in all"}
-
-
-def minutes(total: int) -> str:
-    return f"{total // 60}m{total % 60:02d}s" if total >= 60 else f"{total}s"
-
-
-def time_line(rec: dict) -> str:
-    """The README's line on the quickstart's time, from the record's `time`, `machine` and `trials`."""
-    took = rec.get("time", "not measured")
-    if not isinstance(took, dict):
-        return (f"Its time is not in the record (`time`: {took}), so this page quotes none; the driver's last "
-                "line says where a run's time went.")
-    shared = rec["machine"].get("shared", "unknown")
-    beside = "nothing else running" if shared == "nothing" else f"beside other work ({shared})"
-    stages = ", ".join(f"{name[:-2].replace('_', '-')} {minutes(value)}" for name, value in took.items()
-                       if name.endswith("_s") and name != "total_s")
-    return (f"On {rec['machine']['cores']} cores, {beside}, it took {minutes(took['total_s'])}: its last line read "
-            f"`{took['line']}`, of which {stages} (fine-tuning runs beside pretraining).")
 
 
 def record(results: Path) -> dict:

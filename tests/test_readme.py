@@ -119,12 +119,12 @@ def test_the_quickstarts_time_is_the_records():
 
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
-        quickstart_record = importlib.import_module("quickstart_record")
+        quickstart_time = importlib.import_module("quickstart_time")
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
     record = json.loads(sorted((REPO / "benchmarks" / "results").glob("quickstart-*.json"))[-1].read_text())
     assert record["time"] == "not measured" or {"total_s", "line"} <= set(record["time"])
-    assert " ".join(quickstart_record.time_line(record).split()) in " ".join((REPO / "README.md").read_text().split())
+    assert " ".join(quickstart_time.time_line(record).split()) in " ".join((REPO / "README.md").read_text().split())
 
 
 def test_every_cpu_record_the_readme_quotes_names_its_environment():
