@@ -95,22 +95,24 @@ def test_the_quickstart_record_keeps_the_drivers_time_line_and_says_what_shared_
     assert took == {"total_s": 355, "stages_s": {"Ray start": 3, "data": 12, "pretraining": 158, "fine-tuning": 345,
                                                  "report": 4}, "line": "time: 5m55s in all"}
     line = quickstart_time.time_line({"machine": {"cores": 2, "shared": "a test suite"}, "time": took})
-    assert line.startswith("On 2 cores, beside other work (a test suite), it took 5m55s: its last line read "
-                           "`time: 5m55s in all`, of which Ray start 3s, data 12s, pretraining 2m38s, fine-tuning 5m45s")
+    assert line.startswith("On 2 cores, beside other work (a test suite), it took 5m55s: its last line read `time: "
+                           "5m55s in all`, of which Ray start 3s, data 12s, pretraining 2m38s, fine-tuning 5m45s")
     assert "not measured" in quickstart_time.time_line({"machine": {"cores": 2}, "time": "not measured"})
 
 
-def test_the_environment_check_names_the_locks_digest_and_every_package_that_differs():
-    """`benchmarks/environment.py check` ends on the committed lock's sha256 (what a record names) and exits 0 only
-    when no package differs from the lock, each one that does on a line of its own."""
+def test_the_environment_check_names_the_locks_digest_and_every_package_that_differs(monkeypatch, capsys):
+    """`python benchmarks/environment.py check` ends on the committed lock's sha256 (what a record names) and exits 0
+    only when no package differs from the lock, each one that does on a line of its own."""
     import hashlib
+    import runpy
 
-    proc = subprocess.run([sys.executable, "benchmarks/environment.py", "check"], cwd=REPO, capture_output=True,
-                          text=True, timeout=60)
-    *differ, last = proc.stdout.splitlines()
+    monkeypatch.setattr(sys, "argv", ["benchmarks/environment.py", "check"])
+    with pytest.raises(SystemExit) as exit_info:  # the script as `python` runs it, in this process
+        runpy.run_path(str(REPO / "benchmarks" / "environment.py"), run_name="__main__")
+    *differ, last = capsys.readouterr().out.splitlines()
     digest = hashlib.sha256((REPO / "benchmarks" / "requirements-cpu.lock").read_bytes()).hexdigest()
     assert last.startswith(f"benchmarks/requirements-cpu.lock sha256 {digest}: ")
-    assert proc.returncode == (1 if differ else 0) and all(": installed " in line for line in differ)
+    assert exit_info.value.code == (1 if differ else 0) and all(": installed " in line for line in differ)
     assert last.endswith("this environment matches it" if not differ else f"{len(differ)} package(s) differ")
 
 
