@@ -1,15 +1,18 @@
 """The quickstart's figures as a record: what the README's quickstart table and held-out losses are copied from.
 
-    python -m raybiphase.sweep sweeps/quickstart.yaml
-    python benchmarks/quickstart_record.py results/quickstart --out benchmarks/results/quickstart-DATE.json
+    python -m raybiphase.sweep sweeps/quickstart.yaml 2>&1 | tee quickstart.log
+    python benchmarks/quickstart_record.py results/quickstart --log quickstart.log --shared "nothing" \\
+        --out benchmarks/results/quickstart-DATE.json
 
 Reads the sweep's own tables (summary.parquet, finetune.parquet, pretrain.parquet) and writes one JSON record: the
 machine (CPU model, cores), the code version, each run's held-out loss at its end, and per task and objective the
 test score (x 100) with its 95% interval half-width and seed count, the control's, the baselines', how many trials
-diverged, and the corpus' unigram entropy (the reference line of the loss curves). It prints the README's table (a
-cell in bold where its interval lies above the control's) and the line under it saying which families separate from
-the control at this scale. `tests/test_readme.py` checks that every cell, every bold and that line are this record's
-(every figure in the README comes from a run of the code it documents).
+diverged, the corpus' unigram entropy (the reference line of the loss curves), the run's time as the driver's last
+line gave it (`--log`: its output; "not measured" without one), what else ran on the machine meanwhile (`--shared`),
+and the environment's lock (benchmarks/environment.py). It prints the README's table (a cell in bold where its
+interval lies above the control's), the line under it saying which families separate from the control at this
+scale, and the README's line on the run's time. `tests/test_readme.py` checks that every cell, every bold and those
+lines are this record's (every figure in the README comes from a run of the code it documents).
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from raybiphase.results.report import enriched_summary
 from raybiphase.results.store import read_rows
 from raybiphase.results.tables import POINTS
 from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE, read_json
+
+from environment import environment  # benchmarks/environment.py and quickstart_time.py, beside this script
+from quickstart_time import time_line, timing
 
 FAMILIES = {"SC": "squad_shuffle", "TC": "squad_commas", "QA": "squad_sentence", "IR": "squad_retrieval"}
 COLUMNS = ("CLM→MLM", "CLM", "MLM", "untrained")
@@ -131,13 +137,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", type=Path, help="the quickstart's results folder (results/quickstart)")
     parser.add_argument("--out", type=Path, help="where to write the JSON record")
+    parser.add_argument("--log", type=Path, help="the sweep driver's output, whose last line is the run's time")
+    parser.add_argument("--shared", default="unknown",
+                        help="what else ran on the machine during the run ('nothing' when it ran alone)")
     args = parser.parse_args()
     rec = record(args.results)
+    rec["machine"]["shared"] = args.shared
+    rec["time"] = timing(args.log.read_text()) if args.log else "not measured"
+    rec["environment"] = environment()
     rec["headline"] = f"{rec['trials']} trials. {separation(rec)}"
     if args.out:
         args.out.write_text(json.dumps(rec, indent=2, ensure_ascii=False) + "\n")
     print(table(rec))
-    print(f"\n{separation(rec)}")
+    print(f"\n{separation(rec)}\n\n{time_line(rec)}")
     return 0
 
 

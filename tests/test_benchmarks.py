@@ -74,6 +74,48 @@ def test_checkpoint_benchmark_times_the_save_and_the_upload_and_prices_the_stall
         assert p["background"]["stalled_share"] <= p["sync"]["stalled_share"]
 
 
+def test_the_quickstart_record_keeps_the_drivers_time_line_and_says_what_shared_the_machine():
+    """The driver's last line (the sweep's Clock) becomes the record's `time`, stage by stage, and the README's line
+    says the time, the stages and what else ran; without a log the record and the line say it was not measured."""
+    import importlib
+
+    from raybiphase.telemetry.clock import Clock
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        quickstart_time = importlib.import_module("quickstart_time")
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    clock = Clock()
+    clock.spans = {"Ray start": 3.2, "data": 12.0, "pretraining": 158.4, "fine-tuning": 345.0, "report": 4.0}
+    clock.segments, clock.most_at_once, clock.in_steps, clock.trials, clock.in_trials = 3, 2, 70.0, 48, 540.0
+    log = "fine-tuning: 48 trial row(s) recorded\n" + clock.summary().replace(clock.summary().split(" in all")[0],
+                                                                              "time: 5m55s") + "\n"
+    took = quickstart_time.timing(log)
+    assert took == {"total_s": 355, "stages_s": {"Ray start": 3, "data": 12, "pretraining": 158, "fine-tuning": 345,
+                                                 "report": 4}, "line": "time: 5m55s in all"}
+    line = quickstart_time.time_line({"machine": {"cores": 2, "shared": "a test suite"}, "time": took})
+    assert line.startswith("On 2 cores, beside other work (a test suite), it took 5m55s: its last line read `time: "
+                           "5m55s in all`, of which Ray start 3s, data 12s, pretraining 2m38s, fine-tuning 5m45s")
+    assert "not measured" in quickstart_time.time_line({"machine": {"cores": 2}, "time": "not measured"})
+
+
+def test_the_environment_check_names_the_locks_digest_and_every_package_that_differs(monkeypatch, capsys):
+    """`python benchmarks/environment.py check` ends on the committed lock's sha256 (what a record names) and exits 0
+    only when no package differs from the lock, each one that does on a line of its own."""
+    import hashlib
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", ["benchmarks/environment.py", "check"])
+    with pytest.raises(SystemExit) as exit_info:  # the script as `python` runs it, in this process
+        runpy.run_path(str(REPO / "benchmarks" / "environment.py"), run_name="__main__")
+    *differ, last = capsys.readouterr().out.splitlines()
+    digest = hashlib.sha256((REPO / "benchmarks" / "requirements-cpu.lock").read_bytes()).hexdigest()
+    assert last.startswith(f"benchmarks/requirements-cpu.lock sha256 {digest}: ")
+    assert exit_info.value.code == (1 if differ else 0) and all(": installed " in line for line in differ)
+    assert last.endswith("this environment matches it" if not differ else f"{len(differ)} package(s) differ")
+
+
 @pytest.mark.parametrize("record", sorted((REPO / "benchmarks" / "results").glob("*.json")),
                          ids=lambda p: p.name)
 def test_every_committed_benchmark_record_is_valid_json(record):

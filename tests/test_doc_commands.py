@@ -112,8 +112,9 @@ RULES: list[tuple[str, str]] = [  # (a regex the whole command matches, how it i
                                         "that every image is pinned or one it pins")),
     (r"cluster/lock\.sh", _needs("uv and the package index; it rewrites the committed locks, which "
                                  "tests/test_cluster.py checks")),
-    (r"pip install .*--extra-index-url https://download\.pytorch\.org/whl/cpu.*",
-     _needs("the PyTorch package index (CI reaches PyPI only)")),
+    (r"pip install .*--extra-index-url https://download\.pytorch\.org/whl/cpu.*|pip install --no-deps -e \.",
+     _needs("the PyTorch package index (CI reaches PyPI only), for the lock's CPU torch")),
+    (r"python benchmarks/environment\.py check", _test("tests/test_benchmarks.py")),
 ]
 
 

@@ -4,6 +4,7 @@ renders from the code now, a new field's docstring lands on its page, and every 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -13,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from raybiphase.commands.pages import (
@@ -35,10 +38,16 @@ from raybiphase.telemetry.report import PretrainReport, column
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", sorted(pages(REPO)))
+@functools.cache
+def rendered() -> dict[str, str]:
+    """The pages as the code renders them for this checkout, once per test process (every test only reads them)."""
+    return pages(REPO)
+
+
+@pytest.mark.parametrize("name", sorted(rendered()))
 def test_the_committed_page_is_what_the_code_renders(name):
     committed = (REPO / name).read_text() if (REPO / name).exists() else ""
-    assert committed == pages(REPO)[name], f"{name} differs from the code; run `{REGENERATE}` and commit it"
+    assert committed == rendered()[name], f"{name} differs from the code; run `{REGENERATE}` and commit it"
 
 
 def test_check_exits_1_naming_the_first_page_that_differs(tmp_path, monkeypatch, capsys):
@@ -46,15 +55,15 @@ def test_check_exits_1_naming_the_first_page_that_differs(tmp_path, monkeypatch,
 
     shutil.copytree(REPO / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
     (tmp_path / "docs").mkdir()
-    for name, text in pages(REPO).items():
+    for name, text in rendered().items():
         (tmp_path / name).write_text(text)
-    (tmp_path / "docs" / "results.md").write_text(pages(REPO)["docs/results.md"].replace("`seed`", "`seeds`"))
+    (tmp_path / "docs" / "results.md").write_text(rendered()["docs/results.md"].replace("`seed`", "`seeds`"))
     monkeypatch.setattr(sys, "argv", list(sys.argv))  # main() sets sys.argv for the command
     with pytest.raises(SystemExit) as exit_info:
         main(["docs", "--check", "--root", str(tmp_path)])
     assert exit_info.value.code == 1
     assert f"docs/results.md differs from what the code renders; run `{REGENERATE}`" in capsys.readouterr().err
-    (tmp_path / "docs" / "results.md").write_text(pages(REPO)["docs/results.md"])
+    (tmp_path / "docs" / "results.md").write_text(rendered()["docs/results.md"])
     with pytest.raises(SystemExit) as exit_info:
         main(["docs", "--check", "--root", str(tmp_path)])
     assert exit_info.value.code == 0
@@ -91,7 +100,7 @@ def test_every_row_column_says_what_it_holds():
 
 
 def test_the_results_page_names_every_metric_and_every_fine_tuning_column_once():
-    page = pages(REPO)["docs/results.md"]
+    page = rendered()["docs/results.md"]
     pretrain, rest = page.split("## finetune.parquet")
     finetune = rest.split("## summary.parquet")[0]
     metrics = [column(f) for f in dataclasses.fields(PretrainReport) if column(f) not in ("step", RESUME_POINT)]
@@ -157,6 +166,26 @@ def test_a_benchmark_record_shows_what_it_says_and_a_dash_for_what_it_does_not(t
         "2026-01-02", MISSING, MISSING, "python benchmarks/p.py", MISSING)  # the date its file name ends with
 
 
+def test_every_committed_record_says_its_figure_and_its_code():
+    """docs/benchmarks.md has no row without a figure or a code version: a record states its headline and the code
+    that made it, or says that the code was not recorded."""
+    lines = [benchmark_line(path) for path in sorted((REPO / "benchmarks" / "results").glob("*.json"))]
+    assert [line.file for line in lines if MISSING in (line.code, line.figure)] == []
+
+
+def test_the_settings_page_states_compiles_speed_up_as_its_record_has_it():
+    """train.compile's figure is the range of plain+compile over plain tokens/s in the record it names, every size
+    and objective of the record's first two runs."""
+    record = json.loads((REPO / "benchmarks" / "results" / "h100-2026-11-23.json").read_text())
+    runs = [r for r in record["records"] if r["run"] in (1, 2)]
+    eager = {(r["run"], r["size"], r["objective"]): r["tokens_per_s"] for r in runs if r["mode"] == "plain"}
+    ratios = [r["tokens_per_s"] / eager[r["run"], r["size"], r["objective"]] for r in runs
+              if r["mode"] == "plain+compile"]
+    sizes = " and ".join(sorted({r["size"] for r in runs}))
+    said = f"{min(ratios):.1f}-{max(ratios):.1f}x the eager step's tokens/s at both sizes, {sizes}, CLM and MLM"
+    assert len(ratios) == 4 and said in " ".join(rendered()["docs/settings.md"].split())
+
+
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 
 
@@ -202,15 +231,25 @@ def test_the_settings_page_lists_every_field_of_every_section():
     from raybiphase.config.docs import sections, setting_list
     from raybiphase.config.run import RUN_SECTIONS
 
-    page = pages(REPO)["docs/settings.md"]
+    page = rendered()["docs/settings.md"]
     assert all(f"| `{s.name}` |" in page for s in setting_list(SweepSpec))
     assert list(sections(SweepSpec)) == re.findall(r"^## (\w+)$", page, flags=re.M)
     assert list(sections(SweepSpec)) == [*RUN_SECTIONS, "finetune", "sweep"]
 
 
 QUICKSTART_RESULTS = REPO / "tests" / "fixtures" / "quickstart_results"
-"""A real sweep's tables: `python -m raybiphase.sweep sweeps/quickstart.yaml`'s three Parquet files, copied. A column
-the code adds later is not in them until they are made again; the driver test's sweep (tests/sweep) catches it."""
+"""A real sweep's tables (`python -m raybiphase.sweep sweeps/quickstart.yaml`'s rows) in today's layout, appended
+part by part with the project's writer (tests/fixtures/make_quickstart_results.py). A column the code adds later is
+not in them until they are made again; the driver test's sweep (tests/sweep) catches it."""
+
+
+def test_the_fixture_is_a_folder_of_parts_whose_schemas_differ():
+    """The examples run on what a sweep writes: parts a reader must union (a column null-typed in one, text in
+    another), so an example that reads the first part's schema for the whole folder fails here."""
+    parts = sorted((QUICKSTART_RESULTS / "finetune.parquet").glob("part-*.parquet"))
+    types = [pq.read_schema(part).field("finetune_settings").type for part in parts]
+    assert len(parts) >= 2 and pa.null() in types and pa.string() in types
+    assert len(list((QUICKSTART_RESULTS / "pretrain.parquet").glob("part-*.parquet"))) >= 2
 
 
 def _reading_blocks() -> list[str]:
@@ -228,6 +267,9 @@ def test_the_pages_pandas_and_duckdb_examples_run_on_a_real_sweeps_tables(capsys
         exec(compile(code, "docs/results.md", "exec"), namespace)
     printed = capsys.readouterr().out
     pretrain, summary, best = namespace["pretrain"], namespace["summary"], namespace["best"]
+    trials = namespace["trials"]  # every part's rows with every part's columns
+    assert len(trials) == len(read_rows(QUICKSTART_RESULTS / "finetune.parquet", columns=["run"]))
+    assert trials["finetune_settings"].notna().sum() == (trials["source"] == "raybiphase").sum() > 0
     assert all(run in printed for run in pretrain["run"].unique()) and "val/mlm_loss" in printed
     ours = summary[summary["source"] == "raybiphase"]
     assert len(ours) >= 4 and "best_val_mlm_loss" in printed
@@ -240,10 +282,10 @@ def test_the_pages_pandas_and_duckdb_examples_run_on_a_real_sweeps_tables(capsys
 def undocumented_columns(results: Path) -> dict[str, list[str]]:
     """{table the folder holds: its columns that docs/results.md does not name}; a dotted setting is named on
     docs/settings.md, and `phases.clm_steps` in the page's prose."""
-    rendered = pages(REPO)
-    sections = dict(re.findall(r"^## (\S+\.parquet)\n(.*?)(?=^## |\Z)", rendered["docs/results.md"], flags=re.M | re.S))
+    texts = rendered()
+    sections = dict(re.findall(r"^## (\S+\.parquet)\n(.*?)(?=^## |\Z)", texts["docs/results.md"], flags=re.M | re.S))
     named = {name: set(re.findall(r"^\| `([^`]+)`", text, flags=re.M)) for name, text in sections.items()}
-    settings = set(re.findall(r"^\| `([^`]+)`", rendered["docs/settings.md"], flags=re.M)) | {"phases.clm_steps"}
+    settings = set(re.findall(r"^\| `([^`]+)`", texts["docs/settings.md"], flags=re.M)) | {"phases.clm_steps"}
     allowed = {"pretrain.parquet": named["pretrain.parquet"] | settings,
                "finetune.parquet": named["finetune.parquet"] | settings,  # a summary row also keeps every column
                "summary.parquet": named["summary.parquet"] | named["finetune.parquet"] | settings}  # constant in it

@@ -112,6 +112,35 @@ def test_the_quickstart_table_is_the_recorded_run():
     assert line and re.findall(r"SC|TC|QA|IR", line[1]) == rest and re.findall(r"SC|TC|QA|IR", line[2]) == apart
 
 
+def test_the_quickstarts_time_is_the_records():
+    """The README's line on the quickstart's time is the one benchmarks/quickstart_record.py prints for the latest
+    record: the run's time, its stages and what else ran on the machine, or that the record has none."""
+    import importlib
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        quickstart_time = importlib.import_module("quickstart_time")
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    record = json.loads(sorted((REPO / "benchmarks" / "results").glob("quickstart-*.json"))[-1].read_text())
+    assert record["time"] == "not measured" or {"total_s", "line"} <= set(record["time"])
+    assert " ".join(quickstart_time.time_line(record).split()) in " ".join((REPO / "README.md").read_text().split())
+
+
+def test_every_cpu_record_the_readme_quotes_names_its_environment():
+    """A CPU figure of the README can be reproduced, or is said not to be: its record names the lock of the
+    environment that made it (a path that exists and a sha256), or says the environment is unknown."""
+    quoted = sorted(set(re.findall(r"benchmarks/results/([\w.-]+\.json)", (REPO / "README.md").read_text())))
+    cpu = [name for name in quoted if not name.startswith("h100")]  # the GPU records name their image's versions
+    assert {"quickstart-2026-11-26.json", "suite-2026-11-28.json"} <= set(cpu)
+    for name in cpu:
+        environment = json.loads((REPO / "benchmarks" / "results" / name).read_text()).get("environment")
+        if isinstance(environment, dict):
+            assert (REPO / environment["lock"]).is_file() and re.fullmatch(r"[0-9a-f]{64}", environment["sha256"])
+        else:
+            assert str(environment).startswith("unknown: "), name
+
+
 def test_the_retrieval_figures_are_the_recorded_benchmarks():
     """The README's ranking figures are those of the IR benchmark record it names."""
     import json

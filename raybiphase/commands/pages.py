@@ -111,10 +111,13 @@ def results_page() -> str:
              "steps whichever way its phases were written.", "",
              f"`{storage.PRETRAIN_FILE}` and `{storage.FINETUNE_FILE}` are folders of part files, one written per "
              "append and none ever rewritten, so writers that meet lose no row (a key both wrote reads once, as the "
-             "part written first had it); a table written as one file by an older raybiphase still reads. Read them "
-             "with `raybiphase.results.store.read_rows`, pandas or pyarrow (on the folder, while its parts share "
-             "their columns), or DuckDB: `SELECT * FROM read_parquet('results/quickstart/finetune.parquet/*.parquet', "
-             "union_by_name=true)`.",
+             "part written first had it); a table written as one file by an older raybiphase still reads. Parts need "
+             "not share their columns (a column new to the code is missing from older parts; a column all-empty in "
+             "one part is typed null there and text in another), so a reader must union the parts' schemas: "
+             "`raybiphase.results.store.read_rows`, pyarrow's dataset with the unified schema, or DuckDB's "
+             "`read_parquet('<table>/*.parquet', union_by_name=true)`, as [Reading the tables](#reading-the-tables) "
+             "shows. pandas' `read_parquet` on the folder takes the first part's schema: it drops later columns or "
+             "refuses the folder.",
              "", f"## {storage.PRETRAIN_FILE}", "", f"One row per report of a run (`PretrainRow`), known by "
              f"{key(PRETRAIN_KEY)}; its metrics are the fields of `PretrainReport` "
              "(raybiphase/telemetry/report.py), a column each, empty in the rows of reports that do not hold them.",
@@ -133,15 +136,27 @@ def results_page() -> str:
 READING = """
 ## Reading the tables
 
-Any Parquet reader reads them. With pandas, from a sweep's folder (`<sweep.storage>/<sweep.name>`):
+`summary.parquet` is one file; the other two are folders of parts. With the project installed,
+`raybiphase.results.store.read_rows(path)` reads either as one DataFrame (a key two writers both appended kept once);
+without it, pyarrow reads a folder once given the schema its parts unify to (a reader of the parts as they stand
+sees such a key twice). With pandas, from a sweep's folder (`<sweep.storage>/<sweep.name>`):
 
 ```python
-import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+
+def read_table(path: str):
+    \"\"\"A results table (a folder of parts or one file) as a DataFrame, the parts' columns unioned.\"\"\"
+    parts = ds.dataset(path, format="parquet")  # files starting with "." or "_" (lock files) are skipped
+    schema = pa.unify_schemas([part.physical_schema for part in parts.get_fragments()], promote_options="permissive")
+    return ds.dataset(path, schema=schema, format="parquet").to_table().to_pandas()
+
 
 results = "results/quickstart"
-pretrain = pd.read_parquet(f"{results}/pretrain.parquet")
-trials = pd.read_parquet(f"{results}/finetune.parquet")
-summary = pd.read_parquet(f"{results}/summary.parquet")
+pretrain = read_table(f"{results}/pretrain.parquet")
+trials = read_table(f"{results}/finetune.parquet")
+summary = read_table(f"{results}/summary.parquet")
 
 # each run's held-out MLM loss at its last evaluation
 evaluated = pretrain.dropna(subset=["val/mlm_loss"]).sort_values("step")
@@ -153,19 +168,20 @@ print(ours.pivot_table(index=["run", "pretrain_step"], columns="task", values="t
 print(trials.groupby(["run", "pretrain_step", "task", "lr"])["test_score"].agg(["mean", "count"]))
 ```
 
-With DuckDB, SQL over the same files (a column whose name has a slash is quoted): the first query is each run's best
-held-out MLM loss, the second recomputes each summary row's test mean from its trials at the best LR.
+With DuckDB, SQL over the same files (a column whose name has a slash is quoted; a folder's parts by a glob, their
+columns matched by name): the first query is each run's best held-out MLM loss, the second recomputes each summary
+row's test mean from its trials at the best LR.
 
 ```python
 import duckdb
 
 print(duckdb.sql(f\"\"\"
     SELECT run, max(step) AS steps, min("val/mlm_loss") AS best_val_mlm_loss
-    FROM read_parquet('{results}/pretrain.parquet') GROUP BY run ORDER BY run\"\"\").df())
+    FROM read_parquet('{results}/pretrain.parquet/*.parquet', union_by_name=true) GROUP BY run ORDER BY run\"\"\").df())
 best = duckdb.sql(f\"\"\"
     SELECT s.source, s.run, s.pretrain_step, s.task, s.best_lr, avg(t.test_score) AS test_mean, count(*) AS seeds
     FROM read_parquet('{results}/summary.parquet') s
-    JOIN read_parquet('{results}/finetune.parquet') t
+    JOIN read_parquet('{results}/finetune.parquet/*.parquet', union_by_name=true) t
       ON t.source = s.source AND t.run = s.run AND t.pretrain_step = s.pretrain_step AND t.task = s.task
          AND t.lr = s.best_lr
     GROUP BY ALL ORDER BY ALL\"\"\").df()
@@ -173,7 +189,7 @@ print(best)
 ```
 
 In a bucket, DuckDB reads them through its httpfs extension (downloaded once from DuckDB's extension repository)
-with the machine's credentials; pandas reads the same URIs once `s3fs` (or `gcsfs`) is installed:
+with the machine's credentials; `read_table` above reads the same URIs through pyarrow's own S3 and GCS support:
 
 ```python
 import duckdb
@@ -183,8 +199,10 @@ con.sql("INSTALL httpfs; LOAD httpfs")
 con.sql("CREATE SECRET (TYPE s3, PROVIDER credential_chain)")  # the AWS credentials the machine has
 # an S3-compatible server: CREATE SECRET (TYPE s3, KEY_ID '...', SECRET '...', ENDPOINT 'host:9000',
 #                                         URL_STYLE 'path', USE_SSL false)
-summary_uri = "s3://my-bucket/studies/split_grid/summary.parquet"  # <sweep.storage>/<sweep.name>/summary.parquet
-print(con.sql(f"SELECT run, task, test_mean FROM read_parquet('{summary_uri}')").df())
+sweep_uri = "s3://my-bucket/studies/split_grid"  # <sweep.storage>/<sweep.name>
+print(con.sql(f"SELECT run, task, test_mean FROM read_parquet('{sweep_uri}/summary.parquet')").df())
+print(con.sql(f\"\"\"SELECT task, count(*) AS trials
+    FROM read_parquet('{sweep_uri}/finetune.parquet/*.parquet', union_by_name=true) GROUP BY task\"\"\").df())
 ```
 """
 """How to read the tables, on the generated page; tests/test_docs.py runs the pandas and local DuckDB blocks on a
@@ -253,7 +271,8 @@ def benchmarks_page(records: Path) -> str:
              "One row per JSON record in [benchmarks/results/](../benchmarks/results/): when it ran, at which code, "
              f"where, how, and its headline figure ({MISSING}: the record does not say; a record-writing benchmark "
              "writes `date`, `code`, `machine`, `command` and `headline`; a long field shows its first clause, …). "
-             "[Benchmarking](benchmarking.md) tells what each measures.", ""]
+             "[Benchmarking](benchmarking.md) tells what each measures, and how to reproduce a CPU figure in the "
+             "environment its record names ([its lock](benchmarking.md#reproducing-a-cpu-figure)).", ""]
     rows = [(f"[{b.file}](../benchmarks/results/{b.file})", b.date, b.code, b.machine,
              f"`{b.command}`" if b.command != MISSING else MISSING, b.figure) for b in found]
     return "\n".join(lines + table(("record", "date", "code", "machine", "command", "figure"), rows)) + "\n"

@@ -338,8 +338,9 @@ class TrainConfig:
     """Rows per chunk of the LM head's cross-entropy (raybiphase.pretrain.loss): bounds the fp32 logits in memory."""
     compile: bool | None = field(default=None, metadata=NOT_WEIGHTS)
     """torch.compile each transformer block; null (the default) compiles on CUDA only. Measured on an H100 at 2,048
-    tokens: 1.5x (210m) and 1.6x (610m) the eager step's tokens/s, with less memory (benchmarks/results/h100-2026-11-23.json, plain vs plain+compile); the first
-    steps of each phase pay for compilation. On a CPU compiling costs more than it saves at test sizes."""
+    tokens: 1.5-1.7x the eager step's tokens/s at both sizes, 210m and 610m, CLM and MLM, with less memory
+    (benchmarks/results/h100-2026-11-23.json, plain vs plain+compile); the first steps of each phase pay for
+    compilation. On a CPU compiling costs more than it saves at test sizes."""
     activation_checkpointing: bool = field(default=False, metadata=NOT_WEIGHTS)
     """Recompute each block's activations in the backward pass: less memory for about a third more compute."""
     reshard_after_forward: bool = field(default=True, metadata=NOT_WEIGHTS)
