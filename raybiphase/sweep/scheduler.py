@@ -35,10 +35,10 @@ from collections.abc import Callable
 from typing import Protocol
 
 from raybiphase.errors import UserError
-from raybiphase.outages import StorageOutage
 from raybiphase.finetune.fanout import CheckpointWaves, Fanout, check_tasks, trial_rows
 from raybiphase.finetune.spec import FinetuneSource, TrialSpec
 from raybiphase.finetune.tuner import TuneTrials
+from raybiphase.outages import StorageOutage
 from raybiphase.results import rows as result_rows
 from raybiphase.results import store
 from raybiphase.storage import absolute, join
