@@ -1,5 +1,5 @@
-"""What a sweep segment's start costs: one Ray Train fit per segment against the same segments run one after another
-by one kept worker group (what the sweep does: raybiphase.pretrain.pool).
+"""What a sweep segment's start costs: one Ray Train fit per segment (what the sweep does) against the same segments
+run one after another by one worker group.
 
 One run (the tiny EuroBERT, CLM then MLM, the test suite's small offline dataset: 2,000 documents, 2,048-token BPE,
 64-token blocks) is cut into `--segments` segments of `--steps` steps each, the way the sweep cuts a run at its
@@ -7,16 +7,15 @@ branch points: each segment is a `SegmentJob` with its own `stop_at` that contin
 committed checkpoint (`raybiphase.pretrain.loop.restore`), on the local Ray that `raybiphase.raycluster.ensure_ray`
 starts.
 
-    per fit     each segment is its own `TorchTrainer.fit()` (`raybiphase.pretrain.trainer.make_trainer`): a Train
-                controller, a placement group, worker actors, their process group, the import of the training
-                loop, then the segment's steps and checkpoints, then teardown.
-    kept group  the sweep's way: the first segment starts a worker group (`WorkerPools`), each next one is handed
-                to the same group as the one before ends (a fresh `Worker` per segment: model build, restore from
-                the checkpoint before it, a new data stream), and the group is closed after the last.
+    per fit    each segment is its own `TorchTrainer.fit()` (`raybiphase.pretrain.trainer.make_trainer`): a Train
+               controller, a placement group, worker actors, their process group, the import of the training
+               loop, then the segment's steps and checkpoints, then teardown. The sweep's way.
+    one group  one `fit()` whose train function runs the same jobs in turn in the same workers (a fresh
+               `Worker` per segment: model build, restore from the checkpoint before it, a new data stream).
 
 Both sides write the same checkpoints into the same kind of run folder and must end with the same weights, bit for
 bit (checked). Printed: each side's wall time, its time per segment, and the ratio; the difference per segment is
-what the kept group saves a segment here. With `--json OUT` the figures are written as a record.
+what a kept worker group would save a segment here. With `--json OUT` the figures are written as a record.
 
     python benchmarks/bench_segment_start.py [--segments 4] [--steps 4] [--workers 1] [--json OUT]
 """
@@ -24,7 +23,7 @@ what the kept group saves a segment here. With `--json OUT` the figures are writ
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import functools
 import json
 import os
 import platform
@@ -46,7 +45,6 @@ from raybiphase.config import DataConfig, SweepSpec, from_dict  # noqa: E402
 from raybiphase.data.assets import cache_dir  # noqa: E402
 from raybiphase.data.prepare import prepare  # noqa: E402
 from raybiphase.pretrain.job import SegmentJob  # noqa: E402
-from raybiphase.pretrain.pool import WorkerPools  # noqa: E402
 from raybiphase.pretrain.trainer import make_trainer  # noqa: E402
 from raybiphase.raycluster import ensure_ray  # noqa: E402
 from raybiphase.telemetry.provenance import code_version  # noqa: E402
@@ -55,14 +53,12 @@ DATA = {"max_documents": 2000, "vocab_size": 2048, "seq_len": 64, "val_blocks": 
         "decontaminate": False}
 
 
-def kept_group(jobs: list[SegmentJob], folder: str) -> None:
-    """The jobs in turn on one kept worker group, handed over as the sweep's driver hands them."""
-    pools, pool = WorkerPools(folder, segments=len(jobs)), None
+def run_segments(loop_config: dict, *, jobs: list[SegmentJob]) -> None:
+    """A worker group's train function: every job of `jobs` in turn (the first is also `loop_config`'s)."""
+    from raybiphase.pretrain.loop import Worker
+
     for job in jobs:
-        pools.train(dataclasses.replace(job, kept_group=True), pool)
-        pools.free(job.name)
-        pool = pools.claim(job.run.resources)
-    pools.close()
+        Worker(job).train()
 
 
 def jobs_for(run, run_dir: str, data_dir: str, segments: int, steps: int) -> list[SegmentJob]:
@@ -99,7 +95,7 @@ def main() -> int:
     run = spec.run
 
     sides = {}
-    for side in ("per fit", "kept group"):
+    for side in ("per fit", "one group"):
         run_dir = str(root / side.replace(" ", "-") / "runs" / "tiny-bench")
         jobs = jobs_for(run, run_dir, data_dir, args.segments, args.steps)
         started = time.perf_counter()
@@ -107,19 +103,19 @@ def main() -> int:
             for job in jobs:
                 make_trainer(job).fit()
         else:
-            kept_group(jobs, str(root / "pools"))
+            make_trainer(jobs[0], train_fn=functools.partial(run_segments, jobs=jobs)).fit()
         seconds = time.perf_counter() - started
         sides[side] = {"seconds": round(seconds, 2), "seconds_per_segment": round(seconds / args.segments, 2),
                        "run_dir": run_dir}
         print(f"{side:>9}: {seconds:6.1f} s for {args.segments} segments of {args.steps} steps "
               f"({seconds / args.segments:.1f} s a segment)", flush=True)
 
-    a, b = (final_weights(sides[s].pop("run_dir"), total) for s in ("per fit", "kept group"))
+    a, b = (final_weights(sides[s].pop("run_dir"), total) for s in ("per fit", "one group"))
     shutil.rmtree(root, ignore_errors=True)
     identical = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    ratio = sides["per fit"]["seconds"] / sides["kept group"]["seconds"]
-    saved = (sides["per fit"]["seconds"] - sides["kept group"]["seconds"]) / args.segments
-    print(f"ratio (per fit / kept group): {ratio:.2f}x; the kept worker group saves {saved:.1f} s a segment here; "
+    ratio = sides["per fit"]["seconds"] / sides["one group"]["seconds"]
+    saved = (sides["per fit"]["seconds"] - sides["one group"]["seconds"]) / args.segments
+    print(f"ratio (per fit / one group): {ratio:.2f}x; a kept worker group saves {saved:.1f} s a segment here; "
           f"final weights {'identical' if identical else 'DIFFER'}")
     if args.json:
         record = {"benchmark": "bench_segment_start", "date": time.strftime("%Y-%m-%d"),
@@ -133,7 +129,7 @@ def main() -> int:
                   "ratio": round(ratio, 2), "saved_seconds_per_segment": round(saved, 2),
                   "final_weights_identical": identical,
                   "headline": f"{args.segments} segments of {args.steps} steps, {args.workers} worker(s): one fit "
-                              f"each / one kept group: {ratio:.2f}x the time; the kept group saves {saved:.1f} s a "
+                              f"each / one worker group: {ratio:.2f}x the time; a kept group saves {saved:.1f} s a "
                               f"segment"}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=2) + "\n")

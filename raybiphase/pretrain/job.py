@@ -33,9 +33,6 @@ class SegmentJob:
     """The runs whose weights these checkpoints are, recorded in their meta."""
     wandb: dict | None = None
     """W&B settings ({"project", "group", "mode", "sync_to"}: raybiphase.telemetry.wandb) or None."""
-    kept_group: bool = False
-    """Trained by a kept worker group (raybiphase.pretrain.pool): Ray Train's run folder is the group's, so the
-    workers upload each checkpoint to `run_dir` themselves and report metrics only."""
     progress_every: float = 0.0
     """Seconds between rank 0's progress beats (raybiphase.telemetry.progress); 0: none."""
 

@@ -161,7 +161,7 @@ class Worker:
         self.beacon = Beacon(job.progress if self.rank == 0 else None, stop_at=self.stop_at,
                              tokens_per_step=self.tokens_per_step, every_s=job.progress_every)
         # SIGTERM, a spot VM's notice: checkpoint after the step, restart from it
-        preemption.install(self.world, keep_notice=job.kept_group)
+        preemption.install(self.world)
         self.drain_saved = False  # a drain notice checkpoints once; training goes on until Ray Train's restart
 
     def _model_and_optimizer(self):
@@ -286,9 +286,9 @@ class Worker:
         return True
 
     def _save(self, metrics: dict, notice: str = "") -> None:
-        """A checkpoint (and, at an export step, the HF folder inside it) reported with the metrics (uploaded by
-        each rank itself in a kept group: raybiphase.pretrain.pool); once every rank's part is uploaded, rank 0
-        commits it (its meta, written last)."""
+        """A checkpoint (and, at an export step, the HF folder inside it) reported with the metrics: Ray Train
+        uploads each rank's part into the run's folder (its run folder is `job.run_dir`); once every rank's part is
+        uploaded, rank 0 commits it (its meta, written last)."""
         meta = CheckpointMeta(run=to_dict(self.run), step=self.step, data_start=self.data_start, metrics=metrics,
                               serves=list(self.job.serves), notice=notice)
         name = storage.checkpoint_name(self.step)
@@ -297,12 +297,7 @@ class Worker:
             if self.step in self.policy.exports:
                 checkpoint.export_hf(Path(storage.hf_dir(tmp)), self.model, self.manifest.local_tokenizer(),
                                      seq_len=self.run.data.seq_len)
-            if self.job.kept_group:  # Ray Train's run folder is the group's: the shards go to the segment's own
-                storage.upload(Path(tmp), storage.join(self.job.run_dir, name))
-                ray.train.report(metrics)
-            else:
-                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
-                                 checkpoint_dir_name=name)
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp), checkpoint_dir_name=name)
         if self.world > 1 and dist.is_initialized():
             dist.barrier()  # every rank's upload has returned: a shard still being copied is never committed
         persisted = self.run.resources.max_workers > 0  # local mode (0 workers) persists no checkpoint

@@ -43,7 +43,7 @@ class Preempted(RuntimeError):
 
 def _handle_in_main_thread() -> bool:
     previous = signal.getsignal(signal.SIGTERM)
-    if getattr(previous, "raybiphase_notice", False):  # a kept worker group's next segment: set already
+    if getattr(previous, "raybiphase_notice", False):  # an earlier run in this process set it already
         return True
 
     def notice(signum, frame):
@@ -63,14 +63,12 @@ _IN_TRAIN = [False]  # whether this process is a Ray Train worker (set by instal
 _DRAINING = [False]  # Ray's last answer: this group's nodes are being drained
 
 
-def install(world: int = 1, *, keep_notice: bool = False) -> bool:
+def install(world: int = 1) -> bool:
     """Route SIGTERM of this Ray Train worker to the preemption notice (every worker calls it once, before the
-    first step); False outside Ray Train (a plain process: the handler is set directly when this is the main
-    thread). A new worker starts without a notice; `keep_notice`: a kept group's next segment keeps one that came
-    before it (its node is still going: its first step checkpoints and the group restarts elsewhere)."""
-    if not keep_notice:
-        _NOTICE.clear()
-        _DRAINING[0] = False
+    first step; a worker starts without a notice); False outside Ray Train (a plain process: the handler is set
+    directly when this is the main thread)."""
+    _NOTICE.clear()
+    _DRAINING[0] = False
     _POLLED[0] = time.monotonic()
     if world > 1 and _GROUP[0] is None and dist.get_backend() != "gloo":
         _GROUP[0] = dist.new_group(backend="gloo")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from raybiphase import storage
 from raybiphase.checkpoint_meta import check_blocks
-from raybiphase.config import ResourcesConfig, SweepSpec
+from raybiphase.config import SweepSpec
 from raybiphase.config.estimates import resolve_checkpoint_every
 from raybiphase.config.resources import check_room
 from raybiphase.data import assets
@@ -26,24 +26,18 @@ from raybiphase.telemetry.wandb import sweep_settings
 
 
 def make_trainer(job: SegmentJob, *, max_failures: int = 0, callbacks=(), train_fn=None):
-    """A TorchTrainer for one run (or one segment of a sweep): `train_fn` (default: the production loop) on
-    `resources.num_workers` workers, each given `job`; checkpoints and history under `job.run_dir`."""
-    return group_trainer(job.run.resources, train_fn or train_loop, {"job": job}, name=job.name,
-                         storage_path=storage.parent(job.run_dir), max_failures=max_failures, callbacks=callbacks)
-
-
-def group_trainer(res: ResourcesConfig, train_fn, loop_config: dict, *, name: str, storage_path: str,
-                  max_failures: int = 0, callbacks=()):
-    """A TorchTrainer running `train_fn(loop_config)` on a worker group of `res`'s shape (FSDP2 over gloo on CPU,
-    NCCL on GPU); Ray Train's run folder is <storage_path>/<name>."""
+    """A TorchTrainer for one run (or one segment of a sweep): `train_fn` (default: the production loop) on a worker
+    group of `resources`' shape (FSDP2 over gloo on CPU, NCCL on GPU), each worker given `job`; Ray Train's run
+    folder is `job.run_dir`, where checkpoints and the history land; `max_failures`: its restarts (FailureConfig)."""
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    res = job.run.resources
     use_gpu = res.gpus_per_worker > 0
     per_worker = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if use_gpu else {})}
     return TorchTrainer(
-        train_fn,
-        train_loop_config=loop_config,
+        train_fn or train_loop,
+        train_loop_config={"job": job},
         # a [min, max] range makes the worker group elastic: Ray Train restarts it with the workers it can place
         # (its workers resume from the newest committed checkpoint), and looks every resize_check_s for room to
         # grow back to max
@@ -52,8 +46,8 @@ def group_trainer(res: ResourcesConfig, train_fn, loop_config: dict, *, name: st
                                                elastic_resize_monitor_interval_s=res.resize_check_s),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         run_config=ray.train.RunConfig(
-            name=name,
-            storage_path=storage_path,
+            name=job.name,
+            storage_path=storage.parent(job.run_dir),
             # a drained node's restart (a spot notice) is counted apart, without bound: it never fails a segment
             failure_config=ray.train.FailureConfig(max_failures=max_failures, max_preemption_failures=-1),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=None),

@@ -31,10 +31,10 @@ from raybiphase.finetune.fanout import Fanout
 from raybiphase.finetune.heldout import evaluation_texts
 from raybiphase.finetune.records import check_settings
 from raybiphase.outages import outage_budget
+from raybiphase.pretrain.checkpoint import latest_committed
 from raybiphase.pretrain.export import write_card
 from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.policy import CheckpointPolicy
-from raybiphase.pretrain.pool import ATTEMPTS, Pool, WorkerPools
 from raybiphase.pretrain.trainer import make_trainer
 from raybiphase.raycluster import ensure_ray, own_machine
 from raybiphase.results import rows as result_rows
@@ -161,16 +161,12 @@ def run_jobs(ctx: SweepContext, clock: Clock) -> list[dict]:
         try:
             rows = scheduler.run(segments if todo else None,
                                  lambda: control_sources(ctx) + finetune_sources(ctx, done))  # the controls first
-        except BaseException:
-            segments.close(timeout_s=10.0)  # groups still mid-segment end with the driver
-            raise
         finally:
             if todo:
                 clock.spans["pretraining"] = segments.last_end - segments.began
                 clock.most_at_once = scheduler.most
             if fanout:
                 clock.spans["fine-tuning"] = scheduler.finetuning_ended - scheduler.began
-        segments.close()  # every kept group was let go as the last segment ended: wait until their fits return
     for sid in done_before:  # rows of segments an earlier invocation finished but was interrupted before recording
         record_pretraining(ctx, plan.segments[sid])
         prune_checkpoints(ctx, plan.segments[sid])
@@ -179,10 +175,10 @@ def run_jobs(ctx: SweepContext, clock: Clock) -> list[dict]:
 
 
 class SweepSegments:
-    """The sweep's segments as the scheduler runs them (raybiphase.sweep.scheduler.Pretraining): each trained by a
-    worker group fit straight from the driver (no Tune trial stands between the driver and a segment: it would cost
-    a process and the loop's imports again) and kept for the next ready segment of its shape (WorkerPools), its
-    progress watched, and, as it ends, recorded with the seconds of pretraining left."""
+    """The sweep's segments as the scheduler runs them (raybiphase.sweep.scheduler.Pretraining): each try one Ray
+    Train fit straight from the driver (no Tune trial stands between the driver and a segment: it would cost a
+    process and the loop's imports again), its checkpoints committed in the segment's own folder, its progress
+    watched, and, as it ends, recorded with the seconds of pretraining left."""
 
     def __init__(self, ctx: SweepContext, clock: Clock, todo: list[Segment], done: set[str], watch: Watch):
         self.ctx, self.clock, self.todo, self.done, self.watch = ctx, clock, todo, done, watch
@@ -190,47 +186,27 @@ class SweepSegments:
         self.chain = remaining_chain(ctx.plan, self.hours)
         self.pace = Pace()
         self.began = self.last_end = time.perf_counter()
-        # kept worker groups: a segment's group trains the next ready segment of its shape (raybiphase.pretrain.pool);
-        # an interrupted invocation's groups left Ray Train records there that nothing resumes from (and no other
-        # driver's live ones are there: this one holds the sweep's lease)
-        storage.delete(storage.join(ctx.paths.root, "pools"))
-        self.pools = WorkerPools(storage.join(ctx.paths.root, "pools"), segments=len(todo))
-        self.claimed: dict[str, Pool] = {}
         self.gate: SizeStages | None = None  # sweep.stages by_size
 
     def ready(self, segment: Segment) -> bool:
         return (all(d in self.done for d in dependencies(segment, self.ctx.plan.runs))
                 and (self.gate is None or self.gate.ready(segment)))
 
-    def fit(self, segment: Segment) -> None:
-        pool = self.claimed.pop(segment.id, None)
-        try:
-            job = segment_job(self.ctx, segment)
-        except BaseException:
-            if pool is not None:
-                self.pools.end(pool)
-            raise
-        if not job.run.resources.max_workers:  # local mode: the loop runs in this process, nothing to keep
-            make_trainer(job, max_failures=ATTEMPTS - 1).fit()
-            return
-        self.pools.train(dataclasses.replace(job, kept_group=True), pool)
+    def fit(self, segment: Segment, restarts: int) -> None:
+        """The segment's TorchTrainer fit: Ray Train's run folder is the segment's own (<sweep>/runs/<segment>),
+        where its workers commit each checkpoint and a restart resumes from the newest committed one."""
+        make_trainer(segment_job(self.ctx, segment), max_failures=restarts).fit()  # its controller runs on this node
+
+    def committed(self, segment: Segment) -> int:
+        location = latest_committed(self.ctx.paths.run_dir(segment.id))
+        return -1 if location is None else storage.step_of(location)
 
     def started(self, segment: Segment, running: int) -> None:
         self.ctx.say(f"pretraining: starting {segment.id} ({running} running)")
         self.watch.locations[segment.id] = self.ctx.paths.progress(segment.id)
-        pool = self.pools.claim(segment.config.resources)  # the group of a segment that just ended, if any
-        if pool is not None:
-            self.claimed[segment.id] = pool
-
-    def idle(self) -> None:
-        self.pools.release()  # no ready segment took them: their slots go to fine-tuning
-
-    def close(self, timeout_s: float = 120.0) -> None:
-        self.pools.close(timeout_s)
 
     def ended(self, segment: Segment, seconds: float | None, running: dict[str, float]) -> None:
         self.watch.drop(segment.id)  # its last line: where it ended
-        self.pools.free(segment.id)
         self.last_end = time.perf_counter()
         if seconds is not None:
             self.pace.add(seconds, self.hours[segment.id])

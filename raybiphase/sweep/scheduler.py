@@ -1,11 +1,12 @@
 """The sweep's one scheduler: every segment and every fine-tuning trial, in one loop, on one slot budget.
 
-The sweep is a graph of jobs. A *segment* (raybiphase.sweep.plan) starts once the segments it depends on are
-done; it is trained from the driver, in a thread of its own (training blocks), by a worker group that the segment
-before it may have left (raybiphase.pretrain.pool): after every round of starts the groups no segment took are let
-go. Each checkpoint a segment holds
-(and each untrained control, at once) is then a *fine-tuning job* (raybiphase.finetune.fanout.CheckpointWaves):
-its trials, then its completion passes, each wave waiting for the last, then its rows appended to the table.
+The sweep is a graph of jobs of two kinds, each ending as an event on the loop's queue:
+- A *segment* (raybiphase.sweep.plan) starts once the segments it depends on are done: one Ray Train fit of its
+  TorchTrainer, from the driver, in a thread of its own (a fit blocks), its checkpoints committed in the segment's
+  own folder (raybiphase.sweep.driver.SweepSegments gives the fit).
+- Each checkpoint a segment holds (and each untrained control, at once) is then a *fine-tuning job*
+  (raybiphase.finetune.fanout.CheckpointWaves): its trials, then its completion passes, each wave waiting for the
+  last, then its rows appended to the table.
 
 One loop, in the driver's main thread, waits on whatever ends first: a segment (its thread posts to the loop's
 event queue) or a fine-tuning trial (the Tuner's thread posts, raybiphase.finetune.tuner), and starts what became
@@ -17,9 +18,7 @@ ready. Nothing else decides what runs:
   once no segment runs or waits, every trial slot is open. A ready segment waits at most for running trials.
 - Trials of an earlier job start first (a job's number is its rank; a completion pass keeps its job's rank).
 
-Failure policy: after a segment fails no segment starts, the running ones end, fine-tuning what was ready goes on,
-then the first failure is raised as a UserError naming the segment. A failed fine-tuning job is said at once;
-the running jobs go on, none starts after it, and its error is raised once the loop ends.
+What a try is and when the sweep stops is `FailurePolicy`, the one failure policy of both kinds of job.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from raybiphase.errors import UserError
 from raybiphase.finetune.fanout import CheckpointWaves, Fanout, check_tasks, trial_rows
 from raybiphase.finetune.spec import FinetuneSource, TrialSpec
 from raybiphase.finetune.tuner import TuneTrials
+from raybiphase.outages import StorageOutage
 from raybiphase.results import rows as result_rows
 from raybiphase.results import store
 from raybiphase.storage import absolute, join
@@ -56,6 +56,36 @@ def trial_capacity(trials: int, slots: int, running_segments: int, pretraining: 
     return math.ceil(trials * max(0, slots - running_segments) / slots)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FailurePolicy:
+    """The sweep's one failure policy: what a try is, and when the sweep stops.
+
+    A segment's try is one Ray Train fit. Within it Ray Train restarts the worker group from the segment's newest
+    committed checkpoint at most `restarts` times (FailureConfig.max_failures: a worker or a node lost, a worker's
+    error); a drain's restart (a spot notice) and an elastic group's growth are no failure and are not counted. A
+    fit that fails having committed a newer checkpoint than it started from made progress: the segment is fitted
+    again from there, a new try (`refit`). One that made none, or that ended on a bucket unreachable past
+    sweep.storage_outage_s (each of Ray Train's restarts waited it out again), fails the segment: then no segment
+    starts, the running ones end, the fine-tuning of what was ready goes on, and the first failure is raised as a
+    UserError naming the segment. A failed fine-tuning job is said at once; the running jobs go on, none starts
+    after it, and its error is raised once the loop ends."""
+
+    restarts: int = 2
+    """Ray Train's restarts of one fit of a segment (its FailureConfig.max_failures)."""
+
+    def refit(self, error: BaseException, progressed: bool) -> bool:
+        """Whether a segment whose fit failed with `error` is fitted again: only when the fit committed a newer
+        checkpoint, and never after a storage outage."""
+        return progressed and not storage_outage(error)
+
+
+def storage_outage(error: BaseException) -> bool:
+    """Whether `error` comes from a bucket that stayed unreachable past its outage budget: a StorageOutage, or a
+    failed fit whose text (Ray Train's error, each worker's traceback in it) ends a traceback with one."""
+    return isinstance(error, StorageOutage) or re.search(r"^(raybiphase\.outages\.)?StorageOutage: ", str(error),
+                                                         re.MULTILINE) is not None
+
+
 class Pretraining(Protocol):
     """What the loop needs of the sweep's segments (raybiphase.sweep.driver gives it)."""
 
@@ -64,12 +94,12 @@ class Pretraining(Protocol):
     chain: dict[str, float]
 
     def ready(self, segment: Segment) -> bool: ...
-    def fit(self, segment: Segment) -> None: ...
+    def fit(self, segment: Segment, restarts: int) -> None:
+        """One try: the segment's Ray Train fit, restarted by Ray Train at most `restarts` times."""
+    def committed(self, segment: Segment) -> int:
+        """The step of the segment's newest committed checkpoint (-1: none): a failed fit's progress."""
     def started(self, segment: Segment, running: int) -> None: ...
     def ended(self, segment: Segment, seconds: float | None, running: dict[str, float]) -> None: ...
-    def idle(self) -> None:
-        """After each round of starts (the loop's every pass): let go of what ended segments left for a next
-        segment that none of the round took."""
     def sources(self, segments: set[str]) -> list[FinetuneSource]: ...
 
 
@@ -93,8 +123,10 @@ class Scheduler:
     by default long-lived Tuners (raybiphase.finetune.tuner.TuneTrials) under `experiment`."""
 
     def __init__(self, fanout: Fanout | None, *, slots: int, experiment: str = "", table: str | None = None,
-                 console: Console = STDOUT, done: Callable[[], set] = set, trials=None):
+                 console: Console = STDOUT, done: Callable[[], set] = set, trials=None,
+                 policy: FailurePolicy = FailurePolicy()):
         self.fanout, self.slots, self.experiment, self.table = fanout, slots, experiment, table
+        self.policy = policy
         self.say = console.say
         self.done_keys = done
         self.events: queue.Queue = queue.Queue()
@@ -141,7 +173,6 @@ class Scheduler:
         while True:
             if pretraining:
                 self.start_segments(pretraining)
-                pretraining.idle()
                 self.settle()
             if not self.running and not self.jobs:
                 break  # segments still pending can never start: one failed
@@ -177,18 +208,34 @@ class Scheduler:
                              name=f"segment {segment.id}").start()
 
     def _fit(self, pretraining: Pretraining, segment: Segment) -> None:
-        error = None
+        """One try of `segment` (in its own thread); its end, with whether a failed try committed a newer
+        checkpoint, goes to the loop."""
+        before, error, progressed = None, None, False
         try:
-            pretraining.fit(segment)
+            before = pretraining.committed(segment)
+            pretraining.fit(segment, self.policy.restarts)
         except Exception as err:  # raised once every running segment has ended
             error = err
+            try:
+                progressed = before is not None and pretraining.committed(segment) > before
+            except Exception:  # unreadable now: no progress seen
+                pass
         finally:
-            self.events.put(("segment", segment.id, error))
+            self.events.put(("segment", segment.id, error, progressed))
 
-    def segment_ended(self, pretraining: Pretraining, sid: str, error: BaseException | None) -> None:
-        """A segment's end: its record (the driver's `ended`), then its checkpoints' fine-tuning, at once."""
+    def segment_ended(self, pretraining: Pretraining, sid: str, error: BaseException | None,
+                      progressed: bool = False) -> None:
+        """A segment's end: its record (the driver's `ended`), then its checkpoints' fine-tuning, at once; a failed
+        try that made progress is tried again (FailurePolicy)."""
         started = self.running.pop(sid)
         segment = next(s for s in pretraining.todo if s.id == sid)
+        if error is not None and not self.segment_errors and self.policy.refit(error, progressed):
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            self.say(f"pretraining: {sid} failed after committing a newer checkpoint ({first}); "
+                     "fitting it again from there")
+            self.pending.insert(0, segment)  # it takes the slot it left
+            self._snapshot()
+            return
         if error is not None:
             self.segment_errors[sid] = error
         self._snapshot()

@@ -31,19 +31,3 @@ def test_the_first_sigterm_is_a_notice_and_the_second_exits_as_before():
         assert not preemption.requested(1)  # a new worker starts without a notice
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def test_a_kept_groups_next_segment_keeps_a_notice_that_came_before_it():
-    """Between two segments of a kept worker group (raybiphase.pretrain.pool) the node's notice still stands: the
-    next segment's first step checkpoints and the group restarts elsewhere."""
-    exits = []
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: exits.append(signum))
-    try:
-        preemption.install()
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert _wait(lambda: preemption.requested(1))
-        preemption.install(keep_notice=True)  # the next segment's Worker
-        assert preemption.requested(1) and exits == []
-    finally:
-        preemption.install()  # no notice left for the tests after this one (the handler is ours already)
-        signal.signal(signal.SIGTERM, previous)

@@ -60,8 +60,8 @@ def finished_sweep(small_data, tmp_path_factory):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     stamp = first.stat().st_mtime_ns
-    # the segments done when the driver died; the kept worker group had started the next tiny segment, and a dead
-    # driver's workers are ended by Ray only moments later: that one may be done too by the time the sweep resumes
+    # the segments done when the driver died; another segment may have been under way, and a dead driver's workers
+    # are ended by Ray only moments later: that one may be done too by the time the sweep resumes
     done = sorted("-".join(d.name.split("-")[:4]) for d in (root / "runs").iterdir()
                   if (d / f"step-{int(d.name.split('-')[3]):08d}" / "meta.json").exists())
     rerun = _sweep(spec, env=env)

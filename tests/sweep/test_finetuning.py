@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from raybiphase.config import SweepSpec, from_dict
+from raybiphase.outages import StorageOutage
 from raybiphase.sweep.scheduler import trial_capacity
 
 
@@ -165,23 +166,30 @@ class _Segments:
         self.plan, self.todo, self.done, self.chain = plan, list(plan.segments.values()), set(), {}
         self.chain = {sid: -i for i, sid in enumerate(plan.segments)}  # plan order
         self.release = {sid: threading.Event() for sid in plan.segments}
-        self.lines, self.fail = [], set()
+        self.lines, self.fail, self.steps = [], {}, {}  # fail: segment -> tries that fail; steps: committed
         self.ready = lambda s: all(d in self.done for d in dependencies(s, plan.runs))
         self.sources = lambda segments: finetune_sources(ctx, segments)
 
-    def fit(self, segment):
-        assert self.release[segment.id].wait(30)
-        if segment.id in self.fail:
-            raise RuntimeError("worker died\nValueError: loss is nan")
+    def fit(self, segment, restarts):
+        assert self.release[segment.id].wait(30) and restarts == 2
+        tries = self.fail.get(segment.id, [])
+        if not tries:
+            return
+        how = tries.pop(0)  # "none": nothing committed; "progress": a checkpoint; "outage": one, then an outage
+        if how != "none":
+            self.steps[segment.id] = self.steps.get(segment.id, -1) + 1
+        if how == "outage":
+            raise StorageOutage("storage: s3://b unreachable for 15 min")
+        raise RuntimeError("worker died\nValueError: loss is nan")
+
+    def committed(self, segment):
+        return self.steps.get(segment.id, -1)
 
     def started(self, segment, running):
         self.lines.append(("started", segment.id, running))
 
     def ended(self, segment, seconds, running):
         self.lines.append(("ended", segment.id, seconds is not None))
-
-    def idle(self):
-        pass
 
 
 def _scheduler(ctx, out, launched, monkeypatch, fail=()):
@@ -303,10 +311,46 @@ def test_a_failed_segment_stops_new_segments_and_is_raised_in_one_line_after_the
     plan, ctx, out = _two_runs(tmp_path)
     segments, launched = _Segments(plan, ctx), []
     prefix, *tails = plan.segments
-    segments.fail = {prefix}
+    segments.fail = {prefix: ["none"]}
     sched = _scheduler(ctx, out, launched, monkeypatch)
     segments.release[prefix].set()
     with pytest.raises(UserError, match=f"sweep: 1 segment\\(s\\) failed, first: {prefix}: worker died "
                                         "ValueError: loss is nan"):
         sched.run(segments, lambda: [])
     assert [line[:2] for line in segments.lines] == [("started", prefix), ("ended", prefix)]
+
+
+def test_a_failed_try_that_committed_a_checkpoint_is_fitted_again_and_one_that_did_not_fails_the_segment(
+        tmp_path, monkeypatch):
+    """FailurePolicy: a fit that failed after committing a newer checkpoint is tried again from it, said in a
+    line; the try after it, failing without progress, fails the segment."""
+    from raybiphase.errors import UserError
+
+    plan, ctx, out = _two_runs(tmp_path)
+    segments, launched = _Segments(plan, ctx), []
+    prefix, *tails = plan.segments
+    segments.fail = {prefix: ["progress", "none"]}
+    segments.release[prefix].set()
+    with pytest.raises(UserError, match=f"first: {prefix}: worker died"):
+        _scheduler(ctx, out, launched, monkeypatch).run(segments, lambda: [])
+    assert [line[:2] for line in segments.lines] == [("started", prefix), ("started", prefix), ("ended", prefix)]
+    assert f"pretraining: {prefix} failed after committing a newer checkpoint (worker died); fitting it again " \
+           "from there" in out.getvalue()
+
+
+def test_a_storage_outage_fails_the_segment_even_after_progress(tmp_path, monkeypatch):
+    """A bucket unreachable past its budget: a new try would wait the same outage out again."""
+    from raybiphase.errors import UserError
+    from raybiphase.sweep.scheduler import storage_outage
+
+    plan, ctx, out = _two_runs(tmp_path)
+    segments, launched = _Segments(plan, ctx), []
+    prefix, *tails = plan.segments
+    segments.fail = {prefix: ["outage"]}
+    segments.release[prefix].set()
+    with pytest.raises(UserError, match=f"first: {prefix}: storage: s3://b unreachable for 15 min"):
+        _scheduler(ctx, out, launched, monkeypatch).run(segments, lambda: [])
+    assert [line[:2] for line in segments.lines] == [("started", prefix), ("ended", prefix)]
+    worker_error = RuntimeError("Training failed due to worker errors:\n[Rank 0]\nTraceback (most recent call "
+                                "last):\n  ...\nraybiphase.outages.StorageOutage: storage: s3://b unreachable")
+    assert storage_outage(worker_error) and not storage_outage(RuntimeError("worker died"))

@@ -1,9 +1,11 @@
-"""Fine-tuning pipelined with pretraining, on a real local Ray: a two-run sweep whose runs share
-their CLM prefix; the short run's child segment is pretrained, exported and fine-tuned while the long run's child
-still trains beside it."""
+"""Fine-tuning beside pretraining, on a real local Ray: a sweep of two runs that share nothing, one short and one
+long; the short run's checkpoint is ready early, and its trials start as soon as a slot is free, beside the long
+segment still training. The sweep's own records tell: a trial's record is written as it ends and holds its
+seconds, and the long segment's last checkpoint is committed as it ends."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,49 +16,53 @@ from pathlib import Path
 import pytest
 import yaml
 
+from raybiphase import storage
 from tests.conftest import tiny_base
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
-LONG_STEPS = 100_000  # never reached here: the test ends the sweep once the short branch is fine-tuned
+SHORT_STEPS, LONG_STEPS = 4, 240
 
 
 def _spec(tmp_path: Path, small_data) -> Path:
     spec = tiny_base(tmp_path / "results", small_data, name="pipeline")
     spec["resources"] = {"num_workers": 1, "cpus_per_worker": 0.4, "max_concurrent": 2}
-    spec["data"]["max_epochs"] = 1000  # the long run may read the small corpus again (it is never reached)
-    # both: 4 CLM steps, then MLM; they share everything until the short run's decay (step 6), then branch
-    spec["sweep"]["runs"] = [{"phases.clm_share": 0.5},
-                             {"phases.clm_share": None, "phases.clm_steps": 4, "phases.steps": LONG_STEPS}]
+    spec["train"] = {**spec["train"], "eval_every": 1000}  # the long segment's steps, not its evaluations
+    spec["data"]["max_epochs"] = 1000  # the long run may read the small corpus again
+    spec["phases"] = {"steps": SHORT_STEPS, "clm_share": 0.5}
+    spec["optim"] = {"warmup_steps": 1, "decay_steps": 1}
+    # another seed from step 0: two segments, each its own fit, started together
+    spec["sweep"]["runs"] = [{}, {"phases.steps": LONG_STEPS, "train.seed": 1}]
     spec["finetune"] = {"tasks": ["tweets"], "lrs": [1e-3], "seeds": [0], "asha": False, "control": False,
-                        "batch_size": 8, "max_steps": 4, "eval_every": 2, "max_examples": 64,
-                        "max_eval_examples": 64, "max_len": 64, "cpus_per_trial": 0.1}
+                        "batch_size": 8, "max_steps": 2, "eval_every": 2, "max_examples": 32,
+                        "max_eval_examples": 32, "max_len": 64, "cpus_per_trial": 0.1}
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
 
 
-def test_a_short_branch_is_fine_tuned_while_a_long_run_still_trains(small_data, tmp_path):
+def test_a_ready_checkpoints_trials_start_and_end_while_a_long_segment_still_trains(small_data, tmp_path):
     spec = _spec(tmp_path, small_data)
     root = tmp_path / "results" / "pipeline"
-    env = {**os.environ, "RAYBIPHASE_PROGRESS_S": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "raybiphase.sweep", str(spec)], cwd=REPO, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "raybiphase.sweep", str(spec)], cwd=REPO, env=dict(os.environ),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    records = root / "finetune" / "records"
-    deadline, fine_tuned = time.time() + 420, []
-    try:
-        while time.time() < deadline and proc.poll() is None and not fine_tuned:
-            fine_tuned = sorted(p.name for p in records.glob("tiny-clm-4-mlm40-8-*.json")) if records.exists() else []
+    long_end = None
+    try:  # until the long segment's last checkpoint is committed; its own trials are not waited for
+        deadline = time.time() + 420
+        while time.time() < deadline and proc.poll() is None and long_end is None:
+            long_end = next(root.glob(f"runs/tiny-*-{LONG_STEPS}-*/{storage.checkpoint_name(LONG_STEPS)}/"
+                                      f"{storage.META}"), None)
             time.sleep(1)
-        long_run = list((root / "runs").glob("tiny-mlm40-6-100k-*"))
-        long_ended = [p for p in long_run if (p / f"step-{LONG_STEPS:08d}").exists()]
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the long run is never waited for
+        os.killpg(proc.pid, signal.SIGKILL)
         output = proc.communicate()[0]
-    lines = output.splitlines()
-    shown = "\n".join(line for line in lines if "/100000, " not in line)[-4000:]  # not the long run's progress
-    assert len(fine_tuned) == 1, shown  # the short run's final checkpoint
-    assert len(long_run) == 1 and not long_ended, shown
-    ready = [line for line in lines if line.startswith("fine-tuning: batch 1, 1 checkpoint(s) ready: tiny-clm-4-mlm40-8-")]
-    assert len(ready) == 1 and ready[0].endswith("(1 segment(s) still training)"), shown
-    assert not any(line.startswith("pretraining: 3/3 segments") for line in lines), shown
+    shown = output[-4000:]
+    assert long_end is not None, shown
+    short_end = next(root.glob(f"runs/tiny-*-{SHORT_STEPS}-*/{storage.checkpoint_name(SHORT_STEPS)}/{storage.META}"))
+    records = list((root / "finetune" / "records").glob(f"tiny-clm-*-{SHORT_STEPS}-*__{SHORT_STEPS}__*.json"))
+    assert len(records) == 1, shown  # the short run's one trial
+    ended = records[0].stat().st_mtime
+    began = ended - json.loads(records[0].read_text())["seconds"]
+    assert short_end.stat().st_mtime <= began < ended < long_end.stat().st_mtime, shown
+    assert any(line.startswith("fine-tuning: batch 1, 1 checkpoint(s) ready:")
+               and line.endswith("(1 segment(s) still training)") for line in output.splitlines()), shown
