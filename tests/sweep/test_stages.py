@@ -125,16 +125,16 @@ class _Segments:
     def ready(self, segment) -> bool:
         return all(d in self.done for d in self.dependencies(segment)) and self.gate.ready(segment)
 
-    def fit(self, segment) -> None:
+    def fit(self, segment, restarts) -> None:
         pass
+
+    def committed(self, segment) -> int:
+        return -1
 
     def started(self, segment, running) -> None:
         self.order.append(self.gate.size_of[segment.id])
 
     def ended(self, segment, seconds, running) -> None:
-        pass
-
-    def idle(self) -> None:
         pass
 
     def sources(self, segments):
