@@ -6,7 +6,7 @@ Trials reach it through `FeedSearcher`, a `ray.tune.search.Searcher`: `submit` q
 Tune's `suggest` hands out the lowest-ranked one while fewer trials are live than `capacity()` allows (read at that
 moment, so a trial never starts on a slot a segment took); `close` says no more will come, and a Tuner ends once
 its live trials have. Each ended trial is passed to `ended(ticket, metrics, error)` from the Tuner's thread (a
-Tune `Callback`).
+Tune `Callback`); `metrics` is its last report, which for a finished trial holds its rows (fanout.ROWS).
 
 What keeps this working on Tune's public surface:
 - `num_samples=-1`: the searcher, not a sample count, says when the search is over.
@@ -22,6 +22,9 @@ What keeps this working on Tune's public surface:
 - `max_concurrent_trials`: Tune starts one trial at a time from a custom searcher otherwise.
 - The searcher and callback keep their lock and callables out of pickles (Tune pickles both with the experiment).
 - A failed trial runs again from its start up to `TRIAL_RETRIES` times (a node lost); only then is it ended.
+- Tune's default loggers (a JSON, CSV and TensorBoard file per trial) are off (`TUNE_DISABLE_AUTO_CALLBACK_LOGGERS`,
+  read when a Tuner starts): a finished trial's last report holds its rows, per-example test scores included, and
+  they would be copied into each of those files; the rows' own home is the results table.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import functools
 import heapq
 import itertools
 import math
+import os
 import pickle
 import threading
 import time
@@ -49,13 +53,16 @@ from raybiphase.raycluster import ensure_ray
 TRIAL_RETRIES = 2
 """Times a failed trial runs again from its start (a trial whose node was lost; a deterministic failure costs
 three attempts before it is reported)."""
+NO_TUNE_LOGGERS = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"
+"""Tune's switch for its default per-trial loggers (ray.tune.utils.callback), "1" for our Tuners."""
 KEEPALIVE = "keepalive"
 """The keep-alive trial's config key (and its reports')."""
 
 
 def _trainable(config: dict, finetune: FinetuneConfig) -> None:
     """One Tune trial: the keep-alive loop, or `run_trial` on the spec Tune's config carries. A finished trial's
-    records are written before its last report, at which ASHA may end the process."""
+    last report carries its rows (fanout.record_final, which journals them first: ASHA may end the process at
+    that report)."""
     from ray import tune
 
     if config.get(KEEPALIVE):
@@ -68,13 +75,11 @@ def _trainable(config: dict, finetune: FinetuneConfig) -> None:
     torch.set_num_threads(max(1, int(finetune.cpus_per_trial)))
 
     def report(metrics: dict) -> None:
-        if "final" in metrics:
-            record_final(spec, metrics["final"])
+        rows = record_final(spec, metrics["final"]) if "final" in metrics else {}  # the last report's value
         score = metrics["val_score"]
         # a diverged trial reports its floor score (NaN only from rows of old), which ranks it low for ASHA
         tune.report({"step": metrics["step"], "val_score": -1.0 if math.isnan(score) else score,
-                     **{rider_metric(name): value for name, value in metrics.get("also_val", {}).items()},
-                     "finished": int("final" in metrics)})  # else a trial that ended was stopped
+                     **{rider_metric(name): value for name, value in metrics.get("also_val", {}).items()}, **rows})
 
     run_trial(spec, cfg=finetune, report=report)
 
@@ -300,6 +305,7 @@ class TuneTrials:
         from ray import tune
 
         ensure_ray()
+        os.environ[NO_TUNE_LOGGERS] = "1"  # module docstring; read by Tune in `fit`
         cfg, number = self.finetune, len(self.searchers)
         searcher = FeedSearcher(self.capacity, live=functools.partial(self._live_elsewhere, number))
         self.reusing = self.reuse

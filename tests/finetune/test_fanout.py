@@ -60,6 +60,10 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
     best = fanout.best_lr(rows)
     assert all(not r["stopped_early"] for r in rows if r["lr"] == best)  # the completion pass ran them all
     assert {r[records.SETTINGS_COLUMN] for r in rows} == {records.trial_settings(cfg.finetune)}
+    # the rows came back as values: Tune's per-trial log files (which would copy per-example scores) were not made
+    tune_logs = ("result.json", "progress.csv", "events.out.tfevents*")
+    assert not [p for pattern in tune_logs for p in tmp_path.glob(f"ft*/**/{pattern}")]
+    assert list(tmp_path.glob("ft*/trial_*")), "Tune's trial folders moved: the check above checks nothing"
 
     def no_launch(spec):
         raise AssertionError("a resumed fan-out launched trials")
