@@ -34,9 +34,9 @@ driver from that report (`trial_rows`). Nothing between a trial's end and its ro
 Resuming: every trial leaves a record `<storage>/<name>/records/<key>.json`, its rows' journal
 (raybiphase.finetune.records; finished trials write theirs before their last report, the driver writes the stopped
 ones as they end), named by its key and a digest of the settings that shape a trial; records are read only when a
-fan-out is planned. A rerun skips the keys in `done` (rows the caller already holds) and
-the keys with a record (returned as rows again, not recomputed): only the missing trials run; with ASHA off,
-trials ASHA stopped before run again.
+fan-out is planned. A rerun skips the keys in `done` (rows the caller already holds) and the keys with a record
+(returned as rows again, not recomputed): only the missing trials run; with ASHA off, trials ASHA stopped before
+run again.
 """
 
 from __future__ import annotations
@@ -193,11 +193,11 @@ def check_sources(sources: list[FinetuneSource], cfg: FinetuneConfig) -> list[Fi
 
 class CheckpointWaves:
     """The fine-tuning of checkpoints as waves of trials: `next_wave()` gives the first (the missing grid trials),
-    `next_wave(rows)`, given the rows its trials ended with (`ended`, trial by trial), the next (each completion pass), and None once
-    nothing is left; `rows()` then gives one row per task, LR and seed not in `done` (keys rows.TRIAL_KEY) as records
-    (FinetuneRow.record), with a copy for every run in the source's `shared_by`. Each checkpoint is fine-tuned on
-    its grid (`grid_of`); a training group's tasks share one trial (module docstring). Bad task names or
-    checkpoints raise UserError when it is made, before the first wave."""
+    `next_wave(rows)`, given the rows its trials ended with (`ended`, trial by trial), the next (each completion
+    pass), and None once nothing is left; `rows()` then gives one row per task, LR and seed not in `done` (keys
+    rows.TRIAL_KEY) as records (FinetuneRow.record), with a copy for every run in the source's `shared_by`. Each
+    checkpoint is fine-tuned on its grid (`grid_of`); a training group's tasks share one trial (module docstring).
+    Bad task names or checkpoints raise UserError when it is made, before the first wave."""
 
     def __init__(self, sources: list[FinetuneSource], cfg: Fanout, *, experiment: str, done=frozenset()):
         sources = check_sources(sources, cfg.finetune)
