@@ -22,9 +22,10 @@ What keeps this working on Tune's public surface:
 - `max_concurrent_trials`: Tune starts one trial at a time from a custom searcher otherwise.
 - The searcher and callback keep their lock and callables out of pickles (Tune pickles both with the experiment).
 - A failed trial runs again from its start up to `TRIAL_RETRIES` times (a node lost); only then is it ended.
-- Tune's default loggers (a JSON, CSV and TensorBoard file per trial) are off (`TUNE_DISABLE_AUTO_CALLBACK_LOGGERS`,
-  read when a Tuner starts): a finished trial's last report holds its rows, per-example test scores included, and
-  they would be copied into each of those files; the rows' own home is the results table.
+- A finished trial's last report holds its rows, per-example test scores included, which Tune's default loggers
+  (a JSON, CSV and TensorBoard file per trial) would copy: they are off (`TUNE_DISABLE_AUTO_CALLBACK_LOGGERS`, read
+  when a Tuner starts), and one JSON logger of ours (`ScoresLog`) writes each trial's `result.json` without the
+  rows (Tune reads it back when a Tuner ends; the rows' own home is the results table).
 """
 
 from __future__ import annotations
@@ -40,12 +41,13 @@ import time
 from collections.abc import Callable
 
 from ray.tune import Callback, Stopper
+from ray.tune.logger import JsonLoggerCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search import Searcher
 
 from raybiphase import storage
 from raybiphase.config import FinetuneConfig
-from raybiphase.finetune.fanout import record_final, rider_metric
+from raybiphase.finetune.fanout import ROWS, record_final, rider_metric
 from raybiphase.finetune.spec import TrialSpec
 from raybiphase.finetune.trial import run_trial
 from raybiphase.raycluster import ensure_ray
@@ -252,6 +254,13 @@ class Ended(Callback):
             self.ended(trial.config["ticket"], dict(trial.last_result or {}), error)
 
 
+class ScoresLog(JsonLoggerCallback):
+    """Tune's JSON logger, each trial's reports without a finished trial's rows (fanout.ROWS)."""
+
+    def log_trial_result(self, iteration: int, trial, result: dict):
+        super().log_trial_result(iteration, trial, {k: v for k, v in result.items() if k != ROWS})
+
+
 class TuneTrials:
     """The Tuners for every trial its caller submits (module docstring): the first starts with the first `submit`;
     `settle` moves what is queued to one that reuses processes; `close` ends them once their live trials end.
@@ -320,7 +329,7 @@ class TuneTrials:
                                         reuse_actors=self.reuse, max_concurrent_trials=self.max_concurrent + 1,
                                         trial_dirname_creator=lambda t: f"trial_{t.trial_id}"),
             run_config=tune.RunConfig(storage_path=storage.parent(self.experiment), name=name, verbose=0,
-                                      stop=KeepAliveStopper(searcher), callbacks=[Ended(self.ended)],
+                                      stop=KeepAliveStopper(searcher), callbacks=[Ended(self.ended), ScoresLog()],
                                       failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES)))
         thread = threading.Thread(target=self._fit, args=(tuner,), name=f"fine-tuning trials {number + 1}",
                                   daemon=True)
