@@ -27,11 +27,16 @@ Repeated until the leader has no stopped seed: it is then the best complete LR, 
 `finetune.complete_lrs` completes every stopped trial instead, so the LR sensitivity rests on complete LR x seed
 cells (ASHA then only orders the work).
 
-Resuming: every trial leaves a record `<storage>/<name>/records/<key>.json` (raybiphase.finetune.records;
-finished trials write theirs before their last report, the driver writes the stopped ones), named by its key and
-a digest of the settings that shape a trial. A rerun skips the keys in `done` (rows the caller already holds) and
-the keys with a record (returned as rows again, not recomputed): only the missing trials run; with ASHA off,
-trials ASHA stopped before run again.
+Results are values: a finished trial's rows, built once in its process from its spec and result (`record_final`),
+come back to the driver in its last report (`ROWS`, through Tune's own result); a stopped trial's are built by the
+driver from that report (`trial_rows`). Nothing between a trial's end and its rows reads storage.
+
+Resuming: every trial leaves a record `<storage>/<name>/records/<key>.json`, its rows' journal
+(raybiphase.finetune.records; finished trials write theirs before their last report, the driver writes the stopped
+ones as they end), named by its key and a digest of the settings that shape a trial; records are read only when a
+fan-out is planned. A rerun skips the keys in `done` (rows the caller already holds) and the keys with a record
+(returned as rows again, not recomputed): only the missing trials run; with ASHA off, trials ASHA stopped before
+run again.
 """
 
 from __future__ import annotations
@@ -139,30 +144,34 @@ def rider_metric(task: str) -> str:
 # ------------------------------------------------------------------------------------------------ records
 
 
-def record_final(spec: TrialSpec, final: TrialResult) -> None:
-    """A finished trial's records: its riders' first, its own last (a trial whose own record is on disk has every
-    row on disk). Each row is built here, from the spec and the result, once."""
-    for rider in spec.riders:
-        write_record(rider.record, rider.finished(final.also_tested[rider.task.name]))
-    write_record(spec.record, spec.finished(final))
+ROWS = "rows"
+"""The key of a finished trial's last report holding its rows as plain records (FinetuneRow.record: its own, then
+its riders'): the value the driver takes them from, with no read of storage."""
+
+
+def record_final(spec: TrialSpec, final: TrialResult) -> dict:
+    """A finished trial's rows, each built here once from the spec and the result, journaled (its riders' records
+    first, its own last: a trial whose own record is on disk has every row on disk) and returned as `{ROWS: [...]}`
+    for its last report. Called in the trial's process before that report, at which ASHA may end the process: a
+    trial that ran to its end is never run again, whatever happens to the driver."""
+    own, riders = spec.finished(final), [r.finished(final.also_tested[r.task.name]) for r in spec.riders]
+    for member, row in [*zip(spec.riders, riders), (spec, own)]:
+        write_record(member.record, row)
+    return {ROWS: [row.record() for row in [own, *riders]]}
 
 
 def trial_rows(spec: TrialSpec, metrics: dict, *, failed: bool) -> list[FinetuneRow] | None:
-    """The rows of a trial Tune ended (its own, then its riders'), from their records; a row with none was stopped
-    by ASHA at the trial's last report (`metrics`): its stopped row is recorded here. None when the trial `failed`
-    before recording a row (a stopped row on disk then is an earlier attempt's: this one was run to replace it)."""
-    rows = []
-    for member in [spec, *spec.riders]:
-        record = read_record(member.record)
-        if failed and (record is None or record.stopped_early):
-            return None
-        if record is None:
-            metric = "val_score" if member is spec else rider_metric(member.task.name)
-            record = member.stopped(val_score=metrics.get(metric, math.nan), step=int(metrics.get("step", 0)),
-                                    seconds=float(metrics.get("time_total_s", 0.0)))
-            write_record(member.record, record)
-        rows.append(record)
-    return rows
+    """The rows of a trial Tune ended (its own, then its riders'), from its last report (`metrics`): a finished
+    trial's carry them (ROWS); a trial with none was stopped by ASHA at that report and gets stopped rows, each with
+    its task's last validation score. None when the trial `failed` before finishing."""
+    if ROWS in metrics:
+        return [FinetuneRow.from_record(record) for record in metrics[ROWS]]
+    if failed:
+        return None
+    step, seconds = int(metrics.get("step", 0)), float(metrics.get("time_total_s", 0.0))
+    return [member.stopped(val_score=metrics.get("val_score" if member is spec else rider_metric(member.task.name),
+                                                 math.nan), step=step, seconds=seconds)
+            for member in [spec, *spec.riders]]
 
 
 # ------------------------------------------------------------------------------------------------ the fan-out
@@ -184,11 +193,11 @@ def check_sources(sources: list[FinetuneSource], cfg: FinetuneConfig) -> list[Fi
 
 class CheckpointWaves:
     """The fine-tuning of checkpoints as waves of trials: `next_wave()` gives the first (the missing grid trials),
-    `next_wave(rows)`, given the rows a wave ended with (trial_rows), the next (each completion pass), and None once
-    nothing is left; `rows()` then gives one row per task, LR and seed not in `done` (keys rows.TRIAL_KEY) as records
-    (FinetuneRow.record), with a copy for every run in the source's `shared_by`. Each checkpoint is fine-tuned on
-    its grid (`grid_of`); a training group's tasks share one trial (module docstring). Bad task names or
-    checkpoints raise UserError when it is made, before the first wave."""
+    `next_wave(rows)`, given the rows its trials ended with (`ended`, trial by trial), the next (each completion
+    pass), and None once nothing is left; `rows()` then gives one row per task, LR and seed not in `done` (keys
+    rows.TRIAL_KEY) as records (FinetuneRow.record), with a copy for every run in the source's `shared_by`. Each
+    checkpoint is fine-tuned on its grid (`grid_of`); a training group's tasks share one trial (module docstring).
+    Bad task names or checkpoints raise UserError when it is made, before the first wave."""
 
     def __init__(self, sources: list[FinetuneSource], cfg: Fanout, *, experiment: str, done=frozenset()):
         sources = check_sources(sources, cfg.finetune)
@@ -211,6 +220,19 @@ class CheckpointWaves:
 
     def _copy_keys(self, spec: TrialSpec) -> list[tuple]:
         return [(other.run, *spec.key[1:]) for other in self.copies[(spec.run, spec.pretrain_step)]]
+
+    def ended(self, spec: TrialSpec, metrics: dict, *, failed: bool) -> list[FinetuneRow] | None:
+        """The rows of a trial of a wave Tune ended (`trial_rows`, from its last report). A stopped row is
+        journaled at once, unless its task's record was on disk when the fan-out was planned (a trial that trains a
+        group again for a rider's missing row keeps its own earlier record, and its row); a finished trial
+        journaled its rows itself (`record_final`)."""
+        rows = trial_rows(spec, metrics, failed=failed)
+        for i, (member, row) in enumerate(zip([spec, *spec.riders], rows or [])):
+            if row.stopped_early and self.records.get(row.key) is not None:
+                rows[i] = self.records[row.key]
+            elif row.stopped_early and row.key in self.records:
+                write_record(member.record, row)
+        return rows
 
     def next_wave(self, rows: list[FinetuneRow] | None = None) -> Wave | None:
         """The next trials to run, given the rows the last wave ended with; None when nothing is left."""

@@ -6,7 +6,7 @@ Trials reach it through `FeedSearcher`, a `ray.tune.search.Searcher`: `submit` q
 Tune's `suggest` hands out the lowest-ranked one while fewer trials are live than `capacity()` allows (read at that
 moment, so a trial never starts on a slot a segment took); `close` says no more will come, and a Tuner ends once
 its live trials have. Each ended trial is passed to `ended(ticket, metrics, error)` from the Tuner's thread (a
-Tune `Callback`).
+Tune `Callback`); `metrics` is its last report, which for a finished trial holds its rows (fanout.ROWS).
 
 What keeps this working on Tune's public surface:
 - `num_samples=-1`: the searcher, not a sample count, says when the search is over.
@@ -27,6 +27,10 @@ What keeps this working on Tune's public surface:
   on the driver's own disk, removed by `join`. No Tuner is ever restored: a rerun starts new Tuners and learns
   which trials are done from their records (raybiphase.finetune.records). The searcher's own state is JSON.
 - A failed trial runs again from its start up to `TRIAL_RETRIES` times (a node lost); only then is it ended.
+- A finished trial's last report holds its rows, per-example test scores included, which Tune's default loggers
+  (a JSON, CSV and TensorBoard file per trial) would copy: they are off (`TUNE_DISABLE_AUTO_CALLBACK_LOGGERS`, read
+  when a Tuner starts), and one JSON logger of ours (`ScoresLog`) writes each trial's `result.json` without the
+  rows (Tune reads it back when a Tuner ends; the rows' own home is the results table).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import heapq
 import itertools
 import json
 import math
+import os
 import shutil
 import tempfile
 import threading
@@ -43,13 +48,14 @@ import time
 from collections.abc import Callable
 
 from ray.tune import Callback, Stopper
+from ray.tune.logger import JsonLoggerCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search import Searcher
 
 from raybiphase import storage
 from raybiphase.config import FinetuneConfig
 from raybiphase.errors import UserError
-from raybiphase.finetune.fanout import record_final, rider_metric
+from raybiphase.finetune.fanout import ROWS, record_final, rider_metric
 from raybiphase.finetune.spec import TrialSpec
 from raybiphase.finetune.trial import run_trial
 from raybiphase.raycluster import ensure_ray
@@ -57,6 +63,8 @@ from raybiphase.raycluster import ensure_ray
 TRIAL_RETRIES = 2
 """Times a failed trial runs again from its start (a trial whose node was lost; a deterministic failure costs
 three attempts before it is reported)."""
+NO_TUNE_LOGGERS = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"
+"""Tune's switch for its default per-trial loggers (ray.tune.utils.callback), "1" for our Tuners."""
 KEEPALIVE = "keepalive"
 """The keep-alive trial's config key (and its reports')."""
 SEARCHER_FORMAT = "raybiphase-feed-searcher/1"
@@ -65,7 +73,8 @@ SEARCHER_FORMAT = "raybiphase-feed-searcher/1"
 
 def _trainable(config: dict, finetune: FinetuneConfig) -> None:
     """One Tune trial: the keep-alive loop, or `run_trial` on the spec Tune's config carries. A finished trial's
-    records are written before its last report, at which ASHA may end the process."""
+    last report carries its rows (fanout.record_final, which journals them first: ASHA may end the process at
+    that report)."""
     from ray import tune
 
     if config.get(KEEPALIVE):
@@ -78,13 +87,11 @@ def _trainable(config: dict, finetune: FinetuneConfig) -> None:
     torch.set_num_threads(max(1, int(finetune.cpus_per_trial)))
 
     def report(metrics: dict) -> None:
-        if "final" in metrics:
-            record_final(spec, metrics["final"])
+        rows = record_final(spec, metrics["final"]) if "final" in metrics else {}  # the last report's value
         score = metrics["val_score"]
         # a diverged trial reports its floor score (NaN only from rows of old), which ranks it low for ASHA
         tune.report({"step": metrics["step"], "val_score": -1.0 if math.isnan(score) else score,
-                     **{rider_metric(name): value for name, value in metrics.get("also_val", {}).items()},
-                     "finished": int("final" in metrics)})  # else a trial that ended was stopped
+                     **{rider_metric(name): value for name, value in metrics.get("also_val", {}).items()}, **rows})
 
     run_trial(spec, cfg=finetune, report=report)
 
@@ -272,6 +279,13 @@ class Ended(Callback):
             self.ended(trial.config["ticket"], dict(trial.last_result or {}), error)
 
 
+class ScoresLog(JsonLoggerCallback):
+    """Tune's JSON logger, each trial's reports without a finished trial's rows (fanout.ROWS)."""
+
+    def log_trial_result(self, iteration: int, trial, result: dict):
+        super().log_trial_result(iteration, trial, {k: v for k, v in result.items() if k != ROWS})
+
+
 class TuneTrials:
     """The Tuners for every trial its caller submits (module docstring): the first starts with the first `submit`;
     `settle` moves what is queued to one that reuses processes; `close` ends them once their live trials end.
@@ -329,6 +343,7 @@ class TuneTrials:
         from ray import tune
 
         ensure_ray()
+        os.environ[NO_TUNE_LOGGERS] = "1"  # module docstring; read by Tune in `fit`
         cfg, number = self.finetune, len(self.searchers)
         searcher = FeedSearcher(self.capacity, live=functools.partial(self._live_elsewhere, number))
         self.reusing = self.reuse
@@ -344,7 +359,7 @@ class TuneTrials:
                                         reuse_actors=self.reuse, max_concurrent_trials=self.max_concurrent + 1,
                                         trial_dirname_creator=lambda t: f"trial_{t.trial_id}"),
             run_config=tune.RunConfig(storage_path=self.tune_dir, name=name, verbose=0,
-                                      stop=KeepAliveStopper(searcher), callbacks=[Ended(self.ended)],
+                                      stop=KeepAliveStopper(searcher), callbacks=[Ended(self.ended), ScoresLog()],
                                       failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES)))
         thread = threading.Thread(target=self._fit, args=(tuner,), name=f"fine-tuning trials {number + 1}",
                                   daemon=True)

@@ -9,8 +9,8 @@ The sweep is a graph of jobs of two kinds, each ending as an event on the loop's
   last, then its rows appended to the table.
 
 One loop, in the driver's main thread, waits on whatever ends first: a segment (its thread posts to the loop's
-event queue) or a fine-tuning trial (the Tuner's thread posts, raybiphase.finetune.tuner), and starts what became
-ready. Nothing else decides what runs:
+event queue) or a fine-tuning trial (the Tuner's thread posts its last report, which carries a finished trial's
+rows as a value: raybiphase.finetune.tuner), and starts what became ready. Nothing else decides what runs:
 - Segments hold `resources.max_concurrent` slots; among the ready ones, the longest remaining chain starts first
   (raybiphase.sweep.timeline.by_priority).
 - Trials (at most finetune.max_concurrent, default resources.max_concurrent) run only in the share of the slots
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from raybiphase.errors import UserError
-from raybiphase.finetune.fanout import CheckpointWaves, Fanout, check_tasks, trial_rows
+from raybiphase.finetune.fanout import ROWS, CheckpointWaves, Fanout, check_tasks
 from raybiphase.finetune.spec import FinetuneSource, TrialSpec
 from raybiphase.finetune.tuner import TuneTrials
 from raybiphase.outages import StorageOutage
@@ -306,7 +306,8 @@ class Scheduler:
         self.count["total"] += len(wave)
 
     def trial_ended(self, ticket: int | None, metrics: dict, error: BaseException | None) -> None:
-        """A trial's rows (trial_rows), its line of progress, and its job's next step once its wave has ended."""
+        """A trial's rows (its job's `ended`: taken from its last report, `metrics`), its line of progress, and its
+        job's next step once its wave has ended."""
         if ticket is None:  # the Tuner itself failed: every trial waiting is lost
             for job in list(self.jobs.values()):
                 del self.jobs[job.number]
@@ -314,13 +315,13 @@ class Scheduler:
             return
         job, spec = self.tickets.pop(ticket)
         job.waiting.discard(ticket)
-        rows = trial_rows(spec, metrics, failed=error is not None)
+        rows = job.work.ended(spec, metrics, failed=error is not None)
         if rows is None:
             first = (str(error).strip().splitlines() or [""])[0]
             job.failures.append(f"{spec.key}: {type(error).__name__}: {first}")
         else:
             job.rows += rows
-        self.progress(stopped=error is None and not metrics.get("finished"))
+        self.progress(stopped=error is None and ROWS not in metrics)
         if job.waiting or job.number not in self.jobs:
             return
         if job.failures:

@@ -1,6 +1,7 @@
 """A trial runner without Ray for the scheduler (raybiphase.sweep.scheduler.finetune_checkpoints(trials=...)): each
 trial submitted 'runs' at once, in the loop's thread, as `outcome(spec)` says (it writes the records a finished
-trial writes and returns the trial's last report, or raises: the trial failed), and is ended as Tune would end it."""
+trial writes and returns the trial's last report, a finished trial's with its rows under fanout.ROWS; or raises:
+the trial failed), and is ended as Tune would end it."""
 
 from __future__ import annotations
 

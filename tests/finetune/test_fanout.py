@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import math
 import time
 from pathlib import Path
@@ -60,6 +61,10 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
     best = fanout.best_lr(rows)
     assert all(not r["stopped_early"] for r in rows if r["lr"] == best)  # the completion pass ran them all
     assert {r[records.SETTINGS_COLUMN] for r in rows} == {records.trial_settings(cfg.finetune)}
+    # the rows came back as values, and Tune's per-trial logs hold no copy of them (nor of per-example scores)
+    logs = list(tmp_path.glob("ft*/trial_*/result.json"))
+    assert logs and all(fanout.ROWS not in json.loads(line) for log in logs for line in log.read_text().splitlines())
+    assert not [p for pattern in ("progress.csv", "events.out.tfevents*") for p in tmp_path.glob(f"ft*/**/{pattern}")]
 
     def no_launch(spec):
         raise AssertionError("a resumed fan-out launched trials")

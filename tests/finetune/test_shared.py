@@ -22,11 +22,14 @@ def checkpoint(offline_cache, tmp_path_factory):
 
 
 def _recording(launched: list):
-    """Each trial finishes at once with a record scored by its LR and seed."""
+    """Each trial finishes at once with a record scored by its LR and seed, its row in its last report."""
+    from raybiphase.finetune.fanout import ROWS
+
     def outcome(spec) -> dict:
-        records.write_record(spec.record, dataclasses.replace(spec.planned(), val_score=0.6 + spec.lr,
-                                                              test_score=0.5 + spec.seed / 10, steps=9, steps_run=9))
-        return {"step": 9, "finished": 1}
+        row = dataclasses.replace(spec.planned(), val_score=0.6 + spec.lr, test_score=0.5 + spec.seed / 10, steps=9,
+                                  steps_run=9)
+        records.write_record(spec.record, row)
+        return {"step": 9, ROWS: [row.record()]}
     return recording(launched, outcome)
 
 

@@ -87,13 +87,14 @@ def _recording(launched: list, stop=frozenset()):
     """Each trial 'runs' to a result like run_trial's (its riders' under `also_tested`) unless ASHA is on and its
     (lr, seed) is in `stop` (stopped at step 3: no record); ended with the last report Tune would give."""
     def outcome(spec: TrialSpec) -> dict:
+        rows = {}
         if not (spec.asha and (spec.lr, spec.seed) in stop):
             tests = {r.task.name: result(r.task, val=_validation(spec.lr, r.task.name), test=0.1 * (i + 2))
                      for i, r in enumerate(spec.riders)}
-            fanout.record_final(spec, result(spec.task, val=_validation(spec.lr, spec.task.name), test=0.1,
-                                             also_tested=tests))
+            rows = fanout.record_final(spec, result(spec.task, val=_validation(spec.lr, spec.task.name), test=0.1,
+                                                    also_tested=tests))
         return {"val_score": 0.5, **{fanout.rider_metric(r.task.name): 0.4 for r in spec.riders}, "step": 3,
-                "time_total_s": 2.0}
+                "time_total_s": 2.0, **rows}
 
     from raybiphase.finetune import fanout
 
@@ -153,6 +154,13 @@ def test_one_trial_per_checkpoint_lr_and_seed_trains_for_the_group_and_every_tas
     again = _run([source], _spec(tasks), tmp_path, launched, done=done)
     assert [(c.task.name, c.lr, c.seed) for c in launched] == [(trained, 1e-4, 0)]
     assert sorted((r["run"], r["task"]) for r in again) == [("a", riders[0]), ("b", riders[0])]
+    # ASHA stopping that rerun gives the rider a stopped row and leaves the trained task's record as it was
+    rider = records.record_path(str(tmp_path / "ft"), ("a", 8, riders[0], 1e-4, 0), settings)
+    Path(rider).unlink()
+    again = _run([source], _spec(tasks), tmp_path, launched, done=done, stop={(1e-4, 0)}, complete_best=False)
+    assert [r["stopped_early"] for r in again] == [True, True] and records.read_record(rider).stopped_early
+    own = records.read_record(records.record_path(str(tmp_path / "ft"), ("a", 8, trained, 1e-4, 0), settings))
+    assert not own.stopped_early and own.val_score == _validation(1e-4, trained)
 
 
 def _key(row: dict) -> tuple:
@@ -232,8 +240,10 @@ def test_a_trial_tests_the_model_it_trained_on_each_extra_test_split(checkpoint,
     spec = TrialSpec.from_config(spec.to_config())  # what the trial's process reads from Tune's config
     written = {}
     monkeypatch.setattr(fanout, "write_record", lambda location, row: written.setdefault(row.task, row))
-    fanout.record_final(spec, reports[-1]["final"])
+    value = fanout.record_final(spec, reports[-1]["final"])
     assert list(written) == ["wiki_retrieval", "squad_retrieval"]  # the riders' first: the trial's own last
+    rows = fanout.trial_rows(spec, value, failed=False)  # the driver's, from the last report: the rows journaled
+    assert [r.record() for r in rows] == [written[task].record() for task in ("squad_retrieval", "wiki_retrieval")]
     assert written["wiki_retrieval"].test_score == evaluation.score
     assert written["wiki_retrieval"].val_score == validation and written["squad_retrieval"].val_score == plain.val_score
 

@@ -80,14 +80,16 @@ def checkpoint(offline_cache, tmp_path_factory):
 
 def _recording(launched: list):
     """Records the trials launched and writes their rows and their riders'."""
+    from raybiphase.finetune.fanout import ROWS
     from tests.finetune.recording import recording
 
     def outcome(spec) -> dict:
         launched.append(spec.key)
-        for member in [spec, *spec.riders]:
-            records.write_record(member.record, dataclasses.replace(member.planned(), val_score=0.5, test_score=0.5,
-                                                                    steps=9, steps_run=9))
-        return {"step": 9, "finished": 1}
+        rows = [dataclasses.replace(member.planned(), val_score=0.5, test_score=0.5, steps=9, steps_run=9)
+                for member in [spec, *spec.riders]]
+        for member, row in zip([spec, *spec.riders], rows):
+            records.write_record(member.record, row)
+        return {"step": 9, ROWS: [row.record() for row in rows]}
     return recording([], outcome)
 
 

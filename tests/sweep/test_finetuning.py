@@ -195,7 +195,7 @@ class _Segments:
 def _scheduler(ctx, out, launched, monkeypatch, fail=()):
     """A scheduler whose checkpoint work is one trial per source (a stand-in fan-out) on the recorder; trials of
     a run in `fail` fail."""
-    from raybiphase.finetune.fanout import Fanout
+    from raybiphase.finetune.fanout import ROWS, Fanout
     from raybiphase.finetune.spec import TrialSpec
     from raybiphase.sweep import scheduler
     from raybiphase.telemetry.console import Console
@@ -205,24 +205,26 @@ def _scheduler(ctx, out, launched, monkeypatch, fail=()):
 
     class OneTrial:  # CheckpointWaves' interface: one wave of one trial, then its rows
         def __init__(self, sources, cfg, *, experiment, done):
-            self.source, self.ended = sources[0], None
+            self.source, self.done = sources[0], None
 
         def next_wave(self, rows=None):
             if rows is None:
                 return [TrialSpec(self.source.run, self.source.pretrain_step, "", get_task("tweets"), 1e-3, 0, "")]
-            self.ended = rows
+            self.done = rows
             return None
 
+        def ended(self, spec, metrics, *, failed):
+            return None if failed else [spec]
+
         def rows(self):
-            return [{"run": r.run} for r in self.ended]
+            return [{"run": r.run} for r in self.done]
 
     def outcome(spec):
         if spec.run in fail:
             raise RuntimeError("bad checkpoint")
-        return {"step": 4, "finished": 1}
+        return {"step": 4, ROWS: []}
 
     monkeypatch.setattr(scheduler, "CheckpointWaves", OneTrial)
-    monkeypatch.setattr(scheduler, "trial_rows", lambda spec, metrics, failed: None if failed else [spec])
     return scheduler.Scheduler(Fanout.of(ctx.spec), slots=2, console=Console(out),
                                trials=recording(launched, outcome))
 
