@@ -8,7 +8,9 @@ import dataclasses
 import io
 import json
 import math
+import shutil
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ import pytest
 from raybiphase import storage
 from raybiphase.config import SweepSpec, from_dict
 from raybiphase.errors import UserError
-from raybiphase.finetune import records
+from raybiphase.finetune import records, tuner
 from raybiphase.finetune.spec import FinetuneSource, TrialSpec
 from raybiphase.results.rows import FINETUNE_KEY, FinetuneRow, trial_key
 from raybiphase.sweep.scheduler import finetune_checkpoints
@@ -45,6 +47,14 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
     checkpoints = [FinetuneSource("tiny-run", 8, str(tiny_checkpoint), {"phases.clm_share": 0.5})]
     cfg = fanout_config()
     out = io.StringIO()
+    logs: dict[str, str] = {}  # Tune's per-trial files, read as its private folder is removed when fine-tuning ends
+
+    def read_then_remove(path, **kwargs):
+        logs.update({str(p.relative_to(path)): p.read_text() if p.name == "result.json" else ""
+                     for p in Path(path).glob("**/trial_*/*") if p.is_file()})
+        shutil.rmtree(path, **kwargs)
+
+    monkeypatch.setattr(tuner, "shutil", types.SimpleNamespace(rmtree=read_then_remove))
     rows = finetune_checkpoints(checkpoints, fanout.Fanout.of(cfg), storage=str(tmp_path), name="ft", console=Console(out))
     # progress on the driver: the last trial always prints its line, stops by ASHA counted
     stopped = sum(r["stopped_early"] or r["completed_after_stop"] for r in rows)  # in the first launch
@@ -62,9 +72,10 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
     assert all(not r["stopped_early"] for r in rows if r["lr"] == best)  # the completion pass ran them all
     assert {r[records.SETTINGS_COLUMN] for r in rows} == {records.trial_settings(cfg.finetune)}
     # the rows came back as values, and Tune's per-trial logs hold no copy of them (nor of per-example scores)
-    logs = list(tmp_path.glob("ft*/trial_*/result.json"))
-    assert logs and all(fanout.ROWS not in json.loads(line) for log in logs for line in log.read_text().splitlines())
-    assert not [p for pattern in ("progress.csv", "events.out.tfevents*") for p in tmp_path.glob(f"ft*/**/{pattern}")]
+    results = [text for name, text in logs.items() if name.endswith("/result.json")]
+    assert results and all(fanout.ROWS not in json.loads(line) for text in results for line in text.splitlines())
+    assert not [name for name in logs if name.endswith("progress.csv") or "tfevents" in name], sorted(logs)
+    assert not list(tmp_path.glob("**/trial_*")), "Tune's folders reached the sweep's storage"
 
     def no_launch(spec):
         raise AssertionError("a resumed fan-out launched trials")
