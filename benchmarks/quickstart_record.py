@@ -5,14 +5,16 @@
         --out benchmarks/results/quickstart-DATE.json
 
 Reads the sweep's own tables (summary.parquet, finetune.parquet, pretrain.parquet) and writes one JSON record: the
-machine (CPU model, cores), the code version, each run's held-out loss at its end, and per task and objective the
-test score (x 100) with its 95% interval half-width and seed count, the control's, the baselines', how many trials
-diverged, the corpus' unigram entropy (the reference line of the loss curves), the run's time as the driver's last
-line gave it (`--log`: its output; "not measured" without one), what else ran on the machine meanwhile (`--shared`),
-and the environment's lock (benchmarks/environment.py). It prints the README's table (a cell in bold where its
-interval lies above the control's), the line under it saying which families separate from the control at this
-scale, and the README's line on the run's time. `tests/test_readme.py` checks that every cell, every bold and those
-lines are this record's (every figure in the README comes from a run of the code it documents).
+machine (CPU model, cores, torch's CPU kernels), the installed versions of the packages that decide its numbers
+(torch, transformers, tokenizers, numpy, datasets, ray, pyarrow), the code version, each run's held-out loss at its
+end, and per task and objective the test score (x 100) with its 95% interval half-width and seed count, the
+control's, the baselines', how many trials diverged, the corpus' unigram entropy (the reference line of the loss
+curves), the run's time as the driver's last line gave it (`--log`: its output; "not measured" without one), what
+else ran on the machine meanwhile (`--shared`), and the environment's lock (benchmarks/environment.py). It prints
+the README's table (a cell in bold where its interval lies above the control's), the line under it saying which
+families separate from the control at this scale, and the README's line on the run's time. `tests/test_readme.py`
+checks that every cell, every bold and those lines are this record's (every figure in the README comes from a run
+of the code it documents).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import json
 import math
 import os
 import platform
+from importlib import metadata
 from pathlib import Path
 
 import pandas as pd
@@ -38,6 +41,8 @@ from quickstart_time import time_line, timing
 
 FAMILIES = {"SC": "squad_shuffle", "TC": "squad_commas", "QA": "squad_sentence", "IR": "squad_retrieval"}
 COLUMNS = ("CLM→MLM", "CLM", "MLM", "untrained")
+PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "datasets", "ray", "pyarrow")
+"""The packages whose versions a record names: a figure is reproducible only at the versions that made it."""
 
 
 def cpu_model() -> str:
@@ -48,6 +53,20 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def cpu_kernels() -> str:
+    """The vector instructions torch's CPU kernels use here (AVX512, AVX2, ...): at the same package versions, two
+    machines whose kernels differ round the update differently, and the MLM-only run's losses part after hundreds
+    of steps (docs/troubleshooting.md)."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def packages() -> dict[str, str]:
+    """The installed version of each of PACKAGES (this process's, which should be the sweep's)."""
+    return {name: metadata.version(name) for name in PACKAGES}
 
 
 def cell(score: float, ci: float) -> str:
@@ -85,7 +104,7 @@ def record(results: Path) -> dict:
     entropy = pd.to_numeric(pretrain.get("unigram_entropy", pd.Series(dtype=float)), errors="coerce").dropna()
     trials = read_rows(results / FINETUNE_FILE)
     return {"benchmark": "quickstart_record", "command": "python -m raybiphase.sweep sweeps/quickstart.yaml",
-            "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
+            "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "kernels": cpu_kernels()}, "packages": packages(),
             "code": (read_json(str(results / RUN_INFO)) or {}).get("code", ""),
             "trials": int((trials["source"] == "raybiphase").sum()), "held_out_loss": losses,
             "unigram_entropy": round(float(entropy.iloc[0]), 3) if len(entropy) else None, "scores": scores}
