@@ -160,6 +160,22 @@ def record_final(spec: TrialSpec, final: TrialResult) -> dict:
     return {ROWS: [row.record() for row in [own, *riders]]}
 
 
+def journaled(spec: TrialSpec) -> dict | None:
+    """The last report of a trial that already finished, rebuilt from its journal: its own record finished (written
+    last, so its riders' are on disk too), or None. A trial whose process ended after `record_final` but before
+    Tune took its last report (a lost node) is run again by Tune; it reports this at once and trains nothing, so a
+    finished trial is never computed twice and ASHA, stopping the rerun early, cannot turn its row into a stopped
+    one."""
+    own = read_record(spec.record)
+    if own is None or own.stopped_early:
+        return None
+    rows = [own, *(read_record(rider.record) for rider in spec.riders)]
+    if any(row is None for row in rows):
+        return None
+    return {"step": own.steps_run, "val_score": -1.0 if math.isnan(own.val_score) else own.val_score,
+            **{rider_metric(row.task): row.val_score for row in rows[1:]}, ROWS: [row.record() for row in rows]}
+
+
 def trial_rows(spec: TrialSpec, metrics: dict, *, failed: bool) -> list[FinetuneRow] | None:
     """The rows of a trial Tune ended (its own, then its riders'), from its last report (`metrics`): a finished
     trial's carry them (ROWS); a trial with none was stopped by ASHA at that report and gets stopped rows, each with

@@ -55,7 +55,7 @@ from ray.tune.search import Searcher
 from raybiphase import storage
 from raybiphase.config import FinetuneConfig
 from raybiphase.errors import UserError
-from raybiphase.finetune.fanout import ROWS, record_final, rider_metric
+from raybiphase.finetune.fanout import ROWS, journaled, record_final, rider_metric
 from raybiphase.finetune.spec import TrialSpec
 from raybiphase.finetune.trial import run_trial
 from raybiphase.raycluster import ensure_ray
@@ -84,6 +84,9 @@ def _trainable(config: dict, finetune: FinetuneConfig) -> None:
     import torch
 
     spec = TrialSpec.from_config(config["spec"])
+    if (value := journaled(spec)) is not None:  # finished before its process ended: Tune's retry trains nothing
+        tune.report(value)
+        return
     torch.set_num_threads(max(1, int(finetune.cpus_per_trial)))
 
     def report(metrics: dict) -> None:

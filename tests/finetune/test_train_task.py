@@ -196,6 +196,35 @@ def test_a_stopped_trial_stops_every_task_of_its_group_and_the_completion_pass_r
     assert [(c.task.name, c.lr, c.seed) for c in launched] == [("msmarco", 1e-4, 1)]
 
 
+def test_a_trial_retried_after_it_finished_reports_its_journaled_rows_and_trains_nothing(tmp_path, monkeypatch):
+    """Tune runs a trial again when its process ended after it journaled its rows but before its last report
+    arrived (a lost node): the rerun reports the journaled rows at once, so the finished rows stand and ASHA, which
+    might stop a rerun early, never replaces them with stopped ones."""
+    import ray.tune
+
+    from raybiphase.finetune import fanout, tuner
+
+    spec = fanout.plan_trials([FinetuneSource("a", 8, "/nowhere/hf")], _spec(RETRIEVAL).finetune,
+                              experiment=str(tmp_path))[0]
+    cfg, config = _spec(RETRIEVAL).finetune, {"spec": spec.to_config()}
+    reports = []
+    monkeypatch.setattr(ray.tune, "report", reports.append)
+    monkeypatch.setattr(tuner, "run_trial", lambda spec, cfg, report: report(
+        {"step": 3, "val_score": 0.5, "also_val": {r.task.name: 0.4 for r in spec.riders}}))
+    tuner._trainable(config, cfg)  # no record yet: it trains (here, one report at step 3 that ASHA could stop)
+    assert reports == [{"step": 3, "val_score": 0.5, **{fanout.rider_metric(t): 0.4 for t in ("nq", "mldr")}}]
+
+    tests = {r.task.name: result(r.task, val=0.3, test=0.2) for r in spec.riders}
+    value = fanout.record_final(spec, result(spec.task, val=0.7, test=0.1, also_tested=tests))
+    reports.clear()
+    monkeypatch.setattr(tuner, "run_trial", lambda *a, **k: pytest.fail("a finished trial trained again"))
+    tuner._trainable(config, cfg)
+    (rerun,) = reports
+    assert rerun[fanout.ROWS] == value[fanout.ROWS] and rerun["step"] == 9 and rerun["val_score"] == 0.7
+    rows = fanout.trial_rows(spec, rerun, failed=False)
+    assert [r.task for r in rows] == ["msmarco", "nq", "mldr"] and not any(r.stopped_early for r in rows)
+
+
 # ------------------------------------------------------------------------------------------------ the trial
 
 
