@@ -264,22 +264,36 @@ class GroupedASHA(FIFOScheduler):
 
 
 class Ended(Callback):
-    """Passes every trial Tune ended (finished, stopped, or failed for good) but the keep-alive one to `ended`."""
+    """Passes every trial Tune ended (finished, stopped, or failed for good) but the keep-alive one to `ended`, with
+    its last report. A finished trial's rows (fanout.ROWS) are taken out of that report as it arrives, before Tune
+    keeps it as the trial's last result: Tune's experiment state, saved again and again while trials run, holds
+    no rows, so it does not grow with trials times test-set size; they are handed to `ended` with the rest."""
 
     def __init__(self, ended: Callable):
         self.ended = ended
+        self.rows: dict[str, list] = {}  # trial id -> the rows of its last report, until Tune ends the trial
 
     def __getstate__(self):
-        return {**self.__dict__, "ended": None}
+        return {**self.__dict__, "ended": None, "rows": {}}
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if ROWS in result:  # Tune lets a callback change the result in place, before it keeps it
+            self.rows[trial.trial_id] = result.pop(ROWS)
+
+    def _report(self, trial) -> dict:
+        metrics = dict(trial.last_result or {})
+        if (rows := self.rows.pop(trial.trial_id, None)) is not None:
+            metrics[ROWS] = rows
+        return metrics
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         if self.ended and not trial.config.get(KEEPALIVE):
-            self.ended(trial.config["ticket"], dict(trial.last_result or {}), None)
+            self.ended(trial.config["ticket"], self._report(trial), None)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         if self.ended and not trial.config.get(KEEPALIVE):
             error = trial.get_pickled_error() or trial.get_error() or RuntimeError("the trial failed")
-            self.ended(trial.config["ticket"], dict(trial.last_result or {}), error)
+            self.ended(trial.config["ticket"], self._report(trial), error)
 
 
 class ScoresLog(JsonLoggerCallback):

@@ -292,16 +292,20 @@ class Worker:
         meta = CheckpointMeta(run=to_dict(self.run), step=self.step, data_start=self.data_start, metrics=metrics,
                               serves=list(self.job.serves), notice=notice)
         name = storage.checkpoint_name(self.step)
+        location = storage.join(self.job.run_dir, name)
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint.save_shards(Path(tmp), self.model, self.optimizer)
             if self.step in self.policy.exports:
                 checkpoint.export_hf(Path(storage.hf_dir(tmp)), self.model, self.manifest.local_tokenizer(),
                                      seq_len=self.run.data.seq_len)
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp), checkpoint_dir_name=name)
+            local = self.run.resources.max_workers == 0  # Ray Train's local mode persists nothing: the loop does
+            if local:
+                storage.upload(Path(tmp), location)
+            saved = ray.train.Checkpoint(location) if local else ray.train.Checkpoint.from_directory(tmp)
+            ray.train.report(metrics, checkpoint=saved, checkpoint_dir_name=name)
         if self.world > 1 and dist.is_initialized():
             dist.barrier()  # every rank's upload has returned: a shard still being copied is never committed
-        persisted = self.run.resources.max_workers > 0  # local mode (0 workers) persists no checkpoint
-        if self.rank == 0 and persisted:
-            checkpoint.commit(storage.join(self.job.run_dir, name), meta, ranks=self.world)
+        if self.rank == 0:
+            checkpoint.commit(location, meta, ranks=self.world)
         if self.history is not None:
-            self.history.add(metrics, storage.join(self.job.run_dir, name) if persisted else None)
+            self.history.add(metrics, location)

@@ -83,8 +83,8 @@ def install(world: int = 1) -> bool:
 def _in_train_worker() -> bool:
     import ray
 
-    if not ray.is_initialized():
-        return False
+    if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+        return False  # not in a worker's actor: Ray Train's local mode runs the loop in the fitting process itself
     import ray.train
 
     try:

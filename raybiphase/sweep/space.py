@@ -57,11 +57,9 @@ def saved_steps(segment: Segment) -> tuple[CheckpointPolicy, list[int]]:
 
 def storage_bytes(plan: Plan) -> tuple[int, int]:
     """(checkpoints the sweep's folder holds at most, in bytes; their count): every segment's kept ones and the
-    largest segment's periodic ones before pruning. A segment in local mode (no workers) persists none."""
+    largest segment's periodic ones before pruning (in Ray Train's local mode too: the loop persists them)."""
     kept_bytes, kept_count, unpruned = 0, 0, 0
     for segment in plan.segments.values():
-        if not segment.config.resources.max_workers:
-            continue
         policy, steps = saved_steps(segment)
         kept = policy.kept(steps)
         sizes = {step: checkpoint_bytes(segment.config, export=step in policy.exports) for step in steps}

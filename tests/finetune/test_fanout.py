@@ -48,10 +48,12 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
     cfg = fanout_config()
     out = io.StringIO()
     logs: dict[str, str] = {}  # Tune's per-trial files, read as its private folder is removed when fine-tuning ends
+    states: list[str] = []  # and its experiment state, each trial's last result in it
 
     def read_then_remove(path, **kwargs):
         logs.update({str(p.relative_to(path)): p.read_text() if p.name == "result.json" else ""
                      for p in Path(path).glob("**/trial_*/*") if p.is_file()})
+        states.extend(p.read_text() for p in Path(path).glob("**/experiment_state*.json"))
         shutil.rmtree(path, **kwargs)
 
     monkeypatch.setattr(tuner, "shutil", types.SimpleNamespace(rmtree=read_then_remove))
@@ -75,6 +77,7 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
     results = [text for name, text in logs.items() if name.endswith("/result.json")]
     assert results and all(fanout.ROWS not in json.loads(line) for text in results for line in text.splitlines())
     assert not [name for name in logs if name.endswith("progress.csv") or "tfevents" in name], sorted(logs)
+    assert states and not [text for text in states if "test_per_example" in text]  # it does not grow with rows
     assert not list(tmp_path.glob("**/trial_*")), "Tune's folders reached the sweep's storage"
 
     def no_launch(spec):
@@ -102,6 +105,35 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
     launched.clear()  # records made under other trial settings are not reused
     launch(fanout_config(max_examples=32))
     assert len(launched) == 4
+
+
+def test_a_finished_trials_rows_reach_the_driver_but_not_tunes_saved_state():
+    """The callback takes a finished trial's rows out of its last report as Tune hands it over (Tune lets callbacks
+    change a result in place before keeping it as the trial's last result, which its experiment state saves), and
+    gives them back with the trial's end; a stopped or failed trial ends with its last report as it was."""
+    from raybiphase.finetune.fanout import ROWS
+
+    ended = []
+    callback = tuner.Ended(lambda ticket, metrics, error: ended.append((ticket, metrics, error)))
+    trials = {name: types.SimpleNamespace(trial_id=name, config={"ticket": i}, last_result=None,
+                                          get_pickled_error=lambda: None, get_error=lambda: None)
+              for i, name in enumerate(["finished", "stopped", "failed"])}
+
+    def tune_reports(trial, result):  # what Tune's controller does with a result
+        callback.on_trial_result(iteration=1, trials=[], trial=trial, result=result)
+        trial.last_result = result
+
+    tune_reports(trials["finished"], {"step": 9, "val_score": 0.7, ROWS: [{"task": "sst2"}]})
+    tune_reports(trials["stopped"], {"step": 3, "val_score": 0.5})
+    tune_reports(trials["failed"], {"step": 3, "val_score": 0.4})
+    assert all(ROWS not in trial.last_result for trial in trials.values())  # what Tune keeps and saves
+    callback.on_trial_complete(iteration=2, trials=[], trial=trials["finished"])
+    callback.on_trial_complete(iteration=2, trials=[], trial=trials["stopped"])
+    callback.on_trial_error(iteration=2, trials=[], trial=trials["failed"])
+    assert ended[0] == (0, {"step": 9, "val_score": 0.7, ROWS: [{"task": "sst2"}]}, None)
+    assert ended[1] == (1, {"step": 3, "val_score": 0.5}, None)
+    assert ended[2][:2] == (2, {"step": 3, "val_score": 0.4}) and isinstance(ended[2][2], RuntimeError)
+    assert callback.rows == {}
 
 
 def test_a_table_of_trials_made_under_other_settings_is_refused_in_one_line(tmp_path):

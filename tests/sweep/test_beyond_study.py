@@ -26,6 +26,7 @@ FREEZE = {"phases.plan": [{"objective": "clm", "steps": 8}, {"objective": "mlm",
 def shortened(tmp_path, small_data) -> dict:
     spec = yaml.safe_load(open("sweeps/beyond.yaml"))
     spec["sweep"]["storage"] = str(tmp_path)
+    spec["resources"]["num_workers"] = 0  # Ray Train's local mode: segments train in the driver, no worker group
     for run in spec["sweep"]["runs"]:
         for phase in run.get("phases.plan", []):
             phase["steps"] //= 50

@@ -60,6 +60,7 @@ def scaled(run: dict) -> dict:
 def shortened(tmp_path, small_data) -> dict:
     spec = yaml.safe_load(open("sweeps/paper_mini.yaml"))
     spec["sweep"]["storage"] = str(tmp_path)
+    spec["resources"]["num_workers"] = 0  # Ray Train's local mode: segments train in the driver, no worker group
     spec["sweep"]["runs"] = [scaled(run) for run in spec["sweep"]["runs"] if kept(run)]
     spec["phases"]["steps"] //= SCALE
     spec["data"] = {**SMALL_DATA, "dir": small_data[0].dir, "decontaminate": False}  # the shared shards hold none out
