@@ -78,7 +78,9 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, console: Console = STDO
         if spec.finetune.tasks:
             record_baselines(ctx, clock, rows)
         with clock.span("report"):
-            finish(ctx.paths, spec, console=console, cards=finetune_sources(ctx))
+            trained = [source for source in finetune_sources(ctx)  # a by_size sweep's skipped arms have none
+                       if storage.is_checkpoint(storage.parent(source.hf_dir))]
+            finish(ctx.paths, spec, console=console, cards=trained)
         ctx.say(clock.summary())
     return plan
 
