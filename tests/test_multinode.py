@@ -305,10 +305,10 @@ def test_the_quickstart_on_two_nodes_crosses_only_through_the_bucket(two_nodes, 
 
 @pytest.mark.cluster
 @pytest.mark.slow
-@pytest.mark.skip(reason="with a Ray Train fit per segment, the notice may come while every running segment is on "
-                         "the head node (Ray places no new segment on a draining node), and the rehearsal then waits "
-                         "for a drain checkpoint no worker writes; it must first make a segment run on the drained "
-                         "node")
+@pytest.mark.skip(reason="with a Ray Train fit per segment, the shared prefix can end before its worker reads the "
+                         "drain (every 5 s), and Ray places no next segment on the draining node (the head has no "
+                         "CPUs): no worker writes the drain checkpoint the rehearsal waits for; it needs a segment "
+                         "still training when the drain is read")
 def test_a_spot_notice_drains_the_worker_node_and_its_loss_costs_only_the_steps_since_the_drain(two_nodes,
                                                                                                  s3_bucket):
     """The same sweep's pretraining again (no fine-tuning), into another folder of the bucket: once the shared CLM

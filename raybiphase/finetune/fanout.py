@@ -160,9 +160,10 @@ def record_final(spec: TrialSpec, final: TrialResult) -> dict:
     return {ROWS: [row.record() for row in [own, *riders]]}
 
 
-def journaled(spec: TrialSpec) -> dict | None:
-    """The last report of a trial that already finished, rebuilt from its journal: its own record finished (written
-    last, so its riders' are on disk too), or None. A trial whose process ended after `record_final` but before
+def journaled(spec: TrialSpec) -> tuple[dict, dict] | None:
+    """The last report of a trial that already finished, rebuilt from its journal, as (its metrics as `run_trial`
+    reports them, `record_final`'s value): its own record finished (written last, so its riders' are on disk too),
+    or None. A trial whose process ended after `record_final` but before
     Tune took its last report (a lost node) is run again by Tune; it reports this at once and trains nothing, so a
     finished trial is never computed twice and ASHA, stopping the rerun early, cannot turn its row into a stopped
     one."""
@@ -172,8 +173,8 @@ def journaled(spec: TrialSpec) -> dict | None:
     rows = [own, *(read_record(rider.record) for rider in spec.riders)]
     if any(row is None for row in rows):
         return None
-    return {"step": own.steps_run, "val_score": -1.0 if math.isnan(own.val_score) else own.val_score,
-            **{rider_metric(row.task): row.val_score for row in rows[1:]}, ROWS: [row.record() for row in rows]}
+    also_val = {row.task: row.val_score for row in rows[1:]}
+    return {"step": own.steps_run, "val_score": own.val_score, "also_val": also_val}, {ROWS: [r.record() for r in rows]}
 
 
 def trial_rows(spec: TrialSpec, metrics: dict, *, failed: bool) -> list[FinetuneRow] | None:

@@ -84,18 +84,19 @@ def _trainable(config: dict, finetune: FinetuneConfig) -> None:
     import torch
 
     spec = TrialSpec.from_config(config["spec"])
-    if (value := journaled(spec)) is not None:  # finished before its process ended: Tune's retry trains nothing
-        tune.report(value)
-        return
-    torch.set_num_threads(max(1, int(finetune.cpus_per_trial)))
 
-    def report(metrics: dict) -> None:
-        rows = record_final(spec, metrics["final"]) if "final" in metrics else {}  # the last report's value
+    def report(metrics: dict, rows: dict | None = None) -> None:
+        if rows is None:  # the last report's value
+            rows = record_final(spec, metrics["final"]) if "final" in metrics else {}
         score = metrics["val_score"]
         # a diverged trial reports its floor score (NaN only from rows of old), which ranks it low for ASHA
         tune.report({"step": metrics["step"], "val_score": -1.0 if math.isnan(score) else score,
                      **{rider_metric(name): value for name, value in metrics.get("also_val", {}).items()}, **rows})
 
+    if (done := journaled(spec)) is not None:  # finished before its process ended: Tune's retry trains nothing
+        report(*done)
+        return
+    torch.set_num_threads(max(1, int(finetune.cpus_per_trial)))
     run_trial(spec, cfg=finetune, report=report)
 
 
