@@ -28,12 +28,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # where Ray looks for its mode and token
 LOCAL_ONLY = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
-CHECKPOINT_EVERY, PREFIX_STEPS = 10, 40
-SHRUNK = [  # the quickstart's CLM->MLM and CLM runs (a shared 40-step CLM prefix continued from the bucket), small
-    "sweep.grid={phases.clm_share: [0.5, 1.0]}", "resources.num_workers=1", "resources.max_concurrent=2",
-    "data.max_documents=1200", f"phases.steps={2 * PREFIX_STEPS}", "optim.warmup_steps=2", "optim.decay_steps=2",
-    f"train.eval_every={CHECKPOINT_EVERY}", f"train.checkpoint_every={CHECKPOINT_EVERY}", "finetune.tasks=[tweets]",
-    "finetune.lrs=[0.001]",
+# a shared prefix long enough that a spot notice given at its first checkpoint reaches its workers while it trains (on
+# 2 loaded cores a step takes 0.1-0.25 s; the notice's way through `spot-watch`, `ray drain-node`, Ray Train's watcher
+# and the loop, a few seconds), continued for a few steps by each run
+CHECKPOINT_EVERY, PREFIX_STEPS, RUN_STEPS = 10, 100, 120
+POLL = {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}  # Ray Train's drain watcher, and so the loop, every second
+SHRUNK = [  # the quickstart's CLM->MLM and CLM runs (a shared CLM prefix continued from the bucket), small
+    f"sweep.grid={{phases.clm_steps: [{PREFIX_STEPS}, {RUN_STEPS}]}}", "resources.num_workers=1",
+    "resources.max_concurrent=2", "data.max_documents=1500", f"phases.steps={RUN_STEPS}", "optim.warmup_steps=2",
+    "optim.decay_steps=2", f"train.eval_every={CHECKPOINT_EVERY}", f"train.checkpoint_every={CHECKPOINT_EVERY}",
+    "finetune.tasks=[tweets]", "finetune.lrs=[0.001]",
     "finetune.seeds=[0]", "finetune.max_steps=4", "finetune.eval_every=2", "finetune.max_examples=64",
     "finetune.max_eval_examples=64",
 ]
@@ -305,10 +309,6 @@ def test_the_quickstart_on_two_nodes_crosses_only_through_the_bucket(two_nodes, 
 
 @pytest.mark.cluster
 @pytest.mark.slow
-@pytest.mark.skip(reason="with a Ray Train fit per segment, the shared prefix can end before its worker reads the "
-                         "drain (every 5 s), and Ray places no next segment on the draining node (the head has no "
-                         "CPUs): no worker writes the drain checkpoint the rehearsal waits for; it needs a segment "
-                         "still training when the drain is read")
 def test_a_spot_notice_drains_the_worker_node_and_its_loss_costs_only_the_steps_since_the_drain(two_nodes,
                                                                                                  s3_bucket):
     """The same sweep's pretraining again (no fine-tuning), into another folder of the bucket: once the shared CLM
@@ -317,7 +317,9 @@ def test_a_spot_notice_drains_the_worker_node_and_its_loss_costs_only_the_steps_
     segment's workers write a checkpoint at the step under way (its meta says "drain") and train on; then every
     process of the node is SIGKILLed at once, as the cloud stops the VM, and a fresh node joins 10 s later. The job
     succeeds with the clean run's rows, every loss equal, every run ending with the clean run's weights bit for bit
-    (the clean run: the test above, else run here), and the restart resumes after the drain's checkpoint."""
+    (the clean run: the test above, else run here), and the restart resumes after the drain's checkpoint. Ray
+    Train's preemption watcher, and so the loop's read of it, polls every second here (every 5 s by default), so
+    that the notice reaches the prefix's workers while it trains."""
     import datetime
     import http.server
     import threading
@@ -340,13 +342,14 @@ def test_a_spot_notice_drains_the_worker_node_and_its_loss_costs_only_the_steps_
                                 "--address", f"127.0.0.1:{two_nodes.port}", "--every-s", "0.5"],
                                env=two_nodes.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     job = two_nodes.submit([f"sweep.storage={root}/results-lost", f"data.dir={root}/shards", *SHRUNK,
-                            "finetune.tasks=[]", "data.decontam_tasks=[tweets]"])  # the same runs and shards
+                            "finetune.tasks=[]", "data.decontam_tasks=[tweets]"],  # the same runs and shards
+                           job_env=POLL)
     try:
         prefix = _first_checkpointed(paths, job, started)
         assert prefix is not None, "the shared prefix never committed its first checkpoint"
         cloud.reclaim_at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=60)
         said = watcher.communicate(timeout=60)[0]
-        found = _drain_checkpoint(paths, job)  # the prefix's, or a later segment's when the prefix ended first
+        found = _drain_checkpoint(paths, job)  # the prefix's: no later segment starts on a draining node
         assert found is not None, f"no checkpoint of the drain was committed: {said}"
         segment, drain = found
         killed, lost_at = two_nodes.lose_worker(), time.time()
@@ -391,7 +394,7 @@ def test_a_spot_notice_drains_the_worker_node_and_its_loss_costs_only_the_steps_
     clean_paths = storage.SweepPaths(clean)
 
     def weights(at: storage.SweepPaths, name: str) -> str:
-        return storage.join(storage.hf_dir(at.checkpoint(name, 2 * PREFIX_STEPS)), "model.safetensors")
+        return storage.join(storage.hf_dir(at.checkpoint(name, RUN_STEPS)), "model.safetensors")
 
     ends = [name for name in storage.list_folders(clean_paths.runs) if storage.is_file(weights(clean_paths, name))]
     assert len(ends) == 2, ends
@@ -403,10 +406,11 @@ def test_a_spot_notice_drains_the_worker_node_and_its_loss_costs_only_the_steps_
 # goes) and waits out this start timeout before asking for 1: 60 s by default, 30 s here (the slowest 2-worker start
 # seen on 2 loaded cores took 21 s, and a start that times out is retried: Ray Train sets no limit on those)
 START_TIMEOUT, START_TIMEOUT_S = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", 30
+ELASTIC_STEPS = 40
 ELASTIC = [  # one 40-step run, its 2,048-token batch as 2 micro-batches; 1.5 CPUs a worker: one per 2-CPU node
     "sweep.grid={phases.clm_share: [0.5]}", "resources.num_workers=[1, 2]", "resources.cpus_per_worker=1.5",
     "resources.max_concurrent=1",
-    "train.micro_batch_size=8", "data.max_documents=1200", f"phases.steps={PREFIX_STEPS}", "optim.warmup_steps=2",
+    "train.micro_batch_size=8", "data.max_documents=1200", f"phases.steps={ELASTIC_STEPS}", "optim.warmup_steps=2",
     "optim.decay_steps=2", f"train.eval_every={CHECKPOINT_EVERY}", f"train.checkpoint_every={CHECKPOINT_EVERY}",
     "finetune.tasks=[]",
 ]
@@ -506,11 +510,11 @@ def test_an_elastic_segment_that_loses_a_node_for_good_finishes_on_the_node_left
     assert job.returncode == 0 and "succeeded" in output, output[-4000:]
     print(f"elastic: node lost ({killed} processes) after step {committed} of {run} was committed; first step on "
           f"the node left: {resumed}, {resumed_at - lost_at:.0f}s after the loss; job {time.time() - started:.0f}s")
-    assert committed < PREFIX_STEPS and resumed is not None and committed < resumed <= committed + CHECKPOINT_EVERY
+    assert committed < ELASTIC_STEPS and resumed is not None and committed < resumed <= committed + CHECKPOINT_EVERY
 
     rows = _table(paths.root, storage.PRETRAIN_FILE).sort_values("step")
     steps = rows["step"].tolist()  # every 10th step and the decay's start (38), each once
-    assert steps == sorted({*range(CHECKPOINT_EVERY, PREFIX_STEPS + 1, CHECKPOINT_EVERY), PREFIX_STEPS - 2})
+    assert steps == sorted({*range(CHECKPOINT_EVERY, ELASTIC_STEPS + 1, CHECKPOINT_EVERY), ELASTIC_STEPS - 2})
     workers = dict(zip(steps, rows["workers"]))
     assert all(n == (2 if step <= committed else 1) for step, n in workers.items()), workers
 

@@ -3,6 +3,9 @@ bucket (a real S3-compatible server on 127.0.0.1)."""
 
 from __future__ import annotations
 
+import logging
+import time
+
 import pyarrow.fs as pafs
 import pytest
 
@@ -130,3 +133,112 @@ def test_a_sweeps_outage_budget_is_what_it_and_its_ray_workers_wait_and_ends_wit
     assert SweepSpec().sweep.storage_outage_s == 900.0  # 15 minutes by default
     with pytest.raises(ConfigError, match="^sweep.storage_outage_s: 0.0 is out of range"):
         from_dict(SweepSpec, {"sweep": {"storage_outage_s": 0}})
+
+
+class LocalBoard:
+    """The sweep's OutageBoard in this process, called as a process of the sweep calls the actor (SharedBoard)."""
+
+    def __init__(self):
+        from raybiphase.outages import OutageBoard
+
+        self.board = OutageBoard()
+
+    def began(self, bucket, now):
+        return self.board.failed(bucket, now)
+
+    def report(self, bucket, now):
+        self.board.failed(bucket, now)
+
+    def reached(self, bucket):
+        self.board.reached(bucket)
+
+
+def failing(seconds: float, calls: list):
+    """A bucket call that always fails as an unreachable server does, waited out for `seconds`."""
+
+    @storage.retrying(seconds)
+    def read(location):
+        calls.append(time.monotonic())
+        raise OSError("When reading information for key 'k' in bucket 'b': AWS Error NETWORK_CONNECTION: "
+                      "curlCode: 7, Couldn't connect to server")
+
+    return read
+
+
+def test_a_process_that_joins_an_outage_counts_from_its_start_not_its_own(monkeypatch, caplog):
+    """A worker Ray Train starts again after its predecessor gave up on an unreachable bucket finds the outage on
+    the sweep's board: its wait counts from when the first process saw it, so the sweep waits one
+    sweep.storage_outage_s in all. It makes one call, says how long the bucket has been down, and stops with the
+    one-line StorageOutage; a process on its own (no board) waits its whole budget."""
+    from raybiphase import outages
+
+    board = LocalBoard()
+    board.report("s3://b", time.time() - 60)  # the outage's first process saw it 60 s ago, and gave up
+    joined = outages.Outages()
+    joined.board = lambda: board
+    monkeypatch.setattr(storage, "OUTAGES", joined)
+    calls: list[float] = []
+    with caplog.at_level(logging.WARNING, logger="raybiphase.storage"), pytest.raises(outages.StorageOutage):
+        failing(30.0, calls)("s3://b/k")
+    assert len(calls) == 1
+    said = [r.getMessage() for r in caplog.records]
+    assert "unreachable for 60 s already, retrying for up to 30 s" in said[0], said
+
+    alone = outages.Outages()
+    alone.board = lambda: None
+    monkeypatch.setattr(storage, "OUTAGES", alone)
+    calls.clear()
+    with pytest.raises(outages.StorageOutage):
+        failing(1.2, calls)("s3://b/k")
+    assert len(calls) >= 2  # 0.5 s, then what is left of the budget
+
+
+def test_the_outage_board_ends_an_outage_when_the_bucket_answers_or_nothing_failed_for_a_while():
+    """Reported failures keep one outage going from its first; a process reaching the bucket ends it; a failure
+    after GAP_S without one is a new outage."""
+    from raybiphase.outages import GAP_S, OutageBoard
+
+    board = OutageBoard()
+    assert board.failed("b", 1000.0) == 1000.0
+    assert board.failed("b", 1100.0) == 1000.0 and board.failed("c", 1100.0) == 1100.0  # one outage per bucket
+    assert board.failed("b", 1100.0 + GAP_S) == 1000.0  # within GAP_S of the last report
+    assert board.failed("b", 1101.0 + 2 * GAP_S) == 1101.0 + 2 * GAP_S  # nothing failed for longer: a new outage
+    board.reached("b")
+    assert board.failed("b", 2000.0 + 2 * GAP_S) == 2000.0 + 2 * GAP_S
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_the_processes_of_a_sweep_on_ray_wait_out_one_outage_budget_between_them(ray_cluster):
+    """Through the board a sweep starts once Ray is up (`outages.share`, within `outages.sharing`): a process
+    started after another gave up on a bucket (as Ray Train's restarted worker is) makes one call and stops, where
+    the first waited its budget; the board ends with the sweep."""
+    import ray
+
+    from raybiphase import outages
+
+    @ray.remote(num_cpus=0, max_calls=1)  # a fresh process per call, as a restarted worker is
+    def wait_out(seconds: float) -> int:
+        import time as clock
+
+        from raybiphase import outages as shared, storage as store
+
+        calls = []
+
+        @store.retrying(seconds)
+        def read(location):
+            calls.append(clock.monotonic())
+            raise OSError("AWS Error NETWORK_CONNECTION: curlCode: 7, Couldn't connect to server")
+
+        try:
+            read("s3://shared-outage/k")
+        except shared.StorageOutage:
+            return len(calls)
+        return -1
+
+    with outages.sharing():
+        outages.share()
+        first = ray.get(wait_out.remote(1.5))
+        second = ray.get(wait_out.remote(1.5))
+    assert first >= 2 and second == 1, (first, second)
+    assert outages._board() is None

@@ -204,7 +204,8 @@ class SweepConfig:
     """Local directory or cloud URI (s3://, gs://) for checkpoints and results."""
     storage_outage_s: float = 900.0
     """Seconds a bucket unreachable mid-sweep is waited out (every process retrying, a line a minute) before the
-    sweep stops with a line naming it; a rerun resumes."""
+    sweep stops with a line naming it; counted from the outage's start, once for the whole sweep (a worker Ray Train
+    restarts does not wait it out again); a rerun resumes."""
     grid: dict[str, list[Any]] = field(default_factory=dict)
     """Dotted key -> list of values; the sweep runs the cross product."""
     runs: tuple[dict[str, Any], ...] = ()

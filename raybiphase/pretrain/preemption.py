@@ -12,9 +12,12 @@ Two ways a notice reaches the loop, both agreed by every worker after the step u
 
 Either way a resume loses at most the steps trained after the notice's checkpoint.
 
-Ray's drain notice is read every `DRAIN_POLL_S` seconds, not every step: `get_preemption_info` is a barrier across
-the workers through Ray's actors, which a step of a fraction of a second should not wait on; the workers agree when
-to read it through the same all-reduce, so each calls it equally often, as Ray requires.
+Ray's drain notice is read as often as Ray Train's preemption watcher refreshes it (`drain_poll_s`: every 5 s
+unless RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S says otherwise), not every step: `get_preemption_info` is a barrier
+across the workers through Ray's actors, which a step of a fraction of a second should not wait on, and reading it
+more often than the watcher refreshes it learns nothing new. The workers agree when to read it through the same
+all-reduce, so each calls it equally often, as Ray requires. A drain is acted on at most two intervals after Ray
+announces it: well inside a grace period of 30 s or more.
 
 The loop runs in a thread of Ray Train's worker actor, and Python lets only the main thread set signal handlers:
 `install` has the worker's own actor run the setup in its main thread (`raybiphase.ray_internals`, checked when the
@@ -23,6 +26,7 @@ driver starts).
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -56,8 +60,22 @@ def _handle_in_main_thread() -> bool:
     return True
 
 
-DRAIN_POLL_S = 5.0
-"""How often the workers read Ray's drain notice: a few seconds of a grace period of 30 s or more."""
+POLL_ENV, DEFAULT_POLL_S = "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", 5.0
+"""Ray Train's setting for how often its preemption watcher polls Ray for drained nodes, and its default (Ray Train
+forwards the variable from the driver to its controller and workers)."""
+
+
+def drain_poll_s() -> float:
+    """Seconds between the workers' reads of Ray's drain notice: Ray Train's watcher interval (POLL_ENV), so that
+    a notice is read within one interval of the watcher seeing it and never more often than it can change."""
+    try:
+        seconds = float(os.environ.get(POLL_ENV, DEFAULT_POLL_S))
+    except ValueError:
+        return DEFAULT_POLL_S
+    return seconds if seconds > 0 else DEFAULT_POLL_S
+
+
+_EVERY = [DEFAULT_POLL_S]  # drain_poll_s(), read once per process by install
 _POLLED = [0.0]  # when the drain notice was last read (time.monotonic)
 _IN_TRAIN = [False]  # whether this process is a Ray Train worker (set by install)
 _DRAINING = [False]  # Ray's last answer: this group's nodes are being drained
@@ -69,7 +87,7 @@ def install(world: int = 1) -> bool:
     directly when this is the main thread)."""
     _NOTICE.clear()
     _DRAINING[0] = False
-    _POLLED[0] = time.monotonic()
+    _POLLED[0], _EVERY[0] = time.monotonic(), drain_poll_s()
     if world > 1 and _GROUP[0] is None and dist.get_backend() != "gloo":
         _GROUP[0] = dist.new_group(backend="gloo")
     _IN_TRAIN[0] = _in_train_worker()
@@ -103,7 +121,7 @@ def requested(world: int) -> int:
     """0, or the strongest notice any worker got (SIGNAL over DRAIN): every worker calls this after each step and
     they act together (a CPU all-reduce, no GPU sync)."""
     notice = SIGNAL if _NOTICE.is_set() else 0
-    due = _IN_TRAIN[0] and time.monotonic() - _POLLED[0] >= DRAIN_POLL_S
+    due = _IN_TRAIN[0] and time.monotonic() - _POLLED[0] >= _EVERY[0]
     if world > 1:
         tensor = torch.tensor([notice, int(due)], dtype=torch.int32)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_GROUP[0])

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from raybiphase import storage
+from raybiphase import outages, storage
 from raybiphase.checkpoint_meta import read_meta
 from raybiphase.config import SweepSpec, flatten
 from raybiphase.data import assets
@@ -65,14 +65,16 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, console: Console = STDO
     driver holding it stops this one here, before Ray starts), then prepare the data, pretrain every segment and,
     beside it, fine-tune every distinct checkpoint and the controls as they are ready, and draw the report; resumes
     where an earlier invocation stopped. An unreachable bucket is waited out for sweep.storage_outage_s, by the
-    driver and by every Ray worker it starts."""
+    driver and by every Ray worker it starts, counted from the outage's start as the first of them saw it (one
+    budget for the sweep however often Ray Train restarts a segment's workers)."""
     spec, plan = plan_sweep(spec, dry_run=dry_run, console=console)
     if dry_run:
         return plan
     clock = Clock()
     ctx = SweepContext(spec, plan, SweepPaths.of(spec.sweep.storage, spec.sweep.name), console=console)
     with (outage_budget(spec.sweep.storage_outage_s),  # for this process and every Ray worker it starts
-          lease.hold(ctx.paths.lease, spec.sweep.lease_timeout_s, console=console)):  # one driver per sweep folder
+          lease.hold(ctx.paths.lease, spec.sweep.lease_timeout_s, console=console),  # one driver per sweep folder
+          outages.sharing()):  # one outage budget for all of the sweep's processes (started once Ray is up)
         start(ctx, clock, spec_path)
         rows = run_jobs(ctx, clock)
         if spec.finetune.tasks:
@@ -115,6 +117,8 @@ def check_and_prepare(ctx: SweepContext, clock: Clock) -> None:
     assets.use_mirror(spec.sweep.storage)  # nodes without the offline assets copy them from the bucket
     with clock.span("Ray start"):
         ensure_ray()
+    if any(storage.is_uri(at) for at in (spec.sweep.storage, *(d.dir for d in corpora.values()))):
+        outages.share()  # one outage budget for the whole sweep, not one per process Ray Train restarts
     if machine := own_machine():  # the sweep's own Ray: what this machine has is all there will be
         check_room(ctx.plan, spec, machine[0], flash_attn=machine[1])
     with clock.span("data"):
