@@ -1,6 +1,7 @@
-"""The quickstart's time in its record and the README: the driver's last line read into seconds, and the README's
-line written from them (benchmarks/quickstart_record.py writes the record; tests/test_readme.py holds the README's
-line to the latest record). Light on purpose: the tests import it without the results stack."""
+"""A sweep's time in its record and the docs: the driver's last line read into seconds, and the lines written from
+them: the README's on the quickstart (benchmarks/quickstart_record.py writes its record; tests/test_readme.py holds
+the line to the latest record) and docs/study.md's on the paper miniature (benchmarks/sweep_record.py;
+tests/test_docs.py). Light on purpose: the tests import it without the results stack."""
 
 from __future__ import annotations
 
@@ -15,6 +16,12 @@ def seconds(text: str) -> int:
     """'5m55s' or '42s' (raybiphase.telemetry.clock.duration) as seconds."""
     minutes, _, rest = text.rpartition("m")
     return int(minutes or 0) * 60 + int(rest.rstrip("s"))
+
+
+PLAN_LINE = re.compile(r"^sweep (\S+): (\d+) runs, (\d+) segments$", re.M)
+"""The driver's first line of the plan (raybiphase.sweep.plan): `sweep paper_mini: 39 runs, 55 segments`."""
+PEAK_LINE = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
+"""GNU time's (`/usr/bin/time -v`) line on the driver process's peak memory."""
 
 
 def timing(log: str) -> dict:
@@ -45,3 +52,26 @@ def time_line(rec: dict) -> str:
     stages = ", ".join(f"{name} {minutes(value)}" for name, value in took["stages_s"].items())
     return (f"On {rec['machine']['cores']} cores, {beside}, it took {minutes(took['total_s'])}: its last line read "
             f"`{took['line']}`, of which {stages} (fine-tuning runs beside pretraining).")
+
+
+def plan(log: str) -> dict:
+    """The sweep's name, runs and segments as the driver's plan line gave them, and the driver's peak memory in GB
+    where the log holds GNU time's report (None otherwise)."""
+    found = PLAN_LINE.search(log)
+    if not found:
+        raise SystemExit("the log has no `sweep NAME: N runs, M segments` line: pass the driver's whole output")
+    peak = PEAK_LINE.search(log)
+    return {"sweep": found[1], "runs": int(found[2]), "segments": int(found[3]),
+            "driver_peak_gb": round(int(peak[1]) / 1e6, 2) if peak else None}
+
+
+def sweep_time_line(rec: dict) -> str:
+    """docs/study.md's line on a whole sweep's time, from a sweep_record.py record."""
+    took, shared = rec["time"], rec["machine"].get("shared", "unknown")
+    beside = {"nothing": "with nothing else running", "unknown": "what else ran not recorded"}.get(
+        shared, f"beside other work ({shared})")
+    stages = ", ".join(f"{name} {minutes(value)}" for name, value in took["stages_s"].items())
+    peak = f"; the driver's peak memory {rec['driver_peak_gb']:.1f} GB" if rec.get("driver_peak_gb") else ""
+    return (f"In full, `{rec['command']}` took {minutes(took['total_s'])} on {rec['machine']['cores']} cores, "
+            f"{beside}, in one invocation at {rec['code']} ({rec['runs']} runs in {rec['segments']} segments, "
+            f"{rec['trials']:,} fine-tuning trials; its stages: {stages}, fine-tuning running beside pretraining{peak}).")

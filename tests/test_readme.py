@@ -112,19 +112,35 @@ def test_the_quickstart_table_is_the_recorded_run():
     assert line and re.findall(r"SC|TC|QA|IR", line[1]) == rest and re.findall(r"SC|TC|QA|IR", line[2]) == apart
 
 
-def test_the_quickstarts_time_is_the_records():
-    """The README's line on the quickstart's time is the one benchmarks/quickstart_record.py prints for the latest
-    record: the run's time, its stages and what else ran on the machine, or that the record has none."""
+def _benchmark_module(name: str):
+    """A module of benchmarks/ (a folder of scripts, not a package), imported as its scripts import each other."""
     import importlib
 
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
-        quickstart_time = importlib.import_module("quickstart_time")
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
+
+
+def test_the_quickstarts_time_is_the_records():
+    """The README's line on the quickstart's time is the one benchmarks/quickstart_record.py prints for the latest
+    record: the run's time, its stages and what else ran on the machine, or that the record has none."""
+    quickstart_time = _benchmark_module("quickstart_time")
     record = json.loads(sorted((REPO / "benchmarks" / "results").glob("quickstart-*.json"))[-1].read_text())
     assert record["time"] == "not measured" or {"total_s", "line"} <= set(record["time"])
     assert " ".join(quickstart_time.time_line(record).split()) in " ".join((REPO / "README.md").read_text().split())
+
+
+def test_the_paper_miniatures_time_is_the_records():
+    """docs/study.md's line on the whole paper miniature's time is the one benchmarks/sweep_record.py prints for
+    the latest paper-mini record: the command, the time, its stages, the machine and what else ran on it, the
+    code it ran, how many runs, segments and trials."""
+    quickstart_time = _benchmark_module("quickstart_time")
+    record = json.loads(sorted((REPO / "benchmarks" / "results").glob("paper-mini-*.json"))[-1].read_text())
+    assert record["command"] == "python -m raybiphase.sweep sweeps/paper_mini.yaml" and record["trials"] > 0
+    line = " ".join(quickstart_time.sweep_time_line(record).split())
+    assert line in " ".join((REPO / "docs" / "study.md").read_text().split())
 
 
 def test_every_cpu_record_the_readme_quotes_names_its_environment():
