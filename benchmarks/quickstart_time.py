@@ -74,4 +74,5 @@ def sweep_time_line(rec: dict) -> str:
     peak = f"; the driver's peak memory {rec['driver_peak_gb']:.1f} GB" if rec.get("driver_peak_gb") else ""
     return (f"In full, `{rec['command']}` took {minutes(took['total_s'])} on {rec['machine']['cores']} cores, "
             f"{beside}, in one invocation at {rec['code']} ({rec['runs']} runs in {rec['segments']} segments, "
-            f"{rec['trials']:,} fine-tuning trials; its stages: {stages}, fine-tuning running beside pretraining{peak}).")
+            f"{rec['trials']:,} fine-tuning trials; its stages: {stages}, fine-tuning running beside "
+            f"pretraining{peak}).")

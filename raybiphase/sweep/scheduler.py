@@ -65,9 +65,9 @@ class FailurePolicy:
     error); a drain's restart (a spot notice) and an elastic group's growth are no failure and are not counted. A
     fit that fails having committed a newer checkpoint than it started from made progress: the segment is fitted
     again from there, a new try (`refit`). One that made none, or that ended on a bucket unreachable past
-    sweep.storage_outage_s (one budget for all of the sweep's processes: raybiphase.outages), fails the segment: then no segment
-    starts, the running ones end, the fine-tuning of what was ready goes on, and the first failure is raised as a
-    UserError naming the segment. A failed fine-tuning job is said at once; the running jobs go on, none starts
+    sweep.storage_outage_s (one budget for all of the sweep's processes: raybiphase.outages), fails the segment:
+    then no segment starts, the running ones end, the fine-tuning of what was ready goes on, and the first failure
+    is raised as a UserError naming the segment. A failed fine-tuning job is said at once; the running jobs go on, none starts
     after it, and its error is raised once the loop ends."""
 
     restarts: int = 2
