@@ -40,6 +40,11 @@ def minutes(total: int) -> str:
     return f"{total // 60}m{total % 60:02d}s" if total >= 60 else f"{total}s"
 
 
+def _stages(took: dict) -> str:
+    """A record's stages as the docs' lines give them: `pretraining 25m49s, fine-tuning 62m27s`."""
+    return ", ".join(f"{name} {minutes(value)}" for name, value in took["stages_s"].items())
+
+
 def time_line(rec: dict) -> str:
     """The README's line on the quickstart's time, from the record's `time`, `machine` and `trials`."""
     took = rec.get("time", "not measured")
@@ -49,7 +54,7 @@ def time_line(rec: dict) -> str:
     shared = rec["machine"].get("shared", "unknown")
     beside = {"nothing": "nothing else running", "unknown": "what else ran not recorded"}.get(
         shared, f"beside other work ({shared})")
-    stages = ", ".join(f"{name} {minutes(value)}" for name, value in took["stages_s"].items())
+    stages = _stages(took)
     return (f"On {rec['machine']['cores']} cores, {beside}, it took {minutes(took['total_s'])}: its last line read "
             f"`{took['line']}`, of which {stages} (fine-tuning runs beside pretraining).")
 
@@ -70,7 +75,7 @@ def sweep_time_line(rec: dict) -> str:
     took, shared = rec["time"], rec["machine"].get("shared", "unknown")
     beside = {"nothing": "with nothing else running", "unknown": "what else ran not recorded"}.get(
         shared, f"beside other work ({shared})")
-    stages = ", ".join(f"{name} {minutes(value)}" for name, value in took["stages_s"].items())
+    stages = _stages(took)
     peak = f"; the driver's peak memory {rec['driver_peak_gb']:.1f} GB" if rec.get("driver_peak_gb") else ""
     return (f"In full, `{rec['command']}` took {minutes(took['total_s'])} on {rec['machine']['cores']} cores, "
             f"{beside}, in one invocation at {rec['code']} ({rec['runs']} runs in {rec['segments']} segments, "

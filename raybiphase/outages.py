@@ -82,6 +82,10 @@ class OutageBoard:
         self.outages.pop(bucket, None)
 
 
+_SHARED: list = [None]
+"""The board `share` started: Ray ends an actor, named or not, once no handle to it is left."""
+
+
 def share() -> None:
     """Start the job's OutageBoard (Ray must be up; within `sharing`, which ends it): from then on every process
     of this job counts a bucket's outage from its start as the first of them saw it. On the driver's node,
@@ -92,10 +96,6 @@ def share() -> None:
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
     _SHARED[0] = ray.remote(num_cpus=0, max_restarts=-1)(OutageBoard).options(
         name=BOARD, get_if_exists=True, scheduling_strategy=here).remote()
-
-
-_SHARED: list = [None]
-"""The board `share` started: Ray ends an actor, named or not, once no handle to it is left."""
 
 
 @contextlib.contextmanager

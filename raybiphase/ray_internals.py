@@ -1,6 +1,6 @@
 """The only place raybiphase reaches past Ray's public API, each reach checked when the driver starts Ray.
 
-Ray 2.60 has no public call for two things the platform needs:
+Ray 2.60 has no public call for three things the platform needs:
 
 - running a function in the main thread of a Ray Train worker's actor, the one thread where Python lets a SIGTERM
   handler be set (a spot VM's notice: `raybiphase.pretrain.preemption`). Ray Train runs the training function in
@@ -10,7 +10,7 @@ Ray 2.60 has no public call for two things the platform needs:
 - draining a node for preemption with a deadline (`ray drain-node`, a CLI Ray keeps out of its stability
   promise, the call its own autoscaler makes): `raybiphase spot-watch` turns a cloud's spot notice into one.
 
-`check()` runs before the driver starts or joins Ray. If the installed Ray moved either internal, it stops with one
+`check()` runs before the driver starts or joins Ray. If the installed Ray moved any of these internals, it stops with one
 line naming what is missing and the Ray version this code was tested with, instead of letting preemption notices or
 the warning go silently missing after an upgrade. Everything else (preemption notices from the cluster, waiting for
 the controller) goes through Ray Train's public API.

@@ -163,10 +163,9 @@ def record_final(spec: TrialSpec, final: TrialResult) -> dict:
 def journaled(spec: TrialSpec) -> tuple[dict, dict] | None:
     """The last report of a trial that already finished, rebuilt from its journal, as (its metrics as `run_trial`
     reports them, `record_final`'s value): its own record finished (written last, so its riders' are on disk too),
-    or None. A trial whose process ended after `record_final` but before
-    Tune took its last report (a lost node) is run again by Tune; it reports this at once and trains nothing, so a
-    finished trial is never computed twice and ASHA, stopping the rerun early, cannot turn its row into a stopped
-    one."""
+    or None. A trial whose process ended after `record_final` but before Tune took its last report (a lost node) is
+    run again by Tune; it reports this at once and trains nothing, so a finished trial is never computed twice and
+    ASHA, stopping the rerun early, cannot turn its row into a stopped one."""
     own = read_record(spec.record)
     if own is None or own.stopped_early:
         return None
