@@ -206,6 +206,15 @@ class SweepConfig:
     """Seconds a bucket unreachable mid-sweep is waited out (every process retrying, a line a minute) before the
     sweep stops with a line naming it; counted from the outage's start, once for the whole sweep (a worker Ray Train
     restarts does not wait it out again); a rerun resumes."""
+    segment_tries: int = 3
+    """Fits of one pretraining segment in a row that may fail without committing a newer checkpoint: each failed
+    fit (its Ray Train restarts spent, a worker lost while its group starts, its controller lost, a stall) is said in
+    a line and the segment is fitted again from its newest committed checkpoint; a fit that committed one before
+    failing starts the count again. Once spent, the sweep ends with a line naming the segment; a rerun resumes."""
+    stall_s: float = 1800.0
+    """Seconds a segment's fit may show no sign of life (no optimizer step, report or change of its Ray Train
+    controller's state) before it is stopped and counted as a failed try: longer than a node's start on an
+    autoscaling cluster and a large model's compile, so only a hung fit reaches it."""
     grid: dict[str, list[Any]] = field(default_factory=dict)
     """Dotted key -> list of values; the sweep runs the cross product."""
     runs: tuple[dict[str, Any], ...] = ()
@@ -283,6 +292,8 @@ class SweepSpec:
               f"{self.sweep.name!r} is not a plain folder name; allowed: letters, digits, '.', '_' and '-', not "
               "starting with '.' (results go to <sweep.storage>/<sweep.name>/)")
         positive(self.sweep.storage_outage_s, "sweep.storage_outage_s")
+        positive(self.sweep.segment_tries, "sweep.segment_tries")
+        positive(self.sweep.stall_s, "sweep.stall_s")
         ratio(self.sweep.mfu, "sweep.mfu")
         ratio(self.sweep.finetune_mfu, "sweep.finetune_mfu")
         non_negative(self.sweep.finetune_launch_s_per_layer, "sweep.finetune_launch_s_per_layer")

@@ -18,9 +18,11 @@ RAYBIPHASE_STORAGE, when set, overrides sweep.storage (the KubeRay job uses it).
 from __future__ import annotations
 
 import dataclasses
+import os
+import tempfile
 import time
 
-from raybiphase import outages, storage
+from raybiphase import outages, ray_internals, storage
 from raybiphase.checkpoint_meta import read_meta
 from raybiphase.config import SweepSpec, flatten
 from raybiphase.data import assets
@@ -49,7 +51,7 @@ from raybiphase.sweep import lease
 from raybiphase.sweep.finetuning import baseline_rows, control_sources, finetune_sources, say_planned, trials_done
 from raybiphase.sweep.plan import Plan, Segment, dependencies
 from raybiphase.sweep.preflight import check_room, plan_sweep
-from raybiphase.sweep.scheduler import Scheduler
+from raybiphase.sweep.scheduler import FailurePolicy, Scheduler
 from raybiphase.sweep.space import check_space
 from raybiphase.sweep.stages import SizeStages
 from raybiphase.sweep.timeline import remaining_chain, simulate, wall_hours
@@ -158,7 +160,8 @@ def run_jobs(ctx: SweepContext, clock: Clock) -> list[dict]:
         say_planned(ctx)
     table = paths.table(storage.FINETUNE_FILE)
     scheduler = Scheduler(fanout, slots=spec.run.resources.max_concurrent, experiment=storage.join(paths.root, "finetune"),
-                          table=table, console=ctx.console, done=lambda: trials_done(table))
+                          table=table, console=ctx.console, done=lambda: trials_done(table),
+                          policy=FailurePolicy.of(spec.sweep))
     with Watch({}, ctx.console) as watch:  # a line per running segment every few seconds
         segments = SweepSegments(ctx, clock, todo, done, watch)
         if spec.sweep.stages == "by_size":  # a size starts once the smaller ones and their fine-tuning are done
@@ -184,10 +187,14 @@ class SweepSegments:
     """The sweep's segments as the scheduler runs them (raybiphase.sweep.scheduler.Pretraining): each try one Ray
     Train fit straight from the driver (no Tune trial stands between the driver and a segment: it would cost a
     process and the loop's imports again), its checkpoints committed in the segment's own folder, its progress
-    watched, and, as it ends, recorded with the seconds of pretraining left."""
+    watched, and, as it ends, recorded with the seconds of pretraining left. Each fit carries a guard
+    (raybiphase.ray_internals.fit_guard) whose record, a local file of this driver's (Ray Train runs a fit's
+    controller on the driver's node), says when the fit last showed a sign of life and lets a stalled fit be
+    stopped."""
 
     def __init__(self, ctx: SweepContext, clock: Clock, todo: list[Segment], done: set[str], watch: Watch):
         self.ctx, self.clock, self.todo, self.done, self.watch = ctx, clock, todo, done, watch
+        self.records = tempfile.TemporaryDirectory(prefix="raybiphase-fits-")
         self.hours = wall_hours(ctx.plan, ctx.spec)
         self.chain = remaining_chain(ctx.plan, self.hours)
         self.pace = Pace()
@@ -201,11 +208,31 @@ class SweepSegments:
     def fit(self, segment: Segment, restarts: int) -> None:
         """The segment's TorchTrainer fit: Ray Train's run folder is the segment's own (<sweep>/runs/<segment>),
         where its workers commit each checkpoint and a restart resumes from the newest committed one."""
-        make_trainer(segment_job(self.ctx, segment), max_failures=restarts).fit()  # its controller runs on this node
+        record = self.record(segment)
+        if os.path.exists(record):
+            os.remove(record)  # an earlier try's
+        make_trainer(segment_job(self.ctx, segment), max_failures=restarts,  # its controller runs on this node
+                     callbacks=[ray_internals.fit_guard(record)]).fit()
+
+    def record(self, segment: Segment) -> str:
+        return os.path.join(self.records.name, f"{segment.id}.json")
 
     def committed(self, segment: Segment) -> int:
         location = latest_committed(self.ctx.paths.run_dir(segment.id))
         return -1 if location is None else storage.step_of(location)
+
+    def last_sign(self, segment: Segment) -> float:
+        """The newest of the fit's controller's signs of life (its start, a state change, a report) and rank 0's
+        last progress beat (raybiphase.telemetry.progress.Beacon: one every RAYBIPHASE_PROGRESS_S while it steps)."""
+        seen = ray_internals.fit_record(self.record(segment)) or {}
+        try:
+            beat = storage.read_json(self.ctx.paths.progress(segment.id)) or {}
+        except (OSError, ValueError):
+            beat = {}
+        return max(float(seen.get("time", 0.0)), float(beat.get("time", 0.0)))
+
+    def stop(self, segment: Segment) -> bool:
+        return ray_internals.stop_fit(self.record(segment))
 
     def started(self, segment: Segment, running: int) -> None:
         self.ctx.say(f"pretraining: starting {segment.id} ({running} running)")

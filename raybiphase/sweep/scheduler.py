@@ -63,20 +63,44 @@ class FailurePolicy:
     A segment's try is one Ray Train fit. Within it Ray Train restarts the worker group from the segment's newest
     committed checkpoint at most `restarts` times (FailureConfig.max_failures: a worker or a node lost, a worker's
     error); a drain's restart (a spot notice) and an elastic group's growth are no failure and are not counted. A
-    fit that fails having committed a newer checkpoint than it started from made progress: the segment is fitted
-    again from there, a new try (`refit`). One that made none, or that ended on a bucket unreachable past
-    sweep.storage_outage_s (one budget for all of the sweep's processes: raybiphase.outages), fails the segment:
-    then no segment starts, the running ones end, the fine-tuning of what was ready goes on, and the first failure
-    is raised as a UserError naming the segment. A failed fine-tuning job is said at once; the running jobs go on, none starts
-    after it, and its error is raised once the loop ends."""
+    fit that raises for any reason (its restarts spent, a worker lost while its group starts, its controller lost)
+    or that shows no sign of life for `stall_s` seconds (no step, report or change of the controller's state: the
+    fit is stopped) is a failed try, said in one line: the segment is fitted again from its newest committed
+    checkpoint (or its parent's), taking the slot it left, while the jobs that do not wait on it go on. A try that
+    committed a newer checkpoint before failing made progress and starts the count again; `tries` failed tries in
+    a row without progress, a bucket unreachable past sweep.storage_outage_s (one budget for all of the sweep's
+    processes: raybiphase.outages), or a stalled fit that cannot be stopped fail the segment: then no segment
+    starts, the running ones end, the fine-tuning of what was ready goes on, every finished row is kept, and the
+    sweep ends with a UserError naming the segment, its tries and the last error; a rerun resumes. A failed
+    fine-tuning job is said at once; the running jobs go on, none starts after it, and its error is raised once
+    the loop ends."""
 
     restarts: int = 2
     """Ray Train's restarts of one fit of a segment (its FailureConfig.max_failures)."""
+    tries: int = 3
+    """Fits of one segment in a row that may fail without committing a newer checkpoint (sweep.segment_tries)."""
+    stall_s: float = 1800.0
+    """Seconds a fit may show no sign of life before it is stopped as a failed try (sweep.stall_s)."""
 
-    def refit(self, error: BaseException, progressed: bool) -> bool:
-        """Whether a segment whose fit failed with `error` is fitted again: only when the fit committed a newer
-        checkpoint, and never after a storage outage."""
-        return progressed and not storage_outage(error)
+    @classmethod
+    def of(cls, sweep) -> "FailurePolicy":
+        """The policy a sweep's settings (its SweepConfig) give."""
+        return cls(tries=sweep.segment_tries, stall_s=sweep.stall_s)
+
+    def retry(self, error: BaseException, failed_in_a_row: int) -> bool:
+        """Whether a segment whose fit failed with `error`, its `failed_in_a_row`-th failed try in a row without
+        progress, is fitted again: while tries are left, never after a storage outage or a fit that could not be
+        stopped."""
+        return failed_in_a_row < self.tries and not storage_outage(error) and not isinstance(error, Unstoppable)
+
+
+class FitStalled(RuntimeError):
+    """A fit that showed no sign of life for sweep.stall_s seconds and was stopped."""
+
+
+class Unstoppable(FitStalled):
+    """A stalled fit with no controller to stop (Ray Train's local mode, or one already gone): never fitted again
+    beside itself."""
 
 
 def storage_outage(error: BaseException) -> bool:
@@ -98,6 +122,10 @@ class Pretraining(Protocol):
         """One try: the segment's Ray Train fit, restarted by Ray Train at most `restarts` times."""
     def committed(self, segment: Segment) -> int:
         """The step of the segment's newest committed checkpoint (-1: none): a failed fit's progress."""
+    def last_sign(self, segment: Segment) -> float:
+        """When (time.time()) the segment's running fit last showed a sign of life (0.0: none seen)."""
+    def stop(self, segment: Segment) -> bool:
+        """Stop the segment's running fit so that it raises; False when it cannot be stopped."""
     def started(self, segment: Segment, running: int) -> None: ...
     def ended(self, segment: Segment, seconds: float | None, running: dict[str, float]) -> None: ...
     def sources(self, segments: set[str]) -> list[FinetuneSource]: ...
@@ -137,6 +165,10 @@ class Scheduler:
         self.pending: list[Segment] = []
         self.running: dict[str, float] = {}  # segment id -> when it started
         self.segment_errors: dict[str, BaseException] = {}
+        self.tries: dict[str, int] = collections.Counter()  # segment id -> its fits so far (the running one's number)
+        self.failed_in_a_row: dict[str, int] = collections.Counter()  # ... that failed in a row without progress
+        self.stopping: dict[str, tuple[float, str]] = {}  # a stalled fit being stopped: when, and why
+        self.checked = 0.0  # when stalls were last looked for
         self.jobs: dict[int, Job] = {}
         self.tickets: dict[int, tuple[Job, TrialSpec]] = {}
         self.numbers, self.ticket_numbers, self.batches = itertools.count(1), itertools.count(), 0
@@ -176,6 +208,8 @@ class Scheduler:
                 self.settle()
             if not self.running and not self.jobs:
                 break  # segments still pending can never start: one failed
+            if pretraining and self.running:
+                self.watch_stalls(pretraining)
             try:
                 kind, *event = self.events.get(timeout=0.5)  # short waits: Ctrl-C still reaches this thread
             except queue.Empty:
@@ -188,7 +222,8 @@ class Scheduler:
             self.trials.close()
             self.trials.join()
         if self.segment_errors:
-            raise segment_failure(self.segment_errors, [s.id for s in pretraining.todo], self.say)
+            raise segment_failure(self.segment_errors, [s.id for s in pretraining.todo], self.say, self.tries,
+                                  self.policy)
         if self.error is not None:
             raise self.error
         return self.rows
@@ -203,13 +238,14 @@ class Scheduler:
             self.running[segment.id] = time.time()
             self.most = max(self.most, len(self.running))
             self._snapshot()
+            self.tries[segment.id] += 1
             pretraining.started(segment, len(self.running))
-            threading.Thread(target=self._fit, args=(pretraining, segment), daemon=True,
-                             name=f"segment {segment.id}").start()
+            threading.Thread(target=self._fit, args=(pretraining, segment, self.tries[segment.id]), daemon=True,
+                             name=f"segment {segment.id} try {self.tries[segment.id]}").start()
 
-    def _fit(self, pretraining: Pretraining, segment: Segment) -> None:
-        """One try of `segment` (in its own thread); its end, with whether a failed try committed a newer
-        checkpoint, goes to the loop."""
+    def _fit(self, pretraining: Pretraining, segment: Segment, attempt: int) -> None:
+        """Try number `attempt` of `segment` (in its own thread); its end, with whether a failed try committed a
+        newer checkpoint, goes to the loop."""
         before, error, progressed = None, None, False
         try:
             before = pretraining.committed(segment)
@@ -221,32 +257,84 @@ class Scheduler:
             except Exception:  # unreadable now: no progress seen
                 pass
         finally:
-            self.events.put(("segment", segment.id, error, progressed))
+            self.events.put(("segment", segment.id, attempt, error, progressed))
 
-    def segment_ended(self, pretraining: Pretraining, sid: str, error: BaseException | None,
+    def watch_stalls(self, pretraining: Pretraining) -> None:
+        """Stop each running fit that showed no sign of life for the policy's stall_s (its fit then raises, a
+        failed try); one that cannot be stopped, or whose fit does not end within a minute of being stopped,
+        fails its segment at once. Looked at every few seconds."""
+        now = time.time()
+        if now - self.checked < min(5.0, self.policy.stall_s / 4):
+            return
+        self.checked = now
+        for sid, started in list(self.running.items()):
+            segment = next(s for s in pretraining.todo if s.id == sid)
+            if sid in self.stopping:
+                when, why = self.stopping[sid]
+                if now - when > STOP_GRACE_S:
+                    self.give_up(pretraining, sid, Unstoppable(f"{why}; its fit did not end once stopped"))
+                continue
+            try:
+                sign = pretraining.last_sign(segment)
+            except Exception:  # unreadable now: the try's start stands
+                sign = 0.0
+            quiet = now - max(started, sign)
+            if quiet <= self.policy.stall_s:
+                continue
+            why = f"no sign of life for {quiet:.0f} s (sweep.stall_s: {self.policy.stall_s:g})"
+            if pretraining.stop(segment):
+                self.say(f"pretraining: {sid} showed {why}; stopping its fit")
+                self.stopping[sid] = (now, why)
+            else:
+                self.give_up(pretraining, sid, Unstoppable(f"{why}; it has no Ray Train controller to stop"))
+
+    def give_up(self, pretraining: Pretraining, sid: str, error: BaseException) -> None:
+        """End the running try of `sid` now with `error` (never tried again: FailurePolicy.retry); the end its
+        thread may post later finds it no longer running and is ignored."""
+        self.segment_ended(pretraining, sid, self.tries[sid], error)
+
+    def segment_ended(self, pretraining: Pretraining, sid: str, attempt: int, error: BaseException | None,
                       progressed: bool = False) -> None:
-        """A segment's end: its record (the driver's `ended`), then its checkpoints' fine-tuning, at once; a failed
-        try that made progress is tried again (FailurePolicy)."""
+        """A segment's try ended: on success its record (the driver's `ended`), then its checkpoints' fine-tuning,
+        at once; on failure another try or the segment's failure (FailurePolicy), said in one line."""
+        if sid not in self.running or attempt != self.tries[sid]:
+            return  # a try given up on earlier
         started = self.running.pop(sid)
         segment = next(s for s in pretraining.todo if s.id == sid)
-        if error is not None and not self.segment_errors and self.policy.refit(error, progressed):
-            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            self.say(f"pretraining: {sid} failed after committing a newer checkpoint ({first}); "
-                     "fitting it again from there")
-            self.pending.insert(0, segment)  # it takes the slot it left
-            self._snapshot()
-            return
+        stopped = self.stopping.pop(sid, None)
+        if error is not None and stopped is not None and not isinstance(error, FitStalled):
+            error = FitStalled(f"{stopped[1]}; stopped ({said(error)})")
         if error is not None:
+            self.failed_in_a_row[sid] = 0 if progressed else self.failed_in_a_row[sid] + 1
+            if not self.segment_errors and self.policy.retry(error, self.failed_in_a_row[sid]):
+                left = self.policy.tries - self.failed_in_a_row[sid]
+                step = self.checkpoint_step(pretraining, segment)
+                self.say(f"pretraining: {sid} try {attempt} failed ({said(error)}); fitting it again from "
+                         + (f"step {step}" if step >= 0 else "its start")
+                         + f" ({left} failed tr{'y' if left == 1 else 'ies'} in a row left)")
+                self.pending.insert(0, segment)  # it takes the slot it left
+                self._snapshot()
+                return
             self.segment_errors[sid] = error
-        self._snapshot()
-        if error is not None:
+            self._snapshot()
+            self.say(f"pretraining: {sid} failed on try {attempt} ({said(error)}); no segment starts after it, "
+                     "the running ones and the fine-tuning of ready checkpoints go on")
             pretraining.ended(segment, None, {})
             return
+        self._snapshot()
         pretraining.done.add(sid)
         now = time.time()
         pretraining.ended(segment, now - started, {s: now - t for s, t in self.running.items()})
         if self.fanout:
             self.add_jobs(lambda: pretraining.sources({sid}))
+
+    @staticmethod
+    def checkpoint_step(pretraining: Pretraining, segment: Segment) -> int:
+        """The step a failed segment is fitted again from: its newest committed checkpoint's (-1: its start)."""
+        try:
+            return pretraining.committed(segment)
+        except Exception:
+            return -1
 
     def settle(self) -> None:
         """Once no segment runs or will start, trials may keep their processes between them (TuneTrials.settle)."""
@@ -360,16 +448,28 @@ class Scheduler:
                  + ("; pretraining goes on, the error is raised when it ends" if self.pretraining else ""))
 
 
-def segment_failure(errors: dict[str, BaseException], order: list[str], say: Callable[[str], None]) -> UserError:
-    """The first failed segment (in `order`) said whole, and the one-line error raised for it: the first line of
-    Ray Train's error and its last cause (the workers' errors follow line one)."""
+STOP_GRACE_S = 60.0
+"""Seconds a stopped fit has to raise before its segment fails without another try."""
+
+
+def said(error: BaseException) -> str:
+    """An error in one line: its first line and its last cause (Ray Train's error lists each worker's traceback
+    after its first line, the exception that ended it last)."""
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()] or [type(error).__name__]
+    causes = [line for line in lines[1:] if re.match(r"^[\w.]*(Error|Exception|Exit)\b", line)]
+    return lines[0] + (f" {causes[-1]}" if causes else "")
+
+
+def segment_failure(errors: dict[str, BaseException], order: list[str], say: Callable[[str], None],
+                    tries: dict[str, int], policy: FailurePolicy) -> UserError:
+    """The first failed segment (in `order`) said whole, and the one-line error raised for it: the segment, its
+    tries and its last error in one line (`said`)."""
     first = next(sid for sid in order if sid in errors)
-    text = str(errors[first]).strip()
-    say(f"pretraining: {first} failed:\n{text}")
-    lines = [line.strip() for line in text.splitlines() if line.strip()] or [type(errors[first]).__name__]
-    causes = [line for line in lines[1:] if re.match(r"^[\w.]*(Error|Exception)\b", line)]
-    message = lines[0] + (f" {causes[-1]}" if causes else "")
-    return UserError(f"sweep: {len(errors)} segment(s) failed, first: {first}: {message}")
+    say(f"pretraining: {first} failed:\n{str(errors[first]).strip()}")
+    others = f"; {len(errors) - 1} other segment(s) failed too" if len(errors) > 1 else ""
+    return UserError(f"sweep: segment {first} failed after {tries[first]} tr{'y' if tries[first] == 1 else 'ies'} "
+                     f"(sweep.segment_tries: {policy.tries}), last error: {said(errors[first])}{others}; "
+                     "run the sweep again to resume")
 
 
 def finetune_checkpoints(sources: list[FinetuneSource], fanout: Fanout, *, storage: str, name: str,

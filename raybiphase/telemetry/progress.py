@@ -48,13 +48,18 @@ def line(name: str, beat: dict) -> str:
     return text
 
 
+LIFE_S = 60.0
+"""Seconds between beats when progress lines are off: a beat is also the driver's sign that the fit is alive
+(sweep.stall_s)."""
+
+
 class Beacon:
     """Rank 0 of a training loop: `beat(...)` after every optimizer step writes `progress.json` at most every
-    `every_s` seconds (the loss is read from the device only then)."""
+    `every_s` seconds (every LIFE_S when progress lines are off; the loss is read from the device only then)."""
 
     def __init__(self, location: str | None, *, stop_at: int, tokens_per_step: int, every_s: float):
         self.location, self.stop_at, self.tokens_per_step = location, stop_at, tokens_per_step
-        self.every_s = every_s
+        self.every_s = every_s if every_s > 0 else LIFE_S
         self.last = self.window_start = time.perf_counter()
         self.window_steps = 0
 
@@ -62,7 +67,7 @@ class Beacon:
         """`loss`: a callable giving this rank's loss of the step (called only when a beat is written)."""
         self.window_steps += 1
         now = time.perf_counter()
-        if not self.location or self.every_s <= 0 or (now - self.last < self.every_s and step < self.stop_at):
+        if not self.location or (now - self.last < self.every_s and step < self.stop_at):
             return
         tokens_per_s = self.window_steps * self.tokens_per_step / max(now - self.window_start, 1e-9)
         beat = {"step": step, "stop_at": self.stop_at, "objective": objective, "loss": float(loss()),

@@ -6,6 +6,7 @@ tests/sweep/test_pipeline.py runs the real one beside a training segment."""
 from __future__ import annotations
 
 import io
+import re
 import threading
 
 import pytest
@@ -167,11 +168,18 @@ class _Segments:
         self.chain = {sid: -i for i, sid in enumerate(plan.segments)}  # plan order
         self.release = {sid: threading.Event() for sid in plan.segments}
         self.lines, self.fail, self.steps = [], {}, {}  # fail: segment -> tries that fail; steps: committed
+        self.hang, self.stops, self.stoppable = set(), [], True  # hang: segments whose next fit blocks until stopped
+        self.stopped = {sid: threading.Event() for sid in plan.segments}
         self.ready = lambda s: all(d in self.done for d in dependencies(s, plan.runs))
         self.sources = lambda segments: finetune_sources(ctx, segments)
 
     def fit(self, segment, restarts):
         assert self.release[segment.id].wait(30) and restarts == 2
+        if segment.id in self.hang:  # no sign of life until stopped (a stop that fails leaves it blocked)
+            self.hang.discard(segment.id)
+            assert self.stopped[segment.id].wait(60)
+            self.stopped[segment.id].clear()
+            raise RuntimeError("The actor died unexpectedly before finishing this task.")
         tries = self.fail.get(segment.id, [])
         if not tries:
             return
@@ -185,6 +193,15 @@ class _Segments:
     def committed(self, segment):
         return self.steps.get(segment.id, -1)
 
+    def last_sign(self, segment):
+        return 0.0
+
+    def stop(self, segment):
+        self.stops.append(segment.id)
+        if self.stoppable:
+            self.stopped[segment.id].set()
+        return self.stoppable
+
     def started(self, segment, running):
         self.lines.append(("started", segment.id, running))
 
@@ -192,7 +209,7 @@ class _Segments:
         self.lines.append(("ended", segment.id, seconds is not None))
 
 
-def _scheduler(ctx, out, launched, monkeypatch, fail=()):
+def _scheduler(ctx, out, launched, monkeypatch, fail=(), policy=None):
     """A scheduler whose checkpoint work is one trial per source (a stand-in fan-out) on the recorder; trials of
     a run in `fail` fail."""
     from raybiphase.finetune.fanout import ROWS, Fanout
@@ -226,7 +243,7 @@ def _scheduler(ctx, out, launched, monkeypatch, fail=()):
 
     monkeypatch.setattr(scheduler, "CheckpointWaves", OneTrial)
     return scheduler.Scheduler(Fanout.of(ctx.spec), slots=2, console=Console(out),
-                               trials=recording(launched, outcome))
+                               trials=recording(launched, outcome), policy=policy or scheduler.FailurePolicy())
 
 
 def test_the_controls_start_at_once_and_each_checkpoint_once_its_segment_ends(tmp_path, monkeypatch):
@@ -306,38 +323,112 @@ def test_a_failed_job_is_said_at_once_the_running_ones_finish_and_none_starts_af
     assert "fine-tuning: failed (RuntimeError: 1 of 1 fine-tuning trials failed" in out.getvalue()
 
 
-def test_a_failed_segment_stops_new_segments_and_is_raised_in_one_line_after_the_running_ones(tmp_path,
-                                                                                            monkeypatch):
+def test_a_segment_failing_every_try_stops_new_segments_and_is_raised_in_one_line_naming_its_tries(tmp_path,
+                                                                                               monkeypatch):
+    """FailurePolicy: a fit that fails without progress is fitted again, said in a line each time, until
+    sweep.segment_tries fits in a row failed; then no segment starts and one line names the segment, its tries and
+    the last error."""
     from raybiphase.errors import UserError
 
     plan, ctx, out = _two_runs(tmp_path)
     segments, launched = _Segments(plan, ctx), []
     prefix, *tails = plan.segments
-    segments.fail = {prefix: ["none"]}
+    segments.fail = {prefix: ["none", "none", "none"]}
     sched = _scheduler(ctx, out, launched, monkeypatch)
     segments.release[prefix].set()
-    with pytest.raises(UserError, match=f"sweep: 1 segment\\(s\\) failed, first: {prefix}: worker died "
-                                        "ValueError: loss is nan"):
+    with pytest.raises(UserError) as raised:
         sched.run(segments, lambda: [])
-    assert [line[:2] for line in segments.lines] == [("started", prefix), ("ended", prefix)]
+    assert str(raised.value) == (f"sweep: segment {prefix} failed after 3 tries (sweep.segment_tries: 3), last "
+                                 "error: worker died ValueError: loss is nan; run the sweep again to resume")
+    assert [line[:2] for line in segments.lines] == [("started", prefix)] * 3 + [("ended", prefix)]
+    lines = out.getvalue().splitlines()
+    assert f"pretraining: {prefix} try 1 failed (worker died ValueError: loss is nan); fitting it again from its " \
+           "start (2 failed tries in a row left)" in lines
+    assert f"pretraining: {prefix} try 2 failed (worker died ValueError: loss is nan); fitting it again from its " \
+           "start (1 failed try in a row left)" in lines
+    assert f"pretraining: {prefix} failed on try 3 (worker died ValueError: loss is nan); no segment starts after " \
+           "it, the running ones and the fine-tuning of ready checkpoints go on" in lines
 
 
-def test_a_failed_try_that_committed_a_checkpoint_is_fitted_again_and_one_that_did_not_fails_the_segment(
-        tmp_path, monkeypatch):
-    """FailurePolicy: a fit that failed after committing a newer checkpoint is tried again from it, said in a
-    line; the try after it, failing without progress, fails the segment."""
+def test_a_failed_try_that_committed_a_checkpoint_starts_the_count_again(tmp_path, monkeypatch):
+    """A try that committed a newer checkpoint before failing made progress: with one failed try allowed in a
+    row, a segment failing twice with progress and then once without ends there, fitted three times."""
     from raybiphase.errors import UserError
+    from raybiphase.sweep.scheduler import FailurePolicy
 
     plan, ctx, out = _two_runs(tmp_path)
     segments, launched = _Segments(plan, ctx), []
     prefix, *tails = plan.segments
-    segments.fail = {prefix: ["progress", "none"]}
+    segments.fail = {prefix: ["progress", "progress", "none"]}
     segments.release[prefix].set()
-    with pytest.raises(UserError, match=f"first: {prefix}: worker died"):
-        _scheduler(ctx, out, launched, monkeypatch).run(segments, lambda: [])
-    assert [line[:2] for line in segments.lines] == [("started", prefix), ("started", prefix), ("ended", prefix)]
-    assert f"pretraining: {prefix} failed after committing a newer checkpoint (worker died); fitting it again " \
-           "from there" in out.getvalue()
+    with pytest.raises(UserError, match=f"^sweep: segment {prefix} failed after 3 tries \\(sweep.segment_tries: 1\\)"):
+        _scheduler(ctx, out, launched, monkeypatch, policy=FailurePolicy(tries=1)).run(segments, lambda: [])
+    assert [line[:2] for line in segments.lines] == [("started", prefix)] * 3 + [("ended", prefix)]
+    assert f"pretraining: {prefix} try 2 failed (worker died ValueError: loss is nan); fitting it again from step " \
+           "1 (1 failed try in a row left)" in out.getvalue()
+
+
+def test_a_failing_segment_leaves_the_jobs_that_do_not_wait_on_it_going_and_ends_with_every_row(tmp_path,
+                                                                                               monkeypatch):
+    """While one branch fails and is fitted again, the other branch starts and ends and its checkpoint is
+    fine-tuned; the sweep then ends with the failed segment's line, the other rows kept."""
+    from raybiphase.errors import UserError
+    from raybiphase.finetune.spec import FinetuneSource
+
+    plan, ctx, out = _two_runs(tmp_path)
+    segments, launched = _Segments(plan, ctx), []
+    prefix, *tails = plan.segments
+    segments.fail = {tails[0]: ["none"] * 3}
+    sched = _scheduler(ctx, out, launched, monkeypatch)
+    for event in segments.release.values():
+        event.set()
+    with pytest.raises(UserError, match=f"^sweep: segment {tails[0]} failed after 3 tries"):
+        sched.run(segments, lambda: [FinetuneSource("init", 0, "")])
+    other = plan.segments[tails[1]].runs[0]
+    assert ("ended", tails[1], True) in segments.lines  # trained beside the failing branch
+    assert sorted(spec.run for spec in launched) == sorted(["init", other])  # its checkpoint fine-tuned
+    assert sorted(row["run"] for row in sched.rows) == sorted(["init", other])
+
+
+def test_a_stalled_fit_is_stopped_and_fitted_again_and_one_that_cannot_be_stopped_fails_its_segment(
+        tmp_path, monkeypatch):
+    """A fit with no sign of life for sweep.stall_s is stopped (its fit raises): a failed try, fitted again. One
+    with no controller to stop fails the segment at once, never fitted again beside itself."""
+    from raybiphase.errors import UserError
+    from raybiphase.sweep import scheduler
+    from raybiphase.sweep.scheduler import FailurePolicy
+
+    plan, ctx, out = _two_runs(tmp_path)
+    segments, launched = _Segments(plan, ctx), []
+    prefix, *tails = plan.segments
+    segments.hang = {prefix}
+    segments.release[prefix].set()
+    runner = threading.Thread(target=lambda: _scheduler(ctx, out, launched, monkeypatch, policy=FailurePolicy(
+        stall_s=1.0)).run(segments, lambda: []), daemon=True)
+    runner.start()
+    _until(lambda: ("ended", prefix, True) in segments.lines)
+    segments.release[tails[0]].set(), segments.release[tails[1]].set()
+    runner.join(30)
+    assert not runner.is_alive() and segments.stops == [prefix]
+    text = out.getvalue()
+    assert re.search(f"pretraining: {prefix} showed no sign of life for [12] s \\(sweep.stall_s: 1\\); stopping "
+                     "its fit", text), text
+    assert re.search(f"pretraining: {prefix} try 1 failed \\(no sign of life for [12] s \\(sweep.stall_s: 1\\); "
+                     r"stopped \(The actor died unexpectedly before finishing this task.\)\); fitting it again", text)
+
+    plan, ctx, out = _two_runs(tmp_path / "unstoppable")
+    segments, launched = _Segments(plan, ctx), []
+    prefix, *tails = plan.segments
+    segments.hang, segments.stoppable = {prefix}, False
+    segments.release[prefix].set()
+    monkeypatch.setattr(scheduler, "STOP_GRACE_S", 1.0)
+    with pytest.raises(UserError) as raised:
+        _scheduler(ctx, out, launched, monkeypatch, policy=FailurePolicy(stall_s=1.0)).run(segments, lambda: [])
+    assert re.fullmatch(f"sweep: segment {prefix} failed after 1 try \\(sweep.segment_tries: 3\\), last error: no "
+                        "sign of life for [12] s \\(sweep.stall_s: 1\\); it has no Ray Train controller to stop; "
+                        "run the sweep again to resume", str(raised.value)), str(raised.value)
+    assert [line[:2] for line in segments.lines] == [("started", prefix), ("ended", prefix)]
+    segments.stopped[prefix].set()  # the blocked fit ends: its late end changes nothing
 
 
 def test_a_storage_outage_fails_the_segment_even_after_progress(tmp_path, monkeypatch):
@@ -350,7 +441,8 @@ def test_a_storage_outage_fails_the_segment_even_after_progress(tmp_path, monkey
     prefix, *tails = plan.segments
     segments.fail = {prefix: ["outage"]}
     segments.release[prefix].set()
-    with pytest.raises(UserError, match=f"first: {prefix}: storage: s3://b unreachable for 15 min"):
+    with pytest.raises(UserError, match=f"segment {prefix} failed after 1 try .*last error: storage: s3://b "
+                                        "unreachable for 15 min"):
         _scheduler(ctx, out, launched, monkeypatch).run(segments, lambda: [])
     assert [line[:2] for line in segments.lines] == [("started", prefix), ("ended", prefix)]
     worker_error = RuntimeError("Training failed due to worker errors:\n[Rank 0]\nTraceback (most recent call "

@@ -131,6 +131,12 @@ class _Segments:
     def committed(self, segment) -> int:
         return -1
 
+    def last_sign(self, segment) -> float:
+        return 0.0
+
+    def stop(self, segment) -> bool:
+        return False
+
     def started(self, segment, running) -> None:
         self.order.append(self.gate.size_of[segment.id])
 
