@@ -113,8 +113,8 @@ def _guard_class():
 
     class FitGuard(ControllerCallback, WorkerGroupCallback, ReportCallback):
         """Lives in the fit's controller (on the driver's node: Ray Train pins it there). Writes `record` (a local
-        JSON file: the controller's pid and the time of its last sign of life: its start, each state change, each
-        report) and shuts down a worker group whose training function never launched before a failure is acted
+        JSON file: the controller's pid and the time of its last sign of life: its start, each change of its
+        state, each report) and shuts down a worker group whose training function never launched before a failure is acted
         on."""
 
         def __init__(self, record: str):
@@ -135,7 +135,8 @@ def _guard_class():
             self._alive("started")
 
         def after_controller_state_update(self, previous_state, current_state) -> None:
-            self._alive(type(current_state).__name__)
+            if type(current_state) is not type(previous_state):  # called on every turn of the control loop
+                self._alive(type(current_state).__name__)
 
         def after_report(self, training_report, metrics) -> None:
             self._alive("report")

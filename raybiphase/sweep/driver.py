@@ -51,7 +51,8 @@ from raybiphase.sweep import lease
 from raybiphase.sweep.finetuning import baseline_rows, control_sources, finetune_sources, say_planned, trials_done
 from raybiphase.sweep.plan import Plan, Segment, dependencies
 from raybiphase.sweep.preflight import check_room, plan_sweep
-from raybiphase.sweep.scheduler import FailurePolicy, Scheduler
+from raybiphase.sweep.failures import FailurePolicy
+from raybiphase.sweep.scheduler import Scheduler
 from raybiphase.sweep.space import check_space
 from raybiphase.sweep.stages import SizeStages
 from raybiphase.sweep.timeline import remaining_chain, simulate, wall_hours

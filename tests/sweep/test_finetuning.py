@@ -215,6 +215,7 @@ def _scheduler(ctx, out, launched, monkeypatch, fail=(), policy=None):
     from raybiphase.finetune.fanout import ROWS, Fanout
     from raybiphase.finetune.spec import TrialSpec
     from raybiphase.sweep import scheduler
+    from raybiphase.sweep.failures import FailurePolicy
     from raybiphase.telemetry.console import Console
     from tests.finetune.recording import recording
 
@@ -243,7 +244,7 @@ def _scheduler(ctx, out, launched, monkeypatch, fail=(), policy=None):
 
     monkeypatch.setattr(scheduler, "CheckpointWaves", OneTrial)
     return scheduler.Scheduler(Fanout.of(ctx.spec), slots=2, console=Console(out),
-                               trials=recording(launched, outcome), policy=policy or scheduler.FailurePolicy())
+                               trials=recording(launched, outcome), policy=policy or FailurePolicy())
 
 
 def test_the_controls_start_at_once_and_each_checkpoint_once_its_segment_ends(tmp_path, monkeypatch):
@@ -354,7 +355,7 @@ def test_a_failed_try_that_committed_a_checkpoint_starts_the_count_again(tmp_pat
     """A try that committed a newer checkpoint before failing made progress: with one failed try allowed in a
     row, a segment failing twice with progress and then once without ends there, fitted three times."""
     from raybiphase.errors import UserError
-    from raybiphase.sweep.scheduler import FailurePolicy
+    from raybiphase.sweep.failures import FailurePolicy
 
     plan, ctx, out = _two_runs(tmp_path)
     segments, launched = _Segments(plan, ctx), []
@@ -396,7 +397,7 @@ def test_a_stalled_fit_is_stopped_and_fitted_again_and_one_that_cannot_be_stoppe
     with no controller to stop fails the segment at once, never fitted again beside itself."""
     from raybiphase.errors import UserError
     from raybiphase.sweep import scheduler
-    from raybiphase.sweep.scheduler import FailurePolicy
+    from raybiphase.sweep.failures import FailurePolicy
 
     plan, ctx, out = _two_runs(tmp_path)
     segments, launched = _Segments(plan, ctx), []
@@ -434,7 +435,7 @@ def test_a_stalled_fit_is_stopped_and_fitted_again_and_one_that_cannot_be_stoppe
 def test_a_storage_outage_fails_the_segment_even_after_progress(tmp_path, monkeypatch):
     """A bucket unreachable past its budget: a new try would wait the same outage out again."""
     from raybiphase.errors import UserError
-    from raybiphase.sweep.scheduler import storage_outage
+    from raybiphase.sweep.failures import storage_outage
 
     plan, ctx, out = _two_runs(tmp_path)
     segments, launched = _Segments(plan, ctx), []

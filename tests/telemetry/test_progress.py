@@ -41,6 +41,18 @@ def test_the_last_step_of_a_segment_always_beats(tmp_path, monkeypatch):
     assert json.loads(target.read_text())["step"] == 7
 
 
+def test_with_progress_lines_off_a_beat_still_says_the_fit_is_alive_every_minute(tmp_path, monkeypatch):
+    """The driver stops a fit with no sign of life for sweep.stall_s: a beat is one, so it never stops beating."""
+    clock = iter([0.0, 30.0, 61.0])
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
+    target = tmp_path / "progress.json"
+    beacon = Beacon(str(target), stop_at=100, tokens_per_step=10, every_s=0.0)  # RAYBIPHASE_PROGRESS_S=0
+    beacon.beat(1, "clm", lambda: 3.0)  # t=30
+    assert not target.exists()
+    beacon.beat(2, "clm", lambda: 3.0)  # t=61
+    assert json.loads(target.read_text())["step"] == 2 and progress.LIFE_S == 60.0
+
+
 def test_the_line_names_step_loss_throughput_and_eta():
     beat = {"step": 240, "stop_at": 400, "objective": "clm", "loss": 5.834, "tokens_per_s": 3100.0,
             "tokens_per_step": 2048}
