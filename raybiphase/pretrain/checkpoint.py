@@ -9,8 +9,16 @@ One loader serves resume, branching, continued pretraining and fine-tuning (name
     <ckpt>/__*_0.sha256.json  each rank's digests of the files it wrote, merged into the meta at commit
     <ckpt>/__*_*.distcp    DCP shards of {"model": ..., "optim": ...}; <ckpt>/.metadata their index
     <ckpt>/hf/             save_pretrained export (safetensors + tokenizer), at the end and at requested steps
-DCP stores its index with pickle; `SafeReader` unpickles it against an exact list of (module, name) pairs
-(INDEX_GLOBALS), so loading a checkpoint never runs arbitrary code. Tensors are loaded with `weights_only=True` by DCP itself.
+A bucket is untrusted input: whoever can write it can write every file of a checkpoint, its meta and digests
+included. Loading one therefore never runs code it holds:
+- DCP stores its index with pickle; `SafeReader` unpickles it against an exact list of (module, name) pairs
+  (INDEX_GLOBALS).
+- Every item of the index must point into a shard the meta lists with its size and SHA-256 (checked against the
+  local copy before anything is read), within that size, with no transform (`check_index`); a meta without the
+  digests of its index and shards is damaged. Only the optimizer's settings (`optim.param_groups.*`) may be byte
+  items.
+- Tensors are read by DCP itself with `torch.load(weights_only=True)`; byte items, which DCP's own planner
+  unpickles whole, are read by `SafeLoadPlanner` with `weights_only=True` (plain numbers, tuples, lists).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import hashlib
 import io
 import json
 import pickle
+import re
 import time
 from pathlib import Path
 from typing import Iterator
@@ -28,6 +37,9 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -79,6 +91,63 @@ class _AllowListUnpickler(pickle.Unpickler):
         if (module, name) not in INDEX_GLOBALS:
             raise pickle.UnpicklingError(f"its index names {module}.{name}, which a checkpoint index never holds")
         return super().find_class(module, name)
+
+
+BYTE_ITEM = re.compile(r"optim\.param_groups\.\d+\.\w+")
+"""The only items a checkpoint stores as bytes: the optimizer's settings per parameter group (lr, betas, ...)."""
+SHARD = re.compile(r"__\d+_\d+\.distcp")
+"""The only files an index's items may point into: the ranks' shards, beside it in the checkpoint folder."""
+
+
+class ByteItemRefused(pickle.UnpicklingError):
+    """A byte item that holds more than plain values (DCP reports it inside its own exception, as text)."""
+
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, reading byte items with `weights_only=True` (DCP's own unpickles them whole)."""
+
+    def load_bytes(self, read_item, value: io.BytesIO) -> None:
+        try:
+            loaded = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError:
+            raise ByteItemRefused(f"byte item {read_item.dest_index.fqn!r}") from None
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
+
+
+def check_index(metadata, meta: CheckpointMeta, name: str) -> None:
+    """UserError, in one line naming the checkpoint, when an item of the index is not what this code writes: bytes
+    anywhere but the optimizer's settings (BYTE_ITEM), or a storage entry that points outside a shard the meta lists
+    with its digest (SHARD), past its recorded size, or through a transform. Run before DCP reads any item."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+
+    def refuse(what: str):
+        return UserError(f"checkpoint {name}: refused: {what} (this code never writes one; reading it could run "
+                         "code or read past its files)")
+
+    for fqn, item in metadata.state_dict_metadata.items():
+        if isinstance(item, BytesStorageMetadata):
+            if not BYTE_ITEM.fullmatch(str(fqn)):
+                raise refuse(f"its index stores {fqn!r} as bytes")
+        elif not isinstance(item, TensorStorageMetadata):
+            raise refuse(f"its index describes {fqn!r} as {type(item).__name__}")
+    for index, info in (metadata.storage_data or {}).items():
+        where = getattr(index, "fqn", index)
+        if not isinstance(info, _StorageInfo):
+            raise refuse(f"its index stores {where!r} as {type(info).__name__}")
+        path, offset, length = info.relative_path, info.offset, info.length
+        if not (isinstance(path, str) and SHARD.fullmatch(path) and path in meta.files and path in meta.checksums):
+            raise refuse(f"its index points {where!r} into {path!r}, not a shard its meta lists with a digest")
+        if not (type(offset) is int and type(length) is int and 0 <= offset and 0 <= length
+                and offset + length <= meta.files[path]):
+            raise refuse(f"its index points {where!r} at bytes {offset}+{length} of {path}, which holds "
+                         f"{meta.files[path]}")
+        if info.transform_descriptors:
+            raise refuse(f"its index reads {where!r} through transforms {list(info.transform_descriptors)}")
 
 
 class SafeReader(dcp.FileSystemReader):
@@ -159,6 +228,10 @@ def check_files(location: storage.Location, meta: CheckpointMeta, name: str | No
     object), or, in a local folder, when a shard's or the index's SHA-256 is not the one recorded at commit.
     `name`: where the checkpoint came from, when `location` is a local copy."""
     found = _files(location)
+    unsigned = sorted(n for n in meta.files if (n == ".metadata" or SHARD.fullmatch(n)) and n not in meta.checksums)
+    if ".metadata" not in meta.files or unsigned:
+        raise Damaged(f"checkpoint: {name or location} is damaged: its meta lists no digest of "
+                      f"{', '.join(unsigned[:3]) or '.metadata'}")
     bad = sorted(name for name, size in meta.files.items() if found.get(name) != size)
     if bad:
         raise Damaged(f"checkpoint: {name or location} is incomplete: {', '.join(bad[:3])} missing or of another size")
@@ -185,18 +258,31 @@ def latest_committed(run_dir: storage.Location) -> str | None:
 
 def load(path: str | Path, model, optimizer=None, *, name: str | None = None) -> CheckpointMeta:
     """Load weights (and the optimizer when given) in place from a checkpoint, its files checked against its meta
-    first; returns the meta. An index that names anything but DCP's own classes (INDEX_GLOBALS) is one UserError
+    first (a meta that cannot be read, a file missing or changed: `Damaged`); returns the meta. An index that names anything but DCP's own classes (INDEX_GLOBALS) is one UserError
     naming the checkpoint (`name`: where it came from, when `path` is a local copy), before anything in it runs."""
-    meta = read_meta(path)
+    try:
+        meta = read_meta(path)
+    except UserError as err:  # a meta cut short or emptied: the checkpoint before it stands in (`restore`)
+        if storage.exists(storage.meta_path(path)):
+            raise Damaged(f"{err}; checkpoint {name or path} is damaged") from None
+        raise
     check_files(path, meta, name)
     state = {"model": get_model_state_dict(model)}
     if optimizer is not None:
         state["optim"] = get_optimizer_state_dict(model, optimizer)
     try:  # read here first: DCP would wrap the refusal in its own exception
-        SafeReader(str(path)).read_metadata()
+        metadata = SafeReader(str(path)).read_metadata()
     except pickle.UnpicklingError as err:
         raise UserError(f"checkpoint {name or path}: refused: {err} (reading it could run code)") from None
-    dcp.load(state, storage_reader=SafeReader(str(path)))
+    check_index(metadata, meta, str(name or path))
+    try:
+        dcp.load(state, storage_reader=SafeReader(str(path)), planner=SafeLoadPlanner())
+    except CheckpointException as err:  # each rank's failure, gathered (a BaseException)
+        refused = [str(failure) for failure, _ in err.failures.values() if isinstance(failure, ByteItemRefused)]
+        if refused:
+            raise UserError(f"checkpoint {name or path}: refused: a {refused[0]} (it holds more than plain values; "
+                            "reading it could run code)") from None
+        raise
     # separate calls: the combined set_state_dict hung with FSDP2 on CPU (torch 2.13)
     set_model_state_dict(model, state["model"])
     if optimizer is not None:
