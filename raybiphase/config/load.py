@@ -61,6 +61,11 @@ def non_negative(value: float, key: str) -> None:
     check(0 <= value < math.inf, key, f"{value} is out of range; allowed: zero or more")
 
 
+def counted(value: int, key: str, most: int) -> None:
+    """A count between 1 and `most`: a typo's 1e15 is said here, not as a memory error once the run starts."""
+    check(0 < value <= most, key, f"{value:,} is out of range; allowed: 1 to {most:,}")
+
+
 def distinct(values: Any, key: str) -> None:
     """Each value once: a repeated seed, learning rate, task or grid value would silently run as one."""
     values = list(values)
@@ -240,8 +245,46 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+MAX_VALUES = 100_000
+"""The most values (leaves and containers) a spec may hold once its YAML aliases are expanded: far above any real
+sweep's, far below what a crafted alias chain (a 'billion laughs') would expand to."""
+
+
+class SpecTooLarge(yaml.YAMLError):
+    """A document whose aliases expand past MAX_VALUES values, or that refers to itself."""
+
+
+def _expanded_size(data: Any) -> int:
+    """How many values `data` holds with every alias expanded, counted without expanding anything (each object
+    once: PyYAML gives an alias the very object of its anchor); SpecTooLarge past MAX_VALUES or on a cycle."""
+    sizes: dict[int, int] = {}
+    open_ids: set[int] = set()
+
+    def size(node: Any) -> int:
+        if not isinstance(node, (dict, list)):
+            return 1
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in open_ids:
+            raise SpecTooLarge("an alias refers to a value that contains it")
+        open_ids.add(id(node))
+        children = node.values() if isinstance(node, dict) else node
+        total = 1 + sum(size(child) for child in children)
+        open_ids.discard(id(node))
+        if total > MAX_VALUES:
+            raise SpecTooLarge(f"its aliases expand to more than {MAX_VALUES:,} values")
+        sizes[id(node)] = total
+        return total
+
+    return size(data)
+
+
 def _strict_load(text: str) -> Any:
-    return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: plain data only
+    """A SafeLoader's plain data, refused (SpecTooLarge) before anything copies it when its aliases expand past
+    MAX_VALUES values."""
+    data = yaml.load(text, Loader=_StrictLoader)
+    _expanded_size(data)
+    return data
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -253,6 +296,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip()
     try:
         return key, _strict_load(raw)
+    except SpecTooLarge as err:
+        raise ConfigError(f"{key}: refused: {err}") from None
     except yaml.YAMLError as err:
         if raw.strip().startswith("@"):
             return key, raw.strip()
@@ -300,6 +345,10 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except DuplicateKey as err:
         raise ConfigError(f"{path}: line {err.line}: duplicate key {err.key!r} (first on line {err.first}); give "
                           "each key once") from None
+    except SpecTooLarge as err:
+        raise ConfigError(f"{path}: refused: {err}; write the values out") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: refused: nested deeper than a spec ever is") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from raybiphase.config.load import (
+    counted,
     NOT_WEIGHTS,
     check,
     distinct,
@@ -27,6 +28,10 @@ from raybiphase.config.load import (
 )
 from raybiphase.config.resources import ResourcesConfig
 from raybiphase.config.sizes import SIZE_NAMES, SIZES
+
+
+MAX_STEPS = 10_000_000
+"""The most optimizer steps a run may have (the paper's longest: 42,000); the schedule holds a value per step."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,7 +206,7 @@ class PhasesConfig:
         )
 
     def __post_init__(self) -> None:
-        positive(self.steps, "phases.steps")
+        counted(self.steps, "phases.steps", MAX_STEPS)
         ratio(self.mask_ratio, "phases.mask_ratio")
         share(self.mask_prob, "phases.mask_prob")
         share(self.random_prob, "phases.random_prob")
@@ -349,7 +354,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         positive(self.global_batch_tokens, "train.global_batch_tokens")
-        positive(self.micro_batch_size, "train.micro_batch_size")
+        counted(self.micro_batch_size, "train.micro_batch_size", 1 << 20)
         positive(self.eval_every, "train.eval_every")
         positive(self.head_chunk_rows, "train.head_chunk_rows")
         non_negative(self.eval_batches, "train.eval_batches")

@@ -13,11 +13,13 @@ expands the grid into RunConfigs, and only those travel to Ray Train workers.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal, get_args
 
 from raybiphase.config.load import (
+    counted,
     INLINE,
     NOT_WEIGHTS,
     check,
@@ -145,8 +147,8 @@ class FinetuneConfig:
         named: list[int] = []
         for i, entry in enumerate(self.exports):
             _check_export_grid(entry, self, f"finetune.exports.{i}", named)
-        positive(self.batch_size, "finetune.batch_size")
-        positive(self.max_steps, "finetune.max_steps")
+        counted(self.batch_size, "finetune.batch_size", 1 << 20)
+        counted(self.max_steps, "finetune.max_steps", 1_000_000)
         check(0.0 <= self.warmup_ratio < 1.0, "finetune.warmup_ratio", f"{self.warmup_ratio} is out of range; allowed: [0, 1)")
         positive(self.eval_every, "finetune.eval_every")
         if self.max_concurrent is not None:
@@ -215,6 +217,9 @@ class SweepConfig:
     """Seconds a segment's fit may show no sign of life (no optimizer step, report or change of its Ray Train
     controller's state) before it is stopped and counted as a failed try: longer than a node's start on an
     autoscaling cluster and a large model's compile, so only a hung fit reaches it."""
+    max_runs: int = 10_000
+    """The most runs a sweep may plan (the grid's cross product plus sweep.runs), counted before any is built: a
+    grid too large for any cluster is said in one line, not planned until memory runs out."""
     grid: dict[str, list[Any]] = field(default_factory=dict)
     """Dotted key -> list of values; the sweep runs the cross product."""
     runs: tuple[dict[str, Any], ...] = ()
@@ -293,6 +298,7 @@ class SweepSpec:
               "starting with '.' (results go to <sweep.storage>/<sweep.name>/)")
         positive(self.sweep.storage_outage_s, "sweep.storage_outage_s")
         positive(self.sweep.segment_tries, "sweep.segment_tries")
+        positive(self.sweep.max_runs, "sweep.max_runs")
         positive(self.sweep.stall_s, "sweep.stall_s")
         ratio(self.sweep.mfu, "sweep.mfu")
         ratio(self.sweep.finetune_mfu, "sweep.finetune_mfu")
@@ -314,6 +320,9 @@ class SweepSpec:
         for i, run in enumerate(self.sweep.runs):
             for key in run:
                 _run_key(key, f"sweep.runs.{i}")
+        runs = math.prod(len(values) for values in self.sweep.grid.values()) + len(self.sweep.runs)
+        check(runs <= self.sweep.max_runs, "sweep.grid", f"{runs:,} runs (the grid's cross product plus sweep.runs) "
+              f"is more than sweep.max_runs ({self.sweep.max_runs:,}); split the sweep, or raise sweep.max_runs")
 
 
 def shapes_weights(key: str) -> bool:

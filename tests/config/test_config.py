@@ -71,7 +71,7 @@ def test_overrides_use_the_dotted_names_that_flatten_reports():
         ({"phases": {"mask_ratio": 1.5}}, {}, "phases.mask_ratio: 1.5 is out of range; allowed: a ratio in (0, 1)"),
         ({"phases": {"mask_ratio": 0.0}}, {}, "phases.mask_ratio: 0.0 is out of range"),
         ({"phases": {"clm_share": 1.2}}, {}, "phases.clm_share: 1.2 is out of range; allowed: a share in [0, 1]"),
-        ({"phases": {"steps": 0}}, {}, "phases.steps: 0 is out of range; allowed: a positive number"),
+        ({"phases": {"steps": 0}}, {}, "phases.steps: 0 is out of range; allowed: 1 to 10,000,000"),
         ({"phases": {"mask_prob": 0.8, "random_prob": 0.3}}, {}, "phases.random_prob: mask_prob + random_prob"),
         (
             {"phases": {"steps": 100, "plan": [{"objective": "clm", "steps": 30}, {"objective": "mlm", "steps": 60}]}},
