@@ -266,6 +266,41 @@ def list_tree(location: Location) -> dict[str, int]:
     return out
 
 
+def download(location: Location, dest: Path) -> None:
+    """Copy every file under the bucket folder `location` into the local folder `dest`, keeping their relative
+    paths. A bucket's keys are opaque strings: one whose relative path has an empty, `.` or `..` part, or a
+    backslash, would land outside `dest` or somewhere else than it says; it is refused in one line (UserError),
+    before anything is copied."""
+    fs, path = filesystem(location)
+    infos = _listing(location, recursive=True)
+    root = path.rstrip("/") + "/"
+    files = []
+    for info in infos:
+        if info.type != pafs.FileType.File:
+            continue
+        relative = info.path[len(root):] if info.path.startswith(root) else info.path
+        if "\\" in relative or any(part in ("", ".", "..") for part in relative.split("/")):
+            raise UserError(f"{location}: refused: its key {relative!r} would be copied outside {dest}; nothing was "
+                            "copied")
+        files.append((info.path, relative))
+    for source, relative in files:
+        target = dest / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _copy_file(location, fs, source, target)
+
+
+@retrying()
+def _listing(location: Location, *, recursive: bool) -> list:
+    fs, path = filesystem(location)
+    return fs.get_file_info(pafs.FileSelector(path, recursive=recursive))
+
+
+@retrying()
+def _copy_file(location: Location, fs, source: str, target: Path) -> None:
+    with fs.open_input_stream(source) as stream, open(target, "wb") as out:
+        shutil.copyfileobj(stream, out, 1 << 20)
+
+
 @retrying()
 def upload(folder: Path, location: Location) -> None:
     """Copy a local folder to `location` (a path or a URI), file by file."""
@@ -323,8 +358,7 @@ def local_copy(location: Location, cache: Path, version: str = "") -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        fs, path = filesystem(location)
-        pafs.copy_files(path, str(staging), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+        download(location, staging)
         staging.rename(target)
     except OSError:
         if not target.is_dir():  # not merely another process that finished the same copy first

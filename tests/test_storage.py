@@ -4,6 +4,7 @@ bucket (a real S3-compatible server on 127.0.0.1)."""
 from __future__ import annotations
 
 import logging
+import sys
 import time
 
 import pyarrow.fs as pafs
@@ -242,3 +243,29 @@ def test_the_processes_of_a_sweep_on_ray_wait_out_one_outage_budget_between_them
         second = ray.get(wait_out.remote(1.5))
     assert first >= 2 and second == 1, (first, second)
     assert outages._board() is None
+
+
+def test_a_bucket_key_that_reaches_outside_the_local_copy_is_refused_before_anything_is_copied(s3_bucket, tmp_path,
+                                                                                              monkeypatch, capsys):
+    """A bucket's keys are opaque: `tree/../../escaped` is a key like any other. Copying a folder to this node
+    (a checkpoint, an HF folder, a results tree to import) refuses it in one line and copies nothing."""
+    import boto3
+
+    from raybiphase.commands import import_results, run_main
+    from raybiphase.errors import UserError
+
+    client = boto3.client("s3")
+    bucket = s3_bucket.removeprefix("s3://")
+    for key in ("evil/hf/config.json", "evil/hf/../../../../escaped/owned.txt"):
+        client.put_object(Bucket=bucket, Key=key, Body=b"{}")
+    cache = tmp_path / "cache"
+    with pytest.raises(UserError, match=r"^s3://raybiphase-test/evil/hf: refused: its key "
+                                        r"'\.\./\.\./\.\./\.\./escaped/owned\.txt' would be copied outside "):
+        storage.local_copy(f"{s3_bucket}/evil/hf", cache)
+    assert not list(tmp_path.rglob("owned.txt")) and not list((cache / "remote").iterdir())
+    monkeypatch.setattr(sys, "argv", ["import", f"{s3_bucket}/evil", str(tmp_path / "results")])
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(import_results.main)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "refused: its key" in err
+    assert not list(tmp_path.rglob("owned.txt")) and not (tmp_path / "results").exists()

@@ -73,13 +73,17 @@ def distinct(values: Any, key: str) -> None:
         check(value not in values[:i], key, f"{value!r} is listed twice; give each value once")
 
 
-URI_SCHEMES = ("s3", "gs", "gcs", "file")
+URI_SCHEMES = ("s3", "gs", "gcs")
 
 
 def location(value: str | None, key: str) -> None:
-    """A local path or a URI whose scheme the storage layer (pyarrow.fs) serves."""
+    """A local path or a bucket URI the storage layer (pyarrow.fs) serves. `file://` is refused: a local folder is
+    written as a plain path, which gets everything local storage does (atomic writes, the pre-flight checks, the
+    free-space check)."""
     if value and "://" in value:
         scheme = value.split("://", 1)[0]
+        check(scheme != "file", key, f"{value!r}: write a local folder as a plain path "
+              f"({value.split('://', 1)[1] or '/'}), not a file:// URI")
         check(scheme in URI_SCHEMES, key, f"unknown URI scheme {scheme!r} in {value!r}; allowed: a local path or "
               + ", ".join(f"{s}://" for s in URI_SCHEMES))
 

@@ -38,7 +38,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import pyarrow.fs as pafs
 
 from raybiphase import storage
 from raybiphase.errors import UserError
@@ -189,6 +188,10 @@ def collect(tree: str | Path, sweep: str = "paper") -> list[dict[str, Any]]:
         raise UserError(f"{tree}: not a folder of evaluation results")
     rows = []
     for path in sorted(tree.rglob("results.json")):
+        linked = next((part for part in (path, *path.parents) if part != tree and part.is_symlink()), None)
+        if linked is not None and tree in linked.parents:
+            raise UserError(f"{linked}: refused: a symbolic link in a tree of results (it could point anywhere); "
+                            "copy the files it points to instead")
         if len(path.relative_to(tree).parts) < 5:
             raise UserError(f"{path}: expected <model>/<family>/<dataset>/lr<LR>_sd<SEED>/results.json under {tree}")
         trial_dir, dataset_dir, family_dir, model_dir = path.parents[:4]
@@ -216,8 +219,7 @@ def import_tree(tree: str | Path, results_dir: str | Path, sweep: str = "paper")
         if not storage.exists(tree):
             raise UserError(f"{tree}: not a folder of evaluation results")
         with tempfile.TemporaryDirectory() as local:
-            fs, path = storage.filesystem(tree)
-            pafs.copy_files(path, local, source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
+            storage.download(tree, Path(local))  # a key reaching outside the copy is refused
             rows = collect(local, sweep)
     else:
         rows = collect(tree, sweep)

@@ -98,6 +98,8 @@ def test_overrides_use_the_dotted_names_that_flatten_reports():
         ({}, {"sweep.storage": "ftp://host/results"}, "sweep.storage: unknown URI scheme 'ftp' in 'ftp://host/results'"),
         ({}, {"data.dir": "hdfs://x/shards"}, "data.dir: unknown URI scheme 'hdfs'"),
         ({}, {"model.init_from": "http://x/ckpt"}, "model.init_from: unknown URI scheme 'http'"),
+        ({}, {"sweep.storage": "file:///data/results"}, "sweep.storage: 'file:///data/results': write a local folder as a "
+         "plain path (/data/results), not a file:// URI"),
         ({"data": {"piece_documents": 0}}, {}, "data.piece_documents: 0 is out of range"),
         ({"finetune": {"tasks": ["sst2", "squad"], "exports": [{"steps": [100], "tasks": ["squad", "mnli"]}]}}, {},
          "finetune.exports.0.tasks.1: 'mnli' is not one of finetune.tasks ('sst2', 'squad')"),

@@ -188,3 +188,18 @@ def test_a_tree_in_a_bucket_imports_the_same_rows_into_a_bucket(s3_bucket, tmp_p
     assert remote.drop(columns="test_per_example").equals(local.drop(columns="test_per_example"))
     with pytest.raises(UserError, match="not a folder of evaluation results"):
         import_tree(f"{root}/missing", tmp_path)
+
+
+def test_a_symbolic_link_in_a_local_tree_is_refused(tmp_path) -> None:
+    """A tree's results.json that is a link could read any file this user can; it is refused, naming it."""
+    import shutil
+
+    tree = tmp_path / "tree"
+    shutil.copytree(PAPER_TREE, tree)
+    victim = next(tree.rglob("results.json"))
+    secret = tmp_path / "secret.json"
+    secret.write_text(victim.read_text())
+    victim.unlink()
+    victim.symlink_to(secret)
+    with pytest.raises(UserError, match=rf"^{victim}: refused: a symbolic link in a tree of results"):
+        collect(tree)
