@@ -180,6 +180,17 @@ def filesystem(location: Location) -> tuple[pafs.FileSystem, str]:
 
 
 @retrying()
+def unchanged_s(location: Location) -> float | None:
+    """Seconds since the file at `location` was last written (its modification time, on this machine's clock);
+    None when it is gone or its store does not say."""
+    fs, path = filesystem(location)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound or info.mtime is None:
+        return None
+    return (datetime.datetime.now(datetime.timezone.utc) - info.mtime.astimezone(datetime.timezone.utc)).total_seconds()
+
+
+@retrying()
 def exists(location: Location) -> bool:
     fs, path = filesystem(location)
     return fs.get_file_info(path).type != pafs.FileType.NotFound

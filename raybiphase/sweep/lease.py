@@ -7,7 +7,11 @@ was killed, its node lost) is taken over, with a line saying so; so is at once o
 and whose process is gone (a driver killed and run again on the same machine need not wait). The holder renews it
 every fifth of the timeout from a daemon thread, so a long blocking call in the driver does not let it lapse; a
 holder that finds its lease taken over says so and interrupts its main thread (KeyboardInterrupt: the driver ends
-its segments and stops).
+its segments and stops); a driver still running STOP_GRACE_S later (SIGINT ignored, as under `nohup ... &` and
+many job runners, or the main thread blocked in a call) exits at once, and with it the Ray job it drives, so its
+workers commit nothing more. A holder is its host, its pid and its pid namespace: a lease from another container
+on a host of the same name is never taken for one whose process has ended. A lease this code cannot read (damaged,
+or from an incompatible version) is taken over only once it has been left unchanged for the timeout.
 
 How the lease is claimed, and what that guarantees:
 
@@ -30,8 +34,8 @@ How the lease is claimed, and what that guarantees:
   conditional `holder.json` see each other: each protocol lists the folder's leases before it takes one.
 
 Limits, as for any lease without fencing tokens: staleness is judged on the taker's clock against the holder's
-(clocks must agree to well within the timeout); a holder paused longer than the timeout (a frozen VM) may write
-for up to one renewal interval after it was taken over before it notices.
+(clocks must agree to well within the timeout); a holder paused longer than the timeout (a frozen VM, SIGSTOP) may
+write for up to one renewal interval plus STOP_GRACE_S after it was taken over before it exits.
 """
 
 from __future__ import annotations
@@ -55,6 +59,18 @@ from raybiphase.errors import UserError
 from raybiphase.telemetry.console import STDOUT, Console
 
 HOLDER = "holder.json"  # the lease file on a local disk
+STOP_GRACE_S = 10.0
+"""Seconds a driver that lost its lease has to stop after its main thread is interrupted, before it exits at once."""
+LOST_EXIT = 3
+"""The exit code of a driver that lost its lease and did not stop when interrupted."""
+
+
+def _pid_namespace() -> str:
+    """This process's pid namespace (Linux: `pid:[4026531836]`; "" where there is none to read)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
 ROUNDS = 4  # how often a bucket claim that met another is tried again before the folder is called busy
 log = logging.getLogger(__name__)
 
@@ -70,25 +86,33 @@ class Holder:
     token: str
     took_over: str = ""
     """The token of the stale lease this one replaced (bucket claims: its holder then knows it lost)."""
+    pid_ns: str = ""
+    """The holder's pid namespace: its pid means that process only there ("" in a lease that does not say)."""
 
     @classmethod
     def me(cls, took_over: str = "") -> Holder:
         now = _now()
-        return cls(socket.gethostname(), os.getpid(), now, now, uuid.uuid4().hex[:16], took_over)
+        return cls(socket.gethostname(), os.getpid(), now, now, uuid.uuid4().hex[:16], took_over, _pid_namespace())
 
     @classmethod
     def of(cls, document: object) -> Holder | None:
-        """The holder a lease document names; None for anything else (a damaged file)."""
+        """The holder a lease document names (fields it does not know, from a newer version, are passed over);
+        None for anything else (a damaged file)."""
+        if not isinstance(document, dict):
+            return None
+        known = {field.name for field in dataclasses.fields(cls)}
         try:
-            holder = cls(**document)  # type: ignore[arg-type]
+            holder = cls(**{key: value for key, value in document.items() if key in known})
             holder.idle_s()
         except (TypeError, ValueError):
             return None
         return holder
 
     def idle_s(self) -> float:
-        """Seconds since the last renewal, on this machine's clock."""
+        """Seconds since the last renewal, on this machine's clock (a time without a zone is UTC's, as written)."""
         renewed = datetime.datetime.fromisoformat(self.renewed_at)
+        if renewed.tzinfo is None:
+            renewed = renewed.replace(tzinfo=datetime.timezone.utc)
         return (datetime.datetime.now(datetime.timezone.utc) - renewed).total_seconds()
 
     def describe(self) -> str:
@@ -96,8 +120,10 @@ class Holder:
 
     def ended_here(self) -> bool:
         """Its driver ran on this machine and its process is gone (killed, crashed): no need to wait it out. A
-        pid reused since reads as alive, which only makes the wait the timeout's."""
-        if self.host != socket.gethostname():
+        pid reused since reads as alive, which only makes the wait the timeout's. A pid of another pid namespace
+        (another container on a host of the same name), or of a lease that does not name its namespace, says
+        nothing here."""
+        if self.host != socket.gethostname() or not self.pid_ns or self.pid_ns != _pid_namespace():
             return False
         try:
             os.kill(self.pid, 0)
@@ -124,6 +150,7 @@ class Lease:
         self.etag = ""  # the ETag of this driver's holder.json on S3
         self.lost = False
         self._stop = threading.Event()
+        self._released = threading.Event()
         self._thread: threading.Thread | None = None
 
     # ---------------------------------------------------------------------------------------------- acquire
@@ -147,30 +174,41 @@ class Lease:
         look (the commands' fast refusal, before the training stack loads): `acquire` decides."""
         try:
             if self.local:
-                found = [Holder.of(_read(storage.join(self.folder, HOLDER)))]
+                where = storage.join(self.folder, HOLDER)
+                found = [(where, Holder.of(_read(where)))]
             else:
-                found = list(self._claims().values())
+                found = [(storage.join(self.folder, name), h) for name, h in self._claims().items()]
         except OSError:  # an unreachable bucket: the sweep's own checks say so in their words
             return
         self._refuse_live(found)
 
-    def _refuse_live(self, found: Iterable[Holder | None]) -> None:
-        live = sorted((h for h in found if not self._stale(h)), key=lambda h: h.since)
+    def _refuse_live(self, found: Iterable[tuple[str, Holder | None]]) -> None:
+        """`found`: (location, holder) of each lease seen; the first live one refuses this driver."""
+        live = [(where, h) for where, h in found if not self._stale(h, where)]
         if live:
-            raise self._refuse(live[0])
+            raise self._refuse(*min(live, key=lambda pair: pair[1].since if pair[1] else ""))
 
-    def _refuse(self, other: Holder) -> UserError:
+    def _refuse(self, where: str, other: Holder | None) -> UserError:
+        if other is None:
+            return UserError(f"sweep.storage: {where} is a lease this code cannot read; it is taken over once left "
+                             f"unchanged for sweep.lease_timeout_s={self.timeout_s:g} s (delete it if no driver runs "
+                             "this sweep)")
         return UserError(f"sweep.storage: {storage.parent(self.folder)} is held by another driver ({other.describe()});"
                          f" a lease not renewed for sweep.lease_timeout_s={self.timeout_s:g} s is taken over")
 
     def _taking_over(self, other: Holder | None) -> None:
-        who = other.describe() if other else "a damaged lease"
+        who = other.describe() if other else "a lease it cannot read"
         why = ("its process on this machine has ended" if other and other.ended_here() else
                f"not renewed for sweep.lease_timeout_s={self.timeout_s:g} s")
         self.console.say(f"lease: taking over {storage.parent(self.folder)} from {who} ({why})")
 
-    def _stale(self, other: Holder | None) -> bool:
-        return other is None or other.idle_s() > self.timeout_s or other.ended_here()
+    def _stale(self, other: Holder | None, where: str) -> bool:
+        """A holder not renewed for the timeout or whose process here has ended; a lease that cannot be read, once
+        left unchanged for the timeout (or gone since it was read)."""
+        if other is not None:
+            return other.idle_s() > self.timeout_s or other.ended_here()
+        age = storage.unchanged_s(where)
+        return age is None or age > self.timeout_s
 
     def _acquire_file(self) -> None:
         path = storage.join(self.folder, HOLDER)
@@ -179,8 +217,8 @@ class Lease:
                 if not storage.exists(path):  # released since: try the exclusive create again
                     continue
                 other = Holder.of(_read(path))
-                if not self._stale(other):
-                    raise self._refuse(other)
+                if not self._stale(other, path):
+                    raise self._refuse(path, other)
                 self._taking_over(other)
                 self.holder = dataclasses.replace(self.holder, took_over=other.token if other else "")
                 storage.write_json(path, dataclasses.asdict(self.holder))  # the stale one, checked under the lock
@@ -188,7 +226,8 @@ class Lease:
 
     def _acquire_conditional(self) -> None:
         s3 = self.s3
-        self._refuse_live(h for name, h in self._claims().items() if name != HOLDER)  # a claiming driver's
+        self._refuse_live((storage.join(self.folder, name), h)  # a claiming driver's
+                          for name, h in self._claims().items() if name != HOLDER)
         for _ in range(ROUNDS):
             if etag := s3.create(HOLDER, self._document()):
                 self.etag = etag
@@ -197,8 +236,8 @@ class Lease:
             if found is None:  # released since: create again
                 continue
             other = Holder.of(_parse(found[0]))
-            if not self._stale(other):
-                raise self._refuse(other)
+            if not self._stale(other, storage.join(self.folder, HOLDER)):
+                raise self._refuse(storage.join(self.folder, HOLDER), other)
             self._taking_over(other)
             self.holder = dataclasses.replace(self.holder, took_over=other.token if other else "")
             if etag := s3.replace(HOLDER, self._document(), found[1]):  # only if still the stale one
@@ -213,7 +252,7 @@ class Lease:
     def _acquire_claim(self) -> None:
         for round_ in range(ROUNDS):
             claims = self._claims()
-            self._refuse_live(claims.values())
+            self._refuse_live((storage.join(self.folder, name), h) for name, h in claims.items())
             for name, other in claims.items():
                 self._taking_over(other)
                 self.holder = dataclasses.replace(self.holder, took_over=other.token if other else "")
@@ -266,12 +305,16 @@ class Lease:
                 continue
             self.console.say(f"lease: {storage.parent(self.folder)} was taken over by another driver; stopping")
             _thread.interrupt_main()
+            if not self._released.wait(STOP_GRACE_S):  # SIGINT ignored, or the main thread blocked
+                self.console.say(f"lease: still running {STOP_GRACE_S:g} s after losing the lease; exiting now")
+                os._exit(LOST_EXIT)
             return
 
     # ---------------------------------------------------------------------------------------------- release
 
     def release(self) -> None:
         """Stop renewing and remove this driver's lease (not another's that took it over)."""
+        self._released.set()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=60)

@@ -19,7 +19,7 @@ import pytest
 
 from raybiphase import storage
 from raybiphase.errors import UserError
-from raybiphase.sweep.lease import HOLDER, Holder, Lease, hold
+from raybiphase.sweep.lease import HOLDER, Holder, Lease, _pid_namespace, hold
 from raybiphase.telemetry.console import Console
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,10 +30,10 @@ def _lease(folder: str, timeout_s: float = 300.0, **kwargs) -> tuple[Lease, io.S
     return Lease(folder, timeout_s, Console(lines), **kwargs), lines
 
 
-def _left_by_a_dead_driver(seconds_ago: float, host: str = "gone-node", pid: int = 4242) -> dict:
+def _left_by_a_dead_driver(seconds_ago: float, host: str = "gone-node", pid: int = 4242, pid_ns: str = "") -> dict:
     """What a driver killed `seconds_ago` left: its last renewal is that old."""
     then = (datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=seconds_ago)).isoformat()
-    return dataclasses.asdict(Holder(host, pid, then, then, f"{pid:016d}"))
+    return dataclasses.asdict(Holder(host, pid, then, then, f"{pid:016d}", pid_ns=pid_ns))
 
 
 def test_a_lease_records_its_holder_and_a_second_driver_is_refused_naming_it(tmp_path) -> None:
@@ -252,9 +252,99 @@ def test_a_lease_whose_process_on_this_machine_has_ended_is_taken_over_at_once(t
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     folder = tmp_path / "lease"
     folder.mkdir()
-    record = _left_by_a_dead_driver(1, host=socket.gethostname(), pid=int(ended.stdout))
+    record = _left_by_a_dead_driver(1, host=socket.gethostname(), pid=int(ended.stdout), pid_ns=_pid_namespace())
     (folder / HOLDER).write_text(json.dumps(record))
     taker, lines = _lease(str(folder))
     taker.acquire()
     assert "its process on this machine has ended" in lines.getvalue()
+    taker.release()
+
+
+def test_a_fresh_lease_naming_a_pid_of_another_pid_namespace_is_not_taken(tmp_path) -> None:
+    """Two containers on hosts of one name: the other's pid means nothing here, so its lease is waited out, as is
+    one that does not say its namespace."""
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    folder = tmp_path / "lease"
+    folder.mkdir()
+    for namespace in ("pid:[1]", ""):
+        record = _left_by_a_dead_driver(1, host=socket.gethostname(), pid=int(ended.stdout), pid_ns=namespace)
+        (folder / HOLDER).write_text(json.dumps(record))
+        with pytest.raises(UserError, match="held by another driver"):
+            _lease(str(folder))[0].acquire()
+
+
+def test_a_lease_with_a_field_this_version_does_not_know_or_a_time_without_a_zone_is_still_a_holder(tmp_path):
+    folder = tmp_path / "lease"
+    folder.mkdir()
+    record = {**_left_by_a_dead_driver(1), "region": "eu-west-1"}  # a newer version's field
+    (folder / HOLDER).write_text(json.dumps(record))
+    with pytest.raises(UserError, match="host gone-node, pid 4242"):
+        _lease(str(folder))[0].acquire()
+    naive = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None).isoformat()
+    (folder / HOLDER).write_text(json.dumps({**record, "renewed_at": naive}))
+    with pytest.raises(UserError, match=r"host gone-node, pid 4242, .*renewed [01] s ago"):
+        _lease(str(folder))[0].acquire()
+
+
+def test_a_lease_that_cannot_be_read_is_taken_over_only_once_left_for_the_timeout(tmp_path) -> None:
+    folder = tmp_path / "lease"
+    folder.mkdir()
+    (folder / HOLDER).write_text('{"host": "node-a", "pid"')  # cut short
+    with pytest.raises(UserError) as err:
+        _lease(str(folder))[0].acquire()
+    assert str(err.value) == (f"sweep.storage: {folder / HOLDER} is a lease this code cannot read; it is taken over "
+                              "once left unchanged for sweep.lease_timeout_s=300 s (delete it if no driver runs this "
+                              "sweep)")
+    old = time.time() - 301
+    os.utime(folder / HOLDER, (old, old))
+    taker, lines = _lease(str(folder))
+    taker.acquire()
+    assert "lease: taking over" in lines.getvalue() and "a lease it cannot read" in lines.getvalue()
+    taker.release()
+
+
+HOLDING = """
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under `nohup ... &` and many job runners
+from raybiphase.sweep import lease
+from raybiphase.telemetry.console import Console
+lease.STOP_GRACE_S = 1.0
+with lease.hold(sys.argv[1], float(sys.argv[2]), Console(sys.stdout)):
+    while True:  # the driver's writes
+        with open(sys.argv[3], "a") as out:
+            out.write(f"{time.time()}\\n")
+        time.sleep(0.05)
+"""
+
+
+def test_a_paused_driver_that_lost_its_lease_exits_within_a_renewal_whatever_its_signals(tmp_path) -> None:
+    """A holder paused (SIGSTOP) past the timeout is taken over; resumed, it would write on: it ignores SIGINT, so
+    the interrupt does not stop it. It exits (LOST_EXIT) within one renewal interval and STOP_GRACE_S."""
+    import signal
+
+    from raybiphase.sweep.lease import LOST_EXIT
+
+    folder, writes, timeout = str(tmp_path / "lease"), tmp_path / "writes", 2.0
+    driver = subprocess.Popen([sys.executable, "-c", HOLDING, folder, str(timeout), str(writes)], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 30
+        while not writes.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        driver.send_signal(signal.SIGSTOP)
+        time.sleep(timeout + 0.5)
+        taker, _ = _lease(folder, timeout)
+        taker.acquire()
+        resumed = time.time()
+        driver.send_signal(signal.SIGCONT)
+        code = driver.wait(timeout=30)
+        took = time.time() - resumed
+        output = driver.stdout.read()
+    finally:
+        driver.kill()
+    assert code == LOST_EXIT, output
+    assert "was taken over by another driver; stopping" in output and "exiting now" in output
+    assert took < timeout / 5 + 1.0 + 3.0, took  # a renewal tick, the grace, the machine's slack
+    last = float(writes.read_text().split()[-1])
+    assert last < resumed + timeout / 5 + 1.0 + 3.0  # no write after it exited
     taker.release()
