@@ -243,13 +243,25 @@ part by part with the project's writer (tests/fixtures/make_quickstart_results.p
 not in them until they are made again; the driver test's sweep (tests/sweep) catches it."""
 
 
-def test_the_fixture_is_a_folder_of_parts_whose_schemas_differ():
-    """The examples run on what a sweep writes: parts a reader must union (a column null-typed in one, text in
-    another), so an example that reads the first part's schema for the whole folder fails here."""
-    parts = sorted((QUICKSTART_RESULTS / "finetune.parquet").glob("part-*.parquet"))
-    types = [pq.read_schema(part).field("finetune_settings").type for part in parts]
-    assert len(parts) >= 2 and pa.null() in types and pa.string() in types
-    assert len(list((QUICKSTART_RESULTS / "pretrain.parquet").glob("part-*.parquet"))) >= 2
+def test_every_reader_opens_a_real_sweeps_tables_as_they_stand():
+    """The first line a user types: pandas on the folder, polars and DuckDB on its parts without options, Parquet's
+    own reader; each sees every row and every column `read_rows` does, the parts all in one schema."""
+    import duckdb
+    import polars as pl
+
+    for table in ("pretrain.parquet", "finetune.parquet"):
+        folder = QUICKSTART_RESULTS / table
+        parts = sorted(folder.glob("part-*.parquet"))
+        assert len(parts) >= 2 and len({pq.read_schema(p).remove_metadata() for p in parts}) == 1
+        expected = read_rows(folder)
+        frames = {"pandas": pd.read_parquet(folder), "pyarrow": pq.read_table(folder).to_pandas(),
+                  "polars": pl.read_parquet(f"{folder}/*.parquet").to_pandas(),
+                  "duckdb": duckdb.sql(f"SELECT * FROM read_parquet('{folder}/*.parquet')").df()}
+        for reader, frame in frames.items():
+            assert list(frame.columns) == list(expected.columns), (table, reader)
+            assert len(frame) == len(expected), (table, reader)
+        empty = [c for c in expected.columns if expected[c].isna().all()]
+        assert empty and all(pq.read_schema(parts[0]).field(c).type != pa.null() for c in empty)
 
 
 def _reading_blocks() -> list[str]:

@@ -110,14 +110,13 @@ def results_page() -> str:
              "with the phases resolved: `phases.clm_share` and `phases.clm_steps` hold the run's actual CLM share and "
              "steps whichever way its phases were written.", "",
              f"`{storage.PRETRAIN_FILE}` and `{storage.FINETUNE_FILE}` are folders of part files, one written per "
-             "append and none ever rewritten, so writers that meet lose no row (a key both wrote reads once, as the "
-             "part written first had it); a table written as one file by an older raybiphase still reads. Parts need "
-             "not share their columns (a column new to the code is missing from older parts; a column all-empty in "
-             "one part is typed null there and text in another), so a reader must union the parts' schemas: "
-             "`raybiphase.results.store.read_rows`, pyarrow's dataset with the unified schema, or DuckDB's "
-             "`read_parquet('<table>/*.parquet', union_by_name=true)`, as [Reading the tables](#reading-the-tables) "
-             "shows. pandas' `read_parquet` on the folder takes the first part's schema: it drops later columns or "
-             "refuses the folder.",
+             "append and none ever rewritten, so writers that meet lose no row. Every part is written in its table's "
+             "one declared schema (raybiphase/results/schema.py: the columns below and every setting, each with its "
+             "type, a column a part leaves empty typed, never null), so any Parquet reader opens the folder as it "
+             "stands: `pd.read_parquet(folder)`, polars or DuckDB on `folder/*.parquet`, "
+             "`ray.data.read_parquet(folder)`. Where two writers appended the same key, such a reader sees it twice; "
+             "`raybiphase.results.store.read_rows` keeps the row of the part written first. Tables written by an "
+             "older raybiphase, whose parts differ, still read with `read_rows` (it unions their columns).",
              "", f"## {storage.PRETRAIN_FILE}", "", f"One row per report of a run (`PretrainRow`), known by "
              f"{key(PRETRAIN_KEY)}; its metrics are the fields of `PretrainReport` "
              "(raybiphase/telemetry/report.py), a column each, empty in the rows of reports that do not hold them.",
@@ -136,27 +135,16 @@ def results_page() -> str:
 READING = """
 ## Reading the tables
 
-`summary.parquet` is one file; the other two are folders of parts. With the project installed,
-`raybiphase.results.store.read_rows(path)` reads either as one DataFrame (a key two writers both appended kept once);
-without it, pyarrow reads a folder once given the schema its parts unify to (a reader of the parts as they stand
-sees such a key twice). With pandas, from a sweep's folder (`<sweep.storage>/<sweep.name>`):
+`summary.parquet` is one file; the other two are folders of parts in one schema. With pandas, from a sweep's folder
+(`<sweep.storage>/<sweep.name>`):
 
 ```python
-import pyarrow as pa
-import pyarrow.dataset as ds
-
-
-def read_table(path: str):
-    \"\"\"A results table (a folder of parts or one file) as a DataFrame, the parts' columns unioned.\"\"\"
-    parts = ds.dataset(path, format="parquet")  # files starting with "." or "_" (lock files) are skipped
-    schema = pa.unify_schemas([part.physical_schema for part in parts.get_fragments()], promote_options="permissive")
-    return ds.dataset(path, schema=schema, format="parquet").to_table().to_pandas()
-
+import pandas as pd
 
 results = "results/quickstart"
-pretrain = read_table(f"{results}/pretrain.parquet")
-trials = read_table(f"{results}/finetune.parquet")
-summary = read_table(f"{results}/summary.parquet")
+pretrain = pd.read_parquet(f"{results}/pretrain.parquet")
+trials = pd.read_parquet(f"{results}/finetune.parquet")
+summary = pd.read_parquet(f"{results}/summary.parquet")
 
 # each run's held-out MLM loss at its last evaluation
 evaluated = pretrain.dropna(subset=["val/mlm_loss"]).sort_values("step")
@@ -168,8 +156,11 @@ print(ours.pivot_table(index=["run", "pretrain_step"], columns="task", values="t
 print(trials.groupby(["run", "pretrain_step", "task", "lr"])["test_score"].agg(["mean", "count"]))
 ```
 
-With DuckDB, SQL over the same files (a column whose name has a slash is quoted; a folder's parts by a glob, their
-columns matched by name): the first query is each run's best held-out MLM loss, the second recomputes each summary
+polars reads a folder's parts by a glob: `pl.read_parquet(f"{results}/finetune.parquet/*.parquet")`; Ray Data
+takes the folder: `ray.data.read_parquet(f"{results}/finetune.parquet")`.
+
+With DuckDB, SQL over the same files (a column whose name has a slash is quoted; a folder's parts by a glob): the
+first query is each run's best held-out MLM loss, the second recomputes each summary
 row's test mean from its trials at the best LR.
 
 ```python
@@ -177,11 +168,11 @@ import duckdb
 
 print(duckdb.sql(f\"\"\"
     SELECT run, max(step) AS steps, min("val/mlm_loss") AS best_val_mlm_loss
-    FROM read_parquet('{results}/pretrain.parquet/*.parquet', union_by_name=true) GROUP BY run ORDER BY run\"\"\").df())
+    FROM read_parquet('{results}/pretrain.parquet/*.parquet') GROUP BY run ORDER BY run\"\"\").df())
 best = duckdb.sql(f\"\"\"
     SELECT s.source, s.run, s.pretrain_step, s.task, s.best_lr, avg(t.test_score) AS test_mean, count(*) AS seeds
     FROM read_parquet('{results}/summary.parquet') s
-    JOIN read_parquet('{results}/finetune.parquet/*.parquet', union_by_name=true) t
+    JOIN read_parquet('{results}/finetune.parquet/*.parquet') t
       ON t.source = s.source AND t.run = s.run AND t.pretrain_step = s.pretrain_step AND t.task = s.task
          AND t.lr = s.best_lr
     GROUP BY ALL ORDER BY ALL\"\"\").df()
@@ -189,7 +180,7 @@ print(best)
 ```
 
 In a bucket, DuckDB reads them through its httpfs extension (downloaded once from DuckDB's extension repository)
-with the machine's credentials; `read_table` above reads the same URIs through pyarrow's own S3 and GCS support:
+with the machine's credentials; `pd.read_parquet` reads the same URIs through pyarrow's own S3 and GCS support:
 
 ```python
 import duckdb
@@ -202,7 +193,7 @@ con.sql("CREATE SECRET (TYPE s3, PROVIDER credential_chain)")  # the AWS credent
 sweep_uri = "s3://my-bucket/studies/split_grid"  # <sweep.storage>/<sweep.name>
 print(con.sql(f"SELECT run, task, test_mean FROM read_parquet('{sweep_uri}/summary.parquet')").df())
 print(con.sql(f\"\"\"SELECT task, count(*) AS trials
-    FROM read_parquet('{sweep_uri}/finetune.parquet/*.parquet', union_by_name=true) GROUP BY task\"\"\").df())
+    FROM read_parquet('{sweep_uri}/finetune.parquet/*.parquet') GROUP BY task\"\"\").df())
 ```
 """
 """How to read the tables, on the generated page; tests/test_docs.py runs the pandas and local DuckDB blocks on a

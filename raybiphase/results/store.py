@@ -20,9 +20,11 @@ column is null in new rows). Local appenders also queue on a lock (fcntl, on a h
 table), so on one machine a key is never written twice. A table written as one file by an older raybiphase still
 reads, and its first append moves that file into the folder as its first part.
 
-Every part's Parquet key-value metadata holds `raybiphase.schema_version` and the key columns. Read a table with
-`read_rows` (or pandas/pyarrow on the folder when its parts share their columns; DuckDB:
-`SELECT * FROM read_parquet('results/sweep/finetune.parquet/*.parquet', union_by_name=true)`).
+pretrain.parquet and finetune.parquet are written in their one declared schema (raybiphase.results.schema): every
+part has the same columns with the same types, so any reader opens the folder as it stands (`pd.read_parquet`,
+polars and DuckDB on `<table>/*.parquet`, Ray Data). Every part's Parquet key-value metadata holds
+`raybiphase.schema_version` and the key columns. `read_rows` also reads tables of older versions, whose parts
+differ (it unions them).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import pyarrow.parquet as pq
 from raybiphase import locks, storage
 from raybiphase.errors import UserError
 from raybiphase.results.aggregate import SUMMARY_KEY, summarize
+from raybiphase.results.schema import conform, declared
 
 SCHEMA_VERSION = 1
 """Bump when a column changes meaning; readers refuse files written by a newer version."""
@@ -240,6 +243,15 @@ def _chunks(column: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
     return list(column.chunks) if isinstance(column, pa.ChunkedArray) else [column]
 
 
+def _cast_either(new_col: pa.ChunkedArray, old_col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """`new_col` in the old column's type when its values fit it, else as it is (the old column is then cast to
+    it: an int column meeting float values becomes float)."""
+    try:
+        return new_col.cast(old_col.type, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return new_col
+
+
 def _union(old: pa.Table, new: pa.Table) -> pa.Table:
     """Old columns first (types kept; a column null so far takes the new type), then columns only new rows have."""
     columns, fields = [], []
@@ -249,6 +261,9 @@ def _union(old: pa.Table, new: pa.Table) -> pa.Table:
             new_col = new.column(name)
             if pa.types.is_null(old_col.type) and not pa.types.is_null(new_col.type):
                 old_col = pa.nulls(len(old), new_col.type)
+            elif new_col.type != old_col.type:  # a part of an older version typed it otherwise
+                new_col = _cast_either(new_col, old_col)
+                old_col = old_col.cast(new_col.type)
         else:
             new_col = pa.nulls(len(new), old_col.type)
         columns.append(pa.chunked_array([*_chunks(old_col), *_chunks(new_col)], type=old_col.type))
@@ -279,7 +294,10 @@ def append_rows(path: str | os.PathLike, rows: Rows, key: Sequence[str]) -> int:
         if not keep:
             return skipped
         new = new.take(pa.array(keep, type=pa.int64()))
-        if old is not None:
+        schema = declared(key)
+        if schema is not None:  # every part in the table's one schema: any reader opens the folder
+            new = conform(new, schema)
+        elif old is not None:
             new = _conform(new, old.schema)
         _write_atomic(_with_metadata(new, key), storage.join(path, storage.part_name()))
     return skipped

@@ -275,3 +275,43 @@ def test_a_one_file_bucket_table_becomes_a_folder_on_its_first_append(s3_bucket)
     assert append_rows(path, [_trial("r", 1e-4, 0), _trial("r", 1e-4, 1)], key=FINETUNE_KEY) == 1
     assert not storage.is_file(path) and len(storage.list_files(path)) == 2
     assert list(read_rows(path)["seed"]) == [0, 1]
+
+
+def test_every_part_of_a_declared_table_has_its_one_schema_whatever_its_rows_hold(tmp_path) -> None:
+    """A baseline's part (no settings, finetune_settings empty) and a trial's share one schema, every column typed:
+    pandas reads the folder as it stands, every row and column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raybiphase.results.schema import finetune_schema
+
+    path = tmp_path / "finetune.parquet"
+    baseline = {k: v for k, v in _trial("bm25", 0.0, 0, "baseline").items() if "." not in k}
+    append_rows(path, [{**baseline, "finetune_settings": None}], key=FINETUNE_KEY)
+    append_rows(path, [_trial("r", 1e-4, 0, finetune_settings="abc", **{"train.seed": 3})], key=FINETUNE_KEY)
+    def shape(schema):  # names and types (Parquet names a list's item "element" when read back)
+        return tuple((f.name, f.type.value_type if pa.types.is_list(f.type) else f.type) for f in schema)
+
+    parts = sorted(path.glob("part-*.parquet"))
+    assert len(parts) == 2 and {shape(pq.read_schema(p)) for p in parts} == {shape(finetune_schema())}
+    assert all(field.type != pa.null() for field in finetune_schema())
+    frame = pd.read_parquet(path)
+    assert len(frame) == 2 and frame.loc[frame["run"] == "r", "train.seed"].item() == 3
+    assert list(frame.columns) == list(read_rows(path).columns)
+
+
+def test_a_table_of_an_older_version_whose_parts_differ_still_reads_and_takes_new_parts(tmp_path) -> None:
+    """Parts written before the declared schema (their own columns, a column null-typed, an int where the schema
+    says float) read with `read_rows`, and a new part appends beside them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raybiphase import storage
+
+    path = tmp_path / "pretrain.parquet"
+    path.mkdir()
+    old = pa.table({"run": ["a"], "step": [10], "val/clm_loss": [5], "checkpoint": pa.nulls(1, pa.null())})
+    pq.write_table(old, path / storage.part_name())
+    append_rows(path, [_pretrain("a", 20)], key=PRETRAIN_KEY)
+    frame = read_rows(path).sort_values("step")
+    assert frame["step"].tolist() == [10, 20] and frame["val/clm_loss"].tolist() == [5.0, 4.98]
