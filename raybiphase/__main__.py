@@ -29,7 +29,8 @@ COMMANDS = {
 
 def usage() -> str:
     width = max(map(len, COMMANDS))
-    lines = ["usage: raybiphase <command> [args]   (raybiphase <command> --help for its own)", "", "commands:"]
+    lines = ["usage: raybiphase <command> [args]   (raybiphase <command> --help for its own; --version)", "",
+             "commands:"]
     lines += [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
     return "\n".join(lines)
 
@@ -39,6 +40,11 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         sys.exit(0 if argv else 2)
+    if argv[0] in ("-V", "--version"):
+        from raybiphase import __version__
+
+        print(f"raybiphase {__version__}")
+        sys.exit(0)
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         close = difflib.get_close_matches(command, list(COMMANDS), n=1)

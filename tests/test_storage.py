@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
@@ -269,3 +270,22 @@ def test_a_bucket_key_that_reaches_outside_the_local_copy_is_refused_before_anyt
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.count("\n") == 1 and "refused: its key" in err
     assert not list(tmp_path.rglob("owned.txt")) and not (tmp_path / "results").exists()
+
+
+@pytest.mark.slow  # a subprocess that imports the CLI
+def test_a_sweep_pointed_at_a_bucket_never_reached_stops_in_seconds_not_after_the_outage_budget(tmp_path):
+    """An endpoint nothing answers on: a wrong address or missing credentials, not an outage. One line, exit 2,
+    within storage's fast probe (10 s), never after its retry budget (set to 10 minutes here)."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:1", "AWS_ACCESS_KEY_ID": "x",
+           "AWS_SECRET_ACCESS_KEY": "y", "AWS_DEFAULT_REGION": "us-east-1", "RAYBIPHASE_STORAGE_RETRY_S": "600"}
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "raybiphase.sweep", "sweeps/quickstart.yaml", "--set",
+                           "sweep.storage=s3://nowhere/results"], cwd=Path(__file__).resolve().parents[1], env=env,
+                          capture_output=True, text=True, timeout=300)
+    took = time.monotonic() - started
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and lines[-1].startswith("error: sweep.storage: cannot reach s3://nowhere/results")
+    assert took < 300, took  # the budget was not waited out

@@ -26,9 +26,11 @@ def main() -> int:
 
         plan_sweep(spec, dry_run=True)
         return 0
-    from raybiphase.storage import SweepPaths
+    from raybiphase.storage import SweepPaths, check_reachable
     from raybiphase.sweep.lease import Lease
 
+    # a bucket never reached is a wrong address or missing credentials, not an outage: said within seconds
+    check_reachable(spec.sweep.storage, "sweep.storage")
     # another driver on the folder: said in a fraction of a second, not after the training stack loads
     Lease(SweepPaths.of(spec.sweep.storage, spec.sweep.name).lease, spec.sweep.lease_timeout_s).check_free()
     from raybiphase.sweep.driver import run_sweep  # lazy: --help and a bad spec answer before torch and Ray load

@@ -132,10 +132,16 @@ def field_type(root: type, dotted: str) -> Any:
 
 
 def _unknown(prefix: str, key: str, known: list[str]) -> typing.NoReturn:
+    """One line: the unknown key, the closest known ones (at most three), or the whole section when it is short."""
     name = f"{prefix}.{key}" if prefix else key
-    close = difflib.get_close_matches(key, known, n=1)
-    hint = f" (did you mean {(prefix + '.' if prefix else '') + close[0]!r}?)" if close else ""
-    raise ConfigError(f"{name}: unknown key{hint}; allowed: {', '.join(sorted(known))}")
+    close = difflib.get_close_matches(key, known, n=3)
+    if close:
+        named = " or ".join(repr((prefix + "." if prefix else "") + c) for c in close)
+        raise ConfigError(f"{name}: unknown key (did you mean {named}?)")
+    if len(known) <= 8:
+        raise ConfigError(f"{name}: unknown key; allowed: {', '.join(sorted(known))}")
+    raise ConfigError(f"{name}: unknown key; {len(known)} keys are allowed{' in ' + prefix if prefix else ''}, "
+                      "listed with their meaning by `raybiphase validate --help`")
 
 
 def _kind(tp: Any) -> str:

@@ -75,6 +75,9 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, console: Console = STDO
         return plan
     clock = Clock()
     ctx = SweepContext(spec, plan, SweepPaths.of(spec.sweep.storage, spec.sweep.name), console=console)
+    # a bucket never reached is a wrong address or missing credentials, not an outage to wait out: said in seconds,
+    # before the lease's first write would wait storage's retry budget
+    storage.check_reachable(spec.sweep.storage, "sweep.storage")
     with (outage_budget(spec.sweep.storage_outage_s),  # for this process and every Ray worker it starts
           lease.hold(ctx.paths.lease, spec.sweep.lease_timeout_s, console=console),  # one driver per sweep folder
           outages.sharing()):  # one outage budget for all of the sweep's processes (started once Ray is up)

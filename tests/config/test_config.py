@@ -62,7 +62,8 @@ def test_overrides_use_the_dotted_names_that_flatten_reports():
 @pytest.mark.parametrize(
     ("data", "overrides", "expected"),
     [
-        ({"phases": {"mask_ratoi": 0.3}}, {}, "phases.mask_ratoi: unknown key (did you mean 'phases.mask_ratio'?)"),
+        ({"phases": {"mask_ratoi": 0.3}}, {}, "phases.mask_ratoi: unknown key (did you mean 'phases.mask_ratio' or "
+         "'phases.mask_ratio_end' or 'phases.mask_prob'?)"),
         ({"modle": {}}, {}, "modle: unknown key (did you mean 'model'?)"),
         ({}, {"optim.lrr": 1e-3}, "optim.lrr: unknown key (did you mean 'optim.lr'?)"),
         ({"phases": {"steps": "many"}}, {}, "phases.steps: expected an integer"),
@@ -242,3 +243,21 @@ def test_the_row_order_shapes_the_weights_but_not_the_shards():
     assert fingerprint(shuffled.data) == fingerprint(stored.data)  # read from the same shards
     with pytest.raises(ConfigError, match="data.row_order"):
         from_dict(RunConfig, {"data": {"row_order": "random"}})
+
+
+def test_an_unknown_key_with_no_close_match_is_one_short_line():
+    """No list of every key of a section on one line: the count, and where the keys are listed."""
+    with pytest.raises(ConfigError) as err:
+        from_dict(SweepSpec, {}, {"train.zzzzq": 1})
+    assert str(err.value) == ("train.zzzzq: unknown key; 15 keys are allowed in train, listed with their meaning by "
+                              "`raybiphase validate --help`")
+
+
+def test_the_front_door_says_its_version():
+    import subprocess
+    import sys
+
+    from raybiphase import __version__
+
+    out = subprocess.run([sys.executable, "-m", "raybiphase", "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == f"raybiphase {__version__}\n"
