@@ -68,15 +68,17 @@ def test_a_two_point_effect_holds_in_at_least_eighty_percent_of_studies() -> Non
     assert "not held" not in verdicts and "mixed" not in verdicts
 
 
-def test_without_replicates_the_report_says_its_verdicts_ignore_pretraining_noise() -> None:
-    """One run per arm: the fine-tuning interval alone claims effects that pretraining noise made (the reason to
-    replicate), and the report says so rather than pass it off as calibrated."""
+def test_without_replicates_no_finding_is_decided_with_or_without_an_effect() -> None:
+    """One run per arm: the fine-tuning interval alone would claim effects that pretraining noise made (before,
+    some finding "held" in nearly every study with none). Such intervals are shown and never decided on, whatever
+    the truth; the report says why and what to replicate."""
     rng = np.random.default_rng(1)
     study = _study(rng, 0.0, replicated=False)
-    assert "ignore pretraining noise" in Study(study).regime()
+    assert "ignore pretraining noise" in Study(study).regime() and "train.seed" in Study(study).regime()
     assert "replicated arm" in Study(_study(rng, 0.0)).regime()
-    verdicts = _verdicts(0.0, studies=30, replicated=False)
-    assert sum(v != "not resolved" for v in verdicts) > 30 * 0.10  # what the replicates are for
+    for effect in (0.0, 2.0):
+        verdicts = _verdicts(effect, studies=30, replicated=False)
+        assert set(verdicts) == {"not resolved"}, verdicts
 
 
 if __name__ == "__main__":  # the table of docs/statistics.md: python -m tests.results.test_calibration
@@ -85,5 +87,6 @@ if __name__ == "__main__":  # the table of docs/statistics.md: python -m tests.r
     for label, effect, studies, kwargs in (("no effect", 0.0, STUDIES, {}),
                                            ("no effect, shared run noise", 0.0, STUDIES, {"shared_sd": 0.8}),
                                            ("2-point effect", 2.0, 30, {}),
-                                           ("no effect, no replicates", 0.0, 30, {"replicated": False})):
+                                           ("no effect, no replicates", 0.0, 30, {"replicated": False}),
+                                           ("2-point effect, no replicates", 2.0, 30, {"replicated": False})):
         print(f"{label}: {dict(Counter(_verdicts(effect, studies, **kwargs)))} of {studies} studies")

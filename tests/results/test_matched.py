@@ -11,7 +11,7 @@ import pytest
 
 from raybiphase.results import report
 from raybiphase.results.aggregate import t_quantile
-from raybiphase.results.findings import findings
+from raybiphase.results.findings import NO_REPLICATES, findings
 from raybiphase.results.verdicts import UNTRAINED, matched_pairs, versus_control
 
 
@@ -36,8 +36,8 @@ def test_a_larger_model_never_stands_in_for_a_smaller_ones_arm() -> None:
     rows = [_row("610m", "MLM", "sst2", 90.0), _row("610m", "CLM→MLM", "sst2", 91.0, share=0.25),
             _row("1b", "MLM", "sst2", 95.0), _row("210m", "MLM", "sst2", 80.0)]
     verdict, evidence = _verdicts(rows)["4."]
-    assert verdict == "held"
-    assert evidence == "610m: +1.00 pts [+0.77, +1.23] over 1 task(s), 1 pair (fine-tuning seeds): held"
+    assert verdict == "not resolved"  # one run per arm: shown, never decided (test_calibration's no-replicates case)
+    assert evidence == f"610m: +1.00 pts [+0.77, +1.23] over 1 task(s), 1 pair (fine-tuning seeds): {NO_REPLICATES}"
 
 
 def test_every_matched_pair_counts_once_and_each_size_has_its_effect() -> None:
@@ -52,12 +52,12 @@ def test_every_matched_pair_counts_once_and_each_size_has_its_effect() -> None:
     assert sorted(zip(pairs["size"], pairs["score_a"])) == [("210m", 89.0), ("610m", 89.0), ("610m", 91.0),
                                                             ("610m", 91.5)]
     verdict, evidence = _verdicts(rows)["4."]
-    assert verdict == "mixed"  # 210m significantly the other way, 610m the paper's way
+    assert verdict == "not resolved"  # seeds only: 210m's interval the other way, 610m's the paper's, none decided
     se = 0.2 / t_quantile(0.975, 4)
     half = t_quantile(0.975, 8) * se * math.sqrt(2)  # 210m: two cells, 4 df each, Welch-Satterthwaite: 8
     assert evidence.startswith(f"210m: -1.00 pts [{-1 - half:+.2f}, {-1 + half:+.2f}] over 1 task(s), 1 pair "
-                               "(fine-tuning seeds): not held; 610m: +0.50 pts")
-    assert evidence.endswith("3 pairs (fine-tuning seeds): held")
+                               f"(fine-tuning seeds): {NO_REPLICATES}; 610m: +0.50 pts")
+    assert evidence.endswith(f"3 pairs (fine-tuning seeds): {NO_REPLICATES}")
     # 610m: (91 + 91.5 + 89) / 3 - 90, the MLM cell at coefficient -1 and each split at 1/3
     spread = math.sqrt(3 * (se / 3) ** 2 + se**2)
     dof = spread**4 / (3 * (se / 3) ** 4 / 4 + se**4 / 4)
@@ -80,7 +80,7 @@ def test_the_masking_trend_is_tested_across_sizes() -> None:
     rows = [_row("210m", "MLM", "sst2", 82.0, ratio=0.2), _row("210m", "MLM", "sst2", 80.0, ratio=0.5),
             _row("1b", "MLM", "sst2", 90.0, ratio=0.2), _row("1b", "MLM", "sst2", 93.0, ratio=0.5)]
     verdict, evidence = _verdicts(rows)["3."]
-    assert verdict == "held"
+    assert verdict == "not resolved"  # seeds only
     slope = (3.0 - -2.0) / 3  # per 10 points of masking: +1.0 at 1b, -0.67 at 210m
     assert evidence.startswith("best ratio by family (mean over its tasks): 210m SC 20%; 1b SC 50% · "
                                f"slope 1b - slope 210m: {slope:+.2f} pts [")
@@ -96,11 +96,11 @@ def test_retrieval_preferring_higher_ratios_is_tested_per_size() -> None:
         rows += [{**_row("610m", "MLM", task, low, ratio=0.2), "family": family},
                  {**_row("610m", "MLM", task, high, ratio=0.5), "family": family}]
     verdict, evidence = _verdicts(rows)["3."]
-    assert verdict == "held"
+    assert verdict == "not resolved"  # seeds only
     assert "610m SC 20%, QA 20%, IR 50%" in evidence.replace("IR 50%, QA 20%, SC 20%", "SC 20%, QA 20%, IR 50%")
     ir, other = 4.0 / 3, (-1.0 / 3 + -0.5 / 3) / 2
     assert f"retrieval's slope - the other families': 610m: {ir - other:+.2f} pts [" in evidence
-    assert evidence.endswith("1 IR and 2 other tasks (fine-tuning seeds): held")
+    assert evidence.endswith(f"1 IR and 2 other tasks (fine-tuning seeds): {NO_REPLICATES}")
 
 
 def test_each_model_is_judged_against_the_control_of_its_own_size() -> None:
@@ -123,9 +123,9 @@ def test_finding_two_says_where_the_curves_cross_on_undecayed_checkpoints() -> N
                  "trials_of": "610m-clm0-r0.4-42000"})
     rows += [_row("610m", "CLM", "sst2", 80.0, share=1.0), _row("610m", "MLM", "sst2", 90.0)]
     verdict, evidence = _verdicts(rows)["2."]
-    assert verdict == "held"
+    assert verdict == "not resolved"  # seeds only
     assert evidence.startswith("early, at each size's earliest undecayed step: 610m at 1k: +5.00 pts [")
-    assert evidence.endswith("1 pair (fine-tuning seeds): held · 610m: mean difference favours CLM at 1k, 2k, "
+    assert evidence.endswith(f"1 pair (fine-tuning seeds): {NO_REPLICATES} · 610m: mean difference favours CLM at 1k, 2k, "
                              "MLM at 10k of 1k, 2k, 10k; the curves cross between steps 2k and 10k")
 
 
@@ -161,7 +161,7 @@ def test_replicated_arms_are_decided_on_the_spread_between_pretraining_runs() ->
     assert pooled.loc["CLM→MLM", "ci"] == pytest.approx(t_quantile(0.975, 2) * sd / math.sqrt(3))
     assert pooled.loc["CLM→MLM", "seed_ci"] == pytest.approx(0.3) and pooled.loc["CLM→MLM", "between_sd"] == pytest.approx(sd)
     assert _verdicts(rows)["4."][0] == "not resolved"  # decided on the replicates: the intervals overlap
-    assert _verdicts(rows[:2])["4."][0] == "held"  # one run per arm: the fine-tuning interval alone
+    assert _verdicts(rows[:2])["4."][0] == "not resolved"  # one run per arm: the seeds' interval is never decided on
     section = replicates_section(pd.DataFrame(rows))
     assert "| 610m-clm0-r0.4-42000 | 610m | sst2 | 3 |" in section.table.replace("610m-clm10500", "610m-clm0")
 

@@ -298,7 +298,9 @@ def test_verdicts_against_the_untrained_control_come_from_the_intervals() -> Non
 
 
 def test_the_papers_five_findings_are_judged_from_the_intervals() -> None:
-    from raybiphase.results.findings import findings
+    """Every arm pretrained twice (train.seed 0 and 1, one point apart): the intervals count the spread between
+    pretraining runs, and each finding is decided on them. The same rows from one run per arm decide nothing."""
+    from raybiphase.results.findings import NO_REPLICATES, findings
 
     def row(run, objective, task, family, score, *, budget=400, ratio=0.4, step=400, final=True, init=None):
         return {"source": "raybiphase", "run": run, "objective": objective, "task": task, "family": family,
@@ -314,15 +316,20 @@ def test_the_papers_five_findings_are_judged_from_the_intervals() -> None:
                  row("mlm20", "MLM", task, family, 80 if task == "tweets" else 60, ratio=0.2),  # 3: each ratio wins once
                  row("t-clm-dec400-mlm40-600", "continued", task, family, 75, budget=200, init="/c/clm"),  # 5 held
                  row("t-mlm40-dec400-mlm40-600", "continued", task, family, 65, budget=200, init="/c/mlm")]
-    verdicts = {claim[:2]: (verdict, evidence) for claim, verdict, evidence in findings(pd.DataFrame(rows))}
+    replicated = [{**r, "run": f"{r['run']}-s{seed}", "train.seed": seed, "score": r["score"] + offset}
+                  for r in rows for seed, offset in ((0, 0.5), (1, -0.5))]
+    verdicts = {claim[:2]: (verdict, evidence) for claim, verdict, evidence in findings(pd.DataFrame(replicated))}
     # every MLM ratio is matched with the CLM run (its masking ratio is not a CLM setting): 4 pairs in 2 tasks
-    assert verdicts["1."][0] == "held" and "over 2 task(s), 4 pairs (fine-tuning seeds): held" in verdicts["1."][1]
+    assert verdicts["1."][0] == "held" and "over 2 task(s), 4 pairs (replicates): held" in verdicts["1."][1]
     assert verdicts["2."][0] == "not held"  # CLM 5 points below MLM at the earliest step
     assert verdicts["3."][0] == "not resolved"  # one size, no retrieval task: the paper's trends cannot be tested
     assert verdicts["3."][1].startswith("best ratio by family (mean over its tasks): QA 40%, SC 20% ·")
     assert verdicts["4."][0] == "not resolved" and "+0.50 pts" in verdicts["4."][1]  # half a point, 2 tasks
     assert verdicts["5."][0] == "held"
     assert findings(pd.DataFrame(rows[:2]))[4][1] == "not resolved"  # no continued runs: nothing to compare
+    once = {claim[:2]: (verdict, evidence) for claim, verdict, evidence in findings(pd.DataFrame(rows))}
+    assert all(verdict == "not resolved" for verdict, _ in once.values())  # seeds only: shown, never decided
+    assert "over 2 task(s), 4 pairs (fine-tuning seeds): " + NO_REPLICATES in once["1."][1]
 
 
 def test_a_baseline_row_is_not_a_second_learning_rate() -> None:
