@@ -21,13 +21,10 @@ from __future__ import annotations
 
 import datetime
 import functools
-import hashlib
 import json
 import contextlib
 import logging
 import os
-import shutil
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -277,49 +274,6 @@ def list_tree(location: Location) -> dict[str, int]:
     return out
 
 
-def download(location: Location, dest: Path) -> None:
-    """Copy every file under the bucket folder `location` into the local folder `dest`, keeping their relative
-    paths. A bucket's keys are opaque strings: one whose relative path has an empty, `.` or `..` part, or a
-    backslash, would land outside `dest` or somewhere else than it says; it is refused in one line (UserError),
-    before anything is copied."""
-    fs, path = filesystem(location)
-    infos = _listing(location, recursive=True)
-    root = path.rstrip("/") + "/"
-    files = []
-    for info in infos:
-        if info.type != pafs.FileType.File:
-            continue
-        relative = info.path[len(root):] if info.path.startswith(root) else info.path
-        if "\\" in relative or any(part in ("", ".", "..") for part in relative.split("/")):
-            raise UserError(f"{location}: refused: its key {relative!r} would be copied outside {dest}; nothing was "
-                            "copied")
-        files.append((info.path, relative))
-    for source, relative in files:
-        target = dest / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        _copy_file(location, fs, source, target)
-
-
-@retrying()
-def _listing(location: Location, *, recursive: bool) -> list:
-    fs, path = filesystem(location)
-    return fs.get_file_info(pafs.FileSelector(path, recursive=recursive))
-
-
-@retrying()
-def _copy_file(location: Location, fs, source: str, target: Path) -> None:
-    with fs.open_input_stream(source) as stream, open(target, "wb") as out:
-        shutil.copyfileobj(stream, out, 1 << 20)
-
-
-@retrying()
-def upload(folder: Path, location: Location) -> None:
-    """Copy a local folder to `location` (a path or a URI), file by file."""
-    fs, path = filesystem(location)
-    fs.create_dir(path, recursive=True)
-    pafs.copy_files(str(folder), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
-
-
 def check_reachable(location: Location, key: str) -> None:
     """Look up the bucket of a URI once, failing fast as `check_writable` does; a UserError naming `key` when it
     cannot be reached or does not exist. Writes nothing (what a dry run checks). A local path passes."""
@@ -354,29 +308,6 @@ def delete(location: Location) -> None:
     fs, path = filesystem(location)
     if fs.get_file_info(path).type == pafs.FileType.Directory:
         fs.delete_dir(path)
-
-
-@retrying()
-def local_copy(location: Location, cache: Path, version: str = "") -> Path:
-    """A local folder holding `location`: the folder itself when it is local, else a copy under `cache` (this
-    node's), downloaded once: into a staging folder, then renamed into place, keyed by the URI (and `version`,
-    for a location whose content may be replaced)."""
-    if not is_uri(location):
-        return Path(location).expanduser()
-    target = cache / "remote" / hashlib.sha256(f"{location}#{version}".encode()).hexdigest()[:16]
-    if target.is_dir():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        download(location, staging)
-        staging.rename(target)
-    except OSError:
-        if not target.is_dir():  # not merely another process that finished the same copy first
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
 
 
 # ------------------------------------------------------------------------------------------------ checkpoints

@@ -15,6 +15,7 @@ LAYERS = (
     ("errors",),  # the two error kinds every layer raises
     ("outages",),  # how long an unreachable bucket is waited out, and what is said meanwhile
     ("storage",),  # every path, URI and file name
+    ("transfer",),  # copies between a bucket and this node's disk, never outside the copy
     ("locks",),  # a local file created only if absent, a lock beside a local file
     ("config",),  # the run config and the sweep spec (with the size table they validate against)
     ("naming",),  # run names and the phase tag rule, from a RunConfig

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from raybiphase import storage
+from raybiphase import storage, transfer
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -47,16 +47,16 @@ def test_a_bucket_folder_is_copied_to_the_node_once(s3_bucket, tmp_path):
     folder = f"{s3_bucket}/copy-once/hf"
     for name, text in (("config.json", "{}"), ("sub/weights.bin", "abc")):
         storage.write_json(storage.join(folder, name), text)
-    local = storage.local_copy(folder, tmp_path / "cache")
+    local = transfer.local_copy(folder, tmp_path / "cache")
     assert (local / "config.json").read_text() == '"{}"' and (local / "sub" / "weights.bin").read_text() == '"abc"'
     fs, path = storage.filesystem(folder)
     fs.delete_dir(path)  # the second call does not download: it finds the copy
-    assert storage.local_copy(folder, tmp_path / "cache") == local and (local / "config.json").is_file()
+    assert transfer.local_copy(folder, tmp_path / "cache") == local and (local / "config.json").is_file()
     assert not list((tmp_path / "cache" / "remote").glob(".*"))  # no staging folder left behind
 
 
 def test_a_local_folder_is_used_in_place(tmp_path):
-    assert storage.local_copy(tmp_path, tmp_path / "cache") == tmp_path
+    assert transfer.local_copy(tmp_path, tmp_path / "cache") == tmp_path
     assert storage.absolute("relative/dir").startswith("/") and storage.absolute("s3://b/x/") == "s3://b/x"
     assert isinstance(storage.filesystem("s3://b/x")[0], pafs.S3FileSystem)
 
@@ -262,7 +262,7 @@ def test_a_bucket_key_that_reaches_outside_the_local_copy_is_refused_before_anyt
     cache = tmp_path / "cache"
     with pytest.raises(UserError, match=r"^s3://raybiphase-test/evil/hf: refused: its key "
                                         r"'\.\./\.\./\.\./\.\./escaped/owned\.txt' would be copied outside "):
-        storage.local_copy(f"{s3_bucket}/evil/hf", cache)
+        transfer.local_copy(f"{s3_bucket}/evil/hf", cache)
     assert not list(tmp_path.rglob("owned.txt")) and not list((cache / "remote").iterdir())
     monkeypatch.setattr(sys, "argv", ["import", f"{s3_bucket}/evil", str(tmp_path / "results")])
     with pytest.raises(SystemExit) as exit_info:

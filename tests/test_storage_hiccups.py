@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from raybiphase import storage
+from raybiphase import storage, transfer
 from raybiphase.errors import UserError
 from raybiphase.outages import NOTICE_ENV, StorageOutage, outage_budget
 
@@ -146,7 +146,7 @@ def test_a_checkpoint_cut_short_is_never_resumed_and_a_damaged_one_refuses_to_lo
 
     run_dir = "s3://hiccups/sweep/runs/tiny-clm-0-8-abcd"
     model, optimizer, meta = _tiny_checkpoint(tmp_path / "three", step=3)
-    storage.upload(tmp_path / "three", storage.join(run_dir, "step-00000003"))
+    transfer.upload(tmp_path / "three", storage.join(run_dir, "step-00000003"))
     checkpoint.commit(storage.join(run_dir, "step-00000003"), meta, ranks=1)
 
     _tiny_checkpoint(tmp_path / "five", step=5)  # step 5's upload: the server goes away after the index
@@ -164,7 +164,7 @@ def test_a_checkpoint_cut_short_is_never_resumed_and_a_damaged_one_refuses_to_lo
     three = storage.join(run_dir, "step-00000003")
     committed = checkpoint.read_meta(three)
     assert committed.files[".metadata"] > 0 and committed.files["__0_0.distcp"] > 0
-    local = storage.local_copy(three, tmp_path / "cache")
+    local = transfer.local_copy(three, tmp_path / "cache")
     assert checkpoint.load(local, model, optimizer).step == 3
     shard = local / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[:100])  # a truncated shard
@@ -222,7 +222,7 @@ def test_rehearsal_a_checkpoint_and_a_table_append_wait_out_an_outage_with_a_lin
     errors: list[BaseException] = []
 
     def save():
-        storage.upload(tmp_path / "local", location)
+        transfer.upload(tmp_path / "local", location)
         checkpoint.commit(location, meta, ranks=1)
 
     def append():
@@ -251,7 +251,7 @@ def test_rehearsal_a_checkpoint_and_a_table_append_wait_out_an_outage_with_a_lin
 
     local = {p.relative_to(tmp_path / "local").as_posix() for p in (tmp_path / "local").rglob("*") if p.is_file()}
     assert set(storage.list_tree(location)) == local | {storage.META}  # the same keys, the meta last
-    assert checkpoint.load(storage.local_copy(location, tmp_path / "cache"), model, optimizer).step == 3
+    assert checkpoint.load(transfer.local_copy(location, tmp_path / "cache"), model, optimizer).step == 3
     assert store.read_rows(table).to_dict("records") == [row]
     assert store.append_rows(table, pd.DataFrame([row]), key=("run", "task", "seed")) == 1  # a rerun adds nothing
 

@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raybiphase import storage
+from raybiphase import storage, transfer
 from raybiphase.config import DataConfig
 from raybiphase.data import decontam
 from raybiphase.data.assets import cache_dir
@@ -137,7 +137,7 @@ def make_tokenizer(data: DataConfig, pieces: list[Piece], location: str, held_ou
         raise UserError(f"data.source: {data.source!r} yielded no documents (empty corpus)")
     with tempfile.TemporaryDirectory() as tmp:
         build_tokenizer(data, docs, Path(tmp))
-        storage.upload(Path(tmp), location)
+        transfer.upload(Path(tmp), location)
     return tokenizer_fingerprint(location)
 
 
@@ -185,7 +185,7 @@ def _held_out(out: str, digest: str) -> decontam.HeldOut | None:
 def _load_tokenizer(location: str, version: str):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(storage.local_copy(location, cache_dir(), version=version)))
+    return AutoTokenizer.from_pretrained(str(transfer.local_copy(location, cache_dir(), version=version)))
 
 
 # -------------------------------------------------------------------------------------- tokenize and pack

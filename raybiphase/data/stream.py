@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from raybiphase import storage
+from raybiphase import storage, transfer
 from raybiphase.data.assets import cache_dir
 from raybiphase.data.masking import MaskingSpec, mask_batch
 from raybiphase.errors import UserError
@@ -61,7 +61,7 @@ class Manifest:
     def local_tokenizer(self) -> Path:
         """The tokenizer folder on this node (copied from the bucket once per node)."""
 
-        return storage.local_copy(self.tokenizer_dir, cache_dir(), version=self.tokenizer_fingerprint)
+        return transfer.local_copy(self.tokenizer_dir, cache_dir(), version=self.tokenizer_fingerprint)
 
 
 def _check_file(root: str, entry: dict, sizes: dict[str, int], full_hash: bool) -> None:

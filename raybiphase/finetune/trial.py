@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from raybiphase import storage
+from raybiphase import storage, transfer
 from raybiphase.config import FinetuneConfig
 from raybiphase.data.assets import cache_dir
 from raybiphase.errors import UserError
@@ -73,7 +73,7 @@ def find_hf_dir(location: storage.Location) -> str:
 
 def resolve_hf_dir(location: storage.Location) -> Path:
     """The checkpoint's HF folder on this node: in place when local, else copied once into this node's cache."""
-    return storage.local_copy(find_hf_dir(location), cache_dir()).resolve()
+    return transfer.local_copy(find_hf_dir(location), cache_dir()).resolve()
 
 
 def load_checked_tokenizer(hf_dir: Path):

@@ -23,7 +23,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from raybiphase import storage
+from raybiphase import storage, transfer
 from raybiphase.checkpoint_meta import read_meta
 from raybiphase.config import RunConfig
 from raybiphase.data.assets import cache_dir
@@ -73,7 +73,7 @@ def export_initial(run: RunConfig, data_dir: str, dest: str) -> None:
     hf_logging.disable_progress_bar()  # one small folder: no "Writing model shards" bar in the sweep's output
     with tempfile.TemporaryDirectory() as tmp:
         ckpt.export_hf(Path(tmp) / storage.HF_DIR, model, manifest.local_tokenizer(), seq_len=run.data.seq_len)
-        storage.upload(Path(tmp) / storage.HF_DIR, dest)
+        transfer.upload(Path(tmp) / storage.HF_DIR, dest)
 
 
 def _rebuild(checkpoint: str, meta, dest: Path) -> None:
@@ -86,7 +86,7 @@ def _rebuild(checkpoint: str, meta, dest: Path) -> None:
     model = initial_model(run, manifest)  # the run's architecture; the checkpoint's weights replace its values
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        ckpt.load(storage.local_copy(checkpoint, cache_dir()), model, name=str(checkpoint))
+        ckpt.load(transfer.local_copy(checkpoint, cache_dir()), model, name=str(checkpoint))
     hf_logging.disable_progress_bar()
     ckpt.export_hf(dest, model, manifest.local_tokenizer(), seq_len=meta.config.data.seq_len)
 
@@ -122,14 +122,14 @@ def export_checkpoint(checkpoint: str, out: str, *, name: str | None = None, pus
         exported = storage.hf_dir(checkpoint)
         if storage.is_file(storage.join(exported, "config.json")):
 
-            shutil.copytree(storage.local_copy(exported, cache_dir()), local)
+            shutil.copytree(transfer.local_copy(exported, cache_dir()), local)
             ckpt.save_tokenizer(local, local)  # exports written before their tokenizer framed texts
         else:
             _rebuild(checkpoint, meta, local)
         record_trained_length(local, meta.config.data.seq_len)  # exports written before it said so
         (local / CARD).unlink(missing_ok=True)
         name = write_card(str(local), checkpoint, name=name, location=push or out)
-        storage.upload(local, out)
+        transfer.upload(local, out)
         if push:
             try:
                 print(f"export: pushed to {push_to_hub(local, push, private=private)}")

@@ -25,7 +25,7 @@ import ray.train
 import torch
 import torch.distributed as dist
 
-from raybiphase import storage
+from raybiphase import storage, transfer
 from raybiphase.checkpoint_meta import CheckpointMeta
 from raybiphase.config import MASKED, Phase, RunConfig, flatten, to_dict
 from raybiphase.config.sizes import PEAK_BF16_TFLOPS, flops_per_token
@@ -300,7 +300,7 @@ class Worker:
                                      seq_len=self.run.data.seq_len)
             local = self.run.resources.max_workers == 0  # Ray Train's local mode persists nothing: the loop does
             if local:
-                storage.upload(Path(tmp), location)
+                transfer.upload(Path(tmp), location)
             saved = ray.train.Checkpoint(location) if local else ray.train.Checkpoint.from_directory(tmp)
             ray.train.report(metrics, checkpoint=saved, checkpoint_dir_name=name)
         if self.world > 1 and dist.is_initialized():

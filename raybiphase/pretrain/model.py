@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from transformers import EuroBertConfig, EuroBertForMaskedLM
 
-from raybiphase import storage
+from raybiphase import storage, transfer
 from raybiphase.config import RunConfig
 from raybiphase.config.sizes import SIZES
 from raybiphase.data.assets import cache_dir
@@ -75,7 +75,7 @@ def initial_model(run: RunConfig, manifest):
     source = run.model.init_from
     if source and not storage.is_checkpoint(source):  # a decoder in a bucket is copied once to this node
 
-        return from_decoder(storage.local_copy(source, cache_dir()), **common)
+        return from_decoder(transfer.local_copy(source, cache_dir()), **common)
     return build_model(run.model.size, seed=run.train.seed, **common)
 
 

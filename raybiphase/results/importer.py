@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 
-from raybiphase import storage
+from raybiphase import storage, transfer
 from raybiphase.errors import UserError
 from raybiphase.naming import parse_phase_tag
 from raybiphase.results.rows import FINETUNE_KEY, per_example_flat
@@ -219,7 +219,7 @@ def import_tree(tree: str | Path, results_dir: str | Path, sweep: str = "paper")
         if not storage.exists(tree):
             raise UserError(f"{tree}: not a folder of evaluation results")
         with tempfile.TemporaryDirectory() as local:
-            storage.download(tree, Path(local))  # a key reaching outside the copy is refused
+            transfer.download(tree, Path(local))  # a key reaching outside the copy is refused
             rows = collect(local, sweep)
     else:
         rows = collect(tree, sweep)

@@ -21,7 +21,7 @@ import matplotlib
 import pandas as pd
 from matplotlib.figure import Figure  # figures without pyplot: no global state, PNGs through Agg
 
-from raybiphase import storage
+from raybiphase import storage, transfer
 from raybiphase.config.run import Objective
 from raybiphase.errors import UserError
 from raybiphase.naming import source_objective, steps_label
@@ -431,5 +431,5 @@ def write_report(results_dir: storage.Location) -> tuple[str, list[Section]]:
         (out / storage.REPORT_MD).write_text("\n".join(lines).rstrip() + "\n")
         (out / storage.REPORT_HTML).write_text(html.render(title, header=header, intro=intro, sections=sections))
         if storage.is_uri(results_dir):  # a bucket: the drawn folder goes up as a whole
-            storage.upload(out, target)
+            transfer.upload(out, target)
     return storage.join(target, storage.REPORT_MD), sections

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from raybiphase import storage
+from raybiphase import storage, transfer
 
 SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd", "credentials"})
 KINDS = ("pretrain", "finetune", "report")
@@ -218,7 +218,7 @@ def finish(run, summary: Mapping[str, Any] | None = None) -> None:
     sync_to = _SYNC.pop(id(run), None)
     if sync_to and folder.is_dir():
 
-        storage.upload(folder, storage.join(sync_to, folder.name))
+        transfer.upload(folder, storage.join(sync_to, folder.name))
 
 
 def stable_id(*parts: Any) -> str:
