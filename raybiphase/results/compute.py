@@ -23,7 +23,7 @@ import pandas as pd
 from raybiphase.config.estimates import LLAMA3_VOCAB
 from raybiphase.config.sizes import SIZES
 from raybiphase.naming import steps_label, strip_hash
-from raybiphase.results.tables import Section, markdown
+from raybiphase.results.tables import MarkdownTable, Section, markdown
 
 
 def _setting(row: pd.Series, key: str, default: object = math.nan) -> object:
@@ -76,7 +76,7 @@ def compute_section(s: pd.DataFrame) -> Section:
     if final.empty:
         return Section("compute", title, None, "Not drawn: no pretrained checkpoint has fine-tuning scores.")
     final = with_flops(final)
-    tables = []
+    tables, frames = [], []
     by_size = final.groupby("size", sort=True)
     for size, group in sorted(by_size, key=lambda item: _parameters(str(item[0]))):
         common = set.intersection(*(set(g["task"]) for _, g in group.groupby("run")))
@@ -93,8 +93,11 @@ def compute_section(s: pd.DataFrame) -> Section:
                                         zip(runs["flops"], runs["steps"])],
             f"mean test (%), {len(common)} task(s)": runs["score"].round(2).to_numpy()})
         tables.append(f"**{size or 'all sizes'}**\n\n{markdown(table)}")
+        frames.append(table.rename(columns={table.columns[-1]: "mean test (%)"}).assign(size=size or "all sizes"))
     note = ("Every final checkpoint of the paper's settings with its training FLOPs as executed: the LM head on "
             "every token of a CLM step and on the masked tokens of an MLM step (the sparse head), a continued run "
             "charged for its source's steps. The findings compare arms at equal steps; this table lets two arms be "
             "read at equal compute. Scores: the mean over the tasks every run of the size has.")
-    return Section("compute", title, None, note, "\n\n".join(tables))
+    text = MarkdownTable("\n\n".join(tables))
+    text.frame = pd.concat(frames, ignore_index=True)  # the sizes' tables as one, for the CSV and LaTeX
+    return Section("compute", title, None, note, text)

@@ -35,7 +35,7 @@ from raybiphase.results.questions import beyond_sections, knobs
 from raybiphase.results.replicates import replicates_section
 from raybiphase.results.rows import BASELINE, OURS
 from raybiphase.results.store import read_rows, write_summary
-from raybiphase.results.tables import Section, error_bars, markdown, mean_ci
+from raybiphase.results.tables import Section, error_bars, latex, markdown, mean_ci
 from raybiphase.results.verdicts import MIN_SEEDS, UNTRAINED, family_verdicts, versus_control
 from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE
 
@@ -276,10 +276,12 @@ def control_section(s: pd.DataFrame) -> Section:
 def summary_section(s: pd.DataFrame) -> Section:
     """Every (run, task) at its final checkpoint: the table behind all the figures."""
     final = s[s["final"]].sort_values(["source", "task", "run"])
+    trained = final["source"] != "baseline"  # a baseline (BM25, the majority class) has no LR and no objective
     table = pd.DataFrame({
-        "source": final["source"], "run": final["run"], "size": final["size"], "objective": final["objective"],
+        "source": final["source"], "run": final["run"], "size": final["size"],
+        "objective": final["objective"].where(trained, ""),
         "CLM share (%)": (final["clm_share"] * 100).round(1), "task": final["task"],
-        "best LR": final["best_lr"].map(lambda v: f"{v:.0e}"),
+        "best LR": [f"{v:.0e}" if t and pd.notna(v) else "" for v, t in zip(final["best_lr"], trained)],
         "test (%)": [mean_ci(m, c, n) for m, c, n in zip(final["score"], final["ci"], final["n_seeds"])],
         "seeds": final["n_seeds"], "diverged (best LR / all)": [f"{int(b)} / {int(a)}" for b, a in zip(
             _col(final, "n_diverged_best").fillna(0), _col(final, "n_diverged").fillna(0))],
@@ -390,9 +392,25 @@ def findings_section(s: pd.DataFrame) -> Section:
                    markdown(table))
 
 
+def paper_files(section: Section, out: Path) -> str:
+    """What a paper takes from a section, written beside the report: its figure as SVG and PDF (vector), its table
+    as CSV and as a LaTeX table; the Markdown line that links them ("" when the section has neither)."""
+    links = []
+    if section.figure is not None:
+        for kind in ("svg", "pdf"):
+            section.figure.savefig(out / f"{section.name}.{kind}")
+            links.append(f"[{kind.upper()}]({section.name}.{kind})")
+    frame = getattr(section.table, "frame", None)
+    if frame is not None:
+        frame.to_csv(out / f"{section.name}.csv", index=False)
+        (out / f"{section.name}.tex").write_text(latex(frame, caption=section.title))
+        links += [f"[CSV]({section.name}.csv)", f"[LaTeX]({section.name}.tex)"]
+    return f"Files: {' · '.join(links)}" if links else ""
+
+
 def write_report(results_dir: storage.Location) -> tuple[str, list[Section]]:
-    """Write RESULTS_DIR/report/report.md and its PNGs (a folder or a bucket); return the Markdown's location and
-    the sections.
+    """Write RESULTS_DIR/report/report.md and its figures (PNG, SVG and PDF) and tables (CSV, LaTeX), and
+    report.html (a folder or a bucket); return the Markdown's location and the sections.
 
     The sections' figures stay inspectable: titles, axes, legends.
     """
@@ -422,12 +440,14 @@ def write_report(results_dir: storage.Location) -> tuple[str, list[Section]]:
         out.mkdir(parents=True, exist_ok=True)
         for number, section in enumerate(sections, 1):
             lines += [f"## {number}. {section.title}", ""]
+            files = paper_files(section, out)
             if section.figure is None:
-                lines += [f"_{section.note}_", "", *([section.table, ""] if section.table else [])]
+                lines += [f"_{section.note}_", "", *([section.table, ""] if section.table else []),
+                          *([files, ""] if files else [])]
                 continue
             section.figure.savefig(out / f"{section.name}.png", dpi=110)
             lines += [f"![{section.title}]({section.name}.png)", "", section.note, "",
-                      *([section.table, ""] if section.table else [])]
+                      *([section.table, ""] if section.table else []), files, ""]
         (out / storage.REPORT_MD).write_text("\n".join(lines).rstrip() + "\n")
         (out / storage.REPORT_HTML).write_text(html.render(title, header=header, intro=intro, sections=sections))
         if storage.is_uri(results_dir):  # a bucket: the drawn folder goes up as a whole

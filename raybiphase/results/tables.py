@@ -45,10 +45,44 @@ def error_bars(scores: pd.Series, cis: pd.Series) -> list[list[float]]:
     return [[m - low for m, (low, _) in zip(scores, ends)], [high - m for m, (_, high) in zip(scores, ends)]]
 
 
-def markdown(frame: pd.DataFrame) -> str:
+class MarkdownTable(str):
+    """A table's Markdown that still carries the rows it was drawn from (`frame`), so the report can also write
+    them as CSV and LaTeX."""
+
+    frame: pd.DataFrame
+
+
+def _cell(value) -> str:
+    return "" if pd.isna(value) else (f"{value:g}" if isinstance(value, float) else str(value))
+
+
+def markdown(frame: pd.DataFrame) -> MarkdownTable:
     header = "| " + " | ".join(map(str, frame.columns)) + " |"
     lines = [header, "|" + "---|" * len(frame.columns)]
     for row in frame.itertuples(index=False):
-        lines.append("| " + " | ".join("" if pd.isna(v) else (f"{v:g}" if isinstance(v, float) else str(v))
-                                       for v in row) + " |")
-    return "\n".join(lines)
+        lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
+    table = MarkdownTable("\n".join(lines))
+    table.frame = frame
+    return table
+
+
+_LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
+          "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$", "→": r"$\to$",
+          "·": r"$\cdot$", "**": ""}
+
+
+def latex(frame: pd.DataFrame, caption: str = "") -> str:
+    """The rows as a LaTeX table (booktabs rules: `\\usepackage{booktabs}`), every cell as the Markdown shows it,
+    LaTeX's special characters escaped."""
+    def escape(text: str) -> str:
+        for plain, escaped in _LATEX.items():
+            text = text.replace(plain, escaped)
+        return text
+
+    lines = [r"\begin{table}[t]", r"\centering", r"\begin{tabular}{" + "l" * len(frame.columns) + "}", r"\toprule",
+             " & ".join(escape(str(c)) for c in frame.columns) + r" \\", r"\midrule"]
+    lines += [" & ".join(escape(_cell(v)) for v in row) + r" \\" for row in frame.itertuples(index=False)]
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    if caption:
+        lines.append(r"\caption{" + escape(caption) + "}")
+    return "\n".join([*lines, r"\end{table}"]) + "\n"

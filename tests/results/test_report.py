@@ -100,7 +100,7 @@ def written(tmp_path_factory) -> tuple[Path, Path, dict]:
 
 @pytest.mark.slow  # a whole report drawn (matplotlib), seconds
 def test_report_draws_every_figure_with_titles_labels_and_paper_rows(written) -> None:
-    _, _, by_name = written
+    by_name = dict(written[2])  # a copy: the sections are popped as they are checked
     assert set(by_name) == {*FIGURES, "summary", "control", "findings", "compute"}
     assert "| 5. Continued MLM from a CLM checkpoint" in by_name.pop("findings").table
     assert "training FLOPs" in by_name.pop("compute").table  # a table, no figure
@@ -138,6 +138,32 @@ def test_report_writes_markdown_and_valid_pngs(written) -> None:
         assert image.ndim == 3 and image.shape[0] > 300 and image.shape[1] > 400
     assert "± " in text and "Not drawn" not in text
     assert (results_dir / "summary.parquet").exists()
+
+
+@pytest.mark.slow  # a whole report drawn (matplotlib), seconds
+def test_a_paper_takes_each_table_as_csv_and_latex_and_each_figure_as_svg_and_pdf(written) -> None:
+    """Beside the Markdown: every table as CSV (its cells as the report shows them) and as a LaTeX table, every
+    figure as SVG and PDF, each linked from its section; a baseline's row has no LR and no objective."""
+    import csv
+
+    results_dir, path, by_name = written
+    out, text = results_dir / "report", Path(path).read_text()
+    for name, section in by_name.items():
+        if section.table:
+            assert getattr(section.table, "frame", None) is not None, name
+            with open(out / f"{name}.csv") as source:
+                rows = list(csv.reader(source))
+            assert rows[0] == list(section.table.frame.columns) and len(rows) == len(section.table.frame) + 1
+            tex = (out / f"{name}.tex").read_text()
+            assert tex.startswith("\\begin{table}") and tex.count("\\\\") == len(rows), name
+            assert f"[CSV]({name}.csv) · [LaTeX]({name}.tex)" in text
+        if section.figure is not None:
+            assert (out / f"{name}.svg").read_text().lstrip().startswith("<?xml")
+            assert (out / f"{name}.pdf").read_bytes().startswith(b"%PDF")
+    summary = by_name["summary"].table.frame
+    assert "\\%" in (out / "summary.tex").read_text() and "\\_" in (out / "summary.tex").read_text()
+    baselines = summary[summary["source"] == "baseline"]
+    assert (baselines["best LR"] == "").all() and (baselines["objective"] == "").all()
 
 
 @pytest.mark.slow  # a whole report drawn (matplotlib), seconds
