@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,7 +80,7 @@ def read_meta(path: storage.Location) -> CheckpointMeta:
     """The meta of a checkpoint, local or in a bucket; UserError when `path` is not a raybiphase checkpoint."""
     try:
         document = storage.read_json(storage.meta_path(path))
-    except json.JSONDecodeError:
+    except ValueError:  # not JSON (storage.DamagedFile)
         raise UserError(f"checkpoint: {storage.meta_path(path)} is corrupt (not JSON)") from None
     if document is None:
         raise UserError(f"checkpoint: {path} is not a raybiphase checkpoint (no {storage.META})")

@@ -16,6 +16,11 @@ class ConfigError(ValueError):
     """A configuration problem, reported as one line that names the dotted key."""
 
 
+class DamagedFile(UserError, ValueError):
+    """A JSON file of a sweep that is not JSON (cut short, emptied, overwritten): one line naming it. Also a
+    ValueError, as `json.loads` raises, so readers that pass over an unreadable file still do."""
+
+
 def env_number(name: str, default: float, *, minimum: float = 0.0) -> float:
     """The environment variable `name` as a finite number >= `minimum`, `default` when unset or empty; a UserError
     naming the variable otherwise (read when used, so a bad value is said by the command, in one line)."""

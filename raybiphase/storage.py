@@ -33,7 +33,7 @@ from typing import Any, Callable, TypeVar
 
 import pyarrow.fs as pafs
 
-from raybiphase.errors import UserError, env_number
+from raybiphase.errors import DamagedFile, UserError, env_number
 from raybiphase.outages import OUTAGE_ENV, OUTAGES, StorageOutage, minutes
 
 META = "meta.json"
@@ -201,12 +201,18 @@ def is_file(location: Location) -> bool:
 
 @retrying()
 def read_json(location: Location) -> Any | None:
-    """The JSON document at `location`, or None when there is none."""
+    """The JSON document at `location`, or None when there is none; DamagedFile, naming it, when it is not JSON."""
     fs, path = filesystem(location)
     if fs.get_file_info(path).type == pafs.FileType.NotFound:
         return None
     with fs.open_input_stream(path) as handle:
-        return json.loads(handle.read().decode())
+        data = handle.read()
+    try:
+        return json.loads(data.decode())
+    except ValueError as err:  # not JSON, or not UTF-8
+        raise DamagedFile(f"{location}: damaged, not JSON ({' '.join(str(err).split())[:80]}); move it away and run "
+                          "the same command again (a sweep rebuilds what it can from its checkpoints and records, "
+                          "and trains again only what they do not hold)") from None
 
 
 def write_json(location: Location, document: Any) -> None:

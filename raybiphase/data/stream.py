@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,7 +80,7 @@ def open_dataset(path: str | Path, *, seq_len: int, tokenizer_fingerprint: str |
     root = storage.absolute(path)
     try:
         meta = storage.read_json(storage.join(root, MANIFEST))
-    except json.JSONDecodeError:
+    except ValueError:  # not JSON (storage.DamagedFile)
         raise UserError(f"data: {storage.join(root, MANIFEST)} is corrupt (not JSON)") from None
     except OSError as err:
         raise UserError(f"data: cannot read {root}: {' '.join(str(err).split())[:200]}") from None

@@ -35,7 +35,7 @@ from raybiphase.results.questions import beyond_sections, knobs
 from raybiphase.results.replicates import replicates_section
 from raybiphase.results.rows import BASELINE, OURS
 from raybiphase.results.store import read_rows, write_summary
-from raybiphase.results.tables import Section, error_bars, latex, markdown, mean_ci
+from raybiphase.results.tables import Section, error_bars, markdown, mean_ci, paper_files
 from raybiphase.results.verdicts import MIN_SEEDS, UNTRAINED, family_verdicts, versus_control
 from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE
 
@@ -390,22 +390,6 @@ def findings_section(s: pd.DataFrame) -> Section:
                    "not there in at most 5% of studies; not held: the same the other way; mixed: both; not "
                    f"resolved: neither. {study.regime()} The method and its simulation: docs/statistics.md.",
                    markdown(table))
-
-
-def paper_files(section: Section, out: Path) -> str:
-    """What a paper takes from a section, written beside the report: its figure as SVG and PDF (vector), its table
-    as CSV and as a LaTeX table; the Markdown line that links them ("" when the section has neither)."""
-    links = []
-    if section.figure is not None:
-        for kind in ("svg", "pdf"):
-            section.figure.savefig(out / f"{section.name}.{kind}")
-            links.append(f"[{kind.upper()}]({section.name}.{kind})")
-    frame = getattr(section.table, "frame", None)
-    if frame is not None:
-        frame.to_csv(out / f"{section.name}.csv", index=False)
-        (out / f"{section.name}.tex").write_text(latex(frame, caption=section.title))
-        links += [f"[CSV]({section.name}.csv)", f"[LaTeX]({section.name}.tex)"]
-    return f"Files: {' · '.join(links)}" if links else ""
 
 
 def write_report(results_dir: storage.Location) -> tuple[str, list[Section]]:

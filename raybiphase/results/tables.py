@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -86,3 +87,19 @@ def latex(frame: pd.DataFrame, caption: str = "") -> str:
     if caption:
         lines.append(r"\caption{" + escape(caption) + "}")
     return "\n".join([*lines, r"\end{table}"]) + "\n"
+
+
+def paper_files(section: Section, out: Path) -> str:
+    """What a paper takes from a section, written beside the report: its figure as SVG and PDF (vector), its table
+    as CSV and as a LaTeX table; the Markdown line that links them ("" when the section has neither)."""
+    links = []
+    if section.figure is not None:
+        for kind in ("svg", "pdf"):
+            section.figure.savefig(out / f"{section.name}.{kind}")
+            links.append(f"[{kind.upper()}]({section.name}.{kind})")
+    frame = getattr(section.table, "frame", None)
+    if frame is not None:
+        frame.to_csv(out / f"{section.name}.csv", index=False)
+        (out / f"{section.name}.tex").write_text(latex(frame, caption=section.title))
+        links += [f"[CSV]({section.name}.csv)", f"[LaTeX]({section.name}.tex)"]
+    return f"Files: {' · '.join(links)}" if links else ""

@@ -7,10 +7,11 @@ import dataclasses
 from raybiphase import storage
 from raybiphase.config import RunConfig, SweepSpec
 from raybiphase.data.fingerprint import fingerprint
+from raybiphase.errors import DamagedFile
 from raybiphase.storage import SweepPaths
 from raybiphase.sweep.plan import Plan, Segment
 from raybiphase.telemetry.console import STDOUT, Console
-from raybiphase.telemetry.history import read_history
+from raybiphase.telemetry.history import checkpoint_reports, read_history
 
 
 @dataclasses.dataclass
@@ -33,9 +34,15 @@ class SweepContext:
         return storage.is_checkpoint(self.paths.checkpoint(segment.id, segment.end))
 
     def history(self, segment: Segment) -> list[dict]:
-        """Every report a done segment's workers made (raybiphase.telemetry.history), read from storage once."""
+        """Every report a done segment's workers made (raybiphase.telemetry.history), read from storage once; a
+        damaged history is said in a line and stood in for by the reports its checkpoints hold."""
         if segment.id not in self.histories:
-            self.histories[segment.id] = read_history(self.paths.run_dir(segment.id))
+            try:
+                self.histories[segment.id] = read_history(self.paths.run_dir(segment.id))
+            except DamagedFile as err:
+                self.histories[segment.id] = checkpoint_reports(self.paths.run_dir(segment.id))
+                self.say(f"{err}; its rows come from the {len(self.histories[segment.id])} report(s) its "
+                         "committed checkpoints hold")
         return self.histories[segment.id]
 
     def final_checkpoint(self, run: str) -> str:

@@ -70,11 +70,13 @@ STOP_GRACE_S = 60.0
 
 
 def said(error: BaseException) -> str:
-    """An error in one line: its first line and its last cause (Ray Train's error lists each worker's traceback
-    after its first line, the exception that ended it last)."""
+    """An error in one line: its first line (with the next when the first only introduces it, as Ray Train's
+    "Training failed due to controller error:" does) and its last cause (Ray Train's error lists each worker's
+    traceback after its first line, the exception that ended it last)."""
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()] or [type(error).__name__]
-    causes = [line for line in lines[1:] if re.match(r"^[\w.]*(Error|Exception|Exit)\b", line)]
-    return lines[0] + (f" {causes[-1]}" if causes else "")
+    head = " ".join(lines[:2]) if lines[0].endswith(":") and len(lines) > 1 else lines[0]
+    causes = [line for line in lines[1:] if re.match(r"^[\w.]*(Error|Exception|Exit)\b", line) and line not in head]
+    return head + (f" {causes[-1]}" if causes else "")
 
 
 def segment_failure(errors: dict[str, BaseException], order: list[str], say: Callable[[str], None],

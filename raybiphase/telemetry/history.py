@@ -8,6 +8,7 @@ its group restarted after that checkpoint)."""
 from __future__ import annotations
 
 from raybiphase import storage
+from raybiphase.errors import DamagedFile
 
 
 RESUME_POINT = "resume_point"
@@ -20,6 +21,21 @@ def read_history(run_dir: str) -> list[dict]:
     return storage.read_json(storage.join(run_dir, storage.HISTORY)) or []
 
 
+def checkpoint_reports(run_dir: str) -> list[dict]:
+    """The report each committed checkpoint of a run folder holds in its meta (`metrics`), with its location, in
+    step order: what a damaged history can be rebuilt from."""
+    reports = []
+    for step in storage.checkpoint_steps(run_dir):
+        location = storage.join(run_dir, storage.checkpoint_name(step))
+        try:
+            meta = storage.read_json(storage.meta_path(location))
+        except DamagedFile:
+            continue
+        if isinstance(meta, dict) and isinstance(meta.get("metrics"), dict) and meta["metrics"].get("step") == step:
+            reports.append({**meta["metrics"], "checkpoint": location})
+    return reports
+
+
 def results(history: list[dict]) -> list[dict]:
     """The reports a run never interrupted would also have made: without the preemption notices' resume points."""
     return [report for report in history if not report.get(RESUME_POINT)]
@@ -27,11 +43,18 @@ def results(history: list[dict]) -> list[dict]:
 
 class History:
     """Rank 0's history of one run folder: what an earlier attempt wrote, then every report of this one (a restart
-    reports a step again; the later report wins). Each report rewrites the file whole."""
+    reports a step again; the later report wins). Each report rewrites the file whole. A history found damaged
+    (cut short, emptied) is rebuilt from the reports its committed checkpoints' metas hold, said in a line: the
+    steps between checkpoints lose their rows, the run goes on."""
 
     def __init__(self, run_dir: str):
         self.run_dir = run_dir
-        self.rows = {row["step"]: row for row in read_history(run_dir)}
+        try:
+            rows = read_history(run_dir)
+        except DamagedFile as err:
+            rows = checkpoint_reports(run_dir)
+            print(f"{err}; rebuilt from the {len(rows)} report(s) its committed checkpoints hold", flush=True)
+        self.rows = {row["step"]: row for row in rows}
 
     def add(self, metrics: dict, checkpoint: str | None = None) -> None:
         row = dict(metrics)

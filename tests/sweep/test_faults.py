@@ -114,7 +114,7 @@ def test_a_worker_lost_at_launch_or_mid_training_and_a_lost_controller_each_end_
     assert not rows.duplicated(["run", "step"]).any()
     assert sorted(rows.groupby("run")["step"].apply(sorted).tolist()) == [list(range(1, 9))] * 2
     failed = re.findall(r"^pretraining: (tiny-\S+) try 1 failed \((.*)\); fitting it again from (its start|step "
-                        r"\d+) \(2 failed tries in a row left\)$", text, re.M)
+                        r"\d+) \([23] failed tries in a row left\)$", text, re.M)  # 3: it committed one first
     assert sorted(next(part for part in kinds if f"-{part}-" in sid) for sid, _, _ in failed) == \
         ["clm-0-4", "mlm40-4-8"], text  # the lost worker at launch and the lost controller: a try each
     assert all(not line.startswith("pretraining: tiny-clm-4-8") or "failed" not in line for line in text.splitlines())
