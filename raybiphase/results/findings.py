@@ -1,5 +1,5 @@
-"""The paper's five findings judged on a sweep's rows, each an effect per model size with a 95% interval and a
-calibrated decision (raybiphase.results.inference; the method, its assumptions and its simulation:
+"""The paper's five findings judged on a sweep's rows, each an effect per model size with an interval (at its Holm
+level) and a calibrated decision (raybiphase.results.inference; the method, its assumptions and its simulation:
 docs/statistics.md).
 
 Every comparison is between matched arms (raybiphase.results.verdicts.matched_pairs: the same size, budget,
@@ -18,8 +18,9 @@ import pandas as pd
 
 from raybiphase.config.sizes import SIZES
 from raybiphase.naming import steps_label
-from raybiphase.results.inference import (UNRESOLVED, Effect, Noise, combine, decide, difference, estimate,
-                                          pair_contrast, plural, replicate_noise, shared_trials, slope_contrast)
+from raybiphase.results.inference import (ALPHA, UNRESOLVED, Effect, Noise, combine, decide, difference, estimate,
+                                          holm_levels, pair_contrast, plural, replicate_noise, shared_trials,
+                                          slope_contrast)
 from raybiphase.results.verdicts import UNTRAINED, _key_text, arm_ids, matched_pairs, pool, with_noise_columns
 
 RATIO_STEP = 0.1
@@ -65,11 +66,13 @@ Part = tuple[str, Effect | None, str]
 """One test of a finding: (who: the size, say; the effect; what it rests on: "3 pairs")."""
 
 
-def _size_text(who: str, effect: Effect | None, decision: str, rests_on: str, unit: str = "pts") -> str:
+def _size_text(who: str, effect: Effect | None, decision: str, rests_on: str, unit: str = "pts",
+               level: float = ALPHA) -> str:
+    """One test's line: its effect with the interval at `level` (its Holm level: `inference.holm_levels`)."""
     head = f"{who}: " if who else ""
     if effect is None:
         return f"{head}{rests_on}, no interval (a cell with fewer than 3 fine-tuning seeds)"
-    return f"{head}{effect.text(unit)} over {effect.tasks} task(s), {rests_on} ({effect.source}): {decision}"
+    return f"{head}{effect.text(unit, level)} over {effect.tasks} task(s), {rests_on} ({effect.source}): {decision}"
 
 
 def _paired(study: Study, pairs: pd.DataFrame, measure: str = "score", at_step: bool = False) -> list[Part]:
@@ -96,9 +99,14 @@ def _verdict(claim: str, parts: list[tuple[str, list[Part]]], empty: str,
         return claim, UNRESOLVED, empty
     decisions = [NO_REPLICATES if effect is not None and effect.source != "replicates" else decision
                  for effect, decision in zip(effects, decide(effects))]
-    verdict, steps = combine(decisions), iter(decisions)  # NO_REPLICATES counts as not resolved
-    texts = [label + "; ".join(_size_text(size, effect, next(steps), n, unit) for size, effect, n in sizes)
-             for label, sizes in parts]
+    verdict, steps = combine(decisions), iter(zip(decisions, holm_levels(effects)))  # NO_REPLICATES: not resolved
+    texts = []
+    for label, sizes in parts:
+        tests = []
+        for size, effect, n in sizes:
+            decision, level = next(steps)
+            tests.append(_size_text(size, effect, decision, n, unit, level))
+        texts.append(label + "; ".join(tests))
     return claim, verdict, " · ".join(texts)
 
 
@@ -277,8 +285,8 @@ def _continued(study: Study) -> tuple[str, str, str]:
 def findings(s: pd.DataFrame) -> list[tuple[str, str, str]]:
     """The paper's five findings, each (claim, verdict, evidence), from our checkpoints' cells (the enriched
     summary: objective, size, budget, mask_ratio, init_from, pretrain_step, final, score, ci, n_seeds, family,
-    lr_spread, lr_spread_se and the dotted settings), each effect per size with its 95% interval and the decision
-    of `raybiphase.results.inference`."""
+    lr_spread, lr_spread_se and the dotted settings), each effect per size with its interval (at its Holm level)
+    and the decision of `raybiphase.results.inference`."""
     return judge(Study(s))
 
 

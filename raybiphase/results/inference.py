@@ -105,7 +105,11 @@ class Effect:
 
     @property
     def half_width(self) -> float:
-        return t_quantile(0.975, self.df) * self.se
+        return self.half_width_at(ALPHA)
+
+    def half_width_at(self, level: float) -> float:
+        """The half-width of the two-sided interval at error level `level` (0.05: the 95% interval)."""
+        return t_quantile(1 - level / 2, self.df) * self.se
 
     @property
     def p_value(self) -> float:
@@ -113,9 +117,10 @@ class Effect:
             return 1.0 if self.estimate == 0 else 0.0
         return 2.0 * (1.0 - t_cdf(abs(self.estimate) / self.se, self.df))
 
-    def text(self, unit: str = "pts") -> str:
-        return (f"{self.estimate:+.2f} {unit} [{self.estimate - self.half_width:+.2f}, "
-                f"{self.estimate + self.half_width:+.2f}]")
+    def text(self, unit: str = "pts", level: float = ALPHA) -> str:
+        """The estimate and its interval at error level `level` (the 95% interval by default)."""
+        half = self.half_width_at(level)
+        return f"{self.estimate:+.2f} {unit} [{self.estimate - half:+.2f}, {self.estimate + half:+.2f}]"
 
 
 def estimate(contrast: Contrast, cells: Mapping[Cell, Mapping[str, float]], noise: Noise | None, *,
@@ -199,6 +204,21 @@ def holm(effects: Sequence[Effect | None], alpha: float = ALPHA) -> list[bool]:
             break
         significant[i] = True
     return significant
+
+
+def holm_levels(effects: Sequence[Effect | None], alpha: float = ALPHA) -> list[float]:
+    """The error level each effect's decision uses under Holm's step-down (`holm`): alpha / (m - r) for the test of
+    rank r (smallest p first) up to the first that is not significant, whose level every later test keeps. An
+    interval at its test's level excludes zero exactly when the test is significant, so the interval printed
+    beside a decision is the one the decision uses. (None effects: alpha.)"""
+    order = sorted((e.p_value, i) for i, e in enumerate(effects) if e is not None)
+    levels, stopped = [alpha] * len(effects), None
+    for rank, (p, i) in enumerate(order):
+        level = alpha / (len(order) - rank)
+        if stopped is None and p > level:
+            stopped = level
+        levels[i] = level if stopped is None else stopped
+    return levels
 
 
 def decide(effects: Sequence[Effect | None], alpha: float = ALPHA) -> list[str]:

@@ -385,10 +385,12 @@ def findings_section(s: pd.DataFrame) -> Section:
     table = pd.DataFrame(judge(study), columns=["finding", "verdict", "evidence"])
     return Section("findings", "The paper's findings at this scale", None,
                    "Each finding is an effect per model size (matched arms, the mean over tasks of the mean matched "
-                   "difference, in test points) with its 95% interval. Held: the test in the paper's direction "
-                   "clears 5%, the finding's tests adjusted together (Holm), so a finding claims an effect that is "
-                   "not there in at most 5% of studies; not held: the same the other way; mixed: both; not "
-                   f"resolved: neither. {study.regime()} The method and its simulation: docs/statistics.md.",
+                   "difference, in test points) with its interval at the level its decision uses: 95% for a "
+                   "finding's only test, Holm's adjusted level where it has several (an interval excludes zero "
+                   "exactly when its test claims an effect). Held: the test in the paper's direction clears 5%, the "
+                   "finding's tests adjusted together (Holm), so a finding claims an effect that is not there in at "
+                   "most 5% of studies; not held: the same the other way; mixed: both; not resolved: neither. "
+                   f"{study.regime()} The method and its simulation: docs/statistics.md.",
                    markdown(table))
 
 
