@@ -261,3 +261,14 @@ def test_the_front_door_says_its_version():
 
     out = subprocess.run([sys.executable, "-m", "raybiphase", "--version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout == f"raybiphase {__version__}\n"
+
+
+def test_validate_json_is_one_object_scripts_read():
+    """`raybiphase validate SPEC --json`: the dotted settings and the runs the grid makes, as JSON."""
+    import json
+
+    proc = subprocess.run([sys.executable, "-m", "raybiphase", "validate", "sweeps/quickstart.yaml", "--json"],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    document = json.loads(proc.stdout)
+    assert proc.returncode == 0 and document["settings"]["sweep.grid"] == {"phases.clm_share": [0.0, 0.5, 1.0]}
+    assert len(document["runs"]) == 3 and all(run.startswith("tiny-") for run in document["runs"])
