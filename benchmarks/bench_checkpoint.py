@@ -2,7 +2,7 @@
 
 Per model size it builds EuroBERT and AdamW with their state (one optimizer step), then times what the loop does
 at a checkpoint step today: DCP writes every tensor to a local folder (`save_shards`), then the folder is copied to
-the sweep's storage before training goes on (`storage.upload`, what Ray Train's synchronous report does). The
+the sweep's storage before training goes on (`transfer.upload`, what Ray Train's synchronous report does). The
 baseline is that synchronous stall, save plus upload; beside it, the stall a background upload would leave (the
 save alone), and their ratio.
 
@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))  # run from a checkout without install
 
 import torch  # noqa: E402
 
-from raybiphase import storage  # noqa: E402
+from raybiphase import storage, transfer  # noqa: E402
 from raybiphase.config import SweepSpec, load  # noqa: E402
 from raybiphase.config.estimates import (  # noqa: E402
     LLAMA3_VOCAB,
@@ -71,7 +71,7 @@ def measure(size: str, target: str) -> dict:
         checkpoint.save_shards(Path(tmp), model, optimizer)
         saved = time.perf_counter()
         destination = storage.join(target, f"{size}-{int(time.time())}")
-        storage.upload(Path(tmp), destination)
+        transfer.upload(Path(tmp), destination)
         uploaded = time.perf_counter()
     storage.delete(destination)
     save_s, upload_s = saved - began, uploaded - saved
