@@ -292,7 +292,7 @@ def _expanded_size(data: Any) -> int:
 def _strict_load(text: str) -> Any:
     """A SafeLoader's plain data, refused (SpecTooLarge) before anything copies it when its aliases expand past
     MAX_VALUES values."""
-    data = yaml.load(text, Loader=_StrictLoader)
+    data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: plain data only, no tag builds an object
     _expanded_size(data)
     return data
 

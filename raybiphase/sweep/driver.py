@@ -23,7 +23,6 @@ import tempfile
 import time
 
 from raybiphase import outages, ray_internals, storage
-from raybiphase.checkpoint_meta import read_meta
 from raybiphase.config import SweepSpec, flatten
 from raybiphase.data import assets
 from raybiphase.data.fingerprint import fingerprint
@@ -58,7 +57,7 @@ from raybiphase.sweep.stages import SizeStages
 from raybiphase.sweep.timeline import remaining_chain, simulate, wall_hours
 from raybiphase.telemetry.clock import Clock, step_seconds
 from raybiphase.telemetry.console import STDOUT, Console
-from raybiphase.telemetry.history import results
+from raybiphase.telemetry.history import checkpoint_reports, results
 from raybiphase.telemetry.progress import Watch, interval
 from raybiphase.telemetry.wandb import log_pretraining_run, sweep_settings
 
@@ -329,10 +328,8 @@ def record_pretraining(ctx: SweepContext, segment: Segment) -> int:
     resume point is not one): (run, step) keyed, appended once."""
     paths, plan = ctx.paths, ctx.plan
     reports = {r["step"]: r for r in results(ctx.history(segment))}
-    for step in paths.checkpoint_steps(segment.id):  # a worker died between a checkpoint's commit and its history
-        saved = paths.checkpoint(segment.id, step)
-        if step not in reports and storage.is_checkpoint(saved):
-            reports.update({step: {**m, "checkpoint": saved} for m in results([read_meta(saved).metrics])})
+    # a worker died between a checkpoint's commit and its history: the checkpoint's meta holds its report
+    reports.update({r["step"]: r for r in results(checkpoint_reports(paths.run_dir(segment.id), set(reports)))})
     rows = [result_rows.pretrain_row(name, plan.runs[name].config, sweep=ctx.spec.sweep.name, segment=segment.id,
                                      report=report).record()
             for report in reports.values() if segment.start < report["step"] <= segment.end

@@ -207,9 +207,9 @@ class Scheduler:
     def watch_stalls(self, pretraining: Pretraining) -> None:
         """Stop each running fit that showed no sign of life for the policy's stall_s (its fit then raises, a
         failed try); one that cannot be stopped, or whose fit does not end within a minute of being stopped,
-        fails its segment at once. Looked at every few seconds."""
+        fails its segment at once. Looked at every tenth of stall_s (at most every minute)."""
         now = time.time()
-        if now - self.checked < min(5.0, self.policy.stall_s / 4):
+        if now - self.checked < min(60.0, self.policy.stall_s / 10):  # each look reads the beats from storage
             return
         self.checked = now
         for sid, started in list(self.running.items()):

@@ -21,11 +21,14 @@ def read_history(run_dir: str) -> list[dict]:
     return storage.read_json(storage.join(run_dir, storage.HISTORY)) or []
 
 
-def checkpoint_reports(run_dir: str) -> list[dict]:
+def checkpoint_reports(run_dir: str, known: set[int] = frozenset()) -> list[dict]:
     """The report each committed checkpoint of a run folder holds in its meta (`metrics`), with its location, in
-    step order: what a damaged history can be rebuilt from."""
+    step order, the steps in `known` not read: what a damaged history is rebuilt from, and what a history lacks
+    when a worker died between a checkpoint's commit and its history."""
     reports = []
     for step in storage.checkpoint_steps(run_dir):
+        if step in known:
+            continue
         location = storage.join(run_dir, storage.checkpoint_name(step))
         try:
             meta = storage.read_json(storage.meta_path(location))

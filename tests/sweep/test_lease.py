@@ -317,6 +317,7 @@ with lease.hold(sys.argv[1], float(sys.argv[2]), Console(sys.stdout)):
 """
 
 
+@pytest.mark.slow  # a driver process paused, taken over and resumed: seconds
 def test_a_paused_driver_that_lost_its_lease_exits_within_a_renewal_whatever_its_signals(tmp_path) -> None:
     """A holder paused (SIGSTOP) past the timeout is taken over; resumed, it would write on: it ignores SIGINT, so
     the interrupt does not stop it. It exits (LOST_EXIT) within one renewal interval and STOP_GRACE_S."""
