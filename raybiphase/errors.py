@@ -18,7 +18,12 @@ class ConfigError(ValueError):
 
 class DamagedFile(UserError, ValueError):
     """A JSON file of a sweep that is not JSON (cut short, emptied, overwritten): one line naming it. Also a
-    ValueError, as `json.loads` raises, so readers that pass over an unreadable file still do."""
+    ValueError, as `json.loads` raises, so readers that pass over an unreadable file still do. `location`: the
+    file, where the reader knows it (`raybiphase repair` moves it aside)."""
+
+    def __init__(self, message: str, location: str = ""):
+        super().__init__(message)
+        self.location = location
 
 
 def env_number(name: str, default: float, *, minimum: float = 0.0) -> float:

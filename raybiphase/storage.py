@@ -47,6 +47,7 @@ PART_PREFIX, PART_SUFFIX, LEASE_DIR = "part-", ".parquet", "lease"  # an appende
 RUN_INFO = "sweep.json"  # the report's header: spec, code, hardware, protocol (raybiphase.results.html)
 WANDB_LOGGED = "wandb-logged.json"  # the pretraining runs a sweep has logged to W&B, each once
 REPORT_DIR, REPORT_MD, REPORT_HTML = "report", "report.md", "report.html"
+DAMAGED_DIR = "damaged"  # files `raybiphase repair` could not read, moved aside, never deleted
 RECORDS = "records"  # one JSON record per finished fine-tuning trial, under the fan-out's experiment folder
 CONTROLS, EXPORTED = "controls", "exported.json"  # the untrained controls' exports, and the mark of a finished one
 
@@ -212,7 +213,7 @@ def read_json(location: Location) -> Any | None:
     except ValueError as err:  # not JSON, or not UTF-8
         raise DamagedFile(f"{location}: damaged, not JSON ({' '.join(str(err).split())[:80]}); move it away and run "
                           "the same command again (a sweep rebuilds what it can from its checkpoints and records, "
-                          "and trains again only what they do not hold)") from None
+                          "and trains again only what they do not hold)", str(location)) from None
 
 
 def write_json(location: Location, document: Any) -> None:
@@ -411,6 +412,11 @@ class SweepPaths:
     def table(self, file: str) -> str:
         """One of PRETRAIN_FILE, FINETUNE_FILE, SUMMARY_FILE, STAGES_FILE."""
         return join(self.root, file)
+
+    @property
+    def damaged(self) -> str:
+        """Where `raybiphase repair` moves the files it cannot read, at their paths relative to the root."""
+        return join(self.root, DAMAGED_DIR)
 
     @property
     def lease(self) -> str:

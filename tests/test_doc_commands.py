@@ -94,6 +94,9 @@ RULES: list[tuple[str, str]] = [  # (a regex the whole command matches, how it i
     (r"(python -m raybiphase\.sweep|raybiphase sweep) sweeps/quickstart\.yaml",
      _test("tests/test_multinode.py::test_the_quickstart_on_two_nodes_crosses_only_through_the_bucket")),
     (r"raybiphase report results/quickstart", _test("tests/results/test_report.py")),
+    (r"raybiphase repair (SPEC|sweeps/quickstart\.yaml).*", _test(
+        "tests/sweep/test_beyond_study.py::test_repair_moves_damaged_parts_and_records_aside_and_writes_back_what_the"
+        "_journals_hold")),
     (r"(python -m raybiphase\.sweep|raybiphase sweep) sweeps/paper_mini\.yaml",
      _test("tests/sweep/test_paper_mini.py::test_the_shortened_miniature_reports_per_size_what_its_rows_imply")),
     # the local rehearsal of a cluster: the two-node test starts the same head, worker node, bucket and job

@@ -90,9 +90,21 @@ def _key_of(part: str) -> tuple[str, ...]:
     return tuple(json.loads((pq.read_schema(inner, filesystem=fs).metadata or {}).get(KEY_COLUMNS_KEY, b"[]")))
 
 
-REBUILD = ("a sweep's tables are rebuilt from its own records: move the table away and run the same sweep again "
-           "(its pretraining rows come back from the runs' histories, its fine-tuning rows from the trials' "
-           "records; nothing is trained again)")
+REBUILD = ("a sweep's tables are rebuilt from its own journals: run `raybiphase repair SPEC` with the sweep's spec "
+           "(it moves damaged parts aside; pretraining rows come back from the runs' histories, fine-tuning rows "
+           "from the trials' records; nothing is trained again)")
+
+
+def damaged_parts(path: str | os.PathLike) -> list[str]:
+    """The parts of the table at `path` that are not readable Parquet files (truncated, overwritten)."""
+    damaged = []
+    for part in _parts(path):
+        try:
+            _read_part(part, [])
+        except (pa.ArrowInvalid, OSError) as err:
+            if not (isinstance(err, OSError) and storage.is_uri(part) and storage.transient(err)):
+                damaged.append(part)
+    return damaged
 
 
 def _checked(read: Callable[[], T], location: str | os.PathLike) -> T:

@@ -41,14 +41,17 @@ def finetune_sources(ctx: SweepContext, segments: set[str] | None = None) -> lis
     return out
 
 
-def control_sources(ctx: SweepContext) -> list[FinetuneSource]:
+def control_sources(ctx: SweepContext, *, export: bool = True) -> list[FinetuneSource]:
     """The untrained controls (plan.controls): each one's step-0 weights exported once, under
-    <sweep>/controls/<name>/hf (an `exported.json` beside it marks a finished export), as a source at step 0."""
+    <sweep>/controls/<name>/hf (an `exported.json` beside it marks a finished export), as a source at step 0.
+    With `export` False, only the controls already exported."""
     out = []
     for control in ctx.plan.controls.values():
         folder = ctx.paths.control(control.name)
         hf = storage.join(folder, storage.HF_DIR)
         if not storage.exists(storage.join(folder, storage.EXPORTED)):
+            if not export:
+                continue
             storage.delete(hf)  # an export cut short, if any
             export_initial(control.config, ctx.data_dir(control.config), hf)
             storage.write_json(storage.join(folder, storage.EXPORTED), {"runs": control.runs})

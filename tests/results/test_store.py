@@ -136,7 +136,7 @@ def test_a_damaged_part_is_named_in_one_line_and_nothing_is_appended(tmp_path) -
                      lambda: append_rows(path, [_trial("r", 1e-4, 9)], key=FINETUNE_KEY)):
             with pytest.raises(UserError, match=f"^{part}: not a readable Parquet table \\(") as err:
                 read()
-            assert "\n" not in str(err.value) and "move the table away and run the same sweep again" in str(err.value)
+            assert "\n" not in str(err.value) and "run `raybiphase repair SPEC`" in str(err.value)
         assert _files(path) == {part.name: damaged}  # left as it was found, for the user to look at
 
 

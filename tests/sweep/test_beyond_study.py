@@ -111,7 +111,7 @@ def test_a_damaged_table_is_named_and_both_tables_come_back_from_the_sweeps_reco
     with pytest.raises(UserError) as refused:
         run_sweep(spec, console=Console(io.StringIO()))
     assert len(str(refused.value).splitlines()) == 1 and f"{part}: not a readable Parquet table" in str(refused.value)
-    assert "move the table away and run the same sweep again" in str(refused.value)
+    assert "run `raybiphase repair SPEC`" in str(refused.value)
     for name, (path, _) in tables.items():
         shutil.move(path, tmp_path / f"{name}.damaged")
     records = {p.name: p.stat().st_mtime_ns for p in (copy / "finetune" / "records").iterdir()}
@@ -127,6 +127,54 @@ def test_a_damaged_table_is_named_and_both_tables_come_back_from_the_sweeps_reco
         again, before = read_rows(path), held[name]
         assert again.sort_values(list(key))[kept].reset_index(drop=True).astype(str).equals(
             before.sort_values(list(key))[kept].reset_index(drop=True).astype(str)), name
+
+
+def test_repair_moves_damaged_parts_and_records_aside_and_writes_back_what_the_journals_hold(study, tmp_path):
+    """`raybiphase repair SPEC` on a copy of the finished study with a part of pretrain.parquet and all of
+    finetune.parquet overwritten and one trial record cut short: every damaged file is moved under damaged/ (byte for byte), every row the journals hold
+    comes back (the cut record's trial excepted: said as a trial without a record), nothing trains and no record is
+    rewritten; a second repair writes nothing and moves nothing."""
+    import shutil
+
+    from raybiphase.config import SweepSpec, from_dict, to_dict
+    from raybiphase.results.rows import FINETUNE_KEY, PRETRAIN_KEY
+    from raybiphase.results.store import read_rows
+    from raybiphase.sweep.repair import repair
+    from raybiphase.telemetry.console import Console
+
+    copy = tmp_path / "beyond"
+    shutil.copytree(study["root"], copy)
+    spec = to_dict(study["spec"])
+    spec = from_dict(SweepSpec, {**spec, "sweep": {**spec["sweep"], "storage": str(tmp_path)}})
+    keys = {"pretrain.parquet": list(PRETRAIN_KEY), "finetune.parquet": list(FINETUNE_KEY)}
+    held = {name: read_rows(copy / name)[key] for name, key in keys.items()}
+    damaged = {}  # pretrain.parquet's first part, every part of finetune.parquet
+    for part in [sorted((copy / "pretrain.parquet").iterdir())[0], *(copy / "finetune.parquet").iterdir()]:
+        damaged[part] = b"overwritten by something else"
+        part.write_bytes(damaged[part])
+    records = sorted((copy / "finetune" / "records").iterdir())
+    damaged[records[0]] = records[0].read_bytes()[:20]
+    records[0].write_bytes(damaged[records[0]])
+    kept = {p: p.stat().st_mtime_ns for p in [*records[1:], *(copy / "runs").rglob("*.distcp")]}
+    out = io.StringIO()
+    done = repair(spec, console=Console(out))
+    assert {Path(k): Path(v) for k, v in done.moved.items()} == {
+        p: copy / "damaged" / p.relative_to(copy) for p in damaged}, out.getvalue()
+    assert all((copy / "damaged" / p.relative_to(copy)).read_bytes() == data for p, data in damaged.items())
+    assert {p: p.stat().st_mtime_ns for p in kept} == kept  # nothing trained, no trial ran again
+    assert done.unrecorded == 1 and done.untrained == 0
+    assert "repair: not rebuilt: 1 trial(s) of trained checkpoints have no record" in out.getvalue()
+    back = {name: read_rows(copy / name)[key] for name, key in keys.items()}
+    assert not any(table.duplicated().any() for table in back.values())
+    lost = {name: held[name].merge(back[name], how="left", indicator=True).query("_merge == 'left_only'")
+            for name in keys}
+    assert lost["pretrain.parquet"].empty
+    run, step, task, lr, seed = records[0].name.split("__")[:5]  # the cut record's trial, and its copies only
+    assert len(lost["finetune.parquet"]) >= 1 and (lost["finetune.parquet"]["task"] == task).all()
+    assert (lost["finetune.parquet"]["seed"] == int(seed.removeprefix("seed"))).all()
+    assert (lost["finetune.parquet"]["pretrain_step"] == int(step)).all()
+    again = repair(spec, console=Console(io.StringIO()))
+    assert not again.moved and not any(again.written.values())
 
 
 def _alone(study, tmp_path, name: str, **overrides) -> Path:
