@@ -12,6 +12,11 @@ class UserError(RuntimeError):
     """Bad input the user can fix: a missing shard, an unreachable bucket, an unknown task."""
 
 
+class LeaseLost(UserError):
+    """A write to a sweep folder whose lease this process's driver no longer holds (another driver took the sweep
+    over): refused, so two drivers never write one sweep."""
+
+
 class ConfigError(ValueError):
     """A configuration problem, reported as one line that names the dotted key."""
 

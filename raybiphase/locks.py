@@ -11,13 +11,26 @@ to a claim protocol of its own."""
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import tempfile
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from raybiphase import storage
+from raybiphase.errors import LeaseLost
 from raybiphase.storage import Location, is_uri, join
+
+LEASE_HOLDER = "holder.json"
+"""A sweep lease's one file, where its protocol has one (raybiphase.sweep.lease)."""
+FENCE_ENV = "RAYBIPHASE_FENCE"
+"""JSON {"lease": lease folder, "token": holder token}: the lease a driver holds, forwarded to its Ray workers."""
+FENCE_RECHECK_S = 1.0
+"""A lease found held is trusted for this long before the next write reads it again (monotonic: a paused process
+reads it again on resuming)."""
 
 
 def create_exclusive(location: Location, data: bytes) -> bool:
@@ -125,3 +138,71 @@ class ConditionalS3:
 
     def delete(self, name: str) -> None:
         self._call("delete_object", name)
+
+
+# ------------------------------------------------------------------------------------------------ fencing
+
+
+def lease_held(folder: Location, token: str) -> bool:
+    """Whether the sweep lease at `folder` (raybiphase.sweep.lease) is still the one with `token`: its
+    `holder.json` names it, or, where leases are claims, its claim is there and no other claim took it over. A
+    lease that cannot be read is not held."""
+    try:
+        holder = storage.read_json(join(folder, LEASE_HOLDER))
+        if holder is not None:
+            return isinstance(holder, dict) and holder.get("token") == token
+        names = storage.list_files(folder) if storage.exists(folder) else {}
+        if f"{token}.json" not in names:
+            return False
+        others = [storage.read_json(join(folder, name)) for name in names
+                  if name.endswith(".json") and name != f"{token}.json"]
+    except (ValueError, FileNotFoundError):  # damaged, or removed while listed
+        return False
+    return not any(isinstance(other, dict) and other.get("took_over") == token for other in others)
+
+
+def fence(lease_folder: Location, token: str) -> Callable[[], None]:
+    """Refuse every write to the sweep folder around `lease_folder` (its parent) once the lease with `token` is
+    no longer held (storage.FENCES: LeaseLost, checked before each write, reading the lease at most every
+    FENCE_RECHECK_S); returns the function
+    that lifts the fence. A fence already up for this lease is not put up twice."""
+    key = (str(lease_folder), token)
+    if key in _FENCES:
+        return lambda: None
+    checked = [-math.inf]
+
+    def holds() -> bool:
+        if time.monotonic() - checked[0] < FENCE_RECHECK_S:
+            return True
+        if not lease_held(lease_folder, token):
+            return False
+        checked[0] = time.monotonic()
+        return True
+
+    root, lease = storage.parent(str(lease_folder)).rstrip("/") + "/", str(lease_folder).rstrip("/") + "/"
+
+    def check(where: str) -> None:
+        if where.startswith(root) and not where.startswith(lease) and not holds():
+            raise LeaseLost(f"{where}: not written: the sweep's lease at {lease_folder} was taken over by another "
+                            "driver, which now runs the sweep")
+
+    storage.FENCES.append(check)
+    _FENCES.add(key)
+
+    def lift() -> None:
+        if check in storage.FENCES:
+            storage.FENCES.remove(check)
+        _FENCES.discard(key)
+
+    return lift
+
+
+def fence_from_env() -> None:
+    """In a Ray worker: the fence of the lease its driver holds (FENCE_ENV, forwarded by raybiphase.raycluster);
+    nothing where the driver set none."""
+    if raw := os.environ.get(FENCE_ENV):
+        document = json.loads(raw)
+        fence(document["lease"], document["token"])
+
+
+_FENCES: set[tuple[str, str]] = set()

@@ -12,6 +12,7 @@ import logging
 import os
 
 from raybiphase import ray_internals
+from raybiphase.locks import FENCE_ENV
 from raybiphase.outages import NOTICE_ENV, OUTAGE_ENV
 from raybiphase.errors import env_number
 
@@ -21,6 +22,7 @@ FORWARDED_ENV = (
     "RAYBIPHASE_ASSET_MIRROR",  # where nodes without the offline assets copy them from
     "RAYBIPHASE_DATASETS_DIR",  # local snapshots of the fine-tuning datasets' hub repositories
     "RAYBIPHASE_STORAGE_RETRY_S", OUTAGE_ENV, NOTICE_ENV,  # how long an unreachable bucket is waited out
+    FENCE_ENV,  # the lease the driver holds: a worker writes nothing to the sweep once another driver took it
 )  # and every WANDB_* setting but these: the key (raybiphase.telemetry.wandb shares it in memory) and a local folder
 PRIVATE_ENV = frozenset({"WANDB_API_KEY", "WANDB_DIR"})
 

@@ -228,10 +228,20 @@ def read_bytes(location: Location) -> bytes:
         return handle.read()
 
 
+FENCES: list[Callable[[str], None]] = []
+"""Checks every write and removal passes first (raybiphase.locks.fence: a sweep folder whose lease was lost)."""
+
+
+def check_fence(location: Location) -> None:
+    for check in list(FENCES):
+        check(str(location))
+
+
 @retrying()
 def write_bytes(location: Location, data: bytes) -> None:
     """Write a whole file (an object store publishes it whole when the stream closes; a local file goes through a
-    temporary sibling)."""
+    temporary sibling). Refused in a sweep folder whose lease was lost (`FENCES`)."""
+    check_fence(location)
     fs, path = filesystem(location)
     parent, name = path.rsplit("/", 1)
     fs.create_dir(parent, recursive=True)
@@ -245,6 +255,7 @@ def write_bytes(location: Location, data: bytes) -> None:
 @retrying()
 def delete_file(location: Location) -> None:
     """Remove one file if it exists."""
+    check_fence(location)
     fs, path = filesystem(location)
     with contextlib.suppress(FileNotFoundError):
         fs.delete_file(path)
@@ -312,6 +323,7 @@ def check_writable(location: Location, key: str) -> None:
 @retrying()
 def delete(location: Location) -> None:
     """Remove a folder and everything under it, if it exists."""
+    check_fence(location)
     fs, path = filesystem(location)
     if fs.get_file_info(path).type == pafs.FileType.Directory:
         fs.delete_dir(path)

@@ -52,7 +52,7 @@ from ray.tune.logger import JsonLoggerCallback
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from ray.tune.search import Searcher
 
-from raybiphase import storage
+from raybiphase import locks, storage
 from raybiphase.config import FinetuneConfig
 from raybiphase.errors import UserError
 from raybiphase.finetune.fanout import ROWS, journaled, record_final, rider_metric
@@ -74,9 +74,11 @@ SEARCHER_FORMAT = "raybiphase-feed-searcher/1"
 def _trainable(config: dict, finetune: FinetuneConfig) -> None:
     """One Tune trial: the keep-alive loop, or `run_trial` on the spec Tune's config carries. A finished trial's
     last report carries its rows (fanout.record_final, which journals them first: ASHA may end the process at
-    that report)."""
+    that report). Once the driver's lease is lost, the trial's writes to the sweep folder are refused
+    (raybiphase.locks.fence)."""
     from ray import tune
 
+    locks.fence_from_env()
     if config.get(KEEPALIVE):
         while True:
             time.sleep(1.0)

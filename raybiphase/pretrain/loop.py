@@ -25,7 +25,7 @@ import ray.train
 import torch
 import torch.distributed as dist
 
-from raybiphase import storage, transfer
+from raybiphase import locks, storage, transfer
 from raybiphase.checkpoint_meta import CheckpointMeta
 from raybiphase.config import MASKED, Phase, RunConfig, flatten, to_dict
 from raybiphase.config.sizes import PEAK_BF16_TFLOPS, flops_per_token
@@ -123,7 +123,10 @@ def evaluate(model, val: dict[str, list[dict]], device) -> dict[str, float]:
 
 
 def train_loop(loop_config: dict) -> None:
-    """Ray Train worker entry point: `loop_config["job"]` is the worker's SegmentJob (raybiphase.pretrain.job)."""
+    """Ray Train worker entry point: `loop_config["job"]` is the worker's SegmentJob (raybiphase.pretrain.job).
+    Once the driver's lease is lost, the worker's writes to the sweep folder are refused (raybiphase.locks.fence):
+    it commits no checkpoint more."""
+    locks.fence_from_env()
     Worker(loop_config["job"]).train()
 
 

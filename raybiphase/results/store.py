@@ -190,6 +190,7 @@ def _with_metadata(table: pa.Table, key: Sequence[str]) -> pa.Table:
 @storage.retrying()
 def _write_atomic(table: pa.Table, path: str | os.PathLike) -> None:
     """Temporary file in the same folder, fsync, rename over `path`: readers never see a half-written file."""
+    storage.check_fence(path)
     if storage.is_uri(path):
         fs, inner = storage.filesystem(path)
         parent = inner.rsplit("/", 1)[0]

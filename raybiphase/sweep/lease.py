@@ -33,9 +33,15 @@ How the lease is claimed, and what that guarantees:
   lease it took over in its claim; a holder whose claim is gone, or named so, has lost it. A claim and a
   conditional `holder.json` see each other: each protocol lists the folder's leases before it takes one.
 
-Limits, as for any lease without fencing tokens: staleness is judged on the taker's clock against the holder's
-(clocks must agree to well within the timeout); a holder paused longer than the timeout (a frozen VM, SIGSTOP) may
-write for up to one renewal interval plus STOP_GRACE_S after it was taken over before it exits.
+Fencing: while `hold` holds the lease, every write and removal in the sweep folder, by the driver and by its Ray
+workers (the lease's token reaches them in raybiphase.locks.FENCE_ENV), first checks that the lease is still this
+driver's (raybiphase.locks.fence: read again at most every FENCE_RECHECK_S, and always after a pause longer than
+that) and raises LeaseLost, naming the file, once another driver took it over: a holder paused past the timeout (a
+frozen VM, SIGSTOP) writes nothing once resumed, whatever its signal dispositions, and its workers commit no
+checkpoint, record or row. Limits: staleness is judged on the taker's clock against the holder's (clocks must agree
+to well within the timeout); the check and the write are two requests (no store takes a token with a plain
+write), so a write already past its check when the holder was paused lands; and a holder that kept running but
+could not renew for the whole timeout may write for up to FENCE_RECHECK_S after the takeover.
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ from raybiphase import locks, storage
 from raybiphase.errors import UserError
 from raybiphase.telemetry.console import STDOUT, Console
 
-HOLDER = "holder.json"  # the lease file on a local disk
+from raybiphase.locks import LEASE_HOLDER as HOLDER  # the lease file (a local disk, S3 with conditional writes)
 STOP_GRACE_S = 10.0
 """Seconds a driver that lost its lease has to stop after its main thread is interrupted, before it exits at once."""
 LOST_EXIT = 3
@@ -372,8 +378,16 @@ def hold(folder: str, timeout_s: float, console: Console = STDOUT) -> Iterator[L
     """Hold the sweep's lease for the block: acquired (or refused) on entry, renewed throughout, released on exit."""
     lease = Lease(folder, timeout_s, console)
     lease.acquire()
+    lift = locks.fence(folder, lease.holder.token)  # this process's writes; its Ray workers get the variable
+    saved = os.environ.get(locks.FENCE_ENV)
+    os.environ[locks.FENCE_ENV] = json.dumps({"lease": folder, "token": lease.holder.token})
     lease.start()
     try:
         yield lease
     finally:
         lease.release()
+        lift()
+        if saved is None:
+            os.environ.pop(locks.FENCE_ENV, None)
+        else:
+            os.environ[locks.FENCE_ENV] = saved

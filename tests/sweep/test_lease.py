@@ -317,16 +317,12 @@ with lease.hold(sys.argv[1], float(sys.argv[2]), Console(sys.stdout)):
 """
 
 
-@pytest.mark.slow  # a driver process paused, taken over and resumed: seconds
-def test_a_paused_driver_that_lost_its_lease_exits_within_a_renewal_whatever_its_signals(tmp_path) -> None:
-    """A holder paused (SIGSTOP) past the timeout is taken over; resumed, it would write on: it ignores SIGINT, so
-    the interrupt does not stop it. It exits (LOST_EXIT) within one renewal interval and STOP_GRACE_S."""
+def _paused_and_taken_over(script: str, folder: str, timeout: float, writes: Path):
+    """Run `script` holding the lease at `folder`, pause it (SIGSTOP) once it wrote `writes`, take the lease over
+    once stale, resume it (SIGCONT): its exit code, output, when it was resumed, how long it ran on, the taker."""
     import signal
 
-    from raybiphase.sweep.lease import LOST_EXIT
-
-    folder, writes, timeout = str(tmp_path / "lease"), tmp_path / "writes", 2.0
-    driver = subprocess.Popen([sys.executable, "-c", HOLDING, folder, str(timeout), str(writes)], cwd=REPO,
+    driver = subprocess.Popen([sys.executable, "-c", script, folder, str(timeout), str(writes)], cwd=REPO,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 30
@@ -339,13 +335,88 @@ def test_a_paused_driver_that_lost_its_lease_exits_within_a_renewal_whatever_its
         resumed = time.time()
         driver.send_signal(signal.SIGCONT)
         code = driver.wait(timeout=30)
-        took = time.time() - resumed
-        output = driver.stdout.read()
+        return code, driver.stdout.read(), resumed, time.time() - resumed, taker
     finally:
         driver.kill()
+
+
+@pytest.mark.slow  # a driver process paused, taken over and resumed: seconds
+def test_a_paused_driver_that_lost_its_lease_exits_within_a_renewal_whatever_its_signals(tmp_path) -> None:
+    """A holder paused (SIGSTOP) past the timeout is taken over; resumed, it would write on: it ignores SIGINT, so
+    the interrupt does not stop it. It exits (LOST_EXIT) within one renewal interval and STOP_GRACE_S."""
+    from raybiphase.sweep.lease import LOST_EXIT
+
+    folder, writes, timeout = str(tmp_path / "lease"), tmp_path / "writes", 2.0
+    code, output, resumed, took, taker = _paused_and_taken_over(HOLDING, folder, timeout, writes)
     assert code == LOST_EXIT, output
     assert "was taken over by another driver; stopping" in output and "exiting now" in output
     assert took < timeout / 5 + 1.0 + 3.0, took  # a renewal tick, the grace, the machine's slack
     last = float(writes.read_text().split()[-1])
     assert last < resumed + timeout / 5 + 1.0 + 3.0  # no write after it exited
+    taker.release()
+
+
+@pytest.mark.parametrize("where", ["disk", "bucket"])
+def test_once_the_lease_is_taken_over_every_write_to_the_sweep_folder_is_refused(tmp_path, s3_bucket, monkeypatch,
+                                                                                where) -> None:
+    """The fence a driver (`hold`) and its Ray workers (`fence_from_env`) put up: writes and removals in the sweep
+    folder pass while the lease is theirs and raise LeaseLost, naming the file, once another driver took it over;
+    the lease folder itself and other folders stay writable; on a disk (holder.json) and on a bucket (claims)."""
+    from raybiphase import locks
+    from raybiphase.errors import LeaseLost
+
+    monkeypatch.setattr(locks, "FENCE_RECHECK_S", 0.0)  # read the lease at every write
+    root = str(tmp_path / "sweep") if where == "disk" else f"{s3_bucket}/fence-{os.getpid()}"
+    folder = storage.join(root, "lease")
+    holder, _ = _lease(folder, 0.2, conditional=False)
+    holder.acquire()
+    monkeypatch.setenv(locks.FENCE_ENV, json.dumps({"lease": folder, "token": holder.holder.token}))
+    locks.fence_from_env()
+    try:
+        storage.write_json(storage.join(root, "rows.json"), [1])
+        time.sleep(0.3)  # not renewed for the timeout: stale
+        taker, _ = _lease(folder, 0.2, conditional=False)
+        taker.acquire()
+        for write in (lambda: storage.write_json(storage.join(root, "rows.json"), [2]),
+                      lambda: storage.delete_file(storage.join(root, "rows.json")),
+                      lambda: storage.delete(storage.join(root, "runs"))):
+            with pytest.raises(LeaseLost, match="rows.json|runs") as refused:
+                write()
+            assert "was taken over by another driver" in str(refused.value)
+        assert storage.read_json(storage.join(root, "rows.json")) == [1]
+        storage.write_json(storage.join(str(tmp_path), "elsewhere.json"), [3])  # outside the sweep: no fence
+        taker.release()
+    finally:
+        storage.FENCES.clear()
+        locks._FENCES.clear()
+
+
+FENCED = """
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as under `nohup ... &` and many job runners
+from raybiphase import storage
+from raybiphase.errors import LeaseLost
+from raybiphase.sweep import lease
+from raybiphase.telemetry.console import Console
+lease.STOP_GRACE_S = 60.0  # the exit comes late: only the fence stops the writes
+with lease.hold(sys.argv[1], float(sys.argv[2]), Console(sys.stdout)):
+    while True:  # the driver's writes, each the time it was made
+        try:
+            storage.write_json(sys.argv[3], time.time())
+        except LeaseLost as err:
+            print("refused:", err, flush=True)
+            sys.exit(0)
+        time.sleep(0.05)
+"""
+
+
+@pytest.mark.slow  # a driver process paused, taken over and resumed: seconds
+def test_a_paused_driver_that_lost_its_lease_writes_nothing_once_resumed(tmp_path) -> None:
+    """A holder paused (SIGSTOP) past the timeout is taken over; resumed, its very next write to the sweep folder
+    is refused (the fence reads the lease again after any pause), long before it would exit."""
+    root = tmp_path / "sweep"
+    folder, rows, timeout = str(root / "lease"), root / "rows.json", 2.0
+    code, output, resumed, _, taker = _paused_and_taken_over(FENCED, folder, timeout, rows)
+    assert code == 0 and f"refused: {rows}: not written" in output, output
+    assert json.loads(rows.read_text()) < resumed  # its last write was made before the pause
     taker.release()
