@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # a `raybiphase repair` process: its imports take seconds
 def test_repair_of_a_sweep_that_never_ran_is_one_line_and_writes_nothing(tmp_path):
     done = subprocess.run([sys.executable, "-m", "raybiphase", "repair", "sweeps/quickstart.yaml", "--set",
                            f"sweep.storage={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=120)
