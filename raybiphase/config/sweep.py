@@ -131,6 +131,9 @@ class FinetuneConfig:
     (benchmarks/results/h100-2026-11-26.json): worth it from about 600 steps per trial, later with fewer CPUs per
     trial (compilation runs on them). Scores change by floating-point rounding only, so records made either way
     are reused. On a CPU compiling costs more than it saves at test sizes."""
+    trust_remote_code: bool = False
+    """Let a fine-tuned model run the code its folder or Hub repository ships (transformers' trust_remote_code):
+    needed by encoders transformers does not define itself; off, such a model is refused in one line."""
     cpus_per_trial: float = field(default=1.0, metadata=NOT_WEIGHTS)
     """CPUs a fine-tuning trial holds (its torch threads on CPU, its data loading on GPU)."""
     gpus_per_trial: float = field(default=0.0, metadata=NOT_WEIGHTS)

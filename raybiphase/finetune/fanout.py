@@ -51,6 +51,7 @@ from raybiphase.errors import UserError
 from raybiphase.finetune.records import read_record, record_path, trial_settings, write_record
 from raybiphase.finetune.spec import FinetuneSource, TrialSpec
 from raybiphase.finetune.tasks import get_task, training_groups
+from raybiphase.finetune.encoders import is_hub_id
 from raybiphase.finetune.trial import TrialResult, find_hf_dir, load_checked_tokenizer, resolve_hf_dir
 from raybiphase.results import rows as result_rows
 from raybiphase.results.aggregate import best_lr
@@ -198,12 +199,13 @@ def check_sources(sources: list[FinetuneSource], cfg: FinetuneConfig) -> list[Fi
     bad task name or checkpoint, before anything runs."""
     for task_name in [*cfg.tasks, *(task for source in sources for task in grid_of(source, cfg).tasks)]:
         get_task(task_name)
-    sources = [dataclasses.replace(s, hf_dir=storage.absolute(s.hf_dir)) for s in sources]
+    sources = [s if is_hub_id(s.hf_dir) else dataclasses.replace(s, hf_dir=storage.absolute(s.hf_dir))
+               for s in sources]
     for source in sources:
         if storage.is_uri(source.hf_dir):  # weights stay in the bucket until a trial's node needs them
             find_hf_dir(source.hf_dir)
         else:
-            load_checked_tokenizer(resolve_hf_dir(source.hf_dir))
+            load_checked_tokenizer(resolve_hf_dir(source.hf_dir), trust_remote_code=cfg.trust_remote_code)
     return sources
 
 
