@@ -131,6 +131,11 @@ class FinetuneConfig:
     (benchmarks/results/h100-2026-11-26.json): worth it from about 600 steps per trial, later with fewer CPUs per
     trial (compilation runs on them). Scores change by floating-point rounding only, so records made either way
     are reused. On a CPU compiling costs more than it saves at test sizes."""
+    dataset_revisions: tuple[str, ...] = ()
+    """Hub datasets read at a named revision, each `org/name@revision` (a commit pins it), over the defaults in
+    raybiphase.finetune.hub.DATASET_REVISIONS; a dataset read at a moving revision is warned of. The commit read
+    is in every trial's row (`dataset_revisions`); a snapshot (RAYBIPHASE_DATASETS_DIR) at another commit, or a
+    revision the hub does not have, is one line before anything runs."""
     trust_remote_code: bool = False
     """Let a fine-tuned model run the code its folder or Hub repository ships (transformers' trust_remote_code):
     needed by encoders transformers does not define itself; off, such a model is refused in one line."""
@@ -165,6 +170,8 @@ class FinetuneConfig:
               f"{self.ir_corpus!r} is not allowed; allowed: {', '.join(get_args(IrCorpus))}")
         check(self.ir_relevance in get_args(IrRelevance), "finetune.ir_relevance",
               f"{self.ir_relevance!r} is not allowed; allowed: {', '.join(get_args(IrRelevance))}")
+        for i, entry in enumerate(self.dataset_revisions):
+            check("@" in entry, f"finetune.dataset_revisions.{i}", f"{entry!r} is not `org/name@revision`")
         positive(self.cpus_per_trial, "finetune.cpus_per_trial")
         non_negative(self.gpus_per_trial, "finetune.gpus_per_trial")
         check(self.gpus_per_trial <= 1 or float(self.gpus_per_trial).is_integer(), "finetune.gpus_per_trial",

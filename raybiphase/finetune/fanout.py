@@ -52,6 +52,7 @@ from raybiphase.finetune.records import read_record, record_path, trial_settings
 from raybiphase.finetune.spec import FinetuneSource, TrialSpec
 from raybiphase.finetune.tasks import get_task, training_groups
 from raybiphase.finetune.encoders import is_hub_id
+from raybiphase.finetune.hub import parse_revisions
 from raybiphase.finetune.trial import TrialResult, find_hf_dir, load_checked_tokenizer, resolve_hf_dir
 from raybiphase.results import rows as result_rows
 from raybiphase.results.aggregate import best_lr
@@ -358,3 +359,4 @@ def check_tasks(cfg: FinetuneConfig) -> None:
         raise UserError("finetune.tasks: empty; name at least one task, e.g. --set 'finetune.tasks=[sst2]'")
     for name in cfg.tasks:
         get_task(name)
+    parse_revisions(cfg.dataset_revisions)

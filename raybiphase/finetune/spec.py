@@ -82,7 +82,7 @@ class TrialSpec:
         return dataclasses.replace(self.planned(), val_score=result.val_score, test_score=result.test_score,
                                    test_secondary=result.test_secondary, test_per_example=list(result.test_per_example),
                                    steps=result.steps, steps_run=result.steps, seconds=result.seconds,
-                                   diverged=result.diverged)
+                                   diverged=result.diverged, dataset_revisions=result.dataset_revisions or None)
 
     def stopped(self, *, val_score: float, step: int, seconds: float) -> FinetuneRow:
         """The row of a trial ASHA stopped at `step`: its last validation score, no test score."""

@@ -135,11 +135,11 @@ TOKENIZED_KEPT = 8  # tasks x tokenizers one process keeps tokenized
 
 def _tokenized(hf_path: Path, task: str, caps: tuple[int, int], max_len: int, source: str,
                tc_labels: str = "all_subtokens", ir_corpus: str = "judged", ir_relevance: str = "binary",
-               trust_remote_code: bool = False) -> tuple:
+               revisions: tuple[str, ...] = (), *, trust_remote_code: bool = False) -> tuple:
     """Head, training units, prepared validation and test: shared by the trials one process runs (a benchmark, a
     test, Tune's trials once pretraining is over: raybiphase.finetune.tuner), which differ in checkpoint, LR and
     seed but share the sweep's tokenizer; each checkpoint is still checked against that tokenizer."""
-    key = (tokenizer_digest(hf_path), task, caps, max_len, source, tc_labels, ir_corpus, ir_relevance,
+    key = (tokenizer_digest(hf_path), task, caps, max_len, source, tc_labels, ir_corpus, ir_relevance, revisions,
            trust_remote_code)
     if key in _TOKENIZED:
         _TOKENIZED.move_to_end(key)
@@ -149,7 +149,7 @@ def _tokenized(hf_path: Path, task: str, caps: tuple[int, int], max_len: int, so
     head = head_for(spec, load_checked_tokenizer(hf_path, trust_remote_code=trust_remote_code), max_len,
                     tc_labels=tc_labels, trust_remote_code=trust_remote_code)
     splits = load_splits(spec, max_examples=caps[0], max_eval_examples=caps[1], source=source, ir_corpus=ir_corpus,
-                         ir_relevance=ir_relevance)
+                         ir_relevance=ir_relevance, revisions=revisions)
     units = head.train_units(splits.train)
     if not units:
         raise UserError(f"finetune: task {task!r} has no training examples (finetune.max_examples?)")
@@ -160,14 +160,14 @@ def _tokenized(hf_path: Path, task: str, caps: tuple[int, int], max_len: int, so
 
 
 def _tokenized_eval(hf_path: Path, task: str, head, caps: tuple[int, int], max_len: int, source: str,
-                    tc_labels: str, ir_corpus: str, ir_relevance: str) -> tuple:
+                    tc_labels: str, ir_corpus: str, ir_relevance: str, revisions: tuple[str, ...] = ()) -> tuple:
     """The prepared validation and test splits of a task scored, not trained, in a trial (`run_trial`'s
     also_test), prepared by the trained task's head: no training units are made for it."""
-    key = (tokenizer_digest(hf_path), task, caps, max_len, source, tc_labels, ir_corpus, ir_relevance,
+    key = (tokenizer_digest(hf_path), task, caps, max_len, source, tc_labels, ir_corpus, ir_relevance, revisions,
            "evaluation only")
     if key not in _TOKENIZED:
         splits = load_splits(get_task(task), max_examples=caps[0], max_eval_examples=caps[1], source=source,
-                             ir_corpus=ir_corpus, ir_relevance=ir_relevance)
+                             ir_corpus=ir_corpus, ir_relevance=ir_relevance, revisions=revisions)
         _TOKENIZED[key] = head.prepare_eval(splits.val), head.prepare_eval(splits.test)
     _TOKENIZED.move_to_end(key)
     while len(_TOKENIZED) > TOKENIZED_KEPT:
@@ -220,6 +220,8 @@ class TrialResult:
     test_secondary: float
     diverged: bool = False
     also_tested: dict[str, TrialResult] = dataclasses.field(default_factory=dict)
+    dataset_revisions: str = ""
+    """The hub datasets the task read, `org/name@commit` comma-separated (`revisions_read`); "" for offline tasks."""
 
 
 def trial_result(task: str, *, val_score: float, test_score: float, per_example: list, secondary: float, steps: int,
@@ -235,7 +237,7 @@ def _diverged(task: str, also_test: tuple[str, ...], cfg: FinetuneConfig, source
     """A diverged trial's result: each task's floor (baselines.floor_scores: what a model that learned nothing
     scores, per-example entries included), validation and test, each on the task's own splits."""
     caps = {"max_examples": cfg.max_examples, "max_eval_examples": cfg.max_eval_examples, "source": source,
-            "ir_corpus": cfg.ir_corpus, "ir_relevance": cfg.ir_relevance}
+            "ir_corpus": cfg.ir_corpus, "ir_relevance": cfg.ir_relevance, "revisions": cfg.dataset_revisions}
 
     def floored(name: str) -> TrialResult:
         floor = floor_scores(name, **caps)
@@ -243,7 +245,23 @@ def _diverged(task: str, also_test: tuple[str, ...], cfg: FinetuneConfig, source
                             per_example=floor["test_per_example"], secondary=floor["test_secondary"], steps=steps,
                             seconds=seconds, diverged=True)
 
-    return dataclasses.replace(floored(task), also_tested={name: floored(name) for name in also_test})
+    result = dataclasses.replace(floored(task), also_tested={name: floored(name) for name in also_test})
+    return _stamped(result, task, cfg, source)
+
+
+def revisions_read(task: str, cfg: FinetuneConfig, source: str) -> str:
+    """The hub datasets a trial of `task` reads under `cfg`, `org/name@commit` comma-separated ("" offline)."""
+    splits = load_splits(get_task(task), max_examples=cfg.max_examples, max_eval_examples=cfg.max_eval_examples,
+                         source=source, ir_corpus=cfg.ir_corpus, ir_relevance=cfg.ir_relevance,
+                         revisions=cfg.dataset_revisions)
+    return ",".join(f"{dataset}@{commit}" for dataset, commit in sorted(splits.revisions.items()))
+
+
+def _stamped(result: TrialResult, task: str, cfg: FinetuneConfig, source: str) -> TrialResult:
+    """`result` and its riders' results, each with the revisions of the datasets its task read."""
+    also = {name: dataclasses.replace(r, dataset_revisions=revisions_read(name, cfg, source))
+            for name, r in result.also_tested.items()}
+    return dataclasses.replace(result, dataset_revisions=revisions_read(task, cfg, source), also_tested=also)
 
 
 def run_trial(spec: TrialSpec, *, cfg: FinetuneConfig, report: Callable[[dict], None] | None = None,
@@ -256,13 +274,13 @@ def run_trial(spec: TrialSpec, *, cfg: FinetuneConfig, report: Callable[[dict], 
     validation split at every evaluation (reported under "also_val": {task: score}) and on its test split at the
     end, under `also_tested`: {task: a result like this one, with its own validation score and this trial's
     steps} (nq and mldr on msmarco's trial; a diverged trial gives each its own floor)."""
-    began = time.perf_counter()
-    task, lr, seed = spec.task.name, spec.lr, spec.seed
+    began, task, lr, seed = time.perf_counter(), spec.task.name, spec.lr, spec.seed
     also_test = tuple(t.name for t in spec.also_test)
     _check_also_test(task, also_test)
     hf_path = resolve_hf_dir(spec.checkpoint)
-    caps, ir = (cfg.max_examples, cfg.max_eval_examples), (cfg.ir_corpus, cfg.ir_relevance)
-    head, units, val, test = _tokenized(hf_path, task, caps, cfg.max_len, source, cfg.tc_labels, *ir, cfg.trust_remote_code)
+    caps, ir = (cfg.max_examples, cfg.max_eval_examples), (cfg.ir_corpus, cfg.ir_relevance, cfg.dataset_revisions)
+    head, units, val, test = _tokenized(hf_path, task, caps, cfg.max_len, source, cfg.tc_labels, *ir,
+                                        trust_remote_code=cfg.trust_remote_code)
     riders = {name: _tokenized_eval(hf_path, name, head, caps, cfg.max_len, source, cfg.tc_labels, *ir)
               for name in also_test}
     device = trial_device(cfg)
@@ -312,16 +330,17 @@ def run_trial(spec: TrialSpec, *, cfg: FinetuneConfig, report: Callable[[dict], 
     # --- test, then the last report
     with autocast():
         result = _tested(model, head, test, task, {name: splits[1] for name, splits in riders.items()},
-                         val_scores={task: val_score, **also_val}, steps=total, began=began)
+                         val_scores={task: val_score, **also_val}, steps=total, began=began, read=(cfg, source))
     if report:
         report({"step": total, "val_score": val_score, "also_val": also_val, "final": result})
     return result
 
 
 def _tested(model, head, test, task: str, rider_tests: dict, *, val_scores: dict[str, float], steps: int,
-            began: float) -> TrialResult:
+            began: float, read: tuple[FinetuneConfig, str]) -> TrialResult:
     """The trained model's result: its test scores on `task`, and on each rider's prepared test split, each task
-    with its own validation score."""
+    with its own validation score and the revisions of the datasets it read (`read`: the trial's settings and
+    source)."""
     tested = {task: head.evaluate(model, test), **{name: head.evaluate(model, t) for name, t in rider_tests.items()}}
     seconds = time.perf_counter() - began
     results = {name: trial_result(name, val_score=val_scores[name], test_score=evaluation.score,
@@ -329,4 +348,4 @@ def _tested(model, head, test, task: str, rider_tests: dict, *, val_scores: dict
                                   seconds=seconds)
                for name, evaluation in tested.items()}
     result = results.pop(task)
-    return dataclasses.replace(result, also_tested=results)
+    return _stamped(dataclasses.replace(result, also_tested=results), task, *read)

@@ -137,6 +137,9 @@ class FinetuneRow:
     diverged: bool = False
     """The fine-tuning loss turned NaN or inf: the trial stopped and scored the metric's floor, what a model that
     learned nothing scores (raybiphase.finetune.baselines.FLOORS), so it still counts against its LR."""
+    dataset_revisions: str | None = None
+    """Our trials on hub datasets: each dataset the trial read and its commit, `org/name@commit` comma-separated
+    (a moving revision's name where it was read unpinned); None for offline tasks, baselines and imported rows."""
     finetune_settings: str | None = None
     """Our trials: the digest of the fine-tuning settings that shape a trial's result
     (raybiphase.finetune.records.trial_settings), one value per table; None for baselines and imported rows."""
