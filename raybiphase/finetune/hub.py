@@ -39,16 +39,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-import re
-import warnings
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import get_args
 
 from raybiphase.config.sweep import IrCorpus
+from raybiphase.data.revisions import DATASETS_DIR_ENV, UnpinnedDatasetWarning, checked_commit  # noqa: F401
 from raybiphase.errors import UserError
 
-DATASETS_DIR_ENV = "RAYBIPHASE_DATASETS_DIR"
 PARQUET_EXPORT = "refs/convert/parquet"
 GLUE = "nyu-mll/glue"
 CONLL2003 = "lhoestq/conll2003"  # the CoNLL-2003 loader's output as parquet, by a `datasets` maintainer
@@ -68,11 +65,6 @@ DATASET_REVISIONS: dict[str, str | None] = {GLUE: None, CONLL2003: None, ONTONOT
 """The revision each hub dataset is read at unless finetune.dataset_revisions names another: a commit pins it;
 None reads the moving head (`main`, or PARQUET_EXPORT for the EXPORTED ones) with an `UnpinnedDatasetWarning`.
 No default is pinned yet: the commits must be read off the hub (`hf api`), which this code never reaches."""
-COMMIT = re.compile(r"[0-9a-f]{40}")
-
-
-class UnpinnedDatasetWarning(UserWarning):
-    """A hub dataset read at a moving revision: two reads months apart may see different data."""
 
 
 _PINS: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("pins", default={})
@@ -106,35 +98,14 @@ def reading_at(revisions: Iterable[str] = ()) -> Iterator[dict[str, str]]:
         _READ.reset(tokens[1])
 
 
-def snapshot_commit(path: str) -> str | None:
-    """The commit a hub-layout snapshot was downloaded at (`hf download --local-dir` records it beside every
-    file, under .cache/huggingface/download); None when it records none. UserError when its files mix commits."""
-    commits = {p.read_text().splitlines()[0].strip()
-               for p in Path(path, ".cache", "huggingface", "download").glob("**/*.metadata")}
-    if len(commits) > 1:
-        raise UserError(f"finetune: the snapshot at {path} mixes commits {', '.join(sorted(commits))}; download it "
-                        f"again at one revision")
-    return commits.pop() if commits else None
-
-
 def _revision(dataset_id: str, path: str, root: str | None) -> str | None:
-    """The revision to read `dataset_id` at (None: the moving head), checked against its snapshot under `root`;
-    what is read is recorded (`reading_at`), an unpinned read warned of."""
-    exported = dataset_id in EXPORTED
+    """The revision to read `dataset_id` at (None: the moving head), checked against its snapshot under `root`
+    (`revisions.checked_commit`); what is read is recorded (`reading_at`), an unpinned read warned of."""
     pinned = _PINS.get().get(dataset_id)
-    found = snapshot_commit(path) if root else None
-    if root and pinned and found != pinned:
-        hint = f"it is at commit {found}" if found else "it records no commit"
-        raise UserError(f"finetune: revision {pinned} of {dataset_id} is not the snapshot at {path} ({hint}); make "
-                        f"it with hf download --repo-type dataset {dataset_id} --revision {pinned} --local-dir {path}")
-    commit = pinned or found
-    if commit is None or not COMMIT.fullmatch(commit):
-        head = commit or (PARQUET_EXPORT if exported else "main")
-        warnings.warn(f"finetune: {dataset_id} is read unpinned (at {head}); name its commit in "
-                      f"finetune.dataset_revisions", UnpinnedDatasetWarning, stacklevel=3)
+    commit = checked_commit(dataset_id, path if root else None, pinned, key="finetune.dataset_revisions")
     read = _READ.get()
     if read is not None:
-        read[dataset_id] = commit or (PARQUET_EXPORT if exported else "main")
+        read[dataset_id] = commit or (PARQUET_EXPORT if dataset_id in EXPORTED else "main")
     return pinned
 
 
