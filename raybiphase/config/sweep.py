@@ -131,6 +131,12 @@ class FinetuneConfig:
     (benchmarks/results/h100-2026-11-26.json): worth it from about 600 steps per trial, later with fewer CPUs per
     trial (compilation runs on them). Scores change by floating-point rounding only, so records made either way
     are reused. On a CPU compiling costs more than it saves at test sizes."""
+    baselines: tuple[str, ...] = ()
+    """Public encoders fine-tuned beside the sweep's arms on its tasks x lrs x seeds, each once: Hub ids (`id` or
+    `id@revision`, pinned to the commit they resolve to), folders or bucket URIs of any encoder transformers'
+    AutoModel loads. Their rows have source `hub`, run the model's id, checkpoint its id@commit; the report shows
+    them beside our arms and its findings never pair them with ours. Their trials are kept under
+    <sweep.storage>/hub-baselines, by commit and fine-tuning settings, so another sweep there reuses them."""
     dataset_revisions: tuple[str, ...] = ()
     """Hub datasets read at a named revision, each `org/name@revision` (a commit pins it), over the defaults in
     raybiphase.finetune.hub.DATASET_REVISIONS; a dataset read at a moving revision is warned of. The commit read

@@ -109,7 +109,7 @@ def plan_specs(sources: list[FinetuneSource], cfg: FinetuneConfig, *, experiment
         grid = grid_of(source, cfg)
         for name, seed, lr in ((name, seed, lr) for name in grid.tasks for seed in grid.seeds for lr in grid.lrs):
             spec = TrialSpec(source.run, int(source.pretrain_step), source.hf_dir, get_task(name), float(lr),
-                             int(seed), "", sweep, dict(source.columns), asha=cfg.asha)
+                             int(seed), "", sweep, dict(source.columns), asha=cfg.asha, row_source=source.row_source)
             out.append(dataclasses.replace(spec, record=record_path(experiment, spec.key, settings)))
     return out
 

@@ -27,7 +27,7 @@ from raybiphase.config import RunConfig, flatten
 PRETRAIN_KEY = ("run", "step")
 FINETUNE_KEY = ("run", "pretrain_step", "task", "lr", "seed", "source")
 TRIAL_KEY = ("run", "pretrain_step", "task", "lr", "seed")
-OURS, PAPER, BASELINE = "raybiphase", "paper", "baseline"
+OURS, PAPER, BASELINE, HUB = "raybiphase", "paper", "baseline", "hub"
 """Values of the `source` column: our trials, the authors' imported ones, baselines (BM25)."""
 
 
@@ -99,7 +99,8 @@ class FinetuneRow:
     seed: int
     """The fine-tuning seed."""
     source: str = OURS
-    """raybiphase (our trials), paper (the authors' imported ones) or baseline."""
+    """raybiphase (our trials), paper (the authors' imported ones), baseline (BM25, the majority class) or hub (a
+    public encoder fine-tuned on our protocol: finetune.baselines; run is its Hub id, checkpoint its id@commit)."""
     sweep: str = ""
     """The sweep's name (sweep.name)."""
     checkpoint: str = ""
