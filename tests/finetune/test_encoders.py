@@ -32,9 +32,8 @@ def make_tiny_bert(out: Path) -> Path:
 
     wordpiece = BertWordPieceTokenizer(lowercase=True)
     wordpiece.train_from_iterator(_texts(), vocab_size=800, min_frequency=2)
-    out.mkdir(parents=True)
-    wordpiece.save_model(str(out))
-    tokenizer = BertTokenizerFast(vocab_file=str(out / "vocab.txt"))
+    tokenizer = BertTokenizerFast(tokenizer_object=wordpiece._tokenizer)
+    assert len(tokenizer) > 500  # the trained vocabulary (transformers 5 ignores a vocab_file argument)
     config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id)
     BertModel(config).save_pretrained(str(out))
@@ -56,6 +55,7 @@ def make_tiny_modernbert(out: Path) -> Path:
     bpe._tokenizer.post_processor = TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)])
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, **specials)
+    assert len(tokenizer) > 500
     ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in specials.items()}
     config = ModernBertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                               intermediate_size=64, max_position_embeddings=128, pad_token_id=ids["pad_token"],
@@ -182,3 +182,27 @@ def test_a_qa_head_needs_a_leading_token_and_says_so(encoders):
     with pytest.raises(UserError, match="writes no <bos> or \\[CLS\\]"):
         head_for(get_task("squad"), tokenizer, 64)
     assert head_for(get_task("tweets"), tokenizer, 64).open == []  # SC pools every token: it needs none
+
+
+def test_the_command_refuses_an_unloadable_encoder_a_misfit_tokenizer_and_a_bad_revision_in_one_line(
+        encoders, tmp_path, capsys, monkeypatch):
+    import sys
+
+    from raybiphase.__main__ import main
+
+    unknown = shutil.copytree(encoders["bert"], tmp_path / "unknown")
+    config = json.loads((unknown / "config.json").read_text())
+    (unknown / "config.json").write_text(json.dumps({**config, "model_type": "no-such-encoder"}))
+    misfit = shutil.copytree(encoders["bert"], tmp_path / "misfit")
+    (misfit / "config.json").write_text(json.dumps({**config, "vocab_size": 100}))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # main() sets sys.argv for the command
+    cases = [(unknown, [], "error: finetune: transformers' AutoModel cannot load"),
+             (misfit, [], "error: finetune: the tokenizer in"),
+             (encoders["bert"], ["--set", "finetune.dataset_revisions=[nyu-mll/glu@main]"],
+              "error: finetune.dataset_revisions: 'nyu-mll/glu@main' is not")]
+    for model, extra, expected in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["finetune", str(model), str(tmp_path / "out"), "--set", "finetune.tasks=[tweets]", *extra])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.startswith(expected) and err.count("\n") == 1, err
+        assert not (tmp_path / "out").exists()  # nothing written before the refusal
