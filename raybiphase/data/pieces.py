@@ -69,10 +69,9 @@ def source_revision(data: DataConfig) -> str | None:
     if _source_kind(data.source) != "hf":
         return None
     root = revisions.snapshot_root()
-    path = os.path.join(root, data.source) if root else None
-    if path and not os.path.isdir(path):
-        raise UserError(f"data.source: no snapshot of {data.source} at {path} ({revisions.DATASETS_DIR_ENV})")
-    return revisions.checked_commit(data.source, path, data.hf_revision, key="data.hf_revision")
+    path = os.path.join(root, data.source) if root else None  # a missing snapshot: said where it is loaded
+    return revisions.checked_commit(data.source, path if path and os.path.isdir(path) else None, data.hf_revision,
+                                    key="data.hf_revision")
 
 
 def _hf_stream(data: DataConfig):
