@@ -12,7 +12,8 @@ from raybiphase.config.load import parse_override
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="raybiphase finetune", description=__doc__.split("\n")[0])
-    parser.add_argument("model", help="an encoder checkpoint in HF format (a folder or a bucket URI)")
+    parser.add_argument("model", help="an encoder checkpoint in HF format: a folder, a bucket URI, or a Hub model id "
+                        "(id or id@revision) of any encoder transformers' AutoModel loads")
     parser.add_argument("out", help="results folder or bucket URI (finetune.parquet, summary.parquet, report/)")
     parser.add_argument("config", nargs="?", default=None, help="optional spec for the finetune.* settings")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

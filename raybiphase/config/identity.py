@@ -30,7 +30,8 @@ def _shaping(section: Any) -> dict[str, Any]:
 def _data_settings(data: DataConfig) -> dict[str, Any]:
     """The data section as it enters the run's identity: decontamination as `DataConfig.decontamination` states
     it (the held-out tasks as a set), and only when it holds something out."""
-    plain = {k: v for k, v in _shaping(data).items() if k not in DECONTAMINATION_FIELDS}
+    plain = {k: v for k, v in _shaping(data).items() if k not in DECONTAMINATION_FIELDS
+             and not (k == "hf_revision" and v is None)}  # unpinned runs keep the names they had before it
     held_out = data.decontamination()
     return {**plain, "decontamination": held_out} if held_out else plain
 

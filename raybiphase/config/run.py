@@ -64,6 +64,9 @@ class DataConfig:
     """Field holding the text in HF datasets (local JSONL and Parquet files use a `text` field)."""
     hf_config: str | None = None
     """HF dataset config name (FineWeb-Edu: 'sample-10BT')."""
+    hf_revision: str | None = None
+    """The revision (a commit pins it) the HF dataset data.source names is read at; recorded in the prepared
+    manifest. Unset reads its default branch, with a warning; a revision it does not have is one line."""
     max_documents: int = 0
     """Stop reading the source after this many documents; 0 reads it all."""
     tokenizer: str = "train-bpe"

@@ -131,6 +131,20 @@ class FinetuneConfig:
     (benchmarks/results/h100-2026-11-26.json): worth it from about 600 steps per trial, later with fewer CPUs per
     trial (compilation runs on them). Scores change by floating-point rounding only, so records made either way
     are reused. On a CPU compiling costs more than it saves at test sizes."""
+    baselines: tuple[str, ...] = ()
+    """Public encoders fine-tuned beside the sweep's arms on its tasks x lrs x seeds, each once: Hub ids (`id` or
+    `id@revision`, pinned to the commit they resolve to), folders or bucket URIs of any encoder transformers'
+    AutoModel loads. Their rows have source `hub`, run the model's id, checkpoint its id@commit; the report shows
+    them beside our arms and its findings never pair them with ours. Their trials are kept under
+    <sweep.storage>/hub-baselines, by commit and fine-tuning settings, so another sweep there reuses them."""
+    dataset_revisions: tuple[str, ...] = ()
+    """Hub datasets read at a named revision, each `org/name@revision` (a commit pins it), over the defaults in
+    raybiphase.finetune.hub.DATASET_REVISIONS; a dataset read at a moving revision is warned of. The commit read
+    is in every trial's row (`dataset_revisions`); a snapshot (RAYBIPHASE_DATASETS_DIR) at another commit, or a
+    revision the hub does not have, is one line before anything runs."""
+    trust_remote_code: bool = False
+    """Let a fine-tuned model run the code its folder or Hub repository ships (transformers' trust_remote_code):
+    needed by encoders transformers does not define itself; off, such a model is refused in one line."""
     cpus_per_trial: float = field(default=1.0, metadata=NOT_WEIGHTS)
     """CPUs a fine-tuning trial holds (its torch threads on CPU, its data loading on GPU)."""
     gpus_per_trial: float = field(default=0.0, metadata=NOT_WEIGHTS)
@@ -162,6 +176,8 @@ class FinetuneConfig:
               f"{self.ir_corpus!r} is not allowed; allowed: {', '.join(get_args(IrCorpus))}")
         check(self.ir_relevance in get_args(IrRelevance), "finetune.ir_relevance",
               f"{self.ir_relevance!r} is not allowed; allowed: {', '.join(get_args(IrRelevance))}")
+        for i, entry in enumerate(self.dataset_revisions):
+            check("@" in entry, f"finetune.dataset_revisions.{i}", f"{entry!r} is not `org/name@revision`")
         positive(self.cpus_per_trial, "finetune.cpus_per_trial")
         non_negative(self.gpus_per_trial, "finetune.gpus_per_trial")
         check(self.gpus_per_trial <= 1 or float(self.gpus_per_trial).is_integer(), "finetune.gpus_per_trial",

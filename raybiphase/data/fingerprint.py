@@ -23,7 +23,8 @@ def shard_settings(data: DataConfig) -> dict:
     """Everything that determines the shards, as JSON would hold it: not where they lie, how many passes a run may
     make nor the order it reads them in; decontamination only as it holds tasks out (with the rule's version)."""
     keys = {k: v for k, v in asdict(data).items()
-            if k not in ("dir", "max_epochs", "row_order", *DECONTAMINATION_FIELDS)}
+            if k not in ("dir", "max_epochs", "row_order", *DECONTAMINATION_FIELDS)
+            and not (k == "hf_revision" and v is None)}  # unpinned shards keep the fingerprint they had before it
     if data.decontamination():
         keys["decontamination"] = {**data.decontamination(), "rule": decontam.RULE_VERSION}
     if data.source == "offline":  # what the offline corpus holds changes with the code (held-out evaluation text)

@@ -14,6 +14,7 @@ package. A capped non-Parquet corpus is one "stream" piece read in order.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ import pyarrow.parquet as pq
 
 from raybiphase import storage
 from raybiphase.config import DataConfig
-from raybiphase.data import sources
+from raybiphase.data import revisions, sources
 from raybiphase.errors import UserError
 
 OFFLINE_SEED = 1234  # the offline corpus's document order
@@ -61,13 +62,28 @@ def offline_documents(max_documents: int) -> tuple[str, ...]:
     return tuple(docs[i] for i in order)
 
 
+def source_revision(data: DataConfig) -> str | None:
+    """The commit an HF dataset source is read at (data.hf_revision, checked against its snapshot under
+    RAYBIPHASE_DATASETS_DIR, else the snapshot's own: `revisions.checked_commit`), the branch name or None when
+    unpinned (a warning says so); None for the offline corpus and files."""
+    if _source_kind(data.source) != "hf":
+        return None
+    root = revisions.snapshot_root()
+    path = os.path.join(root, data.source) if root else None  # a missing snapshot: said where it is loaded
+    return revisions.checked_commit(data.source, path if path and os.path.isdir(path) else None, data.hf_revision,
+                                    key="data.hf_revision")
+
+
 def _hf_stream(data: DataConfig):
     import datasets
 
+    root = revisions.snapshot_root()
+    where = {"path": os.path.join(root, data.source)} if root else {"path": data.source, "revision": data.hf_revision}
     try:
-        return datasets.load_dataset(data.source, data.hf_config, split="train", streaming=True)
+        return datasets.load_dataset(**where, name=data.hf_config, split="train", streaming=True)
     except Exception as e:  # the datasets library raises many types; report one line
-        raise UserError(f"data.source: could not load {data.source} ({data.hf_config}): "
+        at = f" at revision {data.hf_revision}" if data.hf_revision else ""
+        raise UserError(f"data.source: could not load {data.source} ({data.hf_config}){at}: "
                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
 
 
@@ -82,7 +98,8 @@ def plan_pieces(data: DataConfig) -> list[Piece]:
         n = len(offline_documents(data.max_documents))
         return [Piece(i, "offline", start=s, stop=min(n, s + per)) for i, s in enumerate(range(0, n, per))]
     if kind == "hf":
-        stream = _hf_stream(data)  # an id or config the hub does not have fails here, before Ray starts
+        source_revision(data)  # a revision its snapshot is not at fails here, and an unpinned read is warned of
+        stream = _hf_stream(data)  # an id, config or revision the hub does not have fails here, before Ray starts
         if data.max_documents:  # a capped corpus is small: read it in order
             return [Piece(0, "stream", data.source, limit=data.max_documents)]
         shards = stream.num_shards
@@ -143,7 +160,8 @@ def piece_texts(data: DataConfig, piece: Piece) -> Iterator[str]:
         rows = _hf_stream(data).shard(num_shards=piece.stop, index=piece.start)
         texts = (row[data.text_field] for row in rows if isinstance(row.get(data.text_field), str))
     elif _source_kind(data.source) == "hf":
-        texts = sources.hf_texts(data.source, "train", data.text_field, config_name=data.hf_config)
+        texts = sources.hf_texts(data.source, "train", data.text_field, config_name=data.hf_config,
+                                 revision=data.hf_revision)
     else:
         texts = sources.corpus_texts(data.source)
     count = 0

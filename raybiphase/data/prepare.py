@@ -30,6 +30,7 @@ import json
 import re
 import tempfile
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,7 +44,8 @@ from raybiphase.config import DataConfig
 from raybiphase.data import decontam
 from raybiphase.data.assets import cache_dir
 from raybiphase.data.fingerprint import check_made_as_asked, fingerprint, shard_settings
-from raybiphase.data.pieces import Piece, piece_texts, plan_pieces, windows
+from raybiphase.data.pieces import Piece, piece_texts, plan_pieces, source_revision, windows
+from raybiphase.data.revisions import UnpinnedDatasetWarning
 from raybiphase.data.sources import SourceError
 from raybiphase.data.stream import FORMAT_VERSION, MANIFEST, open_dataset
 from raybiphase.errors import UserError
@@ -348,6 +350,13 @@ def unigram_entropy(out: str, pieces: list[Piece]) -> float | None:
     return float(-(p * np.log(p)).sum())
 
 
+def _quietly(read, data: DataConfig):
+    """`read(data)` without its unpinned-read warning: planning the pieces gave it already."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnpinnedDatasetWarning)
+        return read(data)
+
+
 def _manifest(data: DataConfig, pieces: list[Piece], records: dict[int, dict], version: str, out: str) -> dict:
     val = records[0]["val"] if records else None
     shards = [s for p in pieces for s in records[p.index]["shards"]]
@@ -360,6 +369,7 @@ def _manifest(data: DataConfig, pieces: list[Piece], records: dict[int, dict], v
         "fingerprint": fingerprint(data),
         "settings": shard_settings(data),
         "source": data.source,
+        "source_revision": _quietly(source_revision, data),
         "seq_len": data.seq_len,
         "tokenizer_fingerprint": version,
         "vocab_size": records[0]["vocab_size"],

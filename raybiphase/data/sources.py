@@ -29,6 +29,7 @@ import functools
 import hashlib
 import itertools
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +38,7 @@ import pyarrow.fs as pafs
 
 from raybiphase import storage
 from raybiphase.data.assets import asset_path
+from raybiphase.data.revisions import DATASETS_DIR_ENV
 from raybiphase.errors import UserError
 
 
@@ -233,12 +235,15 @@ def pretraining_texts() -> Iterator[str]:
 
 
 def hf_texts(dataset_id: str, split: str, text_field: str, config_name: str | None = None,
-             streaming: bool = True) -> Iterator[str]:
-    """Non-empty ``text_field`` values of a Hugging Face dataset (needs the hub; not used offline)."""
+             streaming: bool = True, revision: str | None = None) -> Iterator[str]:
+    """Non-empty ``text_field`` values of a Hugging Face dataset at `revision` (its default branch when None), from
+    its snapshot under RAYBIPHASE_DATASETS_DIR when that is set, else the hub (not used offline)."""
     import datasets
 
+    root = os.environ.get(DATASETS_DIR_ENV)
+    where = {"path": os.path.join(root, dataset_id)} if root else {"path": dataset_id, "revision": revision}
     try:
-        rows = datasets.load_dataset(dataset_id, config_name, split=split, streaming=streaming)
+        rows = datasets.load_dataset(**where, name=config_name, split=split, streaming=streaming)
     except Exception as e:  # the datasets library raises many types; report one line
         raise SourceError(f"could not load {dataset_id} ({config_name}, {split}): "
                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e

@@ -54,11 +54,12 @@ FLOORS = {
 
 
 def floor_scores(task_name: str, *, max_examples: int = 0, max_eval_examples: int = 0, source: str = "auto",
-                 ir_corpus: str = "judged", ir_relevance: str = "binary") -> dict:
+                 ir_corpus: str = "judged", ir_relevance: str = "binary", revisions: tuple[str, ...] = ()) -> dict:
     """`floor_of` the task's splits, loaded and capped as the trial's are: what a diverged trial of it scores."""
     task = get_task(task_name)
     return floor_of(task, load_splits(task, max_examples=max_examples, max_eval_examples=max_eval_examples,
-                                      source=source, ir_corpus=ir_corpus, ir_relevance=ir_relevance))
+                                      source=source, ir_corpus=ir_corpus, ir_relevance=ir_relevance,
+                                      revisions=revisions))
 
 
 def floor_of(task: Task, splits: TaskSplits) -> dict:

@@ -51,6 +51,8 @@ from raybiphase.errors import UserError
 from raybiphase.finetune.records import read_record, record_path, trial_settings, write_record
 from raybiphase.finetune.spec import FinetuneSource, TrialSpec
 from raybiphase.finetune.tasks import get_task, training_groups
+from raybiphase.finetune.encoders import is_hub_id
+from raybiphase.finetune.hub import parse_revisions
 from raybiphase.finetune.trial import TrialResult, find_hf_dir, load_checked_tokenizer, resolve_hf_dir
 from raybiphase.results import rows as result_rows
 from raybiphase.results.aggregate import best_lr
@@ -107,7 +109,7 @@ def plan_specs(sources: list[FinetuneSource], cfg: FinetuneConfig, *, experiment
         grid = grid_of(source, cfg)
         for name, seed, lr in ((name, seed, lr) for name in grid.tasks for seed in grid.seeds for lr in grid.lrs):
             spec = TrialSpec(source.run, int(source.pretrain_step), source.hf_dir, get_task(name), float(lr),
-                             int(seed), "", sweep, dict(source.columns), asha=cfg.asha)
+                             int(seed), "", sweep, dict(source.columns), asha=cfg.asha, row_source=source.row_source)
             out.append(dataclasses.replace(spec, record=record_path(experiment, spec.key, settings)))
     return out
 
@@ -198,12 +200,13 @@ def check_sources(sources: list[FinetuneSource], cfg: FinetuneConfig) -> list[Fi
     bad task name or checkpoint, before anything runs."""
     for task_name in [*cfg.tasks, *(task for source in sources for task in grid_of(source, cfg).tasks)]:
         get_task(task_name)
-    sources = [dataclasses.replace(s, hf_dir=storage.absolute(s.hf_dir)) for s in sources]
+    sources = [s if is_hub_id(s.hf_dir) else dataclasses.replace(s, hf_dir=storage.absolute(s.hf_dir))
+               for s in sources]
     for source in sources:
         if storage.is_uri(source.hf_dir):  # weights stay in the bucket until a trial's node needs them
             find_hf_dir(source.hf_dir)
         else:
-            load_checked_tokenizer(resolve_hf_dir(source.hf_dir))
+            load_checked_tokenizer(resolve_hf_dir(source.hf_dir), trust_remote_code=cfg.trust_remote_code)
     return sources
 
 
@@ -356,3 +359,4 @@ def check_tasks(cfg: FinetuneConfig) -> None:
         raise UserError("finetune.tasks: empty; name at least one task, e.g. --set 'finetune.tasks=[sst2]'")
     for name in cfg.tasks:
         get_task(name)
+    parse_revisions(cfg.dataset_revisions)

@@ -26,18 +26,26 @@ the qrels grade (a score above 1: TREC-DL 2019's); whether NDCG counts them is f
 (`tasks.load_splits`), binary by default as the authors count. Corpus texts are the authors': NQ's "title. text",
 MS MARCO's and MLDR's text alone. NQ and MLDR are evaluated with the model trained on MS MARCO's train pairs, as
 the authors do, so their train split is MS MARCO's.
+
+Revisions: each dataset is read at the revision finetune.dataset_revisions names (`org/name@revision`), else at
+its default in DATASET_REVISIONS (`reading_at`). A snapshot's commit is the one `hf download --local-dir` recorded
+beside its files (`snapshot_commit`); a named revision it is not at is one line saying how to download it. The
+commit read is kept with the splits (`tasks.TaskSplits.revisions`) and lands in every trial's row; a read at a
+moving revision (no commit named, or a snapshot that records none) is an `UnpinnedDatasetWarning` naming it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import get_args
 
 from raybiphase.config.sweep import IrCorpus
+from raybiphase.data.revisions import DATASETS_DIR_ENV, UnpinnedDatasetWarning, checked_commit  # noqa: F401
 from raybiphase.errors import UserError
 
-DATASETS_DIR_ENV = "RAYBIPHASE_DATASETS_DIR"
 PARQUET_EXPORT = "refs/convert/parquet"
 GLUE = "nyu-mll/glue"
 CONLL2003 = "lhoestq/conll2003"  # the CoNLL-2003 loader's output as parquet, by a `datasets` maintainer
@@ -50,6 +58,56 @@ IR_CORPORA: tuple[str, ...] = get_args(IrCorpus)
 """What a retrieval split ranks: the passages its qrels name (the authors' protocol) or the whole collection."""
 NQ_SPLIT_SEED = 42
 """Seeds NQ's validation/test halves of its test queries (the authors' draw is unseeded; ours is repeatable)."""
+
+SQUAD, SQUAD_V2 = "rajpurkar/squad", "rajpurkar/squad_v2"
+DATASET_REVISIONS: dict[str, str | None] = {GLUE: None, CONLL2003: None, ONTONOTES: None, UNER: None, SUPER_GLUE: None,
+                                            SQUAD: None, SQUAD_V2: None, MSMARCO: None, NQ: None, MLDR: None}
+"""The revision each hub dataset is read at unless finetune.dataset_revisions names another: a commit pins it;
+None reads the moving head (`main`, or PARQUET_EXPORT for the EXPORTED ones) with an `UnpinnedDatasetWarning`.
+No default is pinned yet: the commits must be read off the hub (`hf api`), which this code never reaches."""
+
+
+_PINS: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("pins", default={})
+_READ: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("read", default=None)
+
+
+def parse_revisions(revisions: Iterable[str]) -> dict[str, str]:
+    """{dataset id: revision} of finetune.dataset_revisions' `org/name@revision` entries; UserError for an entry
+    that names no dataset a task reads."""
+    pins = {}
+    for entry in revisions:
+        dataset_id, _, revision = str(entry).partition("@")
+        if dataset_id not in DATASET_REVISIONS or not revision:
+            raise UserError(f"finetune.dataset_revisions: {entry!r} is not `dataset@revision` for a hub dataset a "
+                            f"task reads ({', '.join(DATASET_REVISIONS)})")
+        pins[dataset_id] = revision
+    return pins
+
+
+@contextlib.contextmanager
+def reading_at(revisions: Iterable[str] = ()) -> Iterator[dict[str, str]]:
+    """Hub datasets read within are read at `revisions` (finetune.dataset_revisions) over DATASET_REVISIONS; yields
+    {dataset id: the commit read, or the moving revision when unpinned}, filled as they are read."""
+    pins = {k: v for k, v in DATASET_REVISIONS.items() if v} | parse_revisions(revisions)
+    read: dict[str, str] = {}
+    tokens = _PINS.set(pins), _READ.set(read)
+    try:
+        yield read
+    finally:
+        _PINS.reset(tokens[0])
+        _READ.reset(tokens[1])
+
+
+def _revision(dataset_id: str, path: str, root: str | None) -> str | None:
+    """The revision to read `dataset_id` at (None: the moving head), checked against its snapshot under `root`
+    (`revisions.checked_commit`); what is read is recorded (`reading_at`), an unpinned read warned of."""
+    pinned = _PINS.get().get(dataset_id)
+    commit = checked_commit(dataset_id, path if root else None, pinned, key="finetune.dataset_revisions")
+    read = _READ.get()
+    if read is not None:
+        read[dataset_id] = commit or (PARQUET_EXPORT if dataset_id in EXPORTED else "main")
+    return pinned
+
 
 CONLL_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 UNER_TAGS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC")
@@ -71,11 +129,12 @@ def _hub(dataset_id: str, config: str | None, split: str):
         raise UserError(f"finetune: no snapshot of {dataset_id} at {path} ({DATASETS_DIR_ENV}); make it with "
                         f"hf download --repo-type dataset {dataset_id}{revision} --local-dir {path}")
     where = {"data_dir": config} if exported else {"name": config}
-    if exported and not root:
-        where["revision"] = PARQUET_EXPORT
+    revision = _revision(dataset_id, path, root)
+    if not root:
+        where["revision"] = revision or (PARQUET_EXPORT if exported else None)
     try:
         return datasets.load_dataset(path, split=split, **where)
-    except (ValueError, OSError, datasets.exceptions.DatasetsError) as err:
+    except Exception as err:  # the hub's errors have no common base: a missing config, split or revision
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise UserError(f"finetune: cannot load {dataset_id} (config {config or 'default'}, split {split}) "
                         f"from {path}: {reason}") from err

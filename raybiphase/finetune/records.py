@@ -48,6 +48,8 @@ def trial_settings(cfg: FinetuneConfig) -> str:
         settings.append(["ir_corpus", cfg.ir_corpus])
     if cfg.ir_relevance != "binary":
         settings.append(["ir_relevance", cfg.ir_relevance])
+    if cfg.dataset_revisions:
+        settings.append(["dataset_revisions", sorted(cfg.dataset_revisions)])
     return hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:8]
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from raybiphase.config import FinetuneGrid
 from raybiphase.finetune.tasks import Task, get_task
-from raybiphase.results.rows import FinetuneRow
+from raybiphase.results.rows import OURS, FinetuneRow
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,8 @@ class FinetuneSource:
     grid: FinetuneGrid | None = None
     """The tasks x LRs x seeds it is fine-tuned on (the sweep's plan gives an intermediate checkpoint the grid of
     finetune.exports); None: finetune's full grid."""
+    row_source: str = OURS
+    """Its rows' `source`: raybiphase for ours, hub for a public encoder (finetune.baselines)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,8 @@ class TrialSpec:
     """Compared by its group's ASHA (a completion-pass rerun, or finetune.asha off: never stopped)."""
     riders: tuple[TrialSpec, ...] = ()
     """The tasks tested on the model this trial trains (the rest of its training group), each with its record."""
+    row_source: str = OURS
+    """Its rows' `source` (`FinetuneSource.row_source`)."""
 
     @property
     def key(self) -> tuple:
@@ -75,14 +79,15 @@ class TrialSpec:
         task = self.task
         return FinetuneRow(run=self.run, pretrain_step=self.pretrain_step, task=task.name, lr=self.lr, seed=self.seed,
                            sweep=self.sweep, checkpoint=self.checkpoint, family=task.family, dataset=task.dataset,
-                           metric=task.metric, secondary_metric=task.secondary_metric, settings=dict(self.columns))
+                           metric=task.metric, secondary_metric=task.secondary_metric, settings=dict(self.columns),
+                           source=self.row_source)
 
     def finished(self, result) -> FinetuneRow:
         """The row of the trial run to its end (run_trial's TrialResult)."""
         return dataclasses.replace(self.planned(), val_score=result.val_score, test_score=result.test_score,
                                    test_secondary=result.test_secondary, test_per_example=list(result.test_per_example),
                                    steps=result.steps, steps_run=result.steps, seconds=result.seconds,
-                                   diverged=result.diverged)
+                                   diverged=result.diverged, dataset_revisions=result.dataset_revisions or None)
 
     def stopped(self, *, val_score: float, step: int, seconds: float) -> FinetuneRow:
         """The row of a trial ASHA stopped at `step`: its last validation score, no test score."""

@@ -123,6 +123,8 @@ class TaskSplits:
     train: list
     val: Any
     test: Any
+    revisions: dict = dataclasses.field(default_factory=dict)
+    """{hub dataset id: the commit read (or the moving revision, when unpinned)}; empty for offline tasks."""
 
 
 # ------------------------------------------------------------------------------------------------ splitting
@@ -169,16 +171,18 @@ def _retrieval_pairs(rset: dict) -> list[dict]:
 
 
 def load_splits(task: Task, *, max_examples: int = 0, max_eval_examples: int = 0, source: str = "auto",
-                ir_corpus: str = "judged", ir_relevance: str = "binary") -> TaskSplits:
+                ir_corpus: str = "judged", ir_relevance: str = "binary", revisions: tuple[str, ...] = ()) -> TaskSplits:
     """Train / validation / test of a task, training capped at max_examples (0 = all), validation and test at
     max_eval_examples (0 = as training); source: auto, offline or production. `ir_corpus` (finetune.ir_corpus):
     what the hub's retrieval sets rank, the passages their qrels judge or the whole collection (`hub`); the
     offline retrieval tasks always rank their whole (small) corpus. `ir_relevance` (finetune.ir_relevance):
     "binary" drops the queries' "grades", so NDCG counts every relevant passage as 1 (the authors' count);
-    "graded" keeps them."""
+    "graded" keeps them. `revisions` (finetune.dataset_revisions): the hub datasets' revisions (`hub.reading_at`);
+    the splits' `revisions` say what was read."""
     if ir_relevance not in IR_RELEVANCE:
         raise UserError(f"finetune.ir_relevance: {ir_relevance!r} is not allowed; allowed: {', '.join(IR_RELEVANCE)}")
-    splits = _load_splits(task.name, max_examples, max_eval_examples or max_examples, source, ir_corpus)
+    splits = _load_splits(task.name, max_examples, max_eval_examples or max_examples, source, ir_corpus,
+                          tuple(revisions))
     if task.family != "IR" or ir_relevance == "graded":
         return splits
     return dataclasses.replace(splits, val=binary_relevance(splits.val), test=binary_relevance(splits.test))
@@ -200,7 +204,8 @@ def binary_relevance(rset: dict) -> dict:
 
 
 @functools.lru_cache(maxsize=8)
-def _load_splits(name: str, max_examples: int, max_eval: int, source: str, ir_corpus: str = "judged") -> TaskSplits:
+def _load_splits(name: str, max_examples: int, max_eval: int, source: str, ir_corpus: str = "judged",
+                 revisions: tuple[str, ...] = ()) -> TaskSplits:
     task = get_task(name)
     hub.check_corpus(ir_corpus)
     if source == "auto":
@@ -208,8 +213,9 @@ def _load_splits(name: str, max_examples: int, max_eval: int, source: str, ir_co
     loader = task.offline if source == "offline" else task.production if source == "production" else None
     if loader is None:
         raise UserError(f"finetune: task {name!r} has no {source} loader")
-    parts = loader(corpus=ir_corpus) if task.family == "IR" and source == "production" else loader()
-    return make_splits(task, parts, max_examples=max_examples, max_eval=max_eval)
+    with hub.reading_at(revisions) as read:
+        parts = loader(corpus=ir_corpus) if task.family == "IR" and source == "production" else loader()
+    return dataclasses.replace(make_splits(task, parts, max_examples=max_examples, max_eval=max_eval), revisions=read)
 
 
 def make_splits(task: Task, parts: tuple, *, max_examples: int = 0, max_eval: int = 0) -> TaskSplits:
@@ -324,7 +330,7 @@ _TASK_LIST = [
          finish=tag_sentence),
     Task("squad_commas", "TC", "comma restoration on SQuAD v1.1 paragraphs", "entity_f1", COMMA_TAGS, _squad_commas,
          None, finish=tag_commas),
-    Task("squad", "QA", "SQuAD v1.1", "f1", ("start", "end"), _squad, hub.squad("rajpurkar/squad"), "exact_match"),
+    Task("squad", "QA", "SQuAD v1.1", "f1", ("start", "end"), _squad, hub.squad(hub.SQUAD), "exact_match"),
     Task("squad_sentence", "QA", "SQuAD v1.1, context cut to the answer's sentence", "f1", ("start", "end"),
          _squad_sentence, None, "exact_match"),
     Task("squad_retrieval", "IR", "SQuAD question -> paragraph", "ndcg@10", (), _squad_retrieval, None, "mrr@10"),
@@ -340,7 +346,7 @@ _TASK_LIST = [
     Task("ontonotes", "TC", "OntoNotes 5 (CoNLL-2012 english_v12)", "entity_f1", hub.ONTONOTES_TAGS, None,
          hub.ontonotes),
     Task("uner", "TC", "UNER English (EWT)", "entity_f1", hub.UNER_TAGS, None, hub.uner),
-    Task("squad_v2", "QA", "SQuAD v2", "f1", ("start", "end"), None, hub.squad("rajpurkar/squad_v2"), "exact_match",
+    Task("squad_v2", "QA", "SQuAD v2", "f1", ("start", "end"), None, hub.squad(hub.SQUAD_V2), "exact_match",
          unanswerable=True),
     Task("record", "QA", "ReCoRD (SuperGLUE), answers as passage spans", "f1", ("start", "end"), None, hub.record,
          "exact_match"),

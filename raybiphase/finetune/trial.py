@@ -20,8 +20,10 @@ its own with its own validation score (each task chooses its LR on its own valid
 reports carry them under "also_val", and the trial's own "val_score" (what ASHA compares) stays the trained
 task's.
 
-The checkpoint is an HF folder (`<checkpoint>/hf`, or the checkpoint folder holding it) read with the stock
-transformers EuroBERT classes; its tokenizer must be there and fit the model's vocabulary, else `UserError`.
+The checkpoint is an HF folder (`<checkpoint>/hf`, or the checkpoint folder holding it), a bucket URI of one, or a
+Hub model id (`id@commit`: raybiphase.finetune.encoders): EuroBERT read with its stock transformers classes, any
+other encoder through `AutoModel` under the same heads (finetune.trust_remote_code lets the model's own code run);
+its tokenizer must be there and fit the model's vocabulary, else `UserError`.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from raybiphase.config import FinetuneConfig
 from raybiphase.data.assets import cache_dir
 from raybiphase.errors import UserError
 from raybiphase.finetune.baselines import floor_scores
+from raybiphase.finetune.encoders import encoder_blocks, encoder_config, hub_snapshot, is_hub_id
 from raybiphase.finetune.heads import head_for
 from raybiphase.finetune.input_lengths import training_order
 from raybiphase.finetune.spec import TrialSpec
@@ -61,8 +64,10 @@ TOKENIZER_FILES = ("tokenizer", "special_tokens", "vocab", "merges", "spiece", "
 
 
 def find_hf_dir(location: storage.Location) -> str:
-    """The HF folder of a checkpoint, local or in a bucket: `location` itself or `location/hf`; UserError when
-    there is none."""
+    """The HF folder of a checkpoint, local or in a bucket: `location` itself or `location/hf` (a Hub model id: its
+    snapshot); UserError when there is none."""
+    if is_hub_id(str(location)):
+        return str(hub_snapshot(str(location)))
     if not storage.exists(location):
         raise UserError(f"finetune: checkpoint {location} does not exist")
     for candidate in (str(location), storage.hf_dir(location)):
@@ -76,28 +81,31 @@ def resolve_hf_dir(location: storage.Location) -> Path:
     return transfer.local_copy(find_hf_dir(location), cache_dir()).resolve()
 
 
-def load_checked_tokenizer(hf_dir: Path):
+def load_checked_tokenizer(hf_dir: Path, *, trust_remote_code: bool = False):
     """The checkpoint's tokenizer, checked against its model config (vocabulary size and special token ids)."""
     from transformers import AutoTokenizer
 
     if not any((hf_dir / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
-        _model_config(hf_dir)  # a foreign model says so first
+        _model_config(hf_dir, trust_remote_code)  # a model transformers cannot load says so first
         raise UserError(f"finetune: {hf_dir} has no tokenizer (save it beside the model with save_pretrained)")
-    tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
-    check_fits(hf_dir, tokenizer)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(hf_dir), trust_remote_code=trust_remote_code)
+    except (ValueError, OSError, KeyError) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserError(f"finetune: transformers cannot load the tokenizer in {hf_dir}: {reason}") from err
+    check_fits(hf_dir, tokenizer, trust_remote_code=trust_remote_code)
     return tokenizer
 
 
-def _model_config(hf_dir: Path) -> dict:
-    config = json.loads((hf_dir / "config.json").read_text())
-    if config.get("model_type") != "eurobert":
-        raise UserError(f"finetune: {hf_dir} holds a {config.get('model_type')!r} model, not EuroBERT")
-    return config
+def _model_config(hf_dir: Path, trust_remote_code: bool = False) -> dict:
+    """The model's config.json, once transformers' AutoModel is known to load it (else UserError)."""
+    encoder_config(hf_dir, trust_remote_code=trust_remote_code)
+    return json.loads((hf_dir / "config.json").read_text())
 
 
-def check_fits(hf_dir: Path, tokenizer) -> None:
+def check_fits(hf_dir: Path, tokenizer, *, trust_remote_code: bool = False) -> None:
     """UserError unless `tokenizer` belongs to the model in `hf_dir` (vocabulary size, special token ids)."""
-    config = _model_config(hf_dir)
+    config = _model_config(hf_dir, trust_remote_code)
     if len(tokenizer) > config["vocab_size"]:
         raise UserError(f"finetune: the tokenizer in {hf_dir} has {len(tokenizer)} tokens but the model's "
                         f"vocabulary is {config['vocab_size']}: they do not belong together")
@@ -126,19 +134,22 @@ TOKENIZED_KEPT = 8  # tasks x tokenizers one process keeps tokenized
 
 
 def _tokenized(hf_path: Path, task: str, caps: tuple[int, int], max_len: int, source: str,
-               tc_labels: str = "all_subtokens", ir_corpus: str = "judged", ir_relevance: str = "binary") -> tuple:
+               tc_labels: str = "all_subtokens", ir_corpus: str = "judged", ir_relevance: str = "binary",
+               revisions: tuple[str, ...] = (), *, trust_remote_code: bool = False) -> tuple:
     """Head, training units, prepared validation and test: shared by the trials one process runs (a benchmark, a
     test, Tune's trials once pretraining is over: raybiphase.finetune.tuner), which differ in checkpoint, LR and
     seed but share the sweep's tokenizer; each checkpoint is still checked against that tokenizer."""
-    key = (tokenizer_digest(hf_path), task, caps, max_len, source, tc_labels, ir_corpus, ir_relevance)
+    key = (tokenizer_digest(hf_path), task, caps, max_len, source, tc_labels, ir_corpus, ir_relevance, revisions,
+           trust_remote_code)
     if key in _TOKENIZED:
         _TOKENIZED.move_to_end(key)
-        check_fits(hf_path, _TOKENIZED[key][0].tokenizer)
+        check_fits(hf_path, _TOKENIZED[key][0].tokenizer, trust_remote_code=trust_remote_code)
         return _TOKENIZED[key]
     spec = get_task(task)
-    head = head_for(spec, load_checked_tokenizer(hf_path), max_len, tc_labels=tc_labels)
+    head = head_for(spec, load_checked_tokenizer(hf_path, trust_remote_code=trust_remote_code), max_len,
+                    tc_labels=tc_labels, trust_remote_code=trust_remote_code)
     splits = load_splits(spec, max_examples=caps[0], max_eval_examples=caps[1], source=source, ir_corpus=ir_corpus,
-                         ir_relevance=ir_relevance)
+                         ir_relevance=ir_relevance, revisions=revisions)
     units = head.train_units(splits.train)
     if not units:
         raise UserError(f"finetune: task {task!r} has no training examples (finetune.max_examples?)")
@@ -149,14 +160,14 @@ def _tokenized(hf_path: Path, task: str, caps: tuple[int, int], max_len: int, so
 
 
 def _tokenized_eval(hf_path: Path, task: str, head, caps: tuple[int, int], max_len: int, source: str,
-                    tc_labels: str, ir_corpus: str, ir_relevance: str) -> tuple:
+                    tc_labels: str, ir_corpus: str, ir_relevance: str, revisions: tuple[str, ...] = ()) -> tuple:
     """The prepared validation and test splits of a task scored, not trained, in a trial (`run_trial`'s
     also_test), prepared by the trained task's head: no training units are made for it."""
-    key = (tokenizer_digest(hf_path), task, caps, max_len, source, tc_labels, ir_corpus, ir_relevance,
+    key = (tokenizer_digest(hf_path), task, caps, max_len, source, tc_labels, ir_corpus, ir_relevance, revisions,
            "evaluation only")
     if key not in _TOKENIZED:
         splits = load_splits(get_task(task), max_examples=caps[0], max_eval_examples=caps[1], source=source,
-                             ir_corpus=ir_corpus, ir_relevance=ir_relevance)
+                             ir_corpus=ir_corpus, ir_relevance=ir_relevance, revisions=revisions)
         _TOKENIZED[key] = head.prepare_eval(splits.val), head.prepare_eval(splits.test)
     _TOKENIZED.move_to_end(key)
     while len(_TOKENIZED) > TOKENIZED_KEPT:
@@ -186,10 +197,10 @@ def trial_device(cfg: FinetuneConfig) -> torch.device:
 
 def model_on(head, hf_path: Path, device: torch.device, *, compile: bool) -> torch.nn.Module:
     """The head's model on the trial's device; with `compile` (finetune.compile) each transformer block is
-    torch.compiled in place (the heads' models hold the encoder as `.model`, the retrieval head's is the encoder)."""
+    torch.compiled in place (`encoders.encoder_blocks`)."""
     model = head.load_model(str(hf_path)).to(device)
     if compile:
-        for block in getattr(model, "model", model).layers:
+        for block in encoder_blocks(model):
             block.compile()
     return model
 
@@ -209,6 +220,8 @@ class TrialResult:
     test_secondary: float
     diverged: bool = False
     also_tested: dict[str, TrialResult] = dataclasses.field(default_factory=dict)
+    dataset_revisions: str = ""
+    """The hub datasets the task read, `org/name@commit` comma-separated (`revisions_read`); "" for offline tasks."""
 
 
 def trial_result(task: str, *, val_score: float, test_score: float, per_example: list, secondary: float, steps: int,
@@ -224,7 +237,7 @@ def _diverged(task: str, also_test: tuple[str, ...], cfg: FinetuneConfig, source
     """A diverged trial's result: each task's floor (baselines.floor_scores: what a model that learned nothing
     scores, per-example entries included), validation and test, each on the task's own splits."""
     caps = {"max_examples": cfg.max_examples, "max_eval_examples": cfg.max_eval_examples, "source": source,
-            "ir_corpus": cfg.ir_corpus, "ir_relevance": cfg.ir_relevance}
+            "ir_corpus": cfg.ir_corpus, "ir_relevance": cfg.ir_relevance, "revisions": cfg.dataset_revisions}
 
     def floored(name: str) -> TrialResult:
         floor = floor_scores(name, **caps)
@@ -232,7 +245,23 @@ def _diverged(task: str, also_test: tuple[str, ...], cfg: FinetuneConfig, source
                             per_example=floor["test_per_example"], secondary=floor["test_secondary"], steps=steps,
                             seconds=seconds, diverged=True)
 
-    return dataclasses.replace(floored(task), also_tested={name: floored(name) for name in also_test})
+    result = dataclasses.replace(floored(task), also_tested={name: floored(name) for name in also_test})
+    return _stamped(result, task, cfg, source)
+
+
+def revisions_read(task: str, cfg: FinetuneConfig, source: str) -> str:
+    """The hub datasets a trial of `task` reads under `cfg`, `org/name@commit` comma-separated ("" offline)."""
+    splits = load_splits(get_task(task), max_examples=cfg.max_examples, max_eval_examples=cfg.max_eval_examples,
+                         source=source, ir_corpus=cfg.ir_corpus, ir_relevance=cfg.ir_relevance,
+                         revisions=cfg.dataset_revisions)
+    return ",".join(f"{dataset}@{commit}" for dataset, commit in sorted(splits.revisions.items()))
+
+
+def _stamped(result: TrialResult, task: str, cfg: FinetuneConfig, source: str) -> TrialResult:
+    """`result` and its riders' results, each with the revisions of the datasets its task read."""
+    also = {name: dataclasses.replace(r, dataset_revisions=revisions_read(name, cfg, source))
+            for name, r in result.also_tested.items()}
+    return dataclasses.replace(result, dataset_revisions=revisions_read(task, cfg, source), also_tested=also)
 
 
 def run_trial(spec: TrialSpec, *, cfg: FinetuneConfig, report: Callable[[dict], None] | None = None,
@@ -245,13 +274,13 @@ def run_trial(spec: TrialSpec, *, cfg: FinetuneConfig, report: Callable[[dict], 
     validation split at every evaluation (reported under "also_val": {task: score}) and on its test split at the
     end, under `also_tested`: {task: a result like this one, with its own validation score and this trial's
     steps} (nq and mldr on msmarco's trial; a diverged trial gives each its own floor)."""
-    began = time.perf_counter()
-    task, lr, seed = spec.task.name, spec.lr, spec.seed
+    began, task, lr, seed = time.perf_counter(), spec.task.name, spec.lr, spec.seed
     also_test = tuple(t.name for t in spec.also_test)
     _check_also_test(task, also_test)
     hf_path = resolve_hf_dir(spec.checkpoint)
-    caps, ir = (cfg.max_examples, cfg.max_eval_examples), (cfg.ir_corpus, cfg.ir_relevance)
-    head, units, val, test = _tokenized(hf_path, task, caps, cfg.max_len, source, cfg.tc_labels, *ir)
+    caps, ir = (cfg.max_examples, cfg.max_eval_examples), (cfg.ir_corpus, cfg.ir_relevance, cfg.dataset_revisions)
+    head, units, val, test = _tokenized(hf_path, task, caps, cfg.max_len, source, cfg.tc_labels, *ir,
+                                        trust_remote_code=cfg.trust_remote_code)
     riders = {name: _tokenized_eval(hf_path, name, head, caps, cfg.max_len, source, cfg.tc_labels, *ir)
               for name in also_test}
     device = trial_device(cfg)
@@ -301,16 +330,17 @@ def run_trial(spec: TrialSpec, *, cfg: FinetuneConfig, report: Callable[[dict], 
     # --- test, then the last report
     with autocast():
         result = _tested(model, head, test, task, {name: splits[1] for name, splits in riders.items()},
-                         val_scores={task: val_score, **also_val}, steps=total, began=began)
+                         val_scores={task: val_score, **also_val}, steps=total, began=began, read=(cfg, source))
     if report:
         report({"step": total, "val_score": val_score, "also_val": also_val, "final": result})
     return result
 
 
 def _tested(model, head, test, task: str, rider_tests: dict, *, val_scores: dict[str, float], steps: int,
-            began: float) -> TrialResult:
+            began: float, read: tuple[FinetuneConfig, str]) -> TrialResult:
     """The trained model's result: its test scores on `task`, and on each rider's prepared test split, each task
-    with its own validation score."""
+    with its own validation score and the revisions of the datasets it read (`read`: the trial's settings and
+    source)."""
     tested = {task: head.evaluate(model, test), **{name: head.evaluate(model, t) for name, t in rider_tests.items()}}
     seconds = time.perf_counter() - began
     results = {name: trial_result(name, val_score=val_scores[name], test_score=evaluation.score,
@@ -318,4 +348,4 @@ def _tested(model, head, test, task: str, rider_tests: dict, *, val_scores: dict
                                   seconds=seconds)
                for name, evaluation in tested.items()}
     result = results.pop(task)
-    return dataclasses.replace(result, also_tested=results)
+    return _stamped(dataclasses.replace(result, also_tested=results), task, *read)

@@ -229,7 +229,8 @@ def bootstrap_ci(
 
 
 SUMMARY_COLUMNS = (
-    ("source", "Where the trials come from: raybiphase, paper (the authors' imported rows) or baseline."),
+    ("source", "Where the trials come from: raybiphase, paper (the authors' imported rows), baseline or hub (a public "
+               "encoder on our protocol)."),
     ("run", "The pretraining run (or baseline) the checkpoint belongs to."),
     ("pretrain_step", "The checkpoint's pretraining step."),
     ("task", "The fine-tuning task."),

@@ -33,7 +33,7 @@ from raybiphase.results.next_size import next_size_section
 from raybiphase.results.staging import staged_section
 from raybiphase.results.questions import beyond_sections, knobs
 from raybiphase.results.replicates import replicates_section
-from raybiphase.results.rows import BASELINE, OURS
+from raybiphase.results.rows import BASELINE, HUB, OURS
 from raybiphase.results.store import read_rows, write_summary
 from raybiphase.results.tables import Section, error_bars, markdown, mean_ci, paper_files
 from raybiphase.results.verdicts import MIN_SEEDS, UNTRAINED, family_verdicts, versus_control
@@ -279,7 +279,7 @@ def summary_section(s: pd.DataFrame) -> Section:
     trained = final["source"] != "baseline"  # a baseline (BM25, the majority class) has no LR and no objective
     table = pd.DataFrame({
         "source": final["source"], "run": final["run"], "size": final["size"],
-        "objective": final["objective"].where(trained, ""),
+        "objective": final["objective"].where(trained & (final["source"] != HUB), ""),  # a public encoder: not ours
         "CLM share (%)": (final["clm_share"] * 100).round(1), "task": final["task"],
         "best LR": [f"{v:.0e}" if t and pd.notna(v) else "" for v, t in zip(final["best_lr"], trained)],
         "test (%)": [mean_ci(m, c, n) for m, c, n in zip(final["score"], final["ci"], final["n_seeds"])],

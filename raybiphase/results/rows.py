@@ -27,7 +27,7 @@ from raybiphase.config import RunConfig, flatten
 PRETRAIN_KEY = ("run", "step")
 FINETUNE_KEY = ("run", "pretrain_step", "task", "lr", "seed", "source")
 TRIAL_KEY = ("run", "pretrain_step", "task", "lr", "seed")
-OURS, PAPER, BASELINE = "raybiphase", "paper", "baseline"
+OURS, PAPER, BASELINE, HUB = "raybiphase", "paper", "baseline", "hub"
 """Values of the `source` column: our trials, the authors' imported ones, baselines (BM25)."""
 
 
@@ -99,7 +99,8 @@ class FinetuneRow:
     seed: int
     """The fine-tuning seed."""
     source: str = OURS
-    """raybiphase (our trials), paper (the authors' imported ones) or baseline."""
+    """raybiphase (our trials), paper (the authors' imported ones), baseline (BM25, the majority class) or hub (a
+    public encoder fine-tuned on our protocol: finetune.baselines; run is its Hub id, checkpoint its id@commit)."""
     sweep: str = ""
     """The sweep's name (sweep.name)."""
     checkpoint: str = ""
@@ -137,6 +138,9 @@ class FinetuneRow:
     diverged: bool = False
     """The fine-tuning loss turned NaN or inf: the trial stopped and scored the metric's floor, what a model that
     learned nothing scores (raybiphase.finetune.baselines.FLOORS), so it still counts against its LR."""
+    dataset_revisions: str | None = None
+    """Our trials on hub datasets: each dataset the trial read and its commit, `org/name@commit` comma-separated
+    (a moving revision's name where it was read unpinned); None for offline tasks, baselines and imported rows."""
     finetune_settings: str | None = None
     """Our trials: the digest of the fine-tuning settings that shape a trial's result
     (raybiphase.finetune.records.trial_settings), one value per table; None for baselines and imported rows."""

@@ -28,7 +28,7 @@ from raybiphase.data import assets
 from raybiphase.data.fingerprint import fingerprint
 from raybiphase.data.prepare import check_data, prepare
 from raybiphase.errors import ConfigError, UserError
-from raybiphase.finetune.fanout import Fanout
+from raybiphase.finetune.fanout import Fanout, check_sources
 from raybiphase.finetune.heldout import evaluation_texts
 from raybiphase.finetune.records import check_settings
 from raybiphase.outages import outage_budget
@@ -47,6 +47,7 @@ from raybiphase.storage import SweepPaths
 from raybiphase.pretrain.budget import check_budget, data_budget
 from raybiphase.sweep.context import SweepContext
 from raybiphase.sweep import lease
+from raybiphase.sweep.hub_baselines import hub_baseline_rows, hub_sources
 from raybiphase.sweep.finetuning import baseline_rows, control_sources, finetune_sources, say_planned, trials_done
 from raybiphase.sweep.plan import Plan, Segment, dependencies
 from raybiphase.sweep.preflight import check_room, plan_sweep
@@ -115,6 +116,7 @@ def check_and_prepare(ctx: SweepContext, clock: Clock) -> None:
     check_space(ctx.plan, spec)  # a local disk that cannot hold the plan's checkpoints, likewise
     if spec.finetune.tasks:
         check_settings(paths.table(storage.FINETUNE_FILE), spec.finetune)
+        check_sources(hub_sources(spec), spec.finetune)  # a public encoder out of reach or unloadable: said now
     interval()  # a bad RAYBIPHASE_PROGRESS_S is said now, not once segments run
     corpora = {fingerprint(run.config.data): run.config.data for run in ctx.plan.runs.values()}
     for data in corpora.values():  # a bad source or tokenizer, a missing or corrupt shard: said before Ray starts
@@ -133,11 +135,13 @@ def check_and_prepare(ctx: SweepContext, clock: Clock) -> None:
 
 
 def record_baselines(ctx: SweepContext, clock: Clock, rows: list[dict]) -> None:
-    """The baselines' rows once every trial has ended, and the fine-tuning counts of the time line."""
-    baselines = baseline_rows(ctx.spec)
-    if baselines:
-        store.append_rows(ctx.paths.table(storage.FINETUNE_FILE), baselines, key=result_rows.FINETUNE_KEY)
-    ctx.say(f"fine-tuning: {len(rows) + len(baselines)} rows recorded")
+    """The baselines' rows once every trial has ended (the public encoders of finetune.baselines fine-tuned
+    first, or read from their cache: raybiphase.sweep.hub_baselines), and the fine-tuning counts of the time line."""
+    hub, baselines = hub_baseline_rows(ctx.spec, console=ctx.console), baseline_rows(ctx.spec)
+    for new in (hub, baselines):
+        if len(new):
+            store.append_rows(ctx.paths.table(storage.FINETUNE_FILE), new, key=result_rows.FINETUNE_KEY)
+    ctx.say(f"fine-tuning: {len(rows) + len(hub) + len(baselines)} rows recorded")
     ran = trials_run(rows)
     clock.trials, clock.in_trials = len(ran), sum(r.get("seconds") or 0.0 for r in ran)
 

@@ -1,5 +1,6 @@
-"""`raybiphase finetune MODEL OUT`: any encoder checkpoint in HF format (a released EuroBERT or ModernBERT folder, or
-one of a sweep's exports) through the sweep's own scheduler (with no segments), fan-out, protocol and rows, so
+"""`raybiphase finetune MODEL OUT`: any encoder checkpoint in HF format (a released EuroBERT, BERT, RoBERTa,
+ModernBERT or Ettin folder or Hub id, read at the commit the id resolves to when the command starts, or one of a
+sweep's exports) through the sweep's own scheduler (with no segments), fan-out, protocol and rows, so
 published models sit beside the user's in one report.
 
     raybiphase finetune path/to/610m-mlm40-42k results/published --set "finetune.tasks=[sst2, squad]"
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from raybiphase import storage
 from raybiphase.config import SweepSpec
+from raybiphase.finetune.encoders import encoder_source
 from raybiphase.finetune.fanout import Fanout, check_tasks
 from raybiphase.finetune.records import check_settings
 from raybiphase.finetune.spec import FinetuneSource
@@ -29,10 +31,11 @@ from raybiphase.sweep.scheduler import finetune_checkpoints
 def finetune_model(model: str, out: str, spec: SweepSpec, name: str | None = None) -> list[dict]:
     """Fine-tune one HF checkpoint over spec.finetune's tasks x LRs x seeds into OUT; the new rows."""
     check_tasks(spec.finetune)
+    model = encoder_source(model)  # a Hub id: pinned to its commit now, so every trial reads the same weights
     storage.check_reachable(model, "MODEL")  # a bucket out of reach: one line before anything, not retried reads
     storage.check_reachable(out, "OUT")
     out = storage.absolute(out)
-    name = name or Path(str(model).rstrip("/")).name
+    name = name or Path(str(model).rstrip("/").partition("@")[0]).name
     source = FinetuneSource(name, 0, str(model), {"model.init_from": str(model)})
     path = storage.join(out, storage.FINETUNE_FILE)
     check_settings(path, spec.finetune)

@@ -272,13 +272,14 @@ def test_bm25_ranks_a_block_of_queries_at_a_time_exactly_as_the_full_matrix(bloc
 
 
 class _CharTokenizer:
-    """One id per character, bos 1, eos 2, pad 0: a head's input ids spell out the text it reads."""
+    """One id per character, bos 1, eos 2, pad 0: a head's input ids spell out the text it reads. It writes no
+    special tokens of its own, asked or not (a raybiphase export's pre-framing tokenizer): the heads frame its text
+    with its bos and eos (heads.base, `encoders.special_template`)."""
 
     bos_token_id, eos_token_id, pad_token_id = 1, 2, 0
 
-    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
-        assert not add_special_tokens
-        return {"input_ids": [ord(ch) for ch in text]}
+    def __call__(self, text: str, pair: str | None = None, add_special_tokens: bool = True) -> dict:
+        return {"input_ids": [ord(ch) for ch in text + (pair or "")]}
 
 
 @pytest.mark.parametrize("task, expected", [

@@ -1,9 +1,11 @@
 """The interface every task head implements, and what heads share: inputs from token ids, padding, loading.
 
-Inputs are built from token ids, so any tokenizer works the same way: `<bos> text <eos>` (bos/eos used when the
-tokenizer has them; a sentence pair is one text, written in its task's template), at most `max_len` tokens: no
-more than the checkpoint's `max_position_embeddings` (a raybiphase export says the length it was pretrained on),
-else `UserError`.
+Inputs are built from token ids, so any tokenizer works the same way: the special tokens the tokenizer itself
+writes around a text and between a pair's texts (`[CLS] text [SEP]` for BERT, `<s> text </s>` for RoBERTa;
+`<bos> text <eos>` for a tokenizer that adds none, as raybiphase's exports: `encoders.special_template`); a sentence
+pair is one text, written in its task's template, for every model alike. At most `max_len` tokens: no more than
+the checkpoint's `max_position_embeddings` (a raybiphase export says the length it was pretrained on), else
+`UserError`. A tokenizer with no pad token (nor an eos to pad with) is a `UserError` that says what to set.
 
 A batch is padded to its longest sequence; on CUDA that width is rounded up to a multiple of `CUDA_PAD_MULTIPLE`
 (never past `max_len`). On CUDA a process pays for each new width (kernel choice and plans for every matmul and
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from raybiphase.errors import UserError
+from raybiphase.finetune.encoders import load_encoder, special_template
 from raybiphase.finetune.input_lengths import CUDA_PAD_MULTIPLE, EVAL_BATCH  # noqa: F401 (the heads' batching)
 from raybiphase.finetune.tasks import Task
 
@@ -57,13 +60,16 @@ def pad(sequences: list[list[int]], value: int, width: int | None = None) -> tor
 
 
 class Head:
-    def __init__(self, task: Task, tokenizer, max_len: int):
+    def __init__(self, task: Task, tokenizer, max_len: int, *, trust_remote_code: bool = False):
         self.task, self.tokenizer, self.max_len = task, tokenizer, max_len
+        self.trust_remote_code = trust_remote_code  # finetune.trust_remote_code: the model's own code may run
         self.device = torch.device("cpu")  # the trial's device; batches and labels are made there
-        self.open = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-        self.close = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        self.open, self.middle, self.close = special_template(tokenizer)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.pad_id = pad_id if pad_id is not None else 0
+        if pad_id is None:
+            raise UserError(f"finetune: the tokenizer {tokenizer.name_or_path} has no pad token (nor an eos to pad "
+                            f"with); set one (tokenizer.pad_token = ...), save it beside the model and pass that folder")
+        self.pad_id = pad_id
 
     def ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -98,11 +104,12 @@ class Head:
         ids, mask = self.batch(sequences)
         return model(input_ids=ids, attention_mask=mask).logits
 
-    def _model(self, cls, hf_dir: str, **kwargs):
+    def _model(self, kind: str, hf_dir: str, num_labels: int = 0):
+        """The model of `kind` ("sequence", "token", "encoder": `encoders.load_encoder`), checked against max_len."""
         with _quiet_transformers():
-            model = cls.from_pretrained(hf_dir, dtype=torch.float32, **kwargs)
-        positions = model.config.max_position_embeddings
-        if self.max_len > positions:
+            model = load_encoder(hf_dir, kind, num_labels, trust_remote_code=self.trust_remote_code)
+        positions = getattr(model.config, "max_position_embeddings", None)
+        if positions is not None and self.max_len > positions:
             raise UserError(f"finetune.max_len: {self.max_len} exceeds the {positions} positions of {hf_dir} "
                             f"(max_position_embeddings, the length it was trained on); set finetune.max_len <= "
                             f"{positions}")

@@ -79,9 +79,7 @@ def top_k(queries: torch.Tensor, passages: torch.Tensor, k: int = scoring.RANK_C
 
 class RetrievalHead(Head):
     def load_model(self, hf_dir: str):
-        from transformers import EuroBertModel
-
-        return self._model(EuroBertModel, hf_dir)
+        return self._model("encoder", hf_dir)
 
     def query(self, text: str) -> list[int]:
         return self.wrap(self.ids(QUERY_PREFIX + text))

@@ -1,7 +1,9 @@
 """QA (the paper: token classification with 2 labels): `<bos> question <eos> window <eos>` over overlapping windows
-of the context; logits[..., 0] score starts, logits[..., 1] ends. Training uses every window: one that holds the
-first gold answer whole points at it, any other (and every window of an unanswerable SQuAD v2 question) points
-start and end at position 0, the `<bos>` token, as transformers' run_qa example trains them. Prediction: the
+of the context (in the tokenizer's own pair layout: `[CLS] question [SEP] window [SEP]` for BERT); logits[..., 0]
+score starts, logits[..., 1] ends. Training uses every window: one that holds the first gold answer whole points at
+it, any other (and every window of an unanswerable SQuAD v2 question) points start and end at position 0, the
+`<bos>` (or `[CLS]`) token, as transformers' run_qa example trains them; a tokenizer that writes no token there is
+a `UserError` that says what to set. Prediction: the
 N_BEST best starts and ends of each window's context tokens (position 0 is never a span), the best valid span
 (start <= end, at most MAX_ANSWER_TOKENS) over all windows, mapped back to the context's characters; only for
 SQuAD v2 does the empty answer win, when position 0 scores higher (its lowest score over the windows, as in the
@@ -14,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from raybiphase.errors import UserError
 from raybiphase.finetune import scoring
 from raybiphase.finetune.heads.base import EVAL_BATCH, Evaluation, Head
 
@@ -23,10 +26,15 @@ N_BEST = 20  # best starts and ends kept per window
 
 
 class QuestionAnsweringHead(Head):
-    def load_model(self, hf_dir: str):
-        from transformers import EuroBertForTokenClassification
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not self.open:
+            raise UserError(f"finetune: QA points a window without the answer at its first token, but the tokenizer "
+                            f"{self.tokenizer.name_or_path} writes no <bos> or [CLS] there; set its bos_token, save it "
+                            f"beside the model and pass that folder")
 
-        return self._model(EuroBertForTokenClassification, hf_dir, num_labels=2)
+    def load_model(self, hf_dir: str):
+        return self._model("token", hf_dir, 2)
 
     def windows(self, record: dict) -> list[dict]:
         """Overlapping context windows of one question: ids, the position of the first context token, and the
@@ -34,13 +42,13 @@ class QuestionAnsweringHead(Head):
         question = self.ids(record["question"])[:MAX_QUESTION_TOKENS]
         encoded = self.tokenizer(record["context"], add_special_tokens=False, return_offsets_mapping=True)
         context, offsets = encoded["input_ids"], encoded["offset_mapping"]
-        budget = max(1, self.max_len - len(self.open) - 2 * len(self.close) - len(question))
+        budget = max(1, self.max_len - len(self.open) - len(self.middle) - len(self.close) - len(question))
         step = max(1, budget - budget // 3)
-        first = len(self.open) + len(question) + len(self.close)
+        first = len(self.open) + len(question) + len(self.middle)
         out = []
         for begin in range(0, max(1, len(context)), step):
             end = min(begin + budget, len(context))
-            out.append({"ids": self.open + question + self.close + context[begin:end] + self.close,
+            out.append({"ids": self.open + question + self.middle + context[begin:end] + self.close,
                         "first": first, "offsets": offsets[begin:end]})
             if end >= len(context):
                 break

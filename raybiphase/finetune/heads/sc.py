@@ -1,7 +1,8 @@
 """SC: `EuroBertForSequenceClassification` with `classifier_pooling="mean"` (the paper; EuroBERT's default is
-"late"); accuracy. An input is one text, `<bos> text <eos>`: a sentence pair is written as one text in the task's
-template (`Task.input_text`: MNLI's "Premise: A", a line break, "Hypothesis: B"), as the authors' evaluation code
-does."""
+"late"), or any other encoder under the same mean-pooled head (`encoders.EncoderWithHead`); accuracy. An input is
+one text, `<bos> text <eos>` (the model's own special tokens: `[CLS] text [SEP]` for BERT): a sentence pair is
+written as one text in the task's template (`Task.input_text`: MNLI's "Premise: A", a line break, "Hypothesis: B"),
+for every model, as the authors' evaluation code does."""
 
 from __future__ import annotations
 
@@ -15,10 +16,7 @@ from raybiphase.finetune.heads.base import EVAL_BATCH, Evaluation, Head
 
 class SequenceClassificationHead(Head):
     def load_model(self, hf_dir: str):
-        from transformers import EuroBertForSequenceClassification
-
-        return self._model(EuroBertForSequenceClassification, hf_dir, num_labels=self.task.num_labels,
-                           classifier_pooling="mean")
+        return self._model("sequence", hf_dir, self.task.num_labels)
 
     def train_units(self, records: list[dict]) -> list:
         return [(self.wrap(self.ids(self.task.input_text(r))), r["label"]) for r in records]

@@ -1,4 +1,4 @@
-"""TC: `EuroBertForTokenClassification`; entity F1 over words.
+"""TC: `EuroBertForTokenClassification` (another encoder: the same linear layer on its states); entity F1 over words.
 
 Two labellings (`finetune.tc_labels`):
 
@@ -57,16 +57,15 @@ def word_predictions(probabilities: np.ndarray, token_words: Sequence[int], n_wo
 
 
 class TokenClassificationHead(Head):
-    def __init__(self, task: Task, tokenizer, max_len: int, *, labels: TcLabels = "all_subtokens"):
-        super().__init__(task, tokenizer, max_len)
+    def __init__(self, task: Task, tokenizer, max_len: int, *, labels: TcLabels = "all_subtokens",
+                 trust_remote_code: bool = False):
+        super().__init__(task, tokenizer, max_len, trust_remote_code=trust_remote_code)
         if labels not in get_args(TcLabels):
             raise ValueError(f"finetune.tc_labels: {labels!r} is not allowed; allowed: {', '.join(get_args(TcLabels))}")
         self.labels = labels
 
     def load_model(self, hf_dir: str):
-        from transformers import EuroBertForTokenClassification
-
-        return self._model(EuroBertForTokenClassification, hf_dir, num_labels=self.task.num_labels)
+        return self._model("token", hf_dir, self.task.num_labels)
 
     def _encode(self, record: dict) -> tuple[list[int], list[int]]:
         """Ids and, per token, the index of the word it belongs to (-1 for special tokens and bare spaces); with

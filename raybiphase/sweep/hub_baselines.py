@@ -1,0 +1,61 @@
+"""Public encoders beside the sweep's arms (finetune.baselines): each fine-tuned once on the sweep's grid, its rows
+with source `hub`, run its id and checkpoint its id@commit.
+
+A Hub id is pinned to the commit it resolves to when the sweep reaches it (`encoders.encoder_source`); two entries
+naming one model at one commit are one baseline. Trials are kept under <sweep.storage>/hub-baselines/<settings
+digest>/ (finetune.parquet and the trials' records), so a later sweep at the same storage with the same fine-tuning
+settings reuses every trial already made at that commit, and copies the rows into its own table with its name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from raybiphase import storage
+from raybiphase.config import SweepSpec
+from raybiphase.finetune.encoders import encoder_source, is_hub_id
+from raybiphase.finetune.fanout import Fanout
+from raybiphase.finetune.records import trial_settings
+from raybiphase.finetune.spec import FinetuneSource
+from raybiphase.results import rows as result_rows
+from raybiphase.results import store
+from raybiphase.sweep.scheduler import finetune_checkpoints
+
+HUB_BASELINES_DIR = "hub-baselines"
+
+
+def hub_sources(spec: SweepSpec) -> list[FinetuneSource]:
+    """One source per distinct public encoder of finetune.baselines, each pinned (a Hub id to its commit)."""
+    pinned = list(dict.fromkeys(model if is_hub_id(model) else storage.absolute(model)
+                                for model in map(encoder_source, spec.finetune.baselines)))
+    return [FinetuneSource(model.partition("@")[0] if "@" in model else Path(model.rstrip("/")).name, 0, model,
+                           {"model.init_from": model}, row_source=result_rows.HUB) for model in pinned]
+
+
+def hub_cache(spec: SweepSpec) -> str:
+    """Where the public encoders' trials are kept for every sweep at this storage with these settings."""
+    return storage.join(storage.absolute(spec.sweep.storage), HUB_BASELINES_DIR, trial_settings(spec.finetune))
+
+
+def hub_baseline_rows(spec: SweepSpec, *, console=None) -> pd.DataFrame:
+    """Fine-tune each public encoder's trials not yet in the cache (`hub_cache`), then its rows for this sweep's
+    grid, under this sweep's name (the caller appends them to the sweep's table)."""
+    sources = hub_sources(spec)
+    if not sources:
+        return pd.DataFrame()
+    cache = hub_cache(spec)
+    table = storage.join(cache, storage.FINETUNE_FILE)
+    done = {key[:-1] for key in store.done_keys(table, result_rows.FINETUNE_KEY) if key[-1] == result_rows.HUB}
+    kwargs = {"console": console} if console is not None else {}
+    rows = finetune_checkpoints(sources, Fanout.of(spec), storage=cache, name="trials", done=done, **kwargs)
+    if rows:
+        store.append_rows(table, rows, key=result_rows.FINETUNE_KEY)
+    cfg, wanted = spec.finetune, {(s.run, s.hf_dir) for s in sources}
+    cached = store.read_rows(table)
+    if cached.empty:
+        return cached
+    keep = (pd.Series(list(zip(cached["run"], cached["checkpoint"])), index=cached.index).isin(wanted)
+            & cached["task"].isin(cfg.tasks) & cached["lr"].isin(cfg.lrs) & cached["seed"].isin(cfg.seeds))
+    return cached[keep].assign(sweep=spec.sweep.name)

@@ -1,0 +1,56 @@
+"""Public encoders beside a sweep's arms (finetune.baselines): a tiny random BERT folder, fine-tuned once through
+the sweep's scheduler on Ray, its rows with source `hub`, reused by a later sweep at the same storage, shown in the
+report's tables and never in its findings."""
+
+from __future__ import annotations
+
+import pytest
+
+from raybiphase.config import SweepSpec, from_dict
+from raybiphase.results import rows as result_rows
+from raybiphase.results import store
+from tests.finetune.test_encoders import make_tiny_bert
+
+
+def _spec(storage, name: str, bert) -> SweepSpec:
+    return from_dict(SweepSpec, {
+        "sweep": {"name": name, "storage": str(storage)},
+        "finetune": {"tasks": ["tweets"], "lrs": [1e-3], "seeds": [0], "batch_size": 8, "max_steps": 2,
+                     "eval_every": 2, "max_examples": 16, "max_eval_examples": 16, "max_len": 64, "asha": False,
+                     "baselines": [str(bert), str(bert) + "/"]},  # one model named twice: one baseline
+        "resources": {"max_concurrent": 1}})
+
+
+@pytest.mark.ray
+def test_a_public_encoder_is_fine_tuned_once_and_reused_by_a_later_sweep(ray_cluster, offline_cache, tmp_path):
+    from raybiphase.sweep.hub_baselines import hub_baseline_rows, hub_cache
+
+    bert = make_tiny_bert(tmp_path / "bert")
+    first = hub_baseline_rows(_spec(tmp_path / "storage", "first", bert))
+    assert len(first) == 1 and set(first["source"]) == {result_rows.HUB} and set(first["run"]) == {"bert"}
+    assert set(first["checkpoint"]) == {str(bert)} and set(first["sweep"]) == {"first"}
+    assert 0.0 <= float(first["test_score"].iloc[0]) <= 1.0
+    cache = f"{hub_cache(_spec(tmp_path / 'storage', 'first', bert))}/{'finetune.parquet'}"
+    second = hub_baseline_rows(_spec(tmp_path / "storage", "second", bert))  # another sweep at this storage
+    assert len(store.read_rows(cache)) == 1  # nothing fine-tuned again
+    assert set(second["sweep"]) == {"second"} and list(second["test_per_example"].iloc[0]) == list(
+        first["test_per_example"].iloc[0])
+
+
+def test_hub_rows_sit_in_the_reports_tables_beside_ours_and_never_in_its_findings(tmp_path):
+    from raybiphase.results.report import write_report
+    from raybiphase.results.rows import FinetuneRow
+
+    rows = [FinetuneRow(run=run, pretrain_step=0, task="tweets", lr=1e-3, seed=seed, source=source, family="SC",
+                        metric="accuracy", val_score=0.5, test_score=score, test_per_example=[1.0, 0.0],
+                        dataset="tweets").record()
+            for run, source, score in (("tiny-clm-mlm", result_rows.OURS, 0.6), ("bert", result_rows.HUB, 0.7))
+            for seed in (0, 1)]
+    store.append_rows(tmp_path / "finetune.parquet", rows, key=result_rows.FINETUNE_KEY)
+    path, sections = write_report(tmp_path)
+    report = open(path).read()
+    hub_line = next(line for line in report.splitlines() if line.startswith("| hub | bert |"))
+    assert "70.00" in hub_line and "| ? |" not in hub_line  # its score, and no objective of ours
+    assert "tiny-clm-mlm" in report
+    findings = report[report.index("The paper's findings"):]
+    assert "bert" not in findings  # never paired with our arms
