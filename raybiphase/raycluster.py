@@ -12,8 +12,8 @@ import logging
 import os
 
 from raybiphase import ray_internals
-from raybiphase.outages import NOTICE_ENV, OUTAGE_ENV
 from raybiphase.errors import env_number
+from raybiphase.outages import NOTICE_ENV, OUTAGE_ENV
 
 FORWARDED_ENV = (
     "HF_HUB_OFFLINE",  # tests and the offline quickstart set it; production may download

@@ -41,8 +41,8 @@ from raybiphase.schedule import Schedule
 from raybiphase.telemetry import wandb as wandb_log
 from raybiphase.telemetry import wandb_live
 from raybiphase.telemetry.history import RESUME_POINT, History
-from raybiphase.telemetry.report import PretrainReport
 from raybiphase.telemetry.progress import Beacon
+from raybiphase.telemetry.report import PretrainReport
 
 
 def model_flops_per_token(model, seq_len: int) -> float:

@@ -32,6 +32,7 @@ from raybiphase.finetune.fanout import Fanout
 from raybiphase.finetune.heldout import evaluation_texts
 from raybiphase.finetune.records import check_settings
 from raybiphase.outages import outage_budget
+from raybiphase.pretrain.budget import check_budget, data_budget
 from raybiphase.pretrain.checkpoint import latest_committed
 from raybiphase.pretrain.export import write_card
 from raybiphase.pretrain.job import SegmentJob
@@ -44,13 +45,12 @@ from raybiphase.results import wandb as results_wandb
 from raybiphase.results.html import run_info
 from raybiphase.results.report import write_report
 from raybiphase.storage import SweepPaths
-from raybiphase.pretrain.budget import check_budget, data_budget
-from raybiphase.sweep.context import SweepContext
 from raybiphase.sweep import lease
+from raybiphase.sweep.context import SweepContext
+from raybiphase.sweep.failures import FailurePolicy
 from raybiphase.sweep.finetuning import baseline_rows, control_sources, finetune_sources, say_planned, trials_done
 from raybiphase.sweep.plan import Plan, Segment, dependencies
 from raybiphase.sweep.preflight import check_room, plan_sweep
-from raybiphase.sweep.failures import FailurePolicy
 from raybiphase.sweep.scheduler import Scheduler
 from raybiphase.sweep.space import check_space
 from raybiphase.sweep.stages import SizeStages

@@ -112,8 +112,8 @@ class Holder:
         """Seconds since the last renewal, on this machine's clock (a time without a zone is UTC's, as written)."""
         renewed = datetime.datetime.fromisoformat(self.renewed_at)
         if renewed.tzinfo is None:
-            renewed = renewed.replace(tzinfo=datetime.timezone.utc)
-        return (datetime.datetime.now(datetime.timezone.utc) - renewed).total_seconds()
+            renewed = renewed.replace(tzinfo=datetime.UTC)
+        return (datetime.datetime.now(datetime.UTC) - renewed).total_seconds()
 
     def describe(self) -> str:
         return f"host {self.host}, pid {self.pid}, since {self.since}, renewed {self.idle_s():.0f} s ago"
@@ -135,7 +135,7 @@ class Holder:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
 
 
 class Lease:

@@ -12,7 +12,6 @@ import struct
 import time
 from pathlib import Path
 
-
 BLOCK = 32768
 HEADER = 7  # ":W&B", magic, version
 
