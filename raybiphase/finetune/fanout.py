@@ -244,7 +244,8 @@ class CheckpointWaves:
         group again for a rider's missing row keeps its own earlier record, and its row); a finished trial
         journaled its rows itself (`record_final`)."""
         rows = trial_rows(spec, metrics, failed=failed)
-        self.wandb.trial([row.record() for row in rows or []])
+        if self.cfg.wandb:  # W&B: a point per trial on its (checkpoint, task) run, as it ends
+            self.wandb.trial([row.record() for row in rows or []])
         for i, (member, row) in enumerate(zip([spec, *spec.riders], rows or [])):
             if row.stopped_early and self.records.get(row.key) is not None:
                 rows[i] = self.records[row.key]
