@@ -59,7 +59,7 @@ def artifact_name(name: str, step: int) -> str:
 def log_checkpoint(run, location: str, *, name: str, step: int, export: bool) -> None:
     """Log the committed checkpoint at `location` (and its HF export when `export`) as W&B artifacts by reference:
     type "checkpoint" and "model", aliased `step-<step>`, W&B keeping the URI, not a copy. No-op without a run. A
-    store W&B cannot reference (no client library for its scheme) is a warning; training goes on."""
+    store W&B cannot reference (no client library or credentials for its scheme) is a warning; training goes on."""
     if run is None:
         return
     import wandb  # lazy: an optional dependency, imported only when a project is set
@@ -70,7 +70,7 @@ def log_checkpoint(run, location: str, *, name: str, step: int, export: bool) ->
                                   metadata={"step": step, "uri": uri})
         try:
             artifact.add_reference(reference_uri(uri), checksum=False)
-        except (ImportError, ValueError) as error:
+        except Exception as error:  # a missing client library, no credentials for the store: W&B's or the cloud's
             warnings.warn(f"W&B: {uri} not logged as an artifact ({error})", stacklevel=2)
             continue
         run.log_artifact(artifact, aliases=[f"step-{step}"])

@@ -125,3 +125,16 @@ def test_the_report_run_keeps_its_id_and_offline_its_folder_reaches_the_results(
     assert first == wandb_log.stable_id("paper", "report", "paper-report")
     kept = storage.list_folders(str(results_dir / "wandb"))
     assert len(kept) == 2 and all(f"-{first}" in name for name in kept)
+
+
+@pytest.mark.slow  # wandb's service process
+def test_a_store_wandb_cannot_reference_is_a_warning_and_the_run_goes_on(offline) -> None:
+    run = wandb_live.segment_run({**SETTINGS, "kind": "segment", "lineage": {}}, "seg-c", {}, rank=0)
+    with pytest.warns(UserWarning, match="not logged as an artifact"):
+        wandb_live.log_checkpoint(run, "unknown-scheme://bucket/runs/seg-c/step-00000002", name="seg-c", step=2,
+                                  export=False)
+    wandb_log.log(run, {"tokens_seen": 2, "train/clm_loss": 1.0}, step=2)
+    wandb_log.finish(run)
+    (folder,) = _folders(offline, wandb_log.stable_id("quickstart", "segment", "seg-c"))
+    found = logged(folder)
+    assert found["artifacts"] == [] and found["history"][0]["tokens_seen"] == 2
