@@ -23,7 +23,7 @@ the controller) goes through Ray Train's public API.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from raybiphase.errors import UserError
 

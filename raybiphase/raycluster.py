@@ -12,9 +12,9 @@ import logging
 import os
 
 from raybiphase import ray_internals
+from raybiphase.errors import env_number
 from raybiphase.locks import FENCE_ENV
 from raybiphase.outages import NOTICE_ENV, OUTAGE_ENV
-from raybiphase.errors import env_number
 
 FORWARDED_ENV = (
     "HF_HUB_OFFLINE",  # tests and the offline quickstart set it; production may download

@@ -114,7 +114,7 @@ class Schedule:
     decay_steps: int
 
     @classmethod
-    def from_config(cls, cfg: RunConfig) -> "Schedule":
+    def from_config(cls, cfg: RunConfig) -> Schedule:
         return cls(cfg.phases.resolved(), cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.decay_steps)
 
     @functools.cached_property

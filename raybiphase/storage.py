@@ -19,17 +19,18 @@ Ray Tune's experiment folders are not among them: they stay on the driver's own 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import json
-import contextlib
 import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import pyarrow.fs as pafs
 
@@ -185,7 +186,7 @@ def unchanged_s(location: Location) -> float | None:
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.NotFound or info.mtime is None:
         return None
-    return (datetime.datetime.now(datetime.timezone.utc) - info.mtime.astimezone(datetime.timezone.utc)).total_seconds()
+    return (datetime.datetime.now(datetime.UTC) - info.mtime.astimezone(datetime.UTC)).total_seconds()
 
 
 @retrying()

@@ -97,6 +97,8 @@ RULES: list[tuple[str, str]] = [  # (a regex the whole command matches, how it i
     (r"raybiphase repair (SPEC|sweeps/quickstart\.yaml).*", _test(
         "tests/sweep/test_beyond_study.py::test_repair_moves_damaged_parts_and_records_aside_and_writes_back_what_the"
         "_journals_hold")),
+    (r"python -m raybiphase\.sweep sweeps/quickstart\.yaml --set sweep\.wandb_project=my-study",
+     _test("tests/sweep/test_driver.py::test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once")),
     (r"(python -m raybiphase\.sweep|raybiphase sweep) sweeps/paper_mini\.yaml",
      _test("tests/sweep/test_paper_mini.py::test_the_shortened_miniature_reports_per_size_what_its_rows_imply")),
     # the local rehearsal of a cluster: the two-node test starts the same head, worker node, bucket and job
@@ -105,6 +107,8 @@ RULES: list[tuple[str, str]] = [  # (a regex the whole command matches, how it i
      r"ray job submit --address http://127\.0\.0\.1:8266 .*|ray stop --force",
      _test("tests/test_multinode.py::test_a_job_without_the_clusters_token_is_refused_and_one_with_it_runs")),
     # what CI cannot run
+    (r"raybiphase report results/quickstart --wandb my-lab/my-study",
+     _needs("a W&B account; tests/results/test_wandb_report.py builds the report's spec offline")),
     (r"ray (up|down|dashboard|exec) cluster/\w+\.yaml.*|aws iam .*|kubectl .*|cluster/(aws|gcp)-roles\.sh .*|"
      r"ray job (submit|logs|list) --address http://127\.0\.0\.1:8265.*", _needs("a cloud account and its cluster")),
     (r"ray job submit --working-dir \. -- python -m raybiphase\.sweep sweeps/split_grid\.yaml|"

@@ -54,8 +54,9 @@ def test_check_exits_1_naming_the_first_page_that_differs(tmp_path, monkeypatch,
     from raybiphase.__main__ import main
 
     shutil.copytree(REPO / "benchmarks" / "results", tmp_path / "benchmarks" / "results")
-    (tmp_path / "docs").mkdir()
+    shutil.copytree(QUICKSTART_RESULTS, tmp_path / "tests" / "fixtures" / "quickstart_results")  # the example report's
     for name, text in rendered().items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     (tmp_path / "docs" / "results.md").write_text(rendered()["docs/results.md"].replace("`seed`", "`seeds`"))
     monkeypatch.setattr(sys, "argv", list(sys.argv))  # main() sets sys.argv for the command
@@ -308,3 +309,14 @@ def undocumented_columns(results: Path) -> dict[str, list[str]]:
 def test_every_column_of_a_real_sweeps_tables_is_on_the_page():
     assert undocumented_columns(QUICKSTART_RESULTS) == {t: [] for t in ("pretrain.parquet", "finetune.parquet",
                                                                         "summary.parquet")}
+
+
+def test_the_example_report_is_the_recorded_quickstarts_with_every_file_it_links():
+    """docs/example-report/ is what `raybiphase report` draws from the recorded quickstart rows: its Markdown and
+    tables are pages (compared above); every figure and table file report.md links is committed beside it."""
+    folder = REPO / "docs" / "example-report"
+    report = (folder / "report.md").read_text()
+    assert report.startswith("# Results: quickstart\n") and "The paper's findings at this scale" in report
+    linked = set(re.findall(r"\]\(([\w.-]+\.(?:png|svg|pdf|csv|tex|html))\)", report))
+    assert {"clm_share.png", "clm_share.svg", "clm_share.pdf", "findings.csv", "findings.tex"} <= linked
+    assert all((folder / name).is_file() for name in linked)

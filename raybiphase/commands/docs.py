@@ -15,6 +15,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="compare instead of writing; exit 1 if a page differs")
     parser.add_argument("--root", type=Path, default=ROOT, help="the checkout whose docs/ to write (default: this one)")
     args = parser.parse_args()
+    from raybiphase.commands.example_report import write_figures  # lazy: --help answers before plotting loads
     from raybiphase.commands.pages import REGENERATE, first_stale, pages  # lazy: --help answers before pandas loads
 
     if args.check:
@@ -24,7 +25,13 @@ def main() -> int:
             return 1
         print("docs agree with the code")
         return 0
+    changed = False
     for name, text in pages(args.root).items():
-        (args.root / name).write_text(text)
+        path = args.root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        changed |= name.endswith("/report.md") and (not path.exists() or path.read_text() != text)
+        path.write_text(text)
+        print(f"wrote {name}")
+    for name in write_figures(args.root, changed=changed):
         print(f"wrote {name}")
     return 0

@@ -5,6 +5,7 @@ and the unit tests compare them), so a page cannot drift from the code:
     docs/results.md      the columns of pretrain/finetune/summary.parquet: results.rows, telemetry.report (each
                          pretraining metric) and results.aggregate, each with its description; then how to read them
     docs/benchmarks.md   one line per record in benchmarks/results/*.json (benchmark_line reads each record's shape)
+    docs/example-report/ the report drawn from the recorded quickstart rows (raybiphase.commands.example_report)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from raybiphase import storage
+from raybiphase.commands import example_report
 from raybiphase.config import SweepSpec
 from raybiphase.config.docs import REQUIRED, field_docs, sections, setting_list, type_name
 from raybiphase.config.run import RUN_SECTIONS
@@ -272,7 +274,7 @@ def benchmarks_page(records: Path) -> str:
 def pages(root: Path) -> dict[str, str]:
     """{path under root: its text} of every generated page."""
     return {"docs/settings.md": settings_page(), "docs/results.md": results_page(),
-            "docs/benchmarks.md": benchmarks_page(root / "benchmarks" / "results")}
+            "docs/benchmarks.md": benchmarks_page(root / "benchmarks" / "results"), **example_report.text_pages(root)}
 
 
 def first_stale(root: Path) -> str | None:

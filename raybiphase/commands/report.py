@@ -1,5 +1,5 @@
-"""`raybiphase report RESULTS_DIR [--wandb-project P]`: draw the report (the paper's comparisons, tables, figures)
-from a results folder."""
+"""`raybiphase report RESULTS_DIR [--wandb ENTITY/PROJECT] [--wandb-project P]`: draw the report (the paper's
+comparisons, tables, figures) from a results folder."""
 
 from __future__ import annotations
 
@@ -12,14 +12,27 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="raybiphase report", description=__doc__.split("\n")[0])
     parser.add_argument("results_dir", help="a sweep's results folder or bucket URI (pretrain.parquet, finetune.parquet)")
     parser.add_argument("--wandb-project", default=None, help="also upload the tables and figures to this project")
+    parser.add_argument("--wandb", default=None, metavar="ENTITY/PROJECT",
+                        help="also upload the tables and figures to ENTITY/PROJECT and save a W&B Report there, "
+                             "its panels over the sweep's W&B runs (needs `wandb login` and the `wandb` extra)")
     args = parser.parse_args()
     from raybiphase.results.report import write_report  # lazy: --help answers before pandas and plotting load
 
     check_reachable(args.results_dir, "results_dir")  # a bucket out of reach: one line now, not retried reads
-    path, _ = write_report(args.results_dir)
-    print(f"wrote {path}")
-    if args.wandb_project:
-        from raybiphase.results.wandb import log_report
+    if args.wandb:
+        from raybiphase.results import wandb_report
 
-        log_report(args.results_dir, args.wandb_project, basename(args.results_dir))
+        entity, project = wandb_report.parse_target(args.wandb)
+        wandb_report.check_wandb(entity)  # no key, or the server out of reach: one line before anything is drawn
+    path, sections = write_report(args.results_dir)
+    print(f"wrote {path}")
+    sweep = basename(args.results_dir)
+    from raybiphase.results.wandb import log_report
+
+    if args.wandb_project:
+        log_report(args.results_dir, args.wandb_project, sweep)
+    if args.wandb:
+        log_report(args.results_dir, project, sweep, entity=entity)
+        url = wandb_report.publish(sections, entity=entity, project=project, sweep=sweep, title=f"Results: {sweep}")
+        print(f"W&B report: {url}")
     return 0

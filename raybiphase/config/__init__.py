@@ -1,6 +1,7 @@
 """Configuration: the run config (what shapes a run's weights) apart from the sweep spec; strict YAML, --set, one
 dotted name per setting."""
 
+from raybiphase.config.identity import run_hash, weights_settings
 from raybiphase.config.load import ConfigError, flatten, from_dict, load, replace, to_dict
 from raybiphase.config.run import (
     MASKED,
@@ -13,7 +14,6 @@ from raybiphase.config.run import (
     RunConfig,
     TrainConfig,
 )
-from raybiphase.config.identity import run_hash, weights_settings
 from raybiphase.config.sweep import ExportGrid, FinetuneConfig, FinetuneGrid, SweepConfig, SweepSpec, shapes_weights
 
 __all__ = [

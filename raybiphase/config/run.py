@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from raybiphase.config.load import (
-    counted,
     NOT_WEIGHTS,
     check,
+    counted,
     distinct,
     location,
     non_negative,
@@ -28,7 +28,6 @@ from raybiphase.config.load import (
 )
 from raybiphase.config.resources import ResourcesConfig
 from raybiphase.config.sizes import SIZE_NAMES, SIZES
-
 
 MAX_STEPS = 10_000_000
 """The most optimizer steps a run may have (the paper's longest: 42,000); the schedule holds a value per step."""

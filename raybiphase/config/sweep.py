@@ -19,10 +19,10 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal, get_args
 
 from raybiphase.config.load import (
-    counted,
     INLINE,
     NOT_WEIGHTS,
     check,
+    counted,
     distinct,
     field_type,
     location,

@@ -48,16 +48,16 @@ from collections import defaultdict
 from raybiphase import storage
 from raybiphase.config import FinetuneConfig, FinetuneGrid, SweepSpec
 from raybiphase.errors import UserError
+from raybiphase.finetune.encoders import is_hub_id
+from raybiphase.finetune.hub import parse_revisions
 from raybiphase.finetune.records import read_record, record_path, trial_settings, write_record
 from raybiphase.finetune.spec import FinetuneSource, TrialSpec
 from raybiphase.finetune.tasks import get_task, training_groups
-from raybiphase.finetune.encoders import is_hub_id
-from raybiphase.finetune.hub import parse_revisions
 from raybiphase.finetune.trial import TrialResult, find_hf_dir, load_checked_tokenizer, resolve_hf_dir
 from raybiphase.results import rows as result_rows
 from raybiphase.results.aggregate import best_lr
 from raybiphase.results.rows import FinetuneRow, trial_key
-from raybiphase.results.wandb import log_finetune_group
+from raybiphase.results.wandb import FinetuneLog
 from raybiphase.telemetry.wandb import sweep_settings
 
 REDUCTION_FACTOR = 3
@@ -234,6 +234,7 @@ class CheckpointWaves:
             if record is not None and record.stopped_early and not cfg.finetune.asha:
                 self.records[key] = None  # the full grid was asked for: a trial ASHA stopped runs again
         self.new: set = set()  # the keys this invocation fine-tuned (W&B logs their groups)
+        self.wandb = FinetuneLog(cfg.wandb)  # each trial as it ends, each group's table once all ended
         self.stage = "start"  # then "grid" (its wave out), "complete" (a completion pass out), "done"
         self.passes = 0
 
@@ -246,6 +247,8 @@ class CheckpointWaves:
         group again for a rider's missing row keeps its own earlier record, and its row); a finished trial
         journaled its rows itself (`record_final`)."""
         rows = trial_rows(spec, metrics, failed=failed)
+        if self.cfg.wandb:  # W&B: a point per trial on its (checkpoint, task) run, as it ends
+            self.wandb.trial([row.record() for row in rows or []])
         for i, (member, row) in enumerate(zip([spec, *spec.riders], rows or [])):
             if row.stopped_early and self.records.get(row.key) is not None:
                 rows[i] = self.records[row.key]
@@ -295,7 +298,7 @@ class CheckpointWaves:
                 shared = [_shared_row(record, other) for other in self.copies[(spec.run, spec.pretrain_step)]]
                 rows += [dataclasses.replace(row, finetune_settings=self.settings).record()
                          for row in [record, *shared] if row.key not in self.done]
-        _log_groups(rows, self.new, self.cfg.wandb)
+        self.wandb.groups(rows, self.new)
         return rows
 
 
@@ -341,16 +344,6 @@ def _shared_row(row: FinetuneRow, source: FinetuneSource) -> FinetuneRow:
     """The row of `source`'s run for a trial run on a checkpoint it shares with `row`'s run: the same scores, its own
     name and settings, `trials_of` naming the run the trial ran under (the report counts the checkpoint once)."""
     return dataclasses.replace(row, run=source.run, settings=dict(source.columns), trials_of=row.run)
-
-
-def _log_groups(rows: list[dict], new: set, settings: dict | None) -> None:
-    """W&B: one run per (checkpoint, task) with a table of its trials, for the groups this invocation added to."""
-    groups = defaultdict(list)
-    for row in rows:
-        groups[(row["run"], row["pretrain_step"], row["task"])].append(row)
-    for group in groups.values():
-        if settings and any(trial_key(r) in new for r in group):
-            log_finetune_group(settings, group)
 
 
 def check_tasks(cfg: FinetuneConfig) -> None:

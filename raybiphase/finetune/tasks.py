@@ -61,8 +61,18 @@ from raybiphase.config.sweep import IrRelevance
 from raybiphase.data import sources
 from raybiphase.errors import UserError
 from raybiphase.finetune import hub
-from raybiphase.finetune.derived import (BIO_TAGS, COMMA_TAGS, SHUFFLE_LABELS, answer_sentences, bio_sentences,
-                                         sentence_records, shuffle_sentences, shuffle_words, tag_commas, tag_sentence)
+from raybiphase.finetune.derived import (
+    BIO_TAGS,
+    COMMA_TAGS,
+    SHUFFLE_LABELS,
+    answer_sentences,
+    bio_sentences,
+    sentence_records,
+    shuffle_sentences,
+    shuffle_words,
+    tag_commas,
+    tag_sentence,
+)
 
 Family = Literal["SC", "TC", "QA", "IR"]
 VALIDATION_SHARE = 0.05

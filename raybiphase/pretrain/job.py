@@ -32,7 +32,8 @@ class SegmentJob:
     serves: tuple[str, ...] = ()
     """The runs whose weights these checkpoints are, recorded in their meta."""
     wandb: dict | None = None
-    """W&B settings ({"project", "group", "mode", "sync_to"}: raybiphase.telemetry.wandb) or None."""
+    """W&B settings ({"project", "group", "mode", "sync_to"}: raybiphase.telemetry.wandb; a sweep's segment adds
+    "kind" and "lineage": raybiphase.telemetry.wandb_live) or None."""
     progress_every: float = 0.0
     """Seconds between rank 0's progress beats (raybiphase.telemetry.progress); 0: none."""
 

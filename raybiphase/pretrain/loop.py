@@ -39,9 +39,10 @@ from raybiphase.pretrain.model import block_parameters, initial_model, loss_term
 from raybiphase.pretrain.parallel import apply_fsdp, use_bf16, wrap_blocks
 from raybiphase.schedule import Schedule
 from raybiphase.telemetry import wandb as wandb_log
+from raybiphase.telemetry import wandb_live
 from raybiphase.telemetry.history import RESUME_POINT, History
-from raybiphase.telemetry.report import PretrainReport
 from raybiphase.telemetry.progress import Beacon
+from raybiphase.telemetry.report import PretrainReport
 
 
 def model_flops_per_token(model, seq_len: int) -> float:
@@ -149,10 +150,8 @@ class Worker:
         self.model, self.optimizer = self._model_and_optimizer()
         self.step, self.data_start = restore(run, self.model, self.optimizer, job.resume_from, job.run_dir)
 
-        wandb = job.wandb or {}
-        self.tracker = wandb_log.init_run("pretrain", job.name, wandb.get("group", ""), flatten(run),
-                                          wandb.get("project"), rank=self.rank, mode=wandb.get("mode"),
-                                          sync_to=wandb.get("sync_to"))
+        # rank 0 logs live to the segment's W&B run (stable id: a restart continues it)
+        self.tracker = wandb_live.segment_run(job.wandb, job.name, flatten(run), self.rank)
         self.val = validation_batches(self.manifest, batch_size=run.train.micro_batch_size,
                                       batches=run.train.eval_batches, mask_ratio=run.train.eval_mask_ratio,
                                       mntp=any(p.objective == "mntp" for p in self.schedule.phases))
@@ -310,5 +309,7 @@ class Worker:
             dist.barrier()  # every rank's upload has returned: a shard still being copied is never committed
         if self.rank == 0:
             checkpoint.commit(location, meta, ranks=self.world)
+            wandb_live.log_checkpoint(self.tracker, location, name=self.job.name, step=self.step,
+                                      export=self.step in self.policy.exports)
         if self.history is not None:
             self.history.add(metrics, location)

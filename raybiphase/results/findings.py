@@ -18,9 +18,22 @@ import pandas as pd
 
 from raybiphase.config.sizes import SIZES
 from raybiphase.naming import steps_label
-from raybiphase.results.inference import (ALPHA, UNRESOLVED, Effect, Noise, combine, decide, difference, estimate,
-                                          holm_levels, pair_contrast, plural, replicate_noise, shared_trials,
-                                          slope_contrast)
+from raybiphase.results.inference import (
+    ALPHA,
+    UNRESOLVED,
+    Effect,
+    Noise,
+    combine,
+    decide,
+    difference,
+    estimate,
+    holm_levels,
+    pair_contrast,
+    plural,
+    replicate_noise,
+    shared_trials,
+    slope_contrast,
+)
 from raybiphase.results.verdicts import UNTRAINED, _key_text, arm_ids, matched_pairs, pool, with_noise_columns
 
 RATIO_STEP = 0.1

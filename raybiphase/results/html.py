@@ -70,14 +70,14 @@ def protocol(finetune) -> str:
 def run_info(spec_path: str = "", finetune=None) -> dict:
     """The header of a sweep's report, recorded at its start (with the fine-tuning protocol when given)."""
     return {"spec": spec_path, "code": code_version(), "hardware": hardware(),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             **({"protocol": protocol(finetune)} if finetune is not None and finetune.tasks else {})}
 
 
 def header_of(results_dir: str) -> dict:
     """The recorded header of a results folder, with this drawing's date; else one describing this machine."""
     recorded = storage.read_json(storage.join(results_dir, storage.RUN_INFO)) or {}
-    drawn = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    drawn = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return {"spec": recorded.get("spec") or "(none recorded: rows imported or written elsewhere)",
             "code": recorded.get("code") or code_version(),
             "run started": recorded.get("date", ""), "report drawn": drawn,

@@ -38,7 +38,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-
 from raybiphase import storage, transfer
 from raybiphase.errors import UserError
 from raybiphase.naming import parse_phase_tag

@@ -10,14 +10,14 @@ fine-tuning seeds (a beyond-the-paper sweep pretrains each arm once), which the 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pandas as pd
 
 from raybiphase.naming import join_label, label_parts, strip_hash
-from raybiphase.results.tables import Section, markdown, mean_ci
 from raybiphase.results.inference import UNRESOLVED, decide, estimate, pair_contrast, plural, shared_trials
+from raybiphase.results.tables import Section, markdown, mean_ci
 from raybiphase.results.verdicts import UNTRAINED, compare, with_noise_columns
 
 

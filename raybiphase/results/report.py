@@ -30,10 +30,10 @@ from raybiphase.results.aggregate import lr_table, summarize
 from raybiphase.results.compute import compute_section
 from raybiphase.results.findings import Study, judge
 from raybiphase.results.next_size import next_size_section
-from raybiphase.results.staging import staged_section
 from raybiphase.results.questions import beyond_sections, knobs
 from raybiphase.results.replicates import replicates_section
 from raybiphase.results.rows import BASELINE, HUB, OURS
+from raybiphase.results.staging import staged_section
 from raybiphase.results.store import read_rows, write_summary
 from raybiphase.results.tables import Section, error_bars, markdown, mean_ci, paper_files
 from raybiphase.results.verdicts import MIN_SEEDS, UNTRAINED, family_verdicts, versus_control

@@ -32,6 +32,7 @@ from raybiphase.finetune.fanout import Fanout, check_sources
 from raybiphase.finetune.heldout import evaluation_texts
 from raybiphase.finetune.records import check_settings
 from raybiphase.outages import outage_budget
+from raybiphase.pretrain.budget import check_budget, data_budget
 from raybiphase.pretrain.checkpoint import latest_committed
 from raybiphase.pretrain.export import write_card
 from raybiphase.pretrain.job import SegmentJob
@@ -44,14 +45,13 @@ from raybiphase.results import wandb as results_wandb
 from raybiphase.results.html import run_info
 from raybiphase.results.report import write_report
 from raybiphase.storage import SweepPaths
-from raybiphase.pretrain.budget import check_budget, data_budget
-from raybiphase.sweep.context import SweepContext
 from raybiphase.sweep import lease
-from raybiphase.sweep.hub_baselines import hub_baseline_rows, hub_sources
+from raybiphase.sweep.context import SweepContext
+from raybiphase.sweep.failures import FailurePolicy
 from raybiphase.sweep.finetuning import baseline_rows, control_sources, finetune_sources, say_planned, trials_done
+from raybiphase.sweep.hub_baselines import hub_baseline_rows, hub_sources
 from raybiphase.sweep.plan import Plan, Segment, dependencies
 from raybiphase.sweep.preflight import check_room, plan_sweep
-from raybiphase.sweep.failures import FailurePolicy
 from raybiphase.sweep.scheduler import Scheduler
 from raybiphase.sweep.space import check_space
 from raybiphase.sweep.stages import SizeStages
@@ -61,6 +61,7 @@ from raybiphase.telemetry.console import STDOUT, Console
 from raybiphase.telemetry.history import checkpoint_reports, results
 from raybiphase.telemetry.progress import Watch, interval
 from raybiphase.telemetry.wandb import log_pretraining_run, sweep_settings
+from raybiphase.telemetry.wandb_live import segment_settings
 
 
 def run_sweep(spec: SweepSpec, *, dry_run: bool = False, console: Console = STDOUT, spec_path: str = "") -> Plan:
@@ -304,8 +305,8 @@ def segment_job(ctx: SweepContext, segment: Segment) -> SegmentJob:
     return SegmentJob(run=run, name=segment.id, run_dir=paths.run_dir(segment.id), data_dir=ctx.data_dir(run),
                       resume_from=paths.checkpoint(parent.id, parent.end) if parent else None, stop_at=segment.end,
                       exports=tuple(segment.exports),  # what every run through it fine-tunes, whichever `run` is
-                      serves=tuple(segment.runs), progress_every=interval())
-    # W&B gets one run per pretraining run from the driver (log_runs), not one per segment: no `wandb` here
+                      serves=tuple(segment.runs), progress_every=interval(),
+                      wandb=segment_settings(ctx.spec, segment.id, parent=segment.parent, serves=segment.runs))
 
 
 def checkpoint_policy(segment: Segment) -> CheckpointPolicy:
@@ -355,7 +356,8 @@ def log_runs(ctx: SweepContext, *, done: set[str]) -> None:
             segments = [ctx.plan.segments[s] for s in run.segments]
             history = [r for s in segments for r in results(ctx.history(s))
                        if s.start < r["step"] <= s.end]
-            log_pretraining_run(settings, run.name, flatten(run.config), history)
+            log_pretraining_run(settings, run.name, {**flatten(run.config), "lineage.segments": list(run.segments)},
+                                history)
             logged.add(run.name)
             storage.write_json(ctx.paths.wandb_logged, sorted(logged))
 

@@ -38,7 +38,7 @@ class FailurePolicy:
     """Seconds a fit may show no sign of life before it is stopped as a failed try (sweep.stall_s)."""
 
     @classmethod
-    def of(cls, sweep) -> "FailurePolicy":
+    def of(cls, sweep) -> FailurePolicy:
         """The policy a sweep's settings (its SweepConfig) give."""
         return cls(tries=sweep.segment_tries, stall_s=sweep.stall_s)
 

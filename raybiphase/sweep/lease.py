@@ -62,9 +62,9 @@ from collections.abc import Iterable, Iterator
 
 from raybiphase import locks, storage
 from raybiphase.errors import UserError
+from raybiphase.locks import LEASE_HOLDER as HOLDER  # the lease file (a local disk, S3 with conditional writes)
 from raybiphase.telemetry.console import STDOUT, Console
 
-from raybiphase.locks import LEASE_HOLDER as HOLDER  # the lease file (a local disk, S3 with conditional writes)
 STOP_GRACE_S = 10.0
 """Seconds a driver that lost its lease has to stop after its main thread is interrupted, before it exits at once."""
 LOST_EXIT = 3
@@ -118,8 +118,8 @@ class Holder:
         """Seconds since the last renewal, on this machine's clock (a time without a zone is UTC's, as written)."""
         renewed = datetime.datetime.fromisoformat(self.renewed_at)
         if renewed.tzinfo is None:
-            renewed = renewed.replace(tzinfo=datetime.timezone.utc)
-        return (datetime.datetime.now(datetime.timezone.utc) - renewed).total_seconds()
+            renewed = renewed.replace(tzinfo=datetime.UTC)
+        return (datetime.datetime.now(datetime.UTC) - renewed).total_seconds()
 
     def describe(self) -> str:
         return f"host {self.host}, pid {self.pid}, since {self.since}, renewed {self.idle_s():.0f} s ago"
@@ -141,7 +141,7 @@ class Holder:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
 
 
 class Lease:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from raybiphase import storage
 from raybiphase.errors import DamagedFile
 
-
 RESUME_POINT = "resume_point"
 """Marks a report made only because a preemption notice asked for a checkpoint at that step: a place to resume
 from, not a result (a run never interrupted has no report there, so the results tables leave it out)."""

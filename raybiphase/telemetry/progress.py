@@ -123,7 +123,7 @@ class Watch:
         while not self._stop.wait(self.every_s):
             self.console.say(*self.poll())
 
-    def __enter__(self) -> "Watch":
+    def __enter__(self) -> Watch:
         if self.every_s > 0:
             self._thread.start()
         return self

@@ -14,8 +14,10 @@
   raybiphase.raycluster.
 - An offline run's folder is copied to `<sweep storage>/<sweep>/wandb/` when it finishes (`sync_to`): node disks
   are deleted by the autoscaler, the bucket keeps them for `wandb sync`.
-- One run per pretraining segment (`kind="pretrain"`) and per fine-tuning trial (`kind="finetune"`), grouped by
-  sweep; the config holds the dotted keys (`phases.mask_ratio`), the same names as the YAML and Parquet columns.
+- Runs are grouped by sweep, with stable ids (`stable_id`): logging a run again, as a resumed sweep does,
+  continues it. A sweep's segment logs live from its rank-0 worker (`kind="segment"`, raybiphase.telemetry.
+  wandb_live); each pretraining run's whole curve is one `kind="pretrain"` run once its segments are done; each
+  (checkpoint, task) of fine-tuning is one `kind="finetune"` run. The config holds the dotted keys (`phases.mask_ratio`), the same names as the YAML and Parquet columns.
 - Secrets: a config key with a word "key", "token", "secret", "password" (split at . _ / -: `sweep.wandb_api_key`,
   `data.hf_token`) is dropped, and so is any value that contains the WANDB_API_KEY; `train.global_batch_tokens`
   and `data.tokenizer` stay. Console capture is off, so printed text never reaches W&B either.
@@ -33,9 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from raybiphase import storage, transfer
+from raybiphase.telemetry.wandb_files import wait_whole
 
 SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd", "credentials"})
-KINDS = ("pretrain", "finetune", "report")
+KINDS = ("pretrain", "segment", "finetune", "report")
 
 
 def clean_config(config_flat: Mapping[str, Any]) -> dict[str, Any]:
@@ -162,6 +165,7 @@ def init_run(
     mode: str | None = None,
     sync_to: str | None = None,
     run_id: str | None = None,
+    entity: str | None = None,
 ):
     """Start a W&B run (a wandb Run) for a pretraining segment, a fine-tuning trial or a report; or None.
 
@@ -186,6 +190,7 @@ def init_run(
                               silent=True)
     run = wandb.init(
         project=project,
+        entity=entity,
         name=name,
         group=group,
         job_type=kind,
@@ -217,7 +222,7 @@ def finish(run, summary: Mapping[str, Any] | None = None) -> None:
     run.finish()
     sync_to = _SYNC.pop(id(run), None)
     if sync_to and folder.is_dir():
-
+        wait_whole(folder)  # wandb's service writes the run's end after finish() returns: copy it whole
         transfer.upload(folder, storage.join(sync_to, folder.name))
 
 
@@ -237,9 +242,22 @@ def log_pretraining_run(settings: dict | None, name: str, config_flat: Mapping[s
     run = init_run("pretrain", name, settings["group"], config_flat, settings["project"], rank=0,
                    mode=settings.get("mode"), sync_to=settings.get("sync_to"),
                    run_id=stable_id(settings["group"], "pretrain", name))
+    define_curves(run)
     for row in sorted(history, key=lambda r: r["step"]):
         log(run, {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
             step=int(row["step"]))
     run_id = run.id
     finish(run)
     return run_id
+
+
+STEP_METRIC = "tokens_seen"
+
+
+def define_curves(run) -> None:
+    """Every metric of a pretraining run plots against tokens seen (`tokens_seen`, logged with each report) in
+    W&B's charts; the W&B step stays the optimizer step. No-op without a run."""
+    if run is None:
+        return
+    run.define_metric(STEP_METRIC)
+    run.define_metric("*", step_metric=STEP_METRIC)

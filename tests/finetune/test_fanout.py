@@ -57,7 +57,11 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
         shutil.rmtree(path, **kwargs)
 
     monkeypatch.setattr(tuner, "shutil", types.SimpleNamespace(rmtree=read_then_remove))
-    rows = finetune_checkpoints(checkpoints, fanout.Fanout.of(cfg), storage=str(tmp_path), name="ft", console=Console(out))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
+    wandb = {"project": "raybiphase-test", "group": "ft", "mode": "offline", "sync_to": None}
+    rows = finetune_checkpoints(checkpoints, dataclasses.replace(fanout.Fanout.of(cfg), wandb=wandb),
+                                storage=str(tmp_path), name="ft", console=Console(out))
     # progress on the driver: the last trial always prints its line, stops by ASHA counted
     stopped = sum(r["stopped_early"] or r["completed_after_stop"] for r in rows)  # in the first launch
     finals = [x for x in out.getvalue().splitlines() if x.startswith("fine-tuning: 4/4 trials done")]
@@ -79,6 +83,15 @@ def test_fanout_with_asha_gives_a_row_per_trial_and_resumes_without_recomputing(
     assert not [name for name in logs if name.endswith("progress.csv") or "tfevents" in name], sorted(logs)
     assert states and not [text for text in states if "test_per_example" in text]  # it does not grow with rows
     assert not list(tmp_path.glob("**/trial_*")), "Tune's folders reached the sweep's storage"
+    # W&B: the (checkpoint, task) run got a point as each trial ended (the completion pass's too), then its table
+    from raybiphase.telemetry.wandb import stable_id
+    from raybiphase.telemetry.wandb_files import logged
+
+    (folder,) = (tmp_path / "wb" / "wandb").glob(f"offline-run-*-{stable_id('ft', 'finetune', 'tiny-run@8|tweets')}")
+    found = logged(folder)
+    points = [(h["trial/lr"], h["trial/seed"]) for h in found["history"] if "trial/lr" in h]
+    assert len(points) >= 4 and set(points) == {(r["lr"], r["seed"]) for r in rows}
+    assert found["summary"]["best_lr"] == best and any(h.get("trials/nrows") == 4 for h in found["history"])
 
     def no_launch(spec):
         raise AssertionError("a resumed fan-out launched trials")

@@ -29,7 +29,6 @@ from raybiphase.finetune.input_lengths import CUDA_PAD_MULTIPLE, EVAL_BATCH  # n
 from raybiphase.finetune.tasks import Task
 
 
-
 @dataclass(frozen=True)
 class Evaluation:
     score: float
