@@ -18,8 +18,8 @@ import pandas as pd
 
 from raybiphase.config.sizes import SIZES
 from raybiphase.naming import steps_label
-from raybiphase.results.inference import (ALPHA, UNRESOLVED, Effect, Noise, combine, decide, difference, estimate,
-                                          holm_levels, pair_contrast, plural, replicate_noise, shared_trials,
+from raybiphase.results.inference import (ALPHA, UNMEASURED_SD, UNRESOLVED, Effect, Strata, combine, decide, difference, estimate,
+                                          holm_levels, NO_REPLICATES, pair_contrast, plural, shared_trials, strata_noise,
                                           slope_contrast)
 from raybiphase.results.verdicts import UNTRAINED, _key_text, arm_ids, matched_pairs, pool, with_noise_columns
 
@@ -40,7 +40,7 @@ class Study:
         ours = ours.assign(size=ours["size"] if "size" in ours else "")
         runs = with_noise_columns(ours)
         pretrained = runs[runs["objective"] != UNTRAINED]  # a control's seeds are not pretraining runs
-        self.noise: dict[str, Noise | None] = {m: replicate_noise(pretrained, m) for m in ("score", "spread")}
+        self.noise: dict[str, Strata | None] = {m: strata_noise(pretrained, m) for m in ("score", "spread")}
         self.cells = pool(runs)
         self.lookup = self.cells.set_index(["arm", "task"]).to_dict("index")
         self.final = self.cells[self.cells["final"] & self.cells["init_from"].isna()]  # from scratch, final steps
@@ -57,9 +57,15 @@ class Study:
                     "pretraining noise, which at the paper's scale is larger, so no finding is decided on them "
                     "(each says \"not resolved\"); replicate an arm of each size (a `train.seed` grid) to measure "
                     "that noise and get verdicts.")
-        return (f"Pretraining noise measured by {noise.arms} replicated arm(s) "
-                f"({int(noise.df.to_numpy().diagonal().min())} degrees of freedom) widens every arm, replicated or "
-                "not.")
+        measured = "; ".join(f"{size} {objective}: SD {noise.sd((size, objective)):.2f} pts, "
+                             f"{plural(one.arms, 'replicated arm')}, "
+                             f"{int(one.df.to_numpy().diagonal().min())} degrees of freedom"
+                             for (size, objective), one in noise.measured.items())
+        return (f"Pretraining noise is measured per model size and objective where an arm of it was replicated "
+                f"({measured}) and every arm of that stratum, replicated or not, is widened by it. An arm whose "
+                f"size and objective no replicated arm shares is assumed {UNMEASURED_SD:g}x as noisy (SD) as the "
+                f"noisiest measured stratum ({' '.join(noise.noisiest).strip()}), never as quiet as another size; "
+                "its tests say \"widened\". Replicate an arm of each size and objective to measure them.")
 
 
 Part = tuple[str, Effect | None, str]
@@ -72,7 +78,8 @@ def _size_text(who: str, effect: Effect | None, decision: str, rests_on: str, un
     head = f"{who}: " if who else ""
     if effect is None:
         return f"{head}{rests_on}, no interval (a cell with fewer than 3 fine-tuning seeds)"
-    return f"{head}{effect.text(unit, level)} over {effect.tasks} task(s), {rests_on} ({effect.source}): {decision}"
+    source = effect.source + (f"; {', '.join(effect.widened)} widened" if effect.widened else "")
+    return f"{head}{effect.text(unit, level)} over {effect.tasks} task(s), {rests_on} ({source}): {decision}"
 
 
 def _paired(study: Study, pairs: pd.DataFrame, measure: str = "score", at_step: bool = False) -> list[Part]:
@@ -84,10 +91,6 @@ def _paired(study: Study, pairs: pd.DataFrame, measure: str = "score", at_step: 
     return out
 
 
-NO_REPLICATES = f"{UNRESOLVED} (no replicated arm: pretraining noise not measured)"
-"""The decision of a test whose interval counts fine-tuning seeds only. Such intervals ignore the spread between
-pretraining runs, which at the paper's scale is larger: simulated with no true effect and 5 seeds, some finding
-"held" in nearly every study (tests/results/test_calibration.py). They are shown, never decided on."""
 
 
 def _verdict(claim: str, parts: list[tuple[str, list[Part]]], empty: str,

@@ -26,7 +26,7 @@ from statistics import NormalDist
 
 import pandas as pd
 
-from raybiphase.results.inference import ALPHA, Cell, Noise
+from raybiphase.results.inference import ALPHA, Cell, Noise, Strata
 
 POWER = 0.8
 """The chance the MDE is detected."""
@@ -83,7 +83,7 @@ def pair_design(pairs: int, tasks: int, shared_b: bool = True) -> dict[Cell, flo
     return contrast
 
 
-def measured_noise(cells: pd.DataFrame, noise: Noise | None) -> NoiseModel | None:
+def measured_noise(cells: pd.DataFrame, noise: Noise | Strata | None) -> NoiseModel | None:
     """Both SDs from a sweep's pooled cells (`verdicts.pool_replicates`: score_se, n_seeds) and the replicates'
     Noise: the seed SD as the root mean square of score_se x sqrt(seeds), the pretraining SD from the mean of S's
     diagonal less the seeds' share (never below zero); None without seed intervals or replicates. A pooled cell's
@@ -91,6 +91,8 @@ def measured_noise(cells: pd.DataFrame, noise: Noise | None) -> NoiseModel | Non
     rows = cells[cells["score_se"].notna() & cells["n_seeds"].notna()]
     if rows.empty or noise is None:
         return None
+    if isinstance(noise, Strata):  # the noisiest measured stratum: the power of the hardest-judged arms
+        noise = noise.measured[noise.noisiest]
     seed_var = float((rows["score_se"] ** 2 * rows["n_seeds"] * rows["n_runs"]).mean())
     seeds = float(rows["n_seeds"].mean())
     run_var = float(noise.covariance.to_numpy().diagonal().mean())
