@@ -207,23 +207,31 @@ def estimate(contrast: Contrast, cells: Mapping[Cell, Mapping[str, float]], nois
 def _replicate_variance(by_arm: dict[str, dict[str, float]], cells: Mapping[Cell, Mapping[str, float]],
                         noise: Noise | Strata | None) -> tuple[float, float, tuple[str, ...]] | None:
     """(variance, df, the widened strata) from the replicates' covariance: each arm's c' S c over its number of
-    runs, S its stratum's where `noise` is `Strata`."""
+    runs, S its stratum's where `noise` is `Strata`. Arms of one lineage (a cell's `lineage`: one recipe's
+    checkpoints at several steps, from the same runs) enter as one arm with their coefficients summed, as if fully
+    correlated: the bound, since a run better at one step tends to be better at the next."""
     if noise is None:
         return None
-    parts, widened = [], set()
+    merged: dict[str, tuple[dict[str, float], Mapping[str, float], float]] = {}  # lineage -> (c, a cell, runs)
     for arm, coefficients in by_arm.items():
+        cell = cells[arm, next(iter(coefficients))]
+        runs = min(float(cells[arm, t]["n_runs"]) for t in coefficients)
+        summed, _, fewest = merged.get(str(cell.get("lineage", arm)), ({}, cell, runs))
+        for task, c in coefficients.items():
+            summed[task] = summed.get(task, 0.0) + c
+        merged[str(cell.get("lineage", arm))] = (summed, cell, min(fewest, runs))
+    total, dfs, widened = 0.0, [], set()
+    for coefficients, cell, runs in merged.values():
         own = noise
         if isinstance(noise, Strata):
-            first = cells[arm, next(iter(coefficients))]
-            own, prior = noise.of(first.get("size", ""), first.get("objective", ""))
+            own, prior = noise.of(cell.get("size", ""), cell.get("objective", ""))
             if prior:
-                widened.add(f"{first.get('size', '')} {first.get('objective', '')}".strip())
-        parts.append(own.variance(coefficients))
-    if any(p is None for p in parts):
-        return None
-    runs = {arm: min(float(cells[arm, t]["n_runs"]) for t in by_arm[arm]) for arm in by_arm}
-    return (sum(v / runs[arm] for arm, (v, _) in zip(by_arm, parts)), min(d for _, d in parts),
-            tuple(sorted(widened)))
+                widened.add(f"{cell.get('size', '')} {cell.get('objective', '')}".strip())
+        part = own.variance(coefficients)
+        if part is None:
+            return None
+        total, dfs = total + part[0] / runs, [*dfs, part[1]]
+    return total, min(dfs), tuple(sorted(widened))
 
 
 def _seed_variance(contrast: Contrast, by_arm: dict[str, dict[str, float]],
@@ -295,6 +303,21 @@ def combine(decisions: Sequence[str]) -> str:
     NOT_HELD the reverse, MIXED when both happen, UNRESOLVED when no test clears the rule."""
     held, against = HELD in decisions, NOT_HELD in decisions
     return MIXED if held and against else HELD if held else NOT_HELD if against else UNRESOLVED
+
+
+PARTLY = "partly held"
+
+
+def conjoin(parts: Sequence[str]) -> str:
+    """The verdict of a claim that is two statements at once (the paper's "A and B") from each part's `combine`d
+    verdict: HELD only when every part holds, NOT_HELD when some part goes the other way and none holds, MIXED
+    when parts go both ways (or one is mixed), PARTLY when some hold and the rest are not resolved, UNRESOLVED
+    when none is resolved."""
+    if MIXED in parts or (HELD in parts and NOT_HELD in parts):
+        return MIXED
+    if all(p == HELD for p in parts):
+        return HELD
+    return NOT_HELD if NOT_HELD in parts else PARTLY if HELD in parts else UNRESOLVED
 
 
 def pair_contrast(pairs: pd.DataFrame) -> dict[Cell, float]:
