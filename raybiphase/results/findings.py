@@ -59,7 +59,7 @@ class Study:
                     "that noise and get verdicts.")
         measured = "; ".join(f"{size} {objective}: SD {noise.sd((size, objective)):.2f} pts, "
                              f"{plural(one.arms, 'replicated arm')}, "
-                             f"{int(one.df.to_numpy().diagonal().min())} degrees of freedom"
+                             f"{plural(int(one.df.to_numpy().diagonal().min()), 'degree')} of freedom"
                              for (size, objective), one in noise.measured.items())
         return (f"Pretraining noise is measured per model size and objective where an arm of it was replicated "
                 f"({measured}) and every arm of that stratum, replicated or not, is widened by it. An arm whose "
