@@ -12,7 +12,9 @@ study can see:
   with their degrees of freedom). A run's scores hold its pretraining noise and its fine-tuning noise, so S holds
   both, with every correlation between tasks: a run that is better on one task and better on another, and tasks
   scored from one trained model (nq and mldr ride on MS MARCO's trial). An arm with n runs adds c' S c / n, whether
-  it was replicated or not: the arms pretrained once are widened by the spread the replicated ones measured.
+  it was replicated or not. S is measured per stratum, a (model size, objective) pair (`Strata`): an arm takes its
+  stratum's S; one whose stratum has no replicated arm is never taken as equal to another, it gets the noisiest
+  measured stratum's S times UNMEASURED_SD squared (a stated prior), and its effect names the widened strata.
 - **Fine-tuning seeds only** (no replicates): each cell's standard error from its seeds, cells of one arm that
   share a trial added as fully correlated (the bound), Welch-Satterthwaite's degrees of freedom. Such an interval
   ignores pretraining noise, and the report says so.
@@ -37,6 +39,11 @@ from raybiphase.results.aggregate import t_cdf, t_quantile
 ALPHA = 0.05
 """The familywise error rate of one finding's tests: two-sided, Holm-adjusted."""
 HELD, NOT_HELD, MIXED, UNRESOLVED = "held", "not held", "mixed", "not resolved"
+
+NO_REPLICATES = f"{UNRESOLVED} (no replicated arm: pretraining noise not measured)"
+"""The decision of a test whose interval counts fine-tuning seeds only. Such intervals ignore the spread between
+pretraining runs, which at the paper's scale is larger: simulated with no true effect and 5 seeds, some finding
+"held" in nearly every study (tests/results/test_calibration.py). They are shown, never decided on."""
 
 Cell = tuple[str, str]
 """(arm, task)."""
@@ -91,6 +98,49 @@ def replicate_noise(runs: pd.DataFrame, measure: str = "score") -> Noise | None:
                  pd.DataFrame(dof[np.ix_(keep, keep)], index=tasks, columns=tasks), len(replicated))
 
 
+UNMEASURED_SD = 2.0
+"""How much noisier than the noisiest measured stratum an unmeasured one is taken to be (an SD factor: its
+covariance x 4): the stated prior for an arm whose model size and objective no replicated arm shares."""
+
+
+@dataclass(frozen=True)
+class Strata:
+    """Replicate noise per stratum, a (model size, objective) pair: each measured on its own replicated arms, never
+    borrowed as if equal. An arm whose stratum has no replicated arm takes the noisiest measured stratum's
+    covariance (by the mean of its diagonal) times UNMEASURED_SD squared, at that stratum's degrees of freedom."""
+
+    measured: Mapping[tuple[str, str], Noise]
+    """(size, objective) -> the noise its replicated arms measure."""
+    inflation: float = UNMEASURED_SD
+
+    @property
+    def noisiest(self) -> tuple[str, str]:
+        return max(self.measured, key=lambda k: float(np.mean(np.diag(self.measured[k].covariance.to_numpy()))))
+
+    def of(self, size: object, objective: object) -> tuple[Noise, bool]:
+        """The noise an arm of (size, objective) is judged with, and whether it is the widened prior."""
+        key = (str(size), str(objective))
+        if key in self.measured:
+            return self.measured[key], False
+        worst = self.measured[self.noisiest]
+        return Noise(worst.covariance * self.inflation**2, worst.df, worst.arms), True
+
+    def sd(self, key: tuple[str, str]) -> float:
+        """The stratum's pretraining-run SD (points): the root of its covariance's mean diagonal."""
+        return math.sqrt(float(np.mean(np.diag(self.measured[key].covariance.to_numpy()))))
+
+
+def strata_noise(runs: pd.DataFrame, measure: str = "score") -> Strata | None:
+    """`replicate_noise` per (size, objective) of `runs` (also columns size and objective); None when no stratum
+    has a replicated arm."""
+    measured = {}
+    for key, group in runs.groupby([runs["size"].astype(str), runs["objective"].astype(str)], sort=True):
+        noise = replicate_noise(group, measure)
+        if noise is not None:
+            measured[key] = noise
+    return Strata(measured) if measured else None
+
+
 @dataclass(frozen=True)
 class Effect:
     """An effect's estimate with its standard error, degrees of freedom and two-sided test against zero."""
@@ -102,6 +152,8 @@ class Effect:
     """"replicates" (pretraining and fine-tuning noise) or "fine-tuning seeds" (pretraining noise ignored)."""
     tasks: int
     cells: int
+    widened: tuple[str, ...] = ()
+    """Strata ("210m CLM") whose noise is the widened prior (`Strata`), not measured."""
 
     @property
     def half_width(self) -> float:
@@ -123,7 +175,7 @@ class Effect:
         return f"{self.estimate:+.2f} {unit} [{self.estimate - half:+.2f}, {self.estimate + half:+.2f}]"
 
 
-def estimate(contrast: Contrast, cells: Mapping[Cell, Mapping[str, float]], noise: Noise | None, *,
+def estimate(contrast: Contrast, cells: Mapping[Cell, Mapping[str, float]], noise: Noise | Strata | None, *,
              measure: str = "score",
              groups: Mapping[str, str] | None = None) -> Effect | None:
     """The contrast's estimate and standard error over `cells` ((arm, task) -> its values: the measure,
@@ -146,22 +198,40 @@ def estimate(contrast: Contrast, cells: Mapping[Cell, Mapping[str, float]], nois
     runs = _replicate_variance(by_arm, cells, noise)
     if runs is not None:  # never below the seeds' variance, at the replicates' (fewer) degrees of freedom
         variance = max(runs[0], seeds[0]) if seeds is not None else runs[0]
-        return Effect(value, math.sqrt(variance), runs[1], "replicates", tasks, len(contrast))
+        return Effect(value, math.sqrt(variance), runs[1], "replicates", tasks, len(contrast), runs[2])
     if seeds is None:
         return None
     return Effect(value, math.sqrt(seeds[0]), seeds[1], "fine-tuning seeds", tasks, len(contrast))
 
 
 def _replicate_variance(by_arm: dict[str, dict[str, float]], cells: Mapping[Cell, Mapping[str, float]],
-                        noise: Noise | None) -> tuple[float, float] | None:
-    """(variance, df) from the replicates' covariance: each arm's c' S c over its number of runs."""
+                        noise: Noise | Strata | None) -> tuple[float, float, tuple[str, ...]] | None:
+    """(variance, df, the widened strata) from the replicates' covariance: each arm's c' S c over its number of
+    runs, S its stratum's where `noise` is `Strata`. Arms of one lineage (a cell's `lineage`: one recipe's
+    checkpoints at several steps, from the same runs) enter as one arm with their coefficients summed, as if fully
+    correlated: the bound, since a run better at one step tends to be better at the next."""
     if noise is None:
         return None
-    parts = [noise.variance(coefficients) for coefficients in by_arm.values()]
-    if any(p is None for p in parts):
-        return None
-    runs = {arm: min(float(cells[arm, t]["n_runs"]) for t in by_arm[arm]) for arm in by_arm}
-    return sum(v / runs[arm] for arm, (v, _) in zip(by_arm, parts)), min(d for _, d in parts)
+    merged: dict[str, tuple[dict[str, float], Mapping[str, float], float]] = {}  # lineage -> (c, a cell, runs)
+    for arm, coefficients in by_arm.items():
+        cell = cells[arm, next(iter(coefficients))]
+        runs = min(float(cells[arm, t]["n_runs"]) for t in coefficients)
+        summed, _, fewest = merged.get(str(cell.get("lineage", arm)), ({}, cell, runs))
+        for task, c in coefficients.items():
+            summed[task] = summed.get(task, 0.0) + c
+        merged[str(cell.get("lineage", arm))] = (summed, cell, min(fewest, runs))
+    total, dfs, widened = 0.0, [], set()
+    for coefficients, cell, runs in merged.values():
+        own = noise
+        if isinstance(noise, Strata):
+            own, prior = noise.of(cell.get("size", ""), cell.get("objective", ""))
+            if prior:
+                widened.add(f"{cell.get('size', '')} {cell.get('objective', '')}".strip())
+        part = own.variance(coefficients)
+        if part is None:
+            return None
+        total, dfs = total + part[0] / runs, [*dfs, part[1]]
+    return total, min(dfs), tuple(sorted(widened))
 
 
 def _seed_variance(contrast: Contrast, by_arm: dict[str, dict[str, float]],
@@ -233,6 +303,21 @@ def combine(decisions: Sequence[str]) -> str:
     NOT_HELD the reverse, MIXED when both happen, UNRESOLVED when no test clears the rule."""
     held, against = HELD in decisions, NOT_HELD in decisions
     return MIXED if held and against else HELD if held else NOT_HELD if against else UNRESOLVED
+
+
+PARTLY = "partly held"
+
+
+def conjoin(parts: Sequence[str]) -> str:
+    """The verdict of a claim that is two statements at once (the paper's "A and B") from each part's `combine`d
+    verdict: HELD only when every part holds, NOT_HELD when some part goes the other way and none holds, MIXED
+    when parts go both ways (or one is mixed), PARTLY when some hold and the rest are not resolved, UNRESOLVED
+    when none is resolved."""
+    if MIXED in parts or (HELD in parts and NOT_HELD in parts):
+        return MIXED
+    if all(p == HELD for p in parts):
+        return HELD
+    return NOT_HELD if NOT_HELD in parts else PARTLY if HELD in parts else UNRESOLVED
 
 
 def pair_contrast(pairs: pd.DataFrame) -> dict[Cell, float]:

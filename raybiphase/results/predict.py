@@ -19,6 +19,9 @@ A prediction interval covers the score one run of the arm at the new size will s
   where the residuals show none). With three sizes or more it holds a curve the line misses; with two it can only
   hold arms leaving the shared slope (it has degrees of freedom where several arms were seen at both sizes).
   Without replicates it also takes up the pretraining noise the seeds cannot see;
+- curvature: with three sizes or more, the squared gap between the line's prediction and a curved fit's (a
+  shared x^2 term); with two, an SD of TWO_SIZES x the change predicted from the arm's largest size; widened by the
+  number of ladder steps where the prediction reaches farther than REACH;
 - the new run's own noise: the replicates' per-run variance, or the task's fine-tuning seed variance.
 
 The quantile is Student's t with Satterthwaite's degrees of freedom over the parts estimated with few: the model
@@ -50,6 +53,15 @@ from raybiphase.results.verdicts import UNTRAINED, arm_ids, pool, with_noise_col
 SIZE_COLUMNS = ("size", "model.size", "init_from", "model.init_from")
 """Columns that name a model size (a continued run's start is a path with its size in it): an arm across sizes
 is its arm without them, the run name (its size dropped) telling a continued run's start instead."""
+TWO_SIZES = 0.5
+"""With two sizes a line cannot show a curve: its model error counts at least this share of the change it
+extrapolates from an arm's largest size (an SD of half the predicted gain). With three sizes or more it counts
+the difference between the line's prediction and a curve's (a shared x^2 term) instead."""
+REACH = 1.0
+"""How far a prediction reaches before it is widened, in ladder steps: ln(parameters) past the largest fitted
+size, over the widest gap between two consecutive fitted sizes. Beyond it, the curvature part of the model error
+(its SD) is multiplied by the number of steps: a curve's misfit grows with the distance, and the data say
+nothing of it there."""
 Z95 = 1.959963984540054
 """The normal 97.5% quantile: an interval's half-width in standard deviations when no part is estimated."""
 
@@ -216,6 +228,13 @@ def predict(s: pd.DataFrame, size: str) -> Forecast:
     return forecast(cells, size, noise)
 
 
+def reach(x: list[float], x_target: float) -> float:
+    """The extrapolation's length in ladder steps (`REACH`) from the fitted sizes' ln parameters `x`."""
+    x = sorted(set(x))
+    step = max(b - a for a, b in zip(x, x[1:]))
+    return max(0.0, x_target - x[-1]) / step
+
+
 def forecast(cells: pd.DataFrame, size: str, noise: Noise | None) -> Forecast:
     """`predict` from the pooled observations (columns source, arm, task, x, score in points, score_se, n_runs,
     target, and the rest carried): each source fitted on its own."""
@@ -236,10 +255,11 @@ def forecast(cells: pd.DataFrame, size: str, noise: Noise | None) -> Forecast:
                                  low=(mean - half).clip(*POINTS), high=(mean + half).clip(*POINTS),
                                  sd=np.sqrt(variance), df=df)
     based_on = tuple(sorted(cells["size"].unique(), key=parameters))
-    return Forecast(size, based_on, predicted, fit, model, future, _regime(noise, predicted, len(based_on)))
+    steps = reach(list(cells["x"]), math.log(parameters(size)))
+    return Forecast(size, based_on, predicted, fit, model, future, _regime(noise, predicted, len(based_on), steps))
 
 
-def _regime(noise: Noise | None, predicted: pd.DataFrame, sizes: int) -> str:
+def _regime(noise: Noise | None, predicted: pd.DataFrame, sizes: int, steps: float = 0.0) -> str:
     """One sentence on what the intervals count."""
     parts = ["the replicates' pretraining noise" if noise is not None else
              "pretraining noise only as far as the residuals show it (no arm was pretrained twice)"]
@@ -249,7 +269,14 @@ def _regime(noise: Noise | None, predicted: pd.DataFrame, sizes: int) -> str:
     else:
         parts.append(f"model error from the residuals ({plural(int(measured.min()), 'degree')} of freedom"
                      + ("; with two sizes they show arms leaving the shared slope, not a curve)" if sizes < 3 else ")"))
-    return "The intervals count fine-tuning seeds, the fit's own uncertainty, " + " and ".join(parts) + "."
+    parts.append("the curve a line may miss: " + (
+        "the gap between the line's prediction and a curved fit's" if sizes >= 3 else
+        f"with two sizes none can be seen, so an SD of {TWO_SIZES:g} x the change predicted from each arm's "
+        "largest size"))
+    far = (f" The prediction is {steps:.1f} ladder steps beyond the largest size (the widest gap between the "
+           f"sizes fitted): that part is widened {steps / REACH:.1f}x, and the interval is a rough guide only."
+           if steps > REACH + 1e-9 else "")
+    return "The intervals count fine-tuning seeds, the fit's own uncertainty, " + ", ".join(parts) + "." + far
 
 
 def _block_diagonal(blocks: list[np.ndarray]) -> np.ndarray:
@@ -289,7 +316,8 @@ def _fit_source(obs: pd.DataFrame, x_target: float, noise: Noise | None):
     sigma, per_run = _noise(obs, noise)
     largest = obs.sort_values("x", kind="stable").groupby(["arm", "task"]).tail(1)  # the row an arm's cell carries
     largest = dict(zip(zip(largest["arm"], largest["task"]), largest.index))
-    maps, rows, excess, residual_df = [], [], 0.0, 0
+    maps, rows, excess, residual_df, bends = [], [], 0.0, 0, []
+    widen = max(1.0, reach(list(obs["x"]), x_target) / REACH) ** 2
     for task, group in obs.groupby("task", sort=True):
         idx = group.index.to_numpy()
         arms = sorted(group["arm"].unique())
@@ -304,6 +332,7 @@ def _fit_source(obs: pd.DataFrame, x_target: float, noise: Noise | None):
         if np.isfinite(sigma[np.ix_(idx, idx)]).all():
             excess += float(r @ r - np.trace(residual @ sigma[np.ix_(idx, idx)]))
             residual_df += len(idx) - design.shape[1]
+        curved = _curved(design, group, arms, x_target)
         for k, arm in enumerate(arms):
             at = np.zeros(len(arms) + 1)
             at[k], at[-1] = 1.0, x_target
@@ -311,6 +340,9 @@ def _fit_source(obs: pd.DataFrame, x_target: float, noise: Noise | None):
             row[idx] = at @ solve
             maps.append(row)
             rows.append(largest[arm, task])
+            line = float(at @ solve @ group["score"].to_numpy(dtype=float))
+            last = float(obs.loc[largest[arm, task], "score"])  # the arm's score at its largest size
+            bends.append((curved[k] - line) ** 2 if curved is not None else (TWO_SIZES * (line - last)) ** 2)
     if not rows:
         return None
     mapping = np.array(maps)
@@ -325,7 +357,20 @@ def _fit_source(obs: pd.DataFrame, x_target: float, noise: Noise | None):
     fit = mapping @ np.nan_to_num(sigma) @ mapping.T
     unknown = (mapping != 0) @ np.isnan(sigma.diagonal()) > 0  # rests on a task with no seed variance: no interval
     fit[unknown, :], fit[:, unknown] = math.nan, math.nan
-    return cells, fit, model_var * (mapping @ mapping.T + np.eye(len(cells))), _future(cells, per_run, noise)
+    model = model_var * (mapping @ mapping.T + np.eye(len(cells))) + widen * np.diag(bends)
+    return cells, fit, model, _future(cells, per_run, noise)
+
+
+def _curved(design: np.ndarray, group: pd.DataFrame, arms: list[str], x_target: float) -> list[float] | None:
+    """Each arm's prediction at x_target from the same fit with a curvature term (x^2, shared by the task's arms),
+    where the task has three sizes or more to show one; None otherwise."""
+    if group["x"].nunique() < 3:
+        return None
+    quadratic = np.column_stack([design, group["x"].to_numpy(dtype=float) ** 2])
+    if np.linalg.matrix_rank(quadratic) < quadratic.shape[1]:
+        return None
+    coef = np.linalg.lstsq(quadratic, group["score"].to_numpy(dtype=float), rcond=None)[0]
+    return [float(coef[k] + coef[-2] * x_target + coef[-1] * x_target**2) for k in range(len(arms))]
 
 
 def _future(cells: pd.DataFrame, per_run: pd.Series, noise: Noise | None) -> np.ndarray:

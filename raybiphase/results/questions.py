@@ -2,9 +2,9 @@
 whose name shows a knob (an optimizer reset `r`, a ratio schedule `to15`, per-sequence rates `u15to60`, MNTP,
 frozen blocks `f6`) is paired, per task, with the run that differs from it only by not having it, and each
 question is one effect (the mean over tasks of the mean difference between the run with the knob and its
-counterpart, in the claim's direction) with its 95% interval, decided by the findings' two-sided test at 5%
-(raybiphase.results.inference): held, not held or not resolved. Each run is its own side: the intervals count
-fine-tuning seeds (a beyond-the-paper sweep pretrains each arm once), which the section says.
+counterpart, in the claim's direction) with its 95% interval. Each run is its own side: the intervals count
+fine-tuning seeds only (a beyond-the-paper sweep pretrains each arm once) and ignore pretraining noise, so, as for
+the findings, no question is decided on them: each says "not resolved (no replicated arm ...)" beside its effect.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from raybiphase.naming import join_label, label_parts, strip_hash
-from raybiphase.results.inference import UNRESOLVED, decide, estimate, pair_contrast, plural, shared_trials
+from raybiphase.results.inference import NO_REPLICATES, UNRESOLVED, estimate, pair_contrast, plural, shared_trials
 from raybiphase.results.tables import Section, markdown, mean_ci
 from raybiphase.results.verdicts import UNTRAINED, compare, with_noise_columns
 
@@ -109,7 +109,8 @@ def question_pairs(s: pd.DataFrame, question: Question) -> pd.DataFrame:
 def question_verdict(pairs: pd.DataFrame, question: Question) -> tuple[str, str]:
     """(verdict, evidence) of a question over its pairs: the mean over tasks of the mean difference in the claim's
     direction (the run with the knob minus its counterpart, or the reverse where the claim is that the knob
-    loses), tested two-sided at 5% on the fine-tuning seeds' standard errors."""
+    loses), with its 95% interval over the fine-tuning seeds' standard errors: shown, never decided on
+    (NO_REPLICATES: pretraining noise is not measured)."""
     if pairs.empty:
         return UNRESOLVED, "nothing to compare in this sweep"
     with_knob, without = (("run", "counterpart") if question.expected == "a" else ("counterpart", "run"))
@@ -126,8 +127,8 @@ def question_verdict(pairs: pd.DataFrame, question: Question) -> tuple[str, str]
     rests = plural(len(pairs), "pair")
     if effect is None:
         return UNRESOLVED, f"{rests}, no interval (a side with fewer than 3 fine-tuning seeds)"
-    (verdict,) = decide([effect])
-    return verdict, f"{effect.text()} over {effect.tasks} task(s), {rests} (fine-tuning seeds)"
+    return NO_REPLICATES, (f"{effect.text()} over {effect.tasks} task(s), {rests} (fine-tuning seeds only, "
+                           "pretraining noise ignored)")
 
 
 def beyond_sections(s: pd.DataFrame) -> list[Section]:
@@ -153,5 +154,6 @@ def question_section(question: Question, pairs: pd.DataFrame) -> Section:
     note = (f"Claim: {question.claim}. Verdict: **{verdict}** ({tally}, the claim's direction positive). Each run "
             "with the setting against the run that differs from it only by not having it (the best-scoring one where "
             "several do), final checkpoints; the effect is the mean difference over tasks with its 95% interval over "
-            "fine-tuning seeds, held or not held where its two-sided test clears 5% (docs/statistics.md).")
+            "fine-tuning seeds. Such an interval ignores pretraining noise, so no verdict is drawn from it: "
+            "pretrain both sides more than once (`train.seed`) to decide (docs/statistics.md).")
     return Section(f"beyond_{question.name}", f"Beyond the paper: {question.title}", None, note, markdown(table))

@@ -390,6 +390,10 @@ def findings_section(s: pd.DataFrame) -> Section:
                    "exactly when its test claims an effect). Held: the test in the paper's direction clears 5%, the "
                    "finding's tests adjusted together (Holm), so a finding claims an effect that is not there in at "
                    "most 5% of studies; not held: the same the other way; mixed: both; not resolved: neither. "
+                   "Findings 2 and 3 state two things at once: each part gets its own verdict, and the finding is "
+                   "held only when both parts are (\"partly held\" when one is and the other is not resolved). "
+                   "Over the five findings together, some finding claims an absent effect in at most 25% of "
+                   "studies (five families at 5% each). Clauses the rule does not test are listed as such. "
                    f"{study.regime()} The method and its simulation: docs/statistics.md.",
                    markdown(table))
 

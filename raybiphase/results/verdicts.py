@@ -144,7 +144,8 @@ def arm_ids(frame: pd.DataFrame, without: tuple[str, ...] = ()) -> pd.Series:
 
 
 def with_noise_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows with what `raybiphase.results.inference` reads: `arm`, `replicate` (the pretraining seed), the
+    """The rows with what `raybiphase.results.inference` reads: `arm`, `lineage` (the arm but its checkpoint's
+    step: one recipe's runs), `replicate` (the pretraining seed), the
     fine-tuning standard error and degrees of freedom of the score (`score_se`, `score_df`: from its 95% interval
     over seeds) and of the LR spread in points (`spread`, `spread_se`, `spread_df`)."""
     n = pd.to_numeric(frame["n_seeds"], errors="coerce") if "n_seeds" in frame else pd.Series(math.nan, frame.index)
@@ -152,7 +153,7 @@ def with_noise_columns(frame: pd.DataFrame) -> pd.DataFrame:
     spread = pd.to_numeric(frame["lr_spread"], errors="coerce") * 100 if "lr_spread" in frame else math.nan
     spread_se = pd.to_numeric(frame["lr_spread_se"], errors="coerce") * 100 if "lr_spread_se" in frame else math.nan
     return frame.assign(
-        arm=arm_ids(frame), replicate=frame[REPLICATE].map(_key_text) if REPLICATE in frame else "",
+        arm=arm_ids(frame), lineage=arm_ids(frame, without=("pretrain_step",)), replicate=frame[REPLICATE].map(_key_text) if REPLICATE in frame else "",
         score_se=frame["ci"] / quantile, score_df=n - 1, spread=spread,
         spread_se=pd.Series(spread_se, index=frame.index).where(n >= MIN_SEEDS), spread_df=n - 1)
 

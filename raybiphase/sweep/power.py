@@ -6,7 +6,10 @@ finding 1 pairs every MLM arm from scratch with the CLM arm of its size and budg
 every CLM-then-MLM split with the MLM arm of its size, budget and ratio; finding 5 each run continued from a CLM
 checkpoint with the one of its length continued from an MLM checkpoint; an arm's replicates (train.seed) count as
 its runs. Findings 2 (curves, LR spreads) and 3 (slopes) are not priced here. The noise is measured where the
-sweep's summary.parquet has replicated rows, else `power.ASSUMED`, and the line says which.
+sweep's summary.parquet has replicated rows, else `power.ASSUMED` (with its part shared by a run's tasks), and
+the line says which. As the report does (raybiphase.results.inference.Strata), each (size, objective) stratum's
+noise is measured by its replicated arms, with their degrees of freedom (runs - 1, summed); an arm of a stratum
+without one counts UNMEASURED_SD^2 times the variance, and a size with no replicated arm at all is not decided.
 """
 
 from __future__ import annotations
@@ -17,11 +20,15 @@ from raybiphase import storage
 from raybiphase.config import SweepSpec
 from raybiphase.finetune.tasks import get_task
 from raybiphase.results.findings import Study
-from raybiphase.results.inference import pair_contrast
-from raybiphase.results.power import ASSUMED, NoiseModel, effect_se, mde, measured_noise
+from raybiphase.results.inference import UNMEASURED_SD, pair_contrast
+from raybiphase.results.power import ASSUMED, NoiseModel, detected, effect_se, mde, measured_noise
 from raybiphase.results.store import read_table
 from raybiphase.sweep.replicates import extra_runs, replicate_arms
 
+OBJECTIVE = {"clm": "CLM", "mlm": "MLM", "split": "CLM→MLM", "from-clm": "continued", "from-mlm": "continued"}
+"""A planned arm's kind as the report's objective, the stratum its noise is measured in."""
+EFFECT = 2.0
+"""The true effect (points) whose chance of being found each power line states."""
 FINDINGS = ("1. MLM beats CLM on SC and QA", "4. CLM then MLM beats MLM only", "5. Continued MLM from CLM beats "
             "continued MLM from MLM")
 
@@ -57,6 +64,29 @@ def designs(plan, spec: SweepSpec) -> dict[str, dict[str, tuple[pd.DataFrame, di
     return out
 
 
+def strata_df(plan) -> dict[tuple[str, str], int]:
+    """(size, objective) -> the degrees of freedom its replicated arms give (runs - 1, summed; 0: unmeasured)."""
+    out: dict[tuple[str, str], int] = {}
+    for first, names in replicate_arms(plan).items():
+        run = plan.runs[first]
+        key = (run.config.model.size, OBJECTIVE[_kind(plan, run)])
+        out[key] = out.get(key, 0) + len(names) - 1
+    return out
+
+
+def _judged(plan, pairs: pd.DataFrame, runs: dict[str, int], df: dict) -> tuple[dict[str, float], float] | None:
+    """(each arm's runs, an unmeasured arm's counted as 1 / UNMEASURED_SD^2 of a run; the test's degrees of
+    freedom) as the report will judge the pairs; None when no stratum of the plan is measured."""
+    measured = [d for d in df.values() if d > 0]
+    if not measured:
+        return None
+    arms = {*pairs["arm_a"], *pairs["arm_b"]}
+    strata = {arm: (plan.runs[arm].config.model.size, OBJECTIVE[_kind(plan, plan.runs[arm])]) for arm in arms}
+    effective = {arm: runs[arm] / (1.0 if df.get(strata[arm], 0) else UNMEASURED_SD**2) for arm in arms}
+    dfs = [df[key] for key in set(strata.values()) if df.get(key, 0)] or [min(measured)]
+    return effective, float(min(dfs))
+
+
 def sweep_noise(spec: SweepSpec) -> NoiseModel:
     """The noise measured on the sweep's own rows (its summary.parquet, replicated arms), else ASSUMED."""
     path = storage.join(storage.absolute(spec.sweep.storage), spec.sweep.name, storage.SUMMARY_FILE)
@@ -71,18 +101,28 @@ def power_lines(plan, spec: SweepSpec) -> list[str]:
     found = designs(plan, spec) if spec.finetune.tasks else {}
     if not found:
         return []
-    noise, seeds = sweep_noise(spec), len(spec.finetune.seeds)
+    noise, seeds, df = sweep_noise(spec), len(spec.finetune.seeds), strata_df(plan)
     lines = [f"power: the smallest true effect found 80% of the time at 5% two-sided (Holm over a finding's sizes), "
-             f"{noise.source}: fine-tuning seed SD {noise.seed_sd:.2f} pts, pretraining-run SD "
-             f"{noise.pretrain_sd:.2f} pts (raybiphase.results.power), {seeds} seed(s)"]
+             f"and the chance a +{EFFECT:g}-point effect is, {noise.source}: fine-tuning seed SD "
+             f"{noise.seed_sd:.2f} pts, pretraining-run SD {noise.pretrain_sd:.2f} pts of which "
+             f"{noise.shared:.0%} of the variance is shared by a run's tasks (raybiphase.results.power), "
+             f"{seeds} seed(s)"]
     for finding, by_size in found.items():
         parts = []
         for size, (pairs, runs) in by_size.items():
-            se = effect_se(pair_contrast(pairs), seeds=seeds, runs=runs, noise=noise)
-            most = max(runs[a] for a in {*pairs["arm_a"], *pairs["arm_b"]})
+            judged = _judged(plan, pairs, runs, df)
             count = len(pairs[["arm_a", "arm_b"]].drop_duplicates())
+            if judged is None:
+                parts.append(f"{size} not decided: no replicated arm ({count} pair(s))")
+                continue
+            effective, dof = judged
+            se = effect_se(pair_contrast(pairs), seeds=seeds, runs=effective, noise=noise)
+            most = max(runs[a] for a in effective)
             replicated = f", up to {most} runs an arm" if most > 1 else ""
-            parts.append(f"{size} {mde(se, tests=len(by_size)):.2f} pts ({count} pair(s), "
-                         f"{pairs['task'].nunique()} task(s){replicated})")
+            widened = ", unreplicated strata widened" if any(effective[a] < runs[a] for a in effective) else ""
+            chance = detected(EFFECT, se, tests=len(by_size), df=dof)
+            parts.append(f"{size} {mde(se, tests=len(by_size), df=dof):.2f} pts, +{EFFECT:g} found in "
+                         f"{chance:.0%} ({count} pair(s), {pairs['task'].nunique()} task(s){replicated}, "
+                         f"{dof:g} df{widened})")
         lines.append(f"power: {finding}: {'; '.join(parts)}")
     return lines

@@ -347,9 +347,13 @@ def test_the_papers_five_findings_are_judged_from_the_intervals() -> None:
     verdicts = {claim[:2]: (verdict, evidence) for claim, verdict, evidence in findings(pd.DataFrame(replicated))}
     # every MLM ratio is matched with the CLM run (its masking ratio is not a CLM setting): 4 pairs in 2 tasks
     assert verdicts["1."][0] == "held" and "over 2 task(s), 4 pairs (replicates): held" in verdicts["1."][1]
-    assert verdicts["2."][0] == "not held"  # CLM 5 points below MLM at the earliest step
+    assert verdicts["2."][0] == "not held"  # CLM 5 points below MLM early: the claim's first part fails
+    assert "[this part: not held]" in verdicts["2."][1] and "not tested in this sweep: LR spread" in verdicts["2."][1]
     assert verdicts["3."][0] == "not resolved"  # one size, no retrieval task: the paper's trends cannot be tested
-    assert verdicts["3."][1].startswith("best ratio by family (mean over its tasks): QA 40%, SC 20% ·")
+    assert verdicts["3."][1].startswith("best ratio by family (mean over its tasks; descriptive, \"no ratio is best "
+                                        "everywhere\" is not tested): QA 40%, SC 20% ·")
+    assert "not tested: the paper's \"CLM is competitive on token classification\"" in verdicts["1."][1]
+    assert "not tested: the paper's \"the 25% and 50% splits do best\"" in verdicts["4."][1]
     assert verdicts["4."][0] == "not resolved" and "+0.50 pts" in verdicts["4."][1]  # half a point, 2 tasks
     assert verdicts["5."][0] == "held"
     assert findings(pd.DataFrame(rows[:2]))[4][1] == "not resolved"  # no continued runs: nothing to compare

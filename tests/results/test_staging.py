@@ -38,20 +38,20 @@ def study_rows(sizes: tuple[str, ...], split_shift: float = 0.02, noise: float =
 @pytest.fixture(scope="module")
 def two_sizes(tmp_path_factory):
     folder = tmp_path_factory.mktemp("staging")
-    append_rows(folder / FINETUNE_FILE, study_rows(("tiny", "mini")), key=FINETUNE_KEY)
+    append_rows(folder / FINETUNE_FILE, study_rows(("micro", "tiny")), key=FINETUNE_KEY)
     return enriched_summary(folder)
 
 
 def test_an_arm_is_skipped_only_when_every_finding_it_serves_is_decided(two_sizes) -> None:
-    runs = [arm.format("210m") for arm in ARMS_AT]
-    decision = stage_decision(two_sizes, "210m", runs, probability=0.9)
-    assert decision.based_on == ("tiny", "mini")
+    runs = [arm.format("mini") for arm in ARMS_AT]  # the next size, 1.7 ladder steps on: widened, still decided
+    decision = stage_decision(two_sizes, "mini", runs, probability=0.9)
+    assert decision.based_on == ("micro", "tiny")
     # CLM serves finding 1 only (MLM 5 points ahead: decided); MLM serves 1 and the open finding 4, the split 4;
     # mlm20 was never seen: nothing predicts it
     assert [s.run for s in decision.skipped] == [runs[1]]
     assert decision.launch == (runs[0], runs[2], runs[3])
     skip = decision.skipped[0]
-    assert skip.findings.startswith("1. MLM beats CLM") and skip.findings.endswith("100%")
+    assert skip.findings.startswith("1. MLM beats CLM") and skip.findings.endswith("95%")
     assert skip.prediction.count("[") == 4  # one interval per task
     rows = decision.records(0.9)
     assert {(r["run"], r["launched"]) for r in rows} == {(runs[1], False), (runs[0], True), (runs[2], True),
@@ -59,8 +59,8 @@ def test_an_arm_is_skipped_only_when_every_finding_it_serves_is_decided(two_size
 
 
 def test_with_fewer_than_two_smaller_sizes_every_arm_launches(two_sizes) -> None:
-    runs = [arm.format("mini") for arm in ARMS_AT]
-    decision = stage_decision(two_sizes, "mini", runs, probability=0.9)
+    runs = [arm.format("tiny") for arm in ARMS_AT]
+    decision = stage_decision(two_sizes, "tiny", runs, probability=0.9)
     assert decision.launch == tuple(runs) and not decision.skipped and "needs two" in decision.reason
 
 
@@ -76,8 +76,8 @@ def test_decide_probability_outside_half_to_one_is_one_line_naming_it(probabilit
 
 
 def test_the_report_lists_skipped_arms_with_their_prediction(two_sizes) -> None:
-    runs = [arm.format("210m") for arm in ARMS_AT]
-    rows = pd.DataFrame(stage_decision(two_sizes, "210m", runs, probability=0.9).records(0.9))
+    runs = [arm.format("mini") for arm in ARMS_AT]
+    rows = pd.DataFrame(stage_decision(two_sizes, "mini", runs, probability=0.9).records(0.9))
     section = staged_section(rows)
     assert section is not None and runs[1] in section.table and runs[0] not in section.table
     assert "at least 0.9" in section.note

@@ -223,7 +223,8 @@ def check_report(root) -> None:
     # the findings: each printed effect what a plain merge of the arms (replicates pooled) on size, budget, ratio and
     # task implies, each verdict one its intervals allow; the intervals count the replicates' spread
     found = findings_table(report)
-    assert "Pretraining noise measured by 2 replicated arm(s) (2 degrees of freedom)" in report
+    assert "Pretraining noise is measured per model size and objective where an arm of it was replicated" in report
+    assert "1 replicated arm, 1 degree of freedom" in report  # each replicated stratum: one arm, two runs
     arms = pooled(scratch)
     only, clm, two = arms[arms["share"] == 0], arms[arms["share"] == 1], arms[(arms["share"] > 0) & (arms["share"] < 1)]
     one = merged(only, clm, ["size", "budget", "task"])
@@ -237,7 +238,7 @@ def check_report(root) -> None:
     ratios = only[only["size"].isin(["micro", "tiny"])].pivot_table(index=["size", "task"], columns="ratio",
                                                                      values="score")
     slopes = ((ratios[0.4] - ratios[0.2]) / 2).unstack("task")  # points per 10 points of masking
-    trend = re.match(r"([+-]\d+\.\d\d) pts", found["3"][1].split("slope tiny - slope micro: ", 1)[1])
+    trend = re.match(r"([+-]\d+\.\d\d) pts", found["3"][1].split("the smallest's: tiny - micro: ", 1)[1])
     assert float(trend.group(1)) == pytest.approx(slopes.loc["tiny"].mean() - slopes.loc["micro"].mean(), abs=0.006)
     retrieval = effects(found["3"][1].split("retrieval's slope - the other families': ", 1)[1])
     assert set(retrieval) == {"micro", "tiny"}

@@ -179,7 +179,8 @@ def test_paper_spec_plans_every_model_of_the_study_under_its_own_name():
     spec = load(SweepSpec, "sweeps/paper.yaml")
     out = io.StringIO()
     plan = run_sweep(spec, dry_run=True, console=Console(out))
-    replicates = {f"{arm}-s{seed}" for arm in ("610m-mlm40-42k", "610m-clm-10k-mlm40-42k") for seed in (1, 2)}
+    replicates = {f"{arm}-s{seed}" for arm in ("610m-mlm40-42k", "610m-clm-10k-mlm40-42k", "610m-mlm40-12k",
+                                               "610m-clm-3k-mlm40-12k") for seed in (1, 2)}
     assert {name.rsplit("-", 1)[0] for name in plan.runs} == STUDY | replicates
     assert len(plan.runs) == len(STUDY) + len(replicates)
     for name, run in plan.runs.items():  # the name says what the run does, read back as the importer reads it
@@ -188,16 +189,16 @@ def test_paper_spec_plans_every_model_of_the_study_under_its_own_name():
         assert parsed["phases.clm_steps"] == sum(p.steps for p in run.config.phases.resolved() if p.objective == "clm")
     assert plan.runs[next(n for n in plan.runs if n.startswith("1b-"))].config.model.size == "1b"
     printed = out.getvalue()
-    assert "steps: naive 1,292,000, planned 1,008,000" in printed and "GPU-hours planned vs" in printed
-    assert ("replicates: 2 arm(s) pretrained 3 times at most (train.seed 0, 1, 2: init and data order): "
-            "610m-mlm40-42k-") in printed and "the 4 extra run(s) add 1,220 GPU-hours of pretraining" in printed
+    assert "steps: naive 1,340,000, planned 1,030,000" in printed and "GPU-hours planned vs" in printed
+    assert ("replicates: 4 arm(s) pretrained 3 times at most (train.seed 0, 1, 2: init and data order): "
+            "610m-mlm40-42k-") in printed and "the 8 extra run(s) add 1,380 GPU-hours of pretraining" in printed
     assert "control: 610m-init-" in printed
-    # 41 final checkpoints and 5 controls on the full grid (300 trials each), 147 intermediate ones on
+    # 45 final checkpoints and 5 controls on the full grid (300 trials each), 147 intermediate ones on
     # finetune.exports' (60 each); the full grid at 1k, 2k and 10k alone was 30,900 trials
-    assert ("fine-tuning: 188 distinct checkpoints for 248 run checkpoints (shared ones fine-tuned once), 5 control(s):"
-            " 22,620 trials (full grid; 28,980 without de-duplication), at most 2,516.2 GPU-hours (1,114.4 of them "
+    assert ("fine-tuning: 192 distinct checkpoints for 252 run checkpoints (shared ones fine-tuned once), 5 control(s):"
+            " 23,820 trials (full grid; 30,420 without de-duplication), at most 2,672.6 GPU-hours (1,184.6 of them "
             "evaluation; inputs at their measured p98 width for 10 of 12 tasks, at max_len for the rest; a step's FLOPs "
-            "at 24% MFU plus a launch-bound 3.7 ms a layer) beside pretraining's 7,360\n") in printed
+            "at 24% MFU plus a launch-bound 3.7 ms a layer) beside pretraining's 7,520\n") in printed
     assert ("finetune.exports.0: 147 intermediate checkpoint(s) at steps 1k, 2k, 4k, 6k, 10k, 16k, 24k, 32k, 40k, each"
             " on 4 task(s) (sst2, conll2003, squad, msmarco) x 3 LR(s) x 5 seed(s): 60 trials each, where a final "
             "checkpoint takes 300\n") in printed
@@ -352,7 +353,9 @@ def test_replicates_share_prefixes_only_within_a_seed_and_the_dry_run_prices_the
 
 def test_the_miniature_plans_every_run_of_the_paper_at_cpu_sizes_and_steps():
     """sweeps/paper_mini.yaml is sweeps/paper.yaml with 210m/610m/1b as micro/tiny/mini and steps / 100, less the
-    2k continued runs: the same runs under the same names, the headline arms' pretraining replicates included."""
+    2k continued runs and the 12k arms' replicates (which size the paper's finding-4 power; the miniature's 42k
+    twins already exercise every replicate path): the same runs under the same names, the headline arms'
+    pretraining replicates included."""
     import re
 
     def miniature(name: str) -> str:
@@ -361,7 +364,7 @@ def test_the_miniature_plans_every_run_of_the_paper_at_cpu_sizes_and_steps():
         return re.sub(r"(\d+)k", lambda m: str(int(m.group(1)) * 10), name)
 
     paper = {name.rsplit("-", 1)[0] for name in make_plan(load(SweepSpec, "sweeps/paper.yaml")).runs}
-    expected = {miniature(name) for name in paper if not re.search(r"-44k$", name)}
+    expected = {miniature(name) for name in paper if not re.search(r"-44k$|-12k-s\d$", name)}
     plan = make_plan(load(SweepSpec, "sweeps/paper_mini.yaml"))
     assert {name.rsplit("-", 1)[0] for name in plan.runs} == expected and len(expected) == 39
     assert {name for name in expected if re.search(r"-s\d$", name)} == {

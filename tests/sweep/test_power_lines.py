@@ -2,7 +2,7 @@
 
 from raybiphase.config import SweepSpec, load
 from raybiphase.sweep.plan import make_plan
-from raybiphase.sweep.power import FINDINGS, designs, power_lines
+from raybiphase.sweep.power import FINDINGS, designs, power_lines, strata_df
 
 
 def test_the_paper_plan_prices_findings_1_4_and_5_with_the_replicated_headline_arms(tmp_path):
@@ -16,6 +16,12 @@ def test_the_paper_plan_prices_findings_1_4_and_5_with_the_replicated_headline_a
     lines = power_lines(plan, spec)
     assert lines[0].startswith("power: ") and "assumed: fine-tuning seed SD 1.00 pts" in lines[0]
     assert any(line.startswith(f"power: {FINDINGS[0]}: 1b ") for line in lines)
+    # the replicated 12k and 42k arms give the 610m strata 4 degrees of freedom each: a +2-point finding-4 effect is
+    # found in about 99% of studies under 0.8 points of pretraining noise, half shared by a run's tasks
+    (f4,) = [line for line in lines if line.startswith(f"power: {FINDINGS[1]}")]
+    assert "610m 1.29 pts, +2 found in 99% (11 pair(s), 12 task(s), up to 3 runs an arm, 4 df)" in f4
+    assert "1b " in f4 and "unreplicated strata widened" in f4.split("610m")[0]
+    assert strata_df(plan) == {("610m", "MLM"): 4, ("610m", "CLM→MLM"): 4}
 
 
 def test_a_sweep_without_fine_tuning_prints_no_power_line():
