@@ -4,6 +4,9 @@ cycles, few lazy imports, small files that say what they do."""
 from __future__ import annotations
 
 import ast
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -187,3 +190,10 @@ def test_the_length_rule_counts_body_lines() -> None:
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
     assert _long_functions(f'def f():\n    """Doc."""\n{body}\n') == []  # 60 body lines and a docstring
     assert _long_functions(f"def f():\n{body}\n    return 1\n") == [f"f ({MAX_FUNCTION_LINES + 1} lines)"]
+
+
+def test_the_package_passes_its_linter() -> None:
+    """`ruff check raybiphase` with the project's configuration (pyproject.toml) finds nothing: the style CI holds."""
+    ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
+    done = subprocess.run([ruff, "check", "raybiphase"], cwd=PACKAGE.parent, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1000:]
