@@ -20,6 +20,7 @@ segments not trained yet (the sweep trains them). Redraw the report with `raybip
 from __future__ import annotations
 
 import dataclasses
+import io
 
 from raybiphase import storage
 from raybiphase.config import SweepSpec
@@ -51,7 +52,7 @@ class Repaired:
 
 def repair(spec: SweepSpec, console: Console = STDOUT) -> Repaired:
     """Rebuild the tables of the sweep `spec` names from its journals (module docstring); returns what it did."""
-    spec, plan = plan_sweep(spec, console=Console(None))
+    spec, plan = plan_sweep(spec, console=Console(io.StringIO()))  # its plan lines are the sweep's, not repair's
     ctx = SweepContext(spec, plan, SweepPaths.of(spec.sweep.storage, spec.sweep.name), console=console)
     if not storage.exists(ctx.paths.root):
         raise UserError(f"{ctx.paths.root}: no sweep folder there to repair (sweep.storage, sweep.name)")

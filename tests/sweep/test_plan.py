@@ -461,3 +461,30 @@ def test_each_pretraining_run_reaches_wandb_once_even_when_an_earlier_invocation
     driver.log_runs(SweepContext(spec, plan, paths), done=everything)  # the next invocation, every segment done
     driver.log_runs(SweepContext(spec, plan, paths), done=everything)
     assert sorted(logged) == sorted(plan.runs)
+
+
+def test_the_dry_runs_json_is_the_plan_its_text_prints(monkeypatch, capsys):
+    """`raybiphase sweep SPEC --dry-run --json` prints one JSON object and nothing else: the runs, the segments
+    they share, the controls and the step, trial and GPU-hour counts the text dry run prints; --json alone is
+    refused (it only describes a plan)."""
+    import json
+    import re
+    import sys
+
+    from raybiphase.commands.sweep import main
+
+    monkeypatch.setattr(sys, "argv", ["raybiphase sweep", "sweeps/split_grid.yaml", "--dry-run", "--json"])
+    assert main() == 0
+    plan = json.loads(capsys.readouterr().out)
+    monkeypatch.setattr(sys, "argv", ["raybiphase sweep", "sweeps/split_grid.yaml", "--dry-run"])
+    main()
+    text = capsys.readouterr().out
+    steps = re.search(r"^steps: naive ([\d,]+), planned ([\d,]+)", text, re.M)
+    assert (plan["steps"]["naive"], plan["steps"]["planned"]) == tuple(int(g.replace(",", "")) for g in steps.groups())
+    assert f"{plan['finetune_trials']} trials" in text.replace(",", "")
+    assert sum(len(s["runs"]) for s in plan["segments"].values()) == sum(len(r["segments"]) for r in plan["runs"].values())
+    assert all(set(r["segments"]) <= set(plan["segments"]) for r in plan["runs"].values())
+    monkeypatch.setattr(sys, "argv", ["raybiphase sweep", "sweeps/split_grid.yaml", "--json"])
+    with pytest.raises(SystemExit) as refused:
+        main()
+    assert refused.value.code == 2 and "--json goes with --dry-run" in capsys.readouterr().err
