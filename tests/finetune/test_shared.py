@@ -67,20 +67,20 @@ def test_a_shared_checkpoint_is_fine_tuned_once_and_every_run_sharing_it_gets_it
     assert launched == [] and sorted(r["run"] for r in again) == ["b"] * 4
 
 
-def test_the_papers_exports_inside_shared_prefixes_are_188_checkpoints_not_248():
+def test_the_papers_exports_inside_shared_prefixes_are_192_checkpoints_not_252():
     spec = load(SweepSpec, "sweeps/paper.yaml")
     plan = make_plan(spec)
     checkpoints = plan.checkpoints()
-    assert len(checkpoints) == 188 and sum(len(runs) for runs in checkpoints.values()) == 248
+    assert len(checkpoints) == 192 and sum(len(runs) for runs in checkpoints.values()) == 252
     # the CLM prefix's step-1000 export is one checkpoint for every run that starts with CLM at 610m
     assert max(len(runs) for runs in checkpoints.values()) >= 10
     final = [key for key, runs in checkpoints.items() if any(plan.runs[r].steps == key[1] for r in runs)]
-    assert len(final) == len(plan.runs) == 41  # 147 intermediate checkpoints, 207 run checkpoints among them
+    assert len(final) == len(plan.runs) == 45  # 147 intermediate checkpoints, 207 run checkpoints among them
     per_task = len(spec.finetune.lrs) * len(spec.finetune.seeds)
     # finals and controls: the full grid, nq and mldr riding on the MS MARCO trial (10 of the 12 tasks train);
     # intermediate ones: finetune.exports' 4 tasks (one per family) x 3 LRs x 5 seeds
-    assert plan.finetune_trials(spec) == (41 + len(plan.controls)) * 10 * per_task + 147 * 4 * 3 * 5 == 22_620
-    assert plan.finetune_trials(spec, distinct=False) == (41 + len(plan.controls)) * 12 * per_task + 207 * 60
+    assert plan.finetune_trials(spec) == (45 + len(plan.controls)) * 10 * per_task + 147 * 4 * 3 * 5 == 23_820
+    assert plan.finetune_trials(spec, distinct=False) == (45 + len(plan.controls)) * 12 * per_task + 207 * 60
 
 
 def test_the_driver_gives_one_source_per_checkpoint_with_its_sharers(tmp_path):
@@ -90,11 +90,11 @@ def test_the_driver_gives_one_source_per_checkpoint_with_its_sharers(tmp_path):
     spec = load(SweepSpec, "sweeps/paper.yaml")
     plan = make_plan(spec)
     sources = finetune_sources(SweepContext(spec, plan, SweepPaths.of(str(tmp_path), "paper")))
-    assert len(sources) == 188 and len({s.hf_dir for s in sources}) == 188
-    assert sum(1 + len(s.shared_by) for s in sources) == 248
+    assert len(sources) == 192 and len({s.hf_dir for s in sources}) == 192
+    assert sum(1 + len(s.shared_by) for s in sources) == 252
     curve = FinetuneGrid(("sst2", "conll2003", "squad", "msmarco"), (2e-5, 5e-5, 1e-4), (0, 1, 2, 3, 4))
     final = [s.pretrain_step == plan.runs[s.run].steps for s in sources]
-    assert sum(final) == 41 and {s.grid for s, f in zip(sources, final) if f} == {spec.finetune.grid()}
+    assert sum(final) == 45 and {s.grid for s, f in zip(sources, final) if f} == {spec.finetune.grid()}
     assert {s.grid for s, f in zip(sources, final) if not f} == {curve}  # every intermediate checkpoint
     for source in sources:
         assert all(other.hf_dir == source.hf_dir and other.run != source.run for other in source.shared_by)

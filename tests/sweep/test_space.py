@@ -34,7 +34,7 @@ def test_the_papers_plan_with_its_checkpoints_kept_on_a_local_disk_is_refused_be
     assert need > shutil.disk_usage(tmp_path).free  # 1b checkpoints of 16 GB each: terabytes in all
     assert "\n" not in line and re.match(rf"^sweep.storage \({re.escape(str(tmp_path / 'results'))}\)", line), line
     assert re.search(r": [\d.]+ [kMGT]B free \([\d,]+ bytes\), the plan needs [\d.]+ TB \([\d,]+ bytes\): ", line)
-    assert f"{space._size(need)} for 259 checkpoints kept at 12 bytes a parameter" in line
+    assert f"{space._size(need)} for 277 checkpoints kept at 12 bytes a parameter" in line
     assert "pretraining:" not in out.getvalue() and not (tmp_path / "results" / "paper").exists()  # nothing ran
 
 

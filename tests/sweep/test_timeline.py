@@ -39,7 +39,7 @@ def test_the_remaining_chain_is_a_segment_plus_its_longest_line_of_descendants(p
     assert by_priority(roots, chain)[0].id == max(roots, key=lambda s: chain[s.id]).id
 
 
-@pytest.mark.parametrize("slots, days", [(4, 2.4), (8, 1.2), (64, 0.63)])
+@pytest.mark.parametrize("slots, days", [(4, 2.46), (8, 1.23), (64, 0.63)])
 def test_events_not_waves_bring_the_paper_down_to_its_longest_chain(paper, slots, days):
     spec, plan = paper
     timeline = simulate(plan, spec, slots)
@@ -80,9 +80,9 @@ def test_a_sweep_under_way_simulates_what_is_left(paper):
 def test_the_dry_run_says_how_long_and_what_more_slots_buy(paper):
     spec, plan = paper
     lines = timeline_lines(plan, spec)
-    assert lines[0].startswith("wall-clock: 2.4 days of pretraining with 4 segment(s) at once (128 GPUs")
-    assert lines[0].endswith("with fine-tuning (full grid, filling idle GPUs) at most 3.2 days")  # each checkpoint's grid
-    assert lines[1].startswith("longest chain: 15.2 hours; 20 segment(s) at once (640 GPUs) reach it")
+    assert lines[0].startswith("wall-clock: 2.5 days of pretraining with 4 segment(s) at once (128 GPUs")
+    assert lines[0].endswith("with fine-tuning (full grid, filling idle GPUs) at most 3.3 days")  # each checkpoint's grid
+    assert lines[1].startswith("longest chain: 15.2 hours; 21 segment(s) at once (672 GPUs) reach it")
 
 
 def _stepwise(plan, spec, slots, done=frozenset(), running=None):
