@@ -10,28 +10,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 
-# The two pytest-xdist processes (`-n 2 --dist loadgroup`): the Ray tests are two groups, each run in order by one
-# process on a Ray of its own. A test's CPU time is mostly processes starting (Ray's, Tune's, Train's, each importing
-# torch) and one driver thread, so one Ray test leaves part of the 2 cores idle: "ray-b", the end-to-end sweeps
-# that start their Rays in subprocesses or need nothing of the other group, runs beside "ray" (the rest and the
-# cluster tests, last) and is followed on its process by the unit layer and the slow tests without Ray. xdist
-# hands the larger group to the first process and the other to the second (scopes ordered by size), so the two
-# never share a process. No test here looks at another Ray's processes: the cluster tests find their nodes by
-# mount namespace.
-RAY_GROUPS = {"test_driver.py": "ray-b", "test_paper_mini.py": "ray-b", "test_staged_sweep.py": "ray-b"}
-
-
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks added here
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    # tests that start their own Ray cluster (`ray start --head`) run last, when no Ray test of their process is left
+    # tests that start their own Ray cluster (`ray start --head`) run last, when no other Ray test is left
     items.sort(key=lambda item: "cluster" in item.keywords)
     for item in items:  # a test that needs the shared Ray (directly or through a fixture) is a `ray` test
         if "ray_cluster" in item.fixturenames:
             item.add_marker(pytest.mark.ray)
+        # one pytest-xdist process runs every test that starts Ray, in this order (the cluster tests last); the
+        # other runs the unit layer and then the slow tests without Ray, which would otherwise wait behind every Ray
+        # test. One Ray at a time: two side by side on 2 cores leave a failed fit's worker group holding its CPU past
+        # the fault rehearsals' check that nothing stays held.
         if {"ray", "cluster"} & set(item.keywords):
-            item.add_marker(pytest.mark.xdist_group(RAY_GROUPS.get(item.path.name, "ray")))
+            item.add_marker(pytest.mark.xdist_group("ray"))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")
