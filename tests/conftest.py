@@ -10,21 +10,28 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 
+LOCAL_STUDIES = ("test_paper_mini.py", "test_beyond_study.py", "test_staged_sweep.py")
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks added here
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    # tests that start their own Ray cluster (`ray start --head`) run last, when no other Ray test is left
-    items.sort(key=lambda item: "cluster" in item.keywords)
+    # the fault rehearsals first, the tests that start their own Ray cluster (`ray start --head`) last
+    items.sort(key=lambda item: ("cluster" in item.keywords) - ("test_faults.py" in item.nodeid))
     for item in items:  # a test that needs the shared Ray (directly or through a fixture) is a `ray` test
         if "ray_cluster" in item.fixturenames:
             item.add_marker(pytest.mark.ray)
-        # one pytest-xdist process runs every test that starts Ray, in this order (the cluster tests last); the
-        # other runs the unit layer and then the slow tests without Ray, which would otherwise wait behind every Ray
-        # test. One Ray at a time: two side by side on 2 cores leave a failed fit's worker group holding its CPU past
-        # the fault rehearsals' check that nothing stays held.
+        # Three groups, one pytest-xdist process each at a time (xdist hands out the largest group first): the
+        # tests without Ray; the tests on the shared Ray, the fault rehearsals first; and the studies whose segments
+        # train in the driver (LOCAL_STUDIES), which the first process takes once it is through its own. So the
+        # rehearsals, whose check that a failed fit leaves no CPU held fails when a second Ray loads the machine,
+        # run while the other process runs no Ray.
         if {"ray", "cluster"} & set(item.keywords):
-            item.add_marker(pytest.mark.xdist_group("ray"))
+            local = any(f"/{name}" in item.nodeid for name in LOCAL_STUDIES)
+            item.add_marker(pytest.mark.xdist_group("ray-local" if local else "ray"))
+        else:
+            item.add_marker(pytest.mark.xdist_group("no-ray"))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

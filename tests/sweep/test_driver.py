@@ -25,7 +25,6 @@ REPO = Path(__file__).resolve().parents[2]
 def _spec(tmp_path: Path, small_data) -> Path:
     spec = tiny_base(tmp_path / "results", small_data, name="branch")
     spec["sweep"]["grid"] = {"phases.clm_share": [0.5, 1.0]}
-    spec["sweep"]["wandb_project"] = "raybiphase-test"  # offline here: folders kept in <sweep>/wandb
     # continued pretraining: MLM on top of the decayed CLM run, with its own schedule (the paper's clm-dec recipe),
     # for two lengths from the same source (the paper: 12k and 22k): they share their first 3 steps
     spec["sweep"]["runs"] = [{"model.init_from": "@tiny-clm-8", "phases.steps": steps, "phases.clm_share": 0.0,
@@ -46,7 +45,7 @@ def finished_sweep(small_data, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sweep")
     spec = _spec(tmp, small_data)
     root = tmp / "results" / "branch"
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp), "RAYBIPHASE_PROGRESS_S": "1"}
+    env = {**os.environ, "RAYBIPHASE_PROGRESS_S": "1"}
     proc = _sweep(spec, env=env)
     first = None
     deadline = time.time() + 420
@@ -106,24 +105,6 @@ def test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once(finis
     # every run's final export carries its model card, under the run's own name
     cards = [p.read_text() for p in finished_sweep["root"].glob("runs/*/step-*/hf/README.md")]
     assert sorted(c.split("\n# ", 1)[1].split("\n", 1)[0] for c in cards) == sorted(rows["run"].unique())
-    # W&B: one run per pretraining run with its whole curve, under an id that is the run's own, and each segment
-    # the resumed invocation trained logged live by its rank-0 worker: lineage, curves against tokens, checkpoints
-    from raybiphase.telemetry.wandb import stable_id
-    from raybiphase.telemetry.wandb_files import logged
-
-    found = [logged(p) for p in sorted((finished_sweep["root"] / "wandb").glob("offline-run-*"))]
-    ids = {f["run"].run_id for f in found}
-    assert {stable_id("branch", "pretrain", run) for run in rows["run"].unique()} <= ids
-    segments = {f["config"]["lineage.segment"]: f for f in found if f["run"].job_type == "segment"}
-    assert {stable_id("branch", "segment", s) for s in segments} <= ids and len(segments) >= 3
-    for name, segment in segments.items():
-        assert segment["config"]["lineage.serves"] and segment["config"]["lineage.parent"] != name
-        assert set(segment["config"]["lineage.serves"]) <= set(rows[rows["segment"] == name]["run"])
-        assert any(m.step_metric == "tokens_seen" for m in segment["metrics"])
-        assert [h["tokens_seen"] for h in segment["history"] if "train/clm_loss" in h or "train/mlm_loss" in h]
-        checkpoints = [a["metadata"]["uri"] for a in segment["artifacts"] if a["type"] == "checkpoint"]
-        assert checkpoints and all(uri.startswith(str(finished_sweep["root"] / "runs" / name)) for uri in checkpoints)
-    assert any(s["config"]["lineage.parent"] for s in segments.values())  # a branch names the prefix it continues
     steps = rows.groupby("run")["step"].apply(sorted)
     assert sorted(steps.tolist()) == [[1, 2, 3, 4], list(range(1, 7))] + [list(range(1, 9))] * 2
 

@@ -1,7 +1,9 @@
 """Fine-tuning beside pretraining, on a real local Ray: a sweep of two runs that share nothing, one short and one
 long; the short run's checkpoint is ready early, and its trials start as soon as a slot is free, beside the long
 segment still training. The sweep's own records tell: a trial's record is written as it ends and holds its
-seconds, and the long segment's last checkpoint is committed as it ends."""
+seconds, and the long segment's last checkpoint is committed as it ends. W&B (offline here) sees the short segment
+while it trains: its rank-0 worker's run, with its lineage, curves against tokens and its checkpoints by reference,
+and the short run's whole curve once its segment ended."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ SHORT_STEPS, LONG_STEPS = 4, 240
 
 def _spec(tmp_path: Path, small_data) -> Path:
     spec = tiny_base(tmp_path / "results", small_data, name="pipeline")
+    spec["sweep"]["wandb_project"] = "raybiphase-test"  # offline here: folders kept in <sweep>/wandb
     spec["resources"] = {"num_workers": 1, "cpus_per_worker": 0.4, "max_concurrent": 2}
     spec["train"] = {**spec["train"], "eval_every": 1000}  # the long segment's steps, not its evaluations
     spec["data"]["max_epochs"] = 1000  # the long run may read the small corpus again
@@ -44,7 +47,8 @@ def _spec(tmp_path: Path, small_data) -> Path:
 def test_a_ready_checkpoints_trials_start_and_end_while_a_long_segment_still_trains(small_data, tmp_path):
     spec = _spec(tmp_path, small_data)
     root = tmp_path / "results" / "pipeline"
-    proc = subprocess.Popen([sys.executable, "-m", "raybiphase.sweep", str(spec)], cwd=REPO, env=dict(os.environ),
+    proc = subprocess.Popen([sys.executable, "-m", "raybiphase.sweep", str(spec)], cwd=REPO,
+                            env={**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     long_end = None
     try:  # until the long segment's last checkpoint is committed; its own trials are not waited for
@@ -66,3 +70,22 @@ def test_a_ready_checkpoints_trials_start_and_end_while_a_long_segment_still_tra
     assert short_end.stat().st_mtime <= began < ended < long_end.stat().st_mtime, shown
     assert any(line.startswith("fine-tuning: batch 1, 1 checkpoint(s) ready:")
                and line.endswith("(1 segment(s) still training)") for line in output.splitlines()), shown
+    # W&B: the short segment was logged live by its rank-0 worker (its run's folder reaches <sweep>/wandb as it
+    # finishes), and the short run's whole curve by the driver as its segment ended
+    from raybiphase.results.store import read_rows
+    from raybiphase.telemetry.wandb import stable_id
+    from raybiphase.telemetry.wandb_files import logged
+
+    short = short_end.parent.parent.name
+    rows = read_rows(root / "pretrain.parquet")
+    found = {f["run"].run_id: f for f in (logged(p) for p in sorted((root / "wandb").glob("offline-run-*")))}
+    (short_run,) = rows[rows["segment"] == short]["run"].unique()
+    assert stable_id("pipeline", "pretrain", short_run) in found, sorted(found)
+    segment = found.get(stable_id("pipeline", "segment", short))
+    assert segment is not None and segment["run"].job_type == "segment", sorted(found)
+    assert segment["config"]["lineage.segment"] == short and segment["config"]["lineage.parent"] == ""
+    assert segment["config"]["lineage.serves"] == [short_run]
+    assert any(m.step_metric == "tokens_seen" for m in segment["metrics"])
+    assert [h["tokens_seen"] for h in segment["history"] if "train/clm_loss" in h or "train/mlm_loss" in h]
+    checkpoints = [a["metadata"]["uri"] for a in segment["artifacts"] if a["type"] == "checkpoint"]
+    assert checkpoints and all(uri.startswith(str(root / "runs" / short)) for uri in checkpoints)
