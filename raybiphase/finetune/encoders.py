@@ -101,6 +101,17 @@ def special_template(tokenizer) -> tuple[list[int], list[int], list[int]]:
     return ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []), close, close
 
 
+def usable_positions(model: torch.nn.Module) -> int | None:
+    """How many tokens the model can read: its config's max_position_embeddings, less the positions a RoBERTa-style
+    embedding reserves below its first (it numbers positions from pad_token_id + 1: RoBERTa's 514 hold 512 tokens);
+    None when the config names no limit."""
+    positions = getattr(model.config, "max_position_embeddings", None)
+    embeddings = next((m for m in model.modules() if hasattr(m, "create_position_ids_from_input_ids")), None)
+    if positions is None or embeddings is None or getattr(embeddings, "padding_idx", None) is None:
+        return positions
+    return positions - (embeddings.padding_idx + 1)
+
+
 def encoder_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The transformer blocks of a head's model (what finetune.compile compiles): the encoder's `layers` or
     `encoder.layer`, else its longest ModuleList."""
@@ -131,8 +142,9 @@ class EncoderWithHead(torch.nn.Module):
                 torch.nn.init.normal_(layer.weight, std=std)
                 torch.nn.init.zeros_(layer.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
-        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor | None = None):
+        segments = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, **segments).last_hidden_state
         if self.kind == "token":
             return SimpleNamespace(logits=self.classifier(hidden))
         mask = attention_mask.to(hidden.dtype)[..., None]

@@ -60,11 +60,20 @@ NQ_SPLIT_SEED = 42
 """Seeds NQ's validation/test halves of its test queries (the authors' draw is unseeded; ours is repeatable)."""
 
 SQUAD, SQUAD_V2 = "rajpurkar/squad", "rajpurkar/squad_v2"
-DATASET_REVISIONS: dict[str, str | None] = {GLUE: None, CONLL2003: None, ONTONOTES: None, UNER: None, SUPER_GLUE: None,
-                                            SQUAD: None, SQUAD_V2: None, MSMARCO: None, NQ: None, MLDR: None}
+DATASET_REVISIONS: dict[str, str | None] = {
+    # Not pinned: no checked public source names their commit (OntoNotes' and ReCoRD's would be commits of the
+    # parquet export, PARQUET_EXPORT, not of `main`).
+    GLUE: None, CONLL2003: None, ONTONOTES: None, UNER: None, SUPER_GLUE: None, SQUAD: None, SQUAD_V2: None,
+    # The commits MTEB reads these at, through the configs read here (embeddings-benchmark/mteb's task metadata:
+    # mteb/tasks/retrieval/eng/msmarco_retrieval.py and nq_retrieval.py; for MLDR the commit MTEB reads with no
+    # loading script, in mteb/tasks/reranking/multilingual/multi_long_doc_reranking.py).
+    MSMARCO: "c5a29a104738b98a9e76336939199e264163d4a0",
+    NQ: "b774495ed302d8c44a3a7ea25c90dbce03968f31",
+    MLDR: "b38336456b0e2a0dc1f6b8b3ce3a0e1f3c436d16",
+}
 """The revision each hub dataset is read at unless finetune.dataset_revisions names another: a commit pins it;
-None reads the moving head (`main`, or PARQUET_EXPORT for the EXPORTED ones) with an `UnpinnedDatasetWarning`.
-No default is pinned yet: the commits must be read off the hub (`hf api`), which this code never reaches."""
+None reads the moving head (`main`, or PARQUET_EXPORT for the EXPORTED ones) with an `UnpinnedDatasetWarning`
+naming the dataset, until its commit is named in finetune.dataset_revisions (`hf api` reads it off the hub)."""
 
 
 _PINS: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("pins", default={})

@@ -6,18 +6,17 @@ Reads RESULTS_DIR/pretrain.parquet and finetune.parquet (our rows and the author
 raybiphase.results.importer), rewrites summary.parquet (raybiphase.results.aggregate) and writes RESULTS_DIR/report/report.md with
 one PNG per figure, and report.html: the same report in one self-contained file with vector figures and a header
 (spec, code version, date, hardware: raybiphase.results.html). Scores are the test metric x 100: the mean over seeds at the LR with the best mean validation
-score, error bars the 95% CI. Paper rows are drawn dashed beside ours. A figure is drawn only when the data varies
+score, error bars the 95% CI. Paper rows are drawn dashed beside ours; a public encoder (finetune.baselines)
+is a dotted line on each of its tasks' panels, labelled with its id. A figure is drawn only when the data varies
 along its axis; otherwise the report says in one line why it is absent. RESULTS_DIR is a local folder.
 """
 
 from __future__ import annotations
 
-import math
 import tempfile
 from pathlib import Path
 from typing import get_args
 
-import matplotlib
 import pandas as pd
 from matplotlib.figure import Figure  # figures without pyplot: no global state, PNGs through Agg
 
@@ -29,21 +28,17 @@ from raybiphase.results import html
 from raybiphase.results.aggregate import lr_table, summarize
 from raybiphase.results.compute import compute_section
 from raybiphase.results.findings import Study, judge
+from raybiphase.results.grid import col as _col
+from raybiphase.results.grid import hub_references, palette, task_grid
 from raybiphase.results.next_size import next_size_section
 from raybiphase.results.questions import beyond_sections, knobs
 from raybiphase.results.replicates import replicates_section
 from raybiphase.results.rows import BASELINE, HUB, OURS
 from raybiphase.results.staging import staged_section
 from raybiphase.results.store import read_rows, write_summary
-from raybiphase.results.tables import Section, error_bars, markdown, mean_ci, paper_files
+from raybiphase.results.tables import Section, markdown, mean_ci, paper_files
 from raybiphase.results.verdicts import MIN_SEEDS, UNTRAINED, family_verdicts, versus_control
 from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE
-
-OBJECTIVE_COLORS = {"CLM": "tab:blue", "MLM": "tab:orange", "CLM→MLM": "tab:green", "continued": "tab:purple"}
-
-
-def _col(frame: pd.DataFrame, name: str) -> pd.Series:
-    return frame[name] if name in frame else pd.Series(math.nan, index=frame.index, dtype=object)
 
 
 def _objective(share: float, init_from: object) -> str:
@@ -91,54 +86,6 @@ def _budget(value: float) -> str:
     return "? steps" if pd.isna(value) else f"{steps_label(int(value))} steps"
 
 
-def _task_grid(points: pd.DataFrame, x: str, series: str, title: str, xlabel: str, *, logx: bool = False,
-               color_by: str | None = None) -> Figure:
-    """One panel per task (family in its title) and model size, one line per series with 95% CI error bars; paper
-    dashed. A line never joins two sizes: each size has its own panel (its size in the title) when there are several.
-
-    Colours: by the objective when color_by="objective", else one per series, the same in every panel. One legend
-    for the whole figure, outside the panels on the right, so that no line hides under it.
-    """
-    points = points.assign(size=_col(points, "size").fillna(""))
-    tasks = points[["family", "task", "size"]].drop_duplicates().sort_values(["family", "task", "size"])
-    several = points["size"].nunique() > 1
-    cols = min(len(tasks), 3)
-    rows = math.ceil(len(tasks) / cols)
-    fig = Figure(figsize=(4.6 * cols + 3.2, 3.7 * rows + 0.5), layout="constrained")
-    axes = fig.subplots(rows, cols, squeeze=False)
-    categories = sorted(points[x].unique()) if points[x].dtype == object or pd.api.types.is_string_dtype(
-        points[x]) else None  # categorical x: markers side by side, no connecting line
-    palette = _palette(points[series].nunique())
-    series_colors: dict[str, object] = {}  # a series keeps its colour across panels
-    legend: dict[str, object] = {}
-    for ax, (family, task, size) in zip(axes.flat, tasks.itertuples(index=False)):
-        panel = points[(points["task"] == task) & (points["size"] == size)]
-        for label, line in panel.groupby(series, sort=True):
-            label = str(label)
-            if label not in series_colors:
-                series_colors[label] = OBJECTIVE_COLORS.get(line[color_by].iloc[0]) if color_by else next(palette)
-            line = line.groupby(x, as_index=False).agg(score=("score", "mean"), ci=("ci", "mean")).sort_values(x)
-            style = "none" if categories else "--" if label.startswith("paper") else "-"
-            xs = [categories.index(v) for v in line[x]] if categories else line[x]
-            legend[label] = ax.errorbar(xs, line["score"], yerr=error_bars(line["score"], line["ci"]), capsize=3,
-                                        marker="o", markersize=5, linestyle=style, label=label,
-                                        color=series_colors[label])
-        ax.set_title(f"{family} · {task}" + (f" · {size}" if several else ""))
-        ax.set_xlabel(xlabel)
-        if categories:
-            ax.set_xticks(range(len(categories)), categories)
-            ax.set_xlim(-0.5, len(categories) - 0.5)
-        ax.set_ylabel(f"test {panel['metric'].iloc[0]} (%)")
-        if logx:
-            ax.set_xscale("log")
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(tasks):]:
-        ax.set_visible(False)
-    fig.legend(list(legend.values()), list(legend), loc="outside right center", fontsize=8)
-    fig.suptitle(f"{title} (error bars: 95% CI over seeds)")
-    return fig
-
-
 def _score_table(points: pd.DataFrame, index: list[str]) -> str:
     """Markdown table: one row per `index` value, one column per task (per task and model size when the points
     hold several sizes), cells 'mean ± CI (LR)'. Rows that share a cell are all shown in it, never one of them."""
@@ -164,7 +111,7 @@ def clm_share_section(s: pd.DataFrame) -> Section:
         return Section("clm_share", title, None, "Not drawn: the runs do not differ in CLM share.")
     pts = pts.assign(share_pct=pts["clm_share"] * 100,
                      line=[_prefix(a) + _budget(b) for a, b in zip(pts["source"], pts["budget"])])
-    fig = _task_grid(pts, "share_pct", "line", title, "CLM share of pretraining steps (%)")
+    fig = task_grid(pts, "share_pct", "line", title, "CLM share of pretraining steps (%)", references=hub_references(s))
     pts = pts.assign(**{"CLM share (%)": pts["share_pct"].round(1), "budget": pts["budget"].map(_budget)})
     return Section("clm_share", title, fig, note, _score_table(pts, ["source", "budget", "CLM share (%)"]))
 
@@ -178,7 +125,7 @@ def mask_ratio_section(s: pd.DataFrame) -> Section:
     pts = pts.assign(ratio_pct=pts["mask_ratio"] * 100,
                      model=[f"{_prefix(a)}{z} {_budget(b)}".strip()
                             for a, z, b in zip(pts["source"], size, pts["budget"])])
-    fig = _task_grid(pts, "ratio_pct", "model", title, "masking ratio (% of tokens)")
+    fig = task_grid(pts, "ratio_pct", "model", title, "masking ratio (% of tokens)", references=hub_references(s))
     pts = pts.assign(**{"mask ratio (%)": pts["ratio_pct"].round(1)})
     return Section("mask_ratio", title, fig, "Final checkpoints of MLM-only runs.",
                    _score_table(pts, ["source", "model", "mask ratio (%)"]))
@@ -192,7 +139,8 @@ def data_efficiency_section(s: pd.DataFrame) -> Section:
         return Section("data_efficiency", title, None,
                        "Not drawn: no run was fine-tuned from intermediate checkpoints.")
     pts = pts.assign(line=[f"{_prefix(a)}{r} ({o})" for a, r, o in zip(pts["source"], pts["run"], pts["objective"])])
-    fig = _task_grid(pts, "pretrain_step", "line", title, "pretraining step (optimizer steps)")
+    fig = task_grid(pts, "pretrain_step", "line", title, "pretraining step (optimizer steps)",
+                    references=hub_references(s))
     return Section("data_efficiency", title, fig,
                    "Intermediate checkpoints of each run, every intermediate step fine-tuned on one grid (a part "
                    "of the final checkpoint's where finetune.exports names fewer tasks, LRs or seeds).",
@@ -210,7 +158,7 @@ def lr_section(s: pd.DataFrame, trials: pd.DataFrame) -> Section:
     pts = per_lr[per_lr["complete"]].merge(final, on=["source", "run", "pretrain_step", "task"])
     pts = pts.assign(score=pts["test_mean"] * 100, ci=_interval(pts["test_ci95"], pts["n_seeds"]),
                      line=[f"{_prefix(a)}{r}" for a, r in zip(pts["source"], pts["run"])])
-    fig = _task_grid(pts, "lr", "line", title + " (colour: objective)", "fine-tuning learning rate (log scale)",
+    fig = task_grid(pts, "lr", "line", title + " (colour: objective)", "fine-tuning learning rate (log scale)",
                      logx=True, color_by="objective")
     final_rows = s[s["final"]]
     spread = final_rows.groupby(["source", "objective"], as_index=False).agg(
@@ -241,11 +189,12 @@ def continued_section(s: pd.DataFrame) -> Section:
         return Section("continued", title, None, "Not drawn: needs continued runs started from both CLM and MLM.")
     if pts["budget"].nunique() > 1:  # several continuation lengths: score vs length, a line per start
         pts = pts.assign(line=[f"{_prefix(a)}from {o}" for a, o in zip(pts["source"], pts["start"])])
-        fig = _task_grid(pts, "budget", "line", title, "continued MLM steps")
+        fig = task_grid(pts, "budget", "line", title, "continued MLM steps", references=hub_references(s))
     else:
         pts = pts.assign(line=[f"{_prefix(a)}{_budget(b)}" for a, b in zip(pts["source"], pts["budget"])],
                          x=[f"from {o}" for o in pts["start"]])
-        fig = _task_grid(pts, "x", "line", title, "checkpoint the MLM phase continues from")
+        fig = task_grid(pts, "x", "line", title, "checkpoint the MLM phase continues from",
+                        references=hub_references(s))
     return Section("continued", title, fig, "Runs whose model.init_from is set, by the objective of the start.",
                    _score_table(pts.assign(steps=pts["budget"].map(_budget)), ["source", "start", "steps"]))
 
@@ -295,10 +244,6 @@ def summary_section(s: pd.DataFrame) -> Section:
                    "= max - min of the mean test score across the complete LRs.", markdown(table))
 
 
-def _palette(n: int):
-    return iter(matplotlib.colormaps["tab10" if n <= 10 else "tab20"].colors * (1 + n // 10))
-
-
 def _switch_steps(rows: pd.DataFrame) -> list[float]:
     """Where a run's objective changes: phases.clm_steps when recorded, else clm_share x phases.steps, else the
     last row of the old objective (a row reports the phase of the step it ends)."""
@@ -328,9 +273,9 @@ def curves_section(pretrain: pd.DataFrame) -> Section:
         same_budget = (pretrain["budget"] == budget) | (pretrain["budget"].isna() & pd.isna(budget))
         runs = pretrain[same_budget & (pretrain["size"] == size)]
         for ax, loss in zip(row, losses):
-            palette = _palette(runs["run"].nunique())
+            colors = palette(runs["run"].nunique())
             for run, rows in runs.sort_values("step").groupby("run", sort=True):
-                line, color = rows[rows[loss].notna()], next(palette)
+                line, color = rows[rows[loss].notna()], next(colors)
                 ax.plot(line["step"], line[loss], marker=".", color=color, label=run)
                 for step in _switch_steps(rows):
                     ax.axvline(step, color=color, linestyle=":", alpha=0.8)

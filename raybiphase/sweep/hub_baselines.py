@@ -1,8 +1,9 @@
 """Public encoders beside the sweep's arms (finetune.baselines): each fine-tuned once on the sweep's grid, its rows
 with source `hub`, run its id and checkpoint its id@commit.
 
-A Hub id is pinned to the commit it resolves to when the sweep reaches it (`encoders.encoder_source`); two entries
-naming one model at one commit are one baseline. Trials are kept under <sweep.storage>/hub-baselines/<settings
+A Hub id is pinned to the commit it resolves to when the sweep first reaches it (`encoders.encoder_source`): once per
+sweep in a process, so the commit its trials and rows carry is the one resolved when the sweep started, wherever
+the Hub's head has moved since. Two entries naming one model at one commit are one baseline. Trials are kept under <sweep.storage>/hub-baselines/<settings
 digest>/ (finetune.parquet and the trials' records), so a later sweep at the same storage with the same fine-tuning
 settings reuses every trial already made at that commit, and copies the rows into its own table with its name.
 """
@@ -24,12 +25,22 @@ from raybiphase.results import store
 from raybiphase.sweep.scheduler import finetune_checkpoints
 
 HUB_BASELINES_DIR = "hub-baselines"
+_RESOLVED: dict[tuple[str, str, str], str] = {}  # (sweep storage, sweep name, finetune.baselines entry) -> pinned
+
+
+def _resolved(spec: SweepSpec, model: str) -> str:
+    """`encoders.encoder_source(model)`, resolved once per sweep in this process and carried from then on."""
+    key = (storage.absolute(spec.sweep.storage), spec.sweep.name, model)
+    if key not in _RESOLVED:
+        _RESOLVED[key] = encoder_source(model)
+    return _RESOLVED[key]
 
 
 def hub_sources(spec: SweepSpec) -> list[FinetuneSource]:
-    """One source per distinct public encoder of finetune.baselines, each pinned (a Hub id to its commit)."""
+    """One source per distinct public encoder of finetune.baselines, each pinned (a Hub id to its commit, the one
+    it resolved to when this sweep first asked: `_resolved`)."""
     pinned = list(dict.fromkeys(model if is_hub_id(model) else storage.absolute(model)
-                                for model in map(encoder_source, spec.finetune.baselines)))
+                                for model in (_resolved(spec, m) for m in spec.finetune.baselines)))
     return [FinetuneSource(model.partition("@")[0] if "@" in model else Path(model.rstrip("/")).name, 0, model,
                            {"model.init_from": model}, row_source=result_rows.HUB) for model in pinned]
 

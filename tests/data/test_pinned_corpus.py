@@ -56,3 +56,24 @@ def test_the_revision_enters_the_shards_and_the_runs_identity_only_when_named():
     pinned = DataConfig(source=CORPUS, hf_revision=COMMIT)
     assert fingerprint(pinned) != fingerprint(DataConfig(source=CORPUS))
     assert source_revision(DataConfig()) is None  # the offline corpus ships with the package
+
+
+def test_the_prepared_manifest_names_the_commit_the_corpus_was_read_at(tmp_path, monkeypatch):
+    import json
+
+    from raybiphase.data.prepare import prepare
+    from raybiphase.data.stream import MANIFEST
+
+    repo = tmp_path / "hub" / CORPUS  # a snapshot downloaded at COMMIT, in the hub's data/ layout
+    (repo / "data").mkdir(parents=True)
+    documents = [f"document {i} tells of gardens, rivers and markets in town number {i % 7}" for i in range(240)]
+    pq.write_table(pa.table({"text": documents}), repo / "data" / "train-00000-of-00001.parquet")
+    record_commit(repo, COMMIT)
+    monkeypatch.setenv(DATASETS_DIR_ENV, str(tmp_path / "hub"))
+    data = DataConfig(source=CORPUS, hf_revision=COMMIT, vocab_size=512, seq_len=32, val_blocks=2, shard_rows=64,
+                      piece_documents=60, decontaminate=False, dir=str(tmp_path / "shards"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnpinnedDatasetWarning)
+        out = prepare(data, quiet=True, on_ray=False)
+    manifest = json.loads((tmp_path / "shards" / MANIFEST).read_text())
+    assert out == str(tmp_path / "shards") and manifest["source_revision"] == COMMIT and manifest["source"] == CORPUS

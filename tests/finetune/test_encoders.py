@@ -66,6 +66,30 @@ def make_tiny_modernbert(out: Path) -> Path:
     return out
 
 
+def make_tiny_roberta(out: Path, positions: int = 64) -> Path:
+    """A tiny random RobertaModel (positions numbered from pad_token_id + 1, as RoBERTa's: `positions` tokens in
+    a table of positions + 2) and a byte-level BPE tokenizer writing `<s> a </s></s> b </s>`, as RoBERTa's."""
+    from tokenizers import ByteLevelBPETokenizer
+    from tokenizers.processors import RobertaProcessing
+    from transformers import PreTrainedTokenizerFast, RobertaConfig, RobertaModel
+
+    specials = {"bos_token": "<s>", "pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>",
+                "mask_token": "<mask>"}  # RoBERTa's order: <pad> is id 1
+    bpe = ByteLevelBPETokenizer(add_prefix_space=True)
+    bpe.train_from_iterator(_texts(), vocab_size=800, min_frequency=2, special_tokens=list(specials.values()))
+    bpe._tokenizer.post_processor = RobertaProcessing(("</s>", bpe.token_to_id("</s>")),
+                                                      ("<s>", bpe.token_to_id("<s>")))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, cls_token="<s>", sep_token="</s>",
+                                        model_input_names=["input_ids", "attention_mask"], **specials)
+    assert tokenizer.pad_token_id == 1 and len(tokenizer) > 500
+    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=64, max_position_embeddings=positions + 2, type_vocab_size=1,
+                           pad_token_id=1, bos_token_id=0, eos_token_id=2)
+    RobertaModel(config).save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    return out
+
+
 @pytest.fixture(scope="module")
 def encoders(offline_cache, tmp_path_factory) -> dict[str, Path]:
     import torch
@@ -123,6 +147,53 @@ def test_the_same_seed_gives_the_same_scores_and_padding_does_not_change_them(en
         alone = head.forward_logits(model, [short])[0]
         padded = head.forward_logits(model, [short, long])[0]
     assert torch.allclose(alone, padded, atol=1e-5)
+
+
+def test_a_bert_reads_a_qa_windows_context_as_segment_b_as_its_own_pair_encoding_marks_it(encoders):
+    import torch
+
+    from raybiphase.finetune.heads import head_for
+    from raybiphase.finetune.tasks import get_task
+    from raybiphase.finetune.trial import load_checked_tokenizer
+
+    tokenizer = load_checked_tokenizer(encoders["bert"])
+    head = head_for(get_task("squad"), tokenizer, 64)
+    model = head.load_model(str(encoders["bert"])).eval()
+    record = {"question": "who won the game", "context": "the home team won the game",
+              "answers": {"text": [], "answer_start": []}}
+    (window,) = head.windows(record)
+    own = tokenizer(record["question"], record["context"], return_tensors="pt")  # BERT's own pair: B marked 1
+    assert window["ids"] == own["input_ids"][0].tolist() and 0 < int(own["token_type_ids"].sum()) < len(window["ids"])
+    ((ids, _, first),) = head.train_units([record])
+    assert head.inputs([ids], [first])["token_type_ids"].tolist() == own["token_type_ids"].tolist()  # training too
+    with torch.no_grad():
+        ours = head.forward_logits(model, [window["ids"]], [window["first"]])
+        as_bert = model(**own).logits
+        all_segment_a = model(input_ids=own["input_ids"], attention_mask=own["attention_mask"]).logits
+    assert torch.allclose(ours, as_bert, atol=1e-6) and not torch.allclose(ours, all_segment_a, atol=1e-6)
+
+
+def test_a_roberta_length_check_leaves_out_the_positions_it_reserves(tmp_path):
+    import torch
+
+    from raybiphase.finetune.encoders import usable_positions
+    from raybiphase.finetune.heads import head_for
+    from raybiphase.finetune.tasks import get_task
+    from raybiphase.finetune.trial import load_checked_tokenizer
+
+    roberta = make_tiny_roberta(tmp_path / "roberta", positions=64)  # a table of 66 positions, numbered from 2
+    tokenizer = load_checked_tokenizer(roberta)
+    with pytest.raises(UserError, match=r"finetune.max_len: 66 exceeds the 64 positions .*max_len <= 64$"):
+        head_for(get_task("tweets"), tokenizer, 66).load_model(str(roberta))
+    head = head_for(get_task("tweets"), tokenizer, 64)
+    model = head.load_model(str(roberta)).eval()
+    assert usable_positions(model) == 64 and model.config.max_position_embeddings == 66
+    longest = head.wrap(head.ids(" ".join(["the game was played at home today"] * 20)))
+    assert len(longest) == 64
+    with torch.no_grad():
+        assert torch.isfinite(head.forward_logits(model, [longest])).all()  # the longest input max_len allows
+        with pytest.raises((IndexError, RuntimeError), match="out of"):  # 66 tokens: indexed past the table
+            model(input_ids=torch.tensor([longest + longest[1:3]]), attention_mask=torch.ones(1, 66, dtype=torch.long))
 
 
 def test_what_a_foreign_encoder_lacks_is_one_line_that_says_what_to_set(encoders, tmp_path):

@@ -226,7 +226,7 @@ def test_qa_training_targets_point_at_the_answer_text(tiny_checkpoint, task):
     matched = total = 0
     for record in records:
         windows = {tuple(w["ids"]): w for w in head.windows(record)}
-        for ids, (start, end) in head.train_units([record]):
+        for ids, (start, end), _ in head.train_units([record]):
             if (start, end) == (0, 0):
                 continue  # a window without the answer (test_qa_keeps_windows_without_the_answer_pointing_at_0)
             window = windows[tuple(ids)]
@@ -262,8 +262,9 @@ def test_qa_keeps_windows_without_the_answer_pointing_at_0(tiny_checkpoint):
     head = head_for(get_task("squad"), AutoTokenizer.from_pretrained(str(tiny_checkpoint)), 48)
     record = next(r for r in sources.squad("dev") if len(head.windows(r)) >= 4)
     windows, units = head.windows(record), head.train_units([record])
-    assert [ids for ids, _ in units] == [w["ids"] for w in windows]  # one unit per window, none dropped
-    empty = [target for _, target in units if target == (0, 0)]
+    assert [ids for ids, _, _ in units] == [w["ids"] for w in windows]  # one unit per window, none dropped
+    assert [first for _, _, first in units] == [w["first"] for w in windows]  # where each window's context starts
+    empty = [target for _, target, _ in units if target == (0, 0)]
     assert 0 < len(empty) < len(units)  # some windows hold the answer, the others point at position 0
 
 

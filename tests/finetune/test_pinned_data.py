@@ -5,9 +5,9 @@ row, and a moving read warned of. No network, no Ray."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import warnings
-from pathlib import Path
 
 import datasets
 import pytest
@@ -16,17 +16,10 @@ from raybiphase.config import FinetuneConfig, SweepSpec, from_dict
 from raybiphase.errors import ConfigError, UserError
 from raybiphase.finetune import hub, tasks
 from tests.finetune.test_finetune import one_torch_thread  # noqa: F401 (autouse: one torch thread, as a trial has)
-from tests.finetune.test_production_loaders import _glue
+from tests.finetune.test_production_loaders import _glue, record_commit  # noqa: F401 (record_commit: shared)
 
 COMMIT, OTHER = "a" * 40, "b" * 40
-
-
-def record_commit(repo: Path, commit: str) -> None:
-    """What `hf download --revision COMMIT --local-dir REPO` leaves beside each file: its commit, etag, time."""
-    for path in [p for p in repo.rglob("*") if p.is_file() and ".cache" not in p.parts]:
-        meta = repo / ".cache" / "huggingface" / "download" / f"{path.relative_to(repo)}.metadata"
-        meta.parent.mkdir(parents=True, exist_ok=True)
-        meta.write_text(f"{commit}\netag\n1700000000.0\n")
+COMMIT_HEX = re.compile(r"[0-9a-f]{40}")
 
 
 @pytest.fixture
@@ -88,3 +81,24 @@ def test_a_trials_row_records_the_commit_it_read_and_records_at_other_commits_ar
     assert spec.finished(result).dataset_revisions == f"{hub.GLUE}@{COMMIT}"
     assert trial_settings(cfg) != trial_settings(dataclasses.replace(cfg, dataset_revisions=(f"{hub.GLUE}@{OTHER}",)))
     assert tasks.load_splits(tasks.get_task("tweets"), max_examples=8).revisions == {}  # offline: no hub dataset
+
+
+def test_the_default_commits_pin_the_retrieval_datasets_and_hold_a_snapshot_to_them(tmp_path, monkeypatch):
+    from tests.finetune.test_production_loaders import _retrieval
+
+    assert {k for k, v in hub.DATASET_REVISIONS.items() if v} == {hub.MSMARCO, hub.NQ, hub.MLDR}
+    assert all(COMMIT_HEX.fullmatch(v) for v in hub.DATASET_REVISIONS.values() if v)
+    _retrieval(tmp_path / "hub")  # downloaded at the default commits
+    monkeypatch.setenv(hub.DATASETS_DIR_ENV, str(tmp_path / "hub"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "datasets-cache"))
+    tasks._load_splits.cache_clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", hub.UnpinnedDatasetWarning)
+        splits = tasks.load_splits(tasks.get_task("mldr"), source="production")
+    assert splits.revisions == {hub.MSMARCO: hub.DATASET_REVISIONS[hub.MSMARCO],
+                                hub.MLDR: hub.DATASET_REVISIONS[hub.MLDR]}
+    record_commit(tmp_path / "hub" / hub.MLDR, OTHER)  # a snapshot at another commit than the default
+    tasks._load_splits.cache_clear()
+    with pytest.raises(UserError, match=f"revision {hub.DATASET_REVISIONS[hub.MLDR]} of {hub.MLDR} is not the snapshot"):
+        tasks.load_splits(tasks.get_task("mldr"), source="production")
+    tasks._load_splits.cache_clear()

@@ -36,6 +36,20 @@ ONTONOTES_NER = ["O", "B-PERSON", "I-PERSON", "B-NORP", "I-NORP", "B-FAC", "I-FA
                  "B-LAW", "I-LAW", "B-LANGUAGE", "I-LANGUAGE"]
 
 
+def record_commit(repo: Path, commit: str) -> None:
+    """What `hf download --revision COMMIT --local-dir REPO` leaves beside each file: its commit, etag, time."""
+    for path in [p for p in repo.rglob("*") if p.is_file() and ".cache" not in p.parts]:
+        meta = repo / ".cache" / "huggingface" / "download" / f"{path.relative_to(repo)}.metadata"
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        meta.write_text(f"{commit}\netag\n1700000000.0\n")
+
+
+def at_default(repo: Path, dataset_id: str) -> None:
+    """A snapshot downloaded at the commit the dataset is read at by default (hub.DATASET_REVISIONS), if pinned."""
+    if hub.DATASET_REVISIONS[dataset_id]:
+        record_commit(repo, hub.DATASET_REVISIONS[dataset_id])
+
+
 def _parquet(path: Path, rows: list[dict], features: Features) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     datasets.Dataset.from_list(rows, features=features).to_parquet(str(path))
@@ -177,6 +191,7 @@ def _mteb(root: Path, dataset_id: str, corpus: list[dict], queries: list[dict], 
                  [{"query-id": q, "corpus-id": c, "score": s} for q, c, s in rows], judgement)
     _card(repo, {"default": {split: f"qrels/{split}-*" for split in qrels},
                  "corpus": {"corpus": "corpus/corpus-*"}, "queries": {"queries": "queries/queries-*"}})
+    at_default(repo, dataset_id)
 
 
 def squad_as_msmarco(root: Path, *, queries: int = 64) -> None:
@@ -225,6 +240,7 @@ def _retrieval(root: Path) -> None:
                  [{"query_id": qid, "query": f"which article is {qid}?", "positive_passages": [positive],
                    "negative_passages": [documents[2]]}], query)
     _card(mldr, {"en": {"dev": "en/dev-*", "test": "en/test-*"}, "corpus-en": {"corpus": "corpus-en/corpus-*"}})
+    at_default(mldr, hub.MLDR)
 
 
 @pytest.fixture(scope="module")

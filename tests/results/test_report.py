@@ -374,3 +374,23 @@ def test_a_baseline_row_is_not_a_second_learning_rate() -> None:
     trials = pd.DataFrame([*ours, baseline])
     section = report.lr_section(report._enrich(summarize(trials)), trials)
     assert section.figure is None and section.note == "Not drawn: a single fine-tuning learning rate."
+
+
+@pytest.mark.slow  # the report's sections drawn (matplotlib), seconds
+def test_a_public_encoder_is_a_labelled_reference_line_on_the_per_task_figures_and_never_in_the_findings() -> None:
+    rng = np.random.default_rng(0)
+    ours = [r for config in (_run(share, 200) for share in (0, 0.5, 1)) for r in _finetune_rows(config, rng)]
+    hub = [{"source": "hub", "run": "tiny-org/bert", "checkpoint": "tiny-org/bert@" + "1" * 40, "pretrain_step": 0,
+            "task": task, "family": family, "dataset": task, "metric": metric, "lr": lr, "seed": seed,
+            "val_score": 0.6, "test_score": 0.65, "test_per_example": [1.0] * 4}
+           for task, (family, metric) in TASKS.items() for lr in (1e-4, 5e-4) for seed in (0, 1)]
+    sections = {s.name: s for s in report.build_sections(pd.DataFrame(), pd.DataFrame(ours + hub))}
+    figure = sections["clm_share"].figure
+    assert "hub tiny-org/bert" in _legend_texts(figure) and "dotted: public encoders" in figure._suptitle.get_text()
+    panels = [ax for ax in figure.axes if ax.get_visible()]
+    assert len(panels) == len(TASKS)
+    for ax in panels:  # on every task's panel, at its score, beside our arms' lines
+        (line,) = [line for line in ax.get_lines() if line.get_label() == "hub tiny-org/bert"]
+        assert list(line.get_ydata()) == pytest.approx([65.0, 65.0]) and line.get_linestyle() == ":"
+    assert "| hub | tiny-org/bert |" in sections["summary"].table
+    assert "bert" not in sections["findings"].table and "bert" not in sections["findings"].note  # never paired

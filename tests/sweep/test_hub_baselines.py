@@ -54,3 +54,41 @@ def test_hub_rows_sit_in_the_reports_tables_beside_ours_and_never_in_its_finding
     assert "tiny-clm-mlm" in report
     findings = report[report.index("The paper's findings"):]
     assert "bert" not in findings  # never paired with our arms
+
+
+def _publish(cache, repo: str, commit: str, folder) -> None:
+    """What a download of `repo` at `commit` leaves in the Hub's cache: its files under snapshots/<commit>, and
+    refs/main naming that commit (the head, as the Hub last said)."""
+    import shutil
+
+    root = cache / f"models--{repo.replace('/', '--')}"
+    shutil.copytree(folder, root / "snapshots" / commit)
+    (root / "refs").mkdir(parents=True, exist_ok=True)
+    (root / "refs" / "main").write_text(commit)
+
+
+def test_a_hub_baseline_is_resolved_once_per_sweep_and_its_rows_carry_that_commit(offline_cache, tmp_path,
+                                                                                   monkeypatch):
+    from huggingface_hub import constants
+
+    from raybiphase.finetune.encoders import encoder_source
+    from raybiphase.results.rows import FinetuneRow
+    from raybiphase.sweep.hub_baselines import hub_baseline_rows, hub_cache, hub_sources
+
+    bert, first, moved = make_tiny_bert(tmp_path / "bert"), "1" * 40, "2" * 40
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _publish(tmp_path / "hf", "tiny-org/bert", first, bert)
+    spec = from_dict(SweepSpec, {"sweep": {"name": "pinned", "storage": str(tmp_path / "storage")},
+                                 "finetune": {"tasks": ["tweets"], "lrs": [1e-3], "seeds": [0],
+                                              "baselines": ["tiny-org/bert"]}})
+    (source,) = hub_sources(spec)  # the driver's check before Ray starts
+    assert (source.run, source.hf_dir) == ("tiny-org/bert", f"tiny-org/bert@{first}")
+    _publish(tmp_path / "hf", "tiny-org/bert", moved, bert)  # the Hub's head moves while the sweep runs
+    assert encoder_source("tiny-org/bert") == f"tiny-org/bert@{moved}"
+    row = FinetuneRow(run="tiny-org/bert", pretrain_step=0, task="tweets", lr=1e-3, seed=0, source=result_rows.HUB,
+                      family="SC", metric="accuracy", val_score=0.5, test_score=0.6, test_per_example=[1.0, 0.0],
+                      dataset="tweets", checkpoint=source.hf_dir).record()
+    store.append_rows(f"{hub_cache(spec)}/finetune.parquet", [row], key=result_rows.FINETUNE_KEY)  # its trial
+    recorded = hub_baseline_rows(spec)  # when the sweep records its baselines
+    assert list(recorded["checkpoint"]) == [f"tiny-org/bert@{first}"] and list(recorded["sweep"]) == ["pinned"]

@@ -3,9 +3,12 @@
 Inputs are built from token ids, so any tokenizer works the same way: the special tokens the tokenizer itself
 writes around a text and between a pair's texts (`[CLS] text [SEP]` for BERT, `<s> text </s>` for RoBERTa;
 `<bos> text <eos>` for a tokenizer that adds none, as raybiphase's exports: `encoders.special_template`); a sentence
-pair is one text, written in its task's template, for every model alike. At most `max_len` tokens: no more than
-the checkpoint's `max_position_embeddings` (a raybiphase export says the length it was pretrained on), else
-`UserError`. A tokenizer with no pad token (nor an eos to pad with) is a `UserError` that says what to set.
+pair is one text, written in its task's template, for every model alike. Where a head does write two segments (QA's
+question and context window), a model whose tokenizer marks the second (BERT's token_type_ids) and that has
+token-type embeddings gets them: the second segment reads as segment B, as in its pretraining. At most `max_len`
+tokens: no more than the positions the checkpoint can index (`encoders.usable_positions`: its
+`max_position_embeddings`, less the positions RoBERTa-style models reserve below their first; a raybiphase export
+says the length it was pretrained on), else `UserError`. A tokenizer with no pad token (nor an eos to pad with) is a `UserError` that says what to set.
 
 A batch is padded to its longest sequence; on CUDA that width is rounded up to a multiple of `CUDA_PAD_MULTIPLE`
 (never past `max_len`). On CUDA a process pays for each new width (kernel choice and plans for every matmul and
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from raybiphase.errors import UserError
-from raybiphase.finetune.encoders import load_encoder, special_template
+from raybiphase.finetune.encoders import load_encoder, special_template, usable_positions
 from raybiphase.finetune.input_lengths import CUDA_PAD_MULTIPLE, EVAL_BATCH  # noqa: F401 (the heads' batching)
 from raybiphase.finetune.tasks import Task
 
@@ -69,6 +72,8 @@ class Head:
             raise UserError(f"finetune: the tokenizer {tokenizer.name_or_path} has no pad token (nor an eos to pad "
                             f"with); set one (tokenizer.pad_token = ...), save it beside the model and pass that folder")
         self.pad_id = pad_id
+        self.segments = any(tokenizer("a", "a").get("token_type_ids") or [])  # it marks a pair's second text (BERT)
+        self.model_segments = False  # the loaded model has token-type embeddings to read them with (`_model`)
 
     def ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -99,19 +104,29 @@ class Head:
         mask = pad([[1] * len(s) for s in sequences], 0, width).to(self.device, non_blocking=True)
         return ids, mask
 
-    def forward_logits(self, model, sequences: list[list[int]]) -> torch.Tensor:
+    def inputs(self, sequences: list[list[int]], second: list[int] | None = None) -> dict[str, torch.Tensor]:
+        """The model's keyword inputs for a batch: ids and attention mask; with `second` (where each sequence's
+        second segment starts), token_type_ids (1 from there to its end) for a model that reads them."""
         ids, mask = self.batch(sequences)
-        return model(input_ids=ids, attention_mask=mask).logits
+        inputs = {"input_ids": ids, "attention_mask": mask}
+        if second is not None and self.segments and self.model_segments:
+            types = [[0] * start + [1] * (len(s) - start) for s, start in zip(sequences, second)]
+            inputs["token_type_ids"] = pad(types, 0, ids.shape[1]).to(self.device, non_blocking=True)
+        return inputs
+
+    def forward_logits(self, model, sequences: list[list[int]], second: list[int] | None = None) -> torch.Tensor:
+        return model(**self.inputs(sequences, second)).logits
 
     def _model(self, kind: str, hf_dir: str, num_labels: int = 0):
         """The model of `kind` ("sequence", "token", "encoder": `encoders.load_encoder`), checked against max_len."""
         with _quiet_transformers():
             model = load_encoder(hf_dir, kind, num_labels, trust_remote_code=self.trust_remote_code)
-        positions = getattr(model.config, "max_position_embeddings", None)
+        positions = usable_positions(model)
         if positions is not None and self.max_len > positions:
             raise UserError(f"finetune.max_len: {self.max_len} exceeds the {positions} positions of {hf_dir} "
-                            f"(max_position_embeddings, the length it was trained on); set finetune.max_len <= "
-                            f"{positions}")
+                            f"(max_position_embeddings, the length it was trained on, less any it reserves); set "
+                            f"finetune.max_len <= {positions}")
+        self.model_segments = getattr(model.config, "type_vocab_size", 0) > 1  # token-type embeddings to read
         return model
 
     def prepare_eval(self, split):

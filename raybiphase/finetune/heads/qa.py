@@ -1,5 +1,6 @@
 """QA (the paper: token classification with 2 labels): `<bos> question <eos> window <eos>` over overlapping windows
-of the context (in the tokenizer's own pair layout: `[CLS] question [SEP] window [SEP]` for BERT); logits[..., 0]
+of the context (in the tokenizer's own pair layout: `[CLS] question [SEP] window [SEP]` for BERT, the window and its
+closing token segment B where the model reads token_type_ids, as BERT's own pair encoding marks it); logits[..., 0]
 score starts, logits[..., 1] ends. Training uses every window: one that holds the first gold answer whole points at
 it, any other (and every window of an unanswerable SQuAD v2 question) points start and end at position 0, the
 `<bos>` (or `[CLS]`) token, as transformers' run_qa example trains them; a tokenizer that writes no token there is
@@ -68,12 +69,13 @@ class QuestionAnsweringHead(Head):
                         start = next(i for i, (_, e) in enumerate(offsets) if e > start_char)
                         end = max(i for i, (s, _) in enumerate(offsets) if s < end_char)
                         target = (window["first"] + start, window["first"] + max(start, end))
-                units.append((window["ids"], target))
+                units.append((window["ids"], target, window["first"]))
         return units
 
     def loss(self, model, units: list) -> torch.Tensor:
-        ids, mask = self.batch([u[0] for u in units])
-        logits = model(input_ids=ids, attention_mask=mask).logits.masked_fill(~mask.bool()[..., None], -1e4)
+        inputs = self.inputs([u[0] for u in units], [u[2] for u in units])
+        mask = inputs["attention_mask"]
+        logits = model(**inputs).logits.masked_fill(~mask.bool()[..., None], -1e4)
         starts, ends = self.tensor([u[1][0] for u in units]), self.tensor([u[1][1] for u in units])
         return (F.cross_entropy(logits[..., 0], starts) + F.cross_entropy(logits[..., 1], ends)) / 2
 
@@ -102,7 +104,8 @@ class QuestionAnsweringHead(Head):
         logits: list[list[np.ndarray]] = [[] for _ in prepared]
         for i in range(0, len(flat), EVAL_BATCH):
             chunk = flat[i:i + EVAL_BATCH]
-            out = self.forward_logits(model, [w["ids"] for _, w in chunk]).float().cpu().numpy()
+            out = self.forward_logits(model, [w["ids"] for _, w in chunk],
+                                      [w["first"] for _, w in chunk]).float().cpu().numpy()
             for row, (q, w) in zip(out, chunk):
                 logits[q].append(row[: len(w["ids"])])
         f1, exact = [], []
