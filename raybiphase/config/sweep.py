@@ -136,7 +136,8 @@ class FinetuneConfig:
     `id@revision`, pinned to the commit they resolve to), folders or bucket URIs of any encoder transformers'
     AutoModel loads. Their rows have source `hub`, run the model's id, checkpoint its id@commit; the report shows
     them beside our arms and its findings never pair them with ours. Their trials are kept under
-    <sweep.storage>/hub-baselines, by commit and fine-tuning settings, so another sweep there reuses them."""
+    <sweep.storage>/hub-baselines, one folder per fine-tuning settings, model and commit, so another sweep there
+    reuses them at that commit and fine-tunes a newer commit afresh."""
     dataset_revisions: tuple[str, ...] = ()
     """Hub datasets read at a named revision, each `org/name@revision` (a commit pins it), over the defaults in
     raybiphase.finetune.hub.DATASET_REVISIONS; a dataset read at a moving revision is warned of. The commit read

@@ -3,13 +3,17 @@ with source `hub`, run its id and checkpoint its id@commit.
 
 A Hub id is pinned to the commit it resolves to when the sweep first reaches it (`encoders.encoder_source`): once per
 sweep in a process, so the commit its trials and rows carry is the one resolved when the sweep started, wherever
-the Hub's head has moved since. Two entries naming one model at one commit are one baseline. Trials are kept under <sweep.storage>/hub-baselines/<settings
-digest>/ (finetune.parquet and the trials' records), so a later sweep at the same storage with the same fine-tuning
-settings reuses every trial already made at that commit, and copies the rows into its own table with its name.
+the Hub's head has moved since. Two entries naming one model at one commit are one baseline. Trials are kept under
+<sweep.storage>/hub-baselines/<settings digest>/<model@commit>/ (finetune.parquet and the trials' records), one folder
+per model and commit: a later sweep at the same storage with the same fine-tuning settings reuses every trial already
+made at that commit and copies the rows into its own table with its name, and one whose id resolves to a newer commit
+fine-tunes that commit afresh (a trial at one commit never stands for another).
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -45,28 +49,33 @@ def hub_sources(spec: SweepSpec) -> list[FinetuneSource]:
                            {"model.init_from": model}, row_source=result_rows.HUB) for model in pinned]
 
 
-def hub_cache(spec: SweepSpec) -> str:
-    """Where the public encoders' trials are kept for every sweep at this storage with these settings."""
-    return storage.join(storage.absolute(spec.sweep.storage), HUB_BASELINES_DIR, trial_settings(spec.finetune))
+def hub_cache(spec: SweepSpec, source: FinetuneSource) -> str:
+    """Where the trials of one public encoder at one commit (`source`, from `hub_sources`) are kept for every sweep
+    at this storage with these fine-tuning settings: a readable name (the id, or a folder's name, and the commit)
+    and a digest of the whole pinned reference, so no two models or commits share a folder."""
+    readable = re.sub(r"[^A-Za-z0-9._@-]", "--", source.run)[:80]
+    commit = source.hf_dir.rpartition("@")[2][:12] if is_hub_id(source.hf_dir) else "local"
+    digest = hashlib.sha256(source.hf_dir.encode()).hexdigest()[:12]
+    return storage.join(storage.absolute(spec.sweep.storage), HUB_BASELINES_DIR, trial_settings(spec.finetune),
+                        f"{readable}@{commit}-{digest}")
 
 
 def hub_baseline_rows(spec: SweepSpec, *, console=None) -> pd.DataFrame:
-    """Fine-tune each public encoder's trials not yet in the cache (`hub_cache`), then its rows for this sweep's
+    """Fine-tune each public encoder's trials not yet in its cache (`hub_cache`), then its rows for this sweep's
     grid, under this sweep's name (the caller appends them to the sweep's table)."""
-    sources = hub_sources(spec)
-    if not sources:
-        return pd.DataFrame()
-    cache = hub_cache(spec)
-    table = storage.join(cache, storage.FINETUNE_FILE)
-    done = {key[:-1] for key in store.done_keys(table, result_rows.FINETUNE_KEY) if key[-1] == result_rows.HUB}
     kwargs = {"console": console} if console is not None else {}
-    rows = finetune_checkpoints(sources, Fanout.of(spec), storage=cache, name="trials", done=done, **kwargs)
-    if rows:
-        store.append_rows(table, rows, key=result_rows.FINETUNE_KEY)
-    cfg, wanted = spec.finetune, {(s.run, s.hf_dir) for s in sources}
-    cached = store.read_rows(table)
-    if cached.empty:
-        return cached
-    keep = (pd.Series(list(zip(cached["run"], cached["checkpoint"])), index=cached.index).isin(wanted)
-            & cached["task"].isin(cfg.tasks) & cached["lr"].isin(cfg.lrs) & cached["seed"].isin(cfg.seeds))
-    return cached[keep].assign(sweep=spec.sweep.name)
+    cfg, found = spec.finetune, []
+    for source in hub_sources(spec):
+        cache = hub_cache(spec, source)
+        table = storage.join(cache, storage.FINETUNE_FILE)
+        done = {key[:-1] for key in store.done_keys(table, result_rows.FINETUNE_KEY) if key[-1] == result_rows.HUB}
+        rows = finetune_checkpoints([source], Fanout.of(spec), storage=cache, name="trials", done=done, **kwargs)
+        if rows:
+            store.append_rows(table, rows, key=result_rows.FINETUNE_KEY)
+        cached = store.read_rows(table)
+        if cached.empty:
+            continue
+        keep = ((cached["checkpoint"] == source.hf_dir) & cached["task"].isin(cfg.tasks) & cached["lr"].isin(cfg.lrs)
+                & cached["seed"].isin(cfg.seeds))
+        found.append(cached[keep].assign(sweep=spec.sweep.name))
+    return pd.concat(found, ignore_index=True) if found else pd.DataFrame()

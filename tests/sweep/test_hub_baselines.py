@@ -23,14 +23,16 @@ def _spec(storage, name: str, bert) -> SweepSpec:
 
 @pytest.mark.ray
 def test_a_public_encoder_is_fine_tuned_once_and_reused_by_a_later_sweep(ray_cluster, offline_cache, tmp_path):
-    from raybiphase.sweep.hub_baselines import hub_baseline_rows, hub_cache
+    from raybiphase.sweep.hub_baselines import hub_baseline_rows, hub_cache, hub_sources
 
     bert = make_tiny_bert(tmp_path / "bert")
     first = hub_baseline_rows(_spec(tmp_path / "storage", "first", bert))
     assert len(first) == 1 and set(first["source"]) == {result_rows.HUB} and set(first["run"]) == {"bert"}
     assert set(first["checkpoint"]) == {str(bert)} and set(first["sweep"]) == {"first"}
     assert 0.0 <= float(first["test_score"].iloc[0]) <= 1.0
-    cache = f"{hub_cache(_spec(tmp_path / 'storage', 'first', bert))}/{'finetune.parquet'}"
+    spec = _spec(tmp_path / "storage", "first", bert)
+    (source,) = hub_sources(spec)
+    cache = f"{hub_cache(spec, source)}/finetune.parquet"
     second = hub_baseline_rows(_spec(tmp_path / "storage", "second", bert))  # another sweep at this storage
     assert len(store.read_rows(cache)) == 1  # nothing fine-tuned again
     assert set(second["sweep"]) == {"second"} and list(second["test_per_example"].iloc[0]) == list(
@@ -89,6 +91,13 @@ def test_a_hub_baseline_is_resolved_once_per_sweep_and_its_rows_carry_that_commi
     row = FinetuneRow(run="tiny-org/bert", pretrain_step=0, task="tweets", lr=1e-3, seed=0, source=result_rows.HUB,
                       family="SC", metric="accuracy", val_score=0.5, test_score=0.6, test_per_example=[1.0, 0.0],
                       dataset="tweets", checkpoint=source.hf_dir).record()
-    store.append_rows(f"{hub_cache(spec)}/finetune.parquet", [row], key=result_rows.FINETUNE_KEY)  # its trial
+    store.append_rows(f"{hub_cache(spec, source)}/finetune.parquet", [row], key=result_rows.FINETUNE_KEY)  # its trial
     recorded = hub_baseline_rows(spec)  # when the sweep records its baselines
     assert list(recorded["checkpoint"]) == [f"tiny-org/bert@{first}"] and list(recorded["sweep"]) == ["pinned"]
+    # a later sweep at this storage, whose id resolves to the moved head: the first commit's trial is not its own
+    later = from_dict(SweepSpec, {**{"sweep": {"name": "later", "storage": str(tmp_path / "storage")}},
+                                  "finetune": {"tasks": ["tweets"], "lrs": [1e-3], "seeds": [0],
+                                               "baselines": ["tiny-org/bert"]}})
+    (newer,) = hub_sources(later)
+    assert newer.hf_dir == f"tiny-org/bert@{moved}" and hub_cache(later, newer) != hub_cache(spec, source)
+    assert not store.done_keys(f"{hub_cache(later, newer)}/finetune.parquet", result_rows.FINETUNE_KEY)
