@@ -305,8 +305,8 @@ def masking(study: Study) -> tuple[str, str, str]:
               for family, cells in slopes[size].groupby("family", sort=True)}
     best = no_best_ratio(places, study.effect)
     shown = best if best is not None and any(c.effect for c in best.comparisons) else None  # None: no interval
-    parts = [] if best is None else [(labels[0], [("", shown, f"{len(places)} (size, family) places, "
-                                                            f"{best.ratios} ratios")])]
+    parts = [] if best is None else [(labels[0], [("", shown, f"{best.ratios} ratios in "
+                                                            f"{plural(len(places), 'place')} (size and family)")])]
     if len(sizes) > 1:
         small, large = slopes[sizes[0]], slopes[sizes[-1]]
         common = set(small["task"]) & set(large["task"])

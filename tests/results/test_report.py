@@ -355,7 +355,7 @@ def test_the_papers_five_findings_are_judged_from_the_intervals() -> None:
     assert verdicts["3."][1].startswith("best ratio by size and family (mean over its tasks): QA 40%, SC 20% · no "
                                         "ratio is best everywhere")
     assert ("each ratio's clearest loss: 40% over 20% in QA +10.00 pts [+7.05, +12.95]; 20% over 40% in SC +10.00 "
-            "pts [+7.05, +12.95] over 2 task(s), 2 (size, family) places, 2 ratios (replicates): held [this part: "
+            "pts [+7.05, +12.95] over 2 task(s), 2 ratios in 2 places (size and family) (replicates): held [this part: "
             "held] · not tested in this sweep: larger models prefer higher ratios, retrieval prefers higher ratios"
             ) in verdicts["3."][1]
     assert "not tested: the paper's \"CLM is competitive on token classification\"" in verdicts["1."][1]
