@@ -60,3 +60,13 @@ def test_a_factor_below_one_on_the_report_command_is_one_line_and_exit_2(tmp_pat
     err = capsys.readouterr().err
     assert err.startswith("error: --unmeasured-sd: 0.9 is out of range; allowed: an SD factor of at least 1")
     assert err.count("\n") == 1
+
+
+def test_the_reports_findings_section_judges_and_says_with_the_factor_it_is_given() -> None:
+    from raybiphase.results.report import findings_section
+
+    rows = _study(np.random.default_rng(3), 2.0).assign(knobs="")
+    for factor, verdict_210m in ((1.0, "held"), (4.0, "not resolved")):
+        section = findings_section(rows, factor)
+        assert f"assumed {factor:g}x as noisy (SD) as the noisiest measured stratum" in section.note
+        assert f"210m MLM widened): {verdict_210m}; 610m" in section.table
