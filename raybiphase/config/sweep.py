@@ -215,6 +215,18 @@ def _check_export_grid(entry: ExportGrid, ft: FinetuneConfig, key: str, named: l
                   f"({', '.join(map(repr, allowed)) or 'none'}); an export step fine-tunes on a part of the full grid")
 
 
+UNMEASURED_SD = 2.0
+"""The default of sweep.unmeasured_sd: an unmeasured stratum is taken as twice as noisy (SD) as the noisiest
+measured one, four times its variance."""
+
+
+def check_unmeasured_sd(value: float, key: str) -> None:
+    """The widening factor of unmeasured strata is a number of at least 1 (ConfigError naming `key`)."""
+    check(isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 1,
+          key, f"{value!r} is out of range; allowed: an SD factor of at least 1 (1: an unmeasured size or objective "
+               "as noisy as the noisiest measured one)")
+
+
 @dataclass(frozen=True, kw_only=True)
 class SweepConfig:
     name: str = "run"
@@ -287,6 +299,12 @@ class SweepConfig:
     decide_probability: float = 0.9
     """With stages: by_size, a finding is decided at a size when the chance its effect there lies in the paper's
     direction is at least this or at most 1 minus this; an arm all of whose findings are decided is skipped."""
+    unmeasured_sd: float = UNMEASURED_SD
+    """How much noisier (an SD factor, at least 1) than the noisiest measured (model size, objective) stratum the
+    findings take a stratum no replicated arm measures: its covariance x this squared, at the measured one's degrees
+    of freedom (docs/statistics.md). The dry run's power lines use it. `raybiphase report` takes
+    `--unmeasured-sd`, else the `unmeasured_sd` a results folder's sweep.json records, else 2: pass it the spec's
+    value to judge the findings with the prior the power lines were priced with."""
     wandb_project: str | None = None
     """W&B project; runs go there: online when the driver has a key (WANDB_API_KEY or `wandb login`), else offline
     (WANDB_MODE overrides both). None disables W&B."""
@@ -326,6 +344,7 @@ class SweepSpec:
         positive(self.sweep.gpus_per_node, "sweep.gpus_per_node")
         positive(self.sweep.checkpoint_gb_per_s, "sweep.checkpoint_gb_per_s")
         positive(self.sweep.lease_timeout_s, "sweep.lease_timeout_s")
+        check_unmeasured_sd(self.sweep.unmeasured_sd, "sweep.unmeasured_sd")
         check(0.5 < self.sweep.decide_probability < 1, "sweep.decide_probability",
               f"{self.sweep.decide_probability} is out of range; allowed: a probability in (0.5, 1)")
         for key, values in self.sweep.grid.items():

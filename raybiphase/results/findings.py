@@ -18,6 +18,7 @@ import pandas as pd
 
 from raybiphase.config.sizes import SIZES
 from raybiphase.naming import steps_label
+from raybiphase.results.best_ratio import NoBestRatio, no_best_ratio
 from raybiphase.results.inference import (
     ALPHA,
     NO_REPLICATES,
@@ -51,12 +52,15 @@ class Study:
     """Our rows of one sweep, pooled over pretraining replicates (`cells`, indexed by arm and task), with the noise
     the replicates measure for each measure (None without replicates: fine-tuning seeds only)."""
 
-    def __init__(self, s: pd.DataFrame):
+    def __init__(self, s: pd.DataFrame, unmeasured_sd: float = UNMEASURED_SD):
+        """`unmeasured_sd`: sweep.unmeasured_sd, the SD factor of a stratum no replicated arm measures."""
+        self.unmeasured_sd = unmeasured_sd
         ours = s[s["source"] == "raybiphase"]
         ours = ours.assign(size=ours["size"] if "size" in ours else "")
         runs = with_noise_columns(ours)
         pretrained = runs[runs["objective"] != UNTRAINED]  # a control's seeds are not pretraining runs
-        self.noise: dict[str, Strata | None] = {m: strata_noise(pretrained, m) for m in ("score", "spread")}
+        self.noise: dict[str, Strata | None] = {m: strata_noise(pretrained, m, unmeasured_sd)
+                                                   for m in ("score", "spread")}
         self.cells = pool(runs)
         self.lookup = self.cells.set_index(["arm", "task"]).to_dict("index")
         self.final = self.cells[self.cells["final"] & self.cells["init_from"].isna()]  # from scratch, final steps
@@ -79,16 +83,17 @@ class Study:
                              for (size, objective), one in noise.measured.items())
         return (f"Pretraining noise is measured per model size and objective where an arm of it was replicated "
                 f"({measured}) and every arm of that stratum, replicated or not, is widened by it. An arm whose "
-                f"size and objective no replicated arm shares is assumed {UNMEASURED_SD:g}x as noisy (SD) as the "
-                f"noisiest measured stratum ({' '.join(noise.noisiest).strip()}), never as quiet as another size; "
-                "its tests say \"widened\". Replicate an arm of each size and objective to measure them.")
+                f"size and objective no replicated arm shares is assumed {self.unmeasured_sd:g}x as noisy (SD) as the "
+                f"noisiest measured stratum ({' '.join(noise.noisiest).strip()}; the factor is sweep.unmeasured_sd, "
+                "`raybiphase report --unmeasured-sd` overrides it), never as quiet as another size; its tests say "
+                "\"widened\". Replicate an arm of each size and objective to measure them.")
 
 
-Part = tuple[str, Effect | None, str]
-"""One test of a finding: (who: the size, say; the effect; what it rests on: "3 pairs")."""
+Part = tuple[str, Effect | NoBestRatio | None, str]
+"""One test of a finding: (who: the size, say; the effect, or a test with its face; what it rests on: "3 pairs")."""
 
 
-def _size_text(who: str, effect: Effect | None, decision: str, rests_on: str, unit: str = "pts",
+def _size_text(who: str, effect: Effect | NoBestRatio | None, decision: str, rests_on: str, unit: str = "pts",
                level: float = ALPHA) -> str:
     """One test's line: its effect with the interval at `level` (its Holm level: `inference.holm_levels`)."""
     head = f"{who}: " if who else ""
@@ -275,15 +280,18 @@ def _clm_early_and_lr(study: Study, cells: pd.DataFrame, final: pd.DataFrame) ->
     return claim_, verdict, evidence
 
 
-def _masking(study: Study, mlm: pd.DataFrame) -> tuple[str, str, str]:
-    """Finding 3: per size and family the preferred ratio (descriptive), and the two trends the paper states as
-    tests: the masking slope grows with the model size (largest - smallest), and retrieval's slope exceeds the
-    other families' (per size)."""
+def masking(study: Study) -> tuple[str, str, str]:
+    """Finding 3, three parts: no ratio is best everywhere (`best_ratio.no_best_ratio`: every ratio loses to
+    another in some size and family), the masking slope grows with the model size (largest - smallest), and
+    retrieval's slope exceeds the other families' (per size); with the preferred ratio per size and family
+    (descriptive). From scratch, final checkpoints, MLM arms (the one tests/results/test_best_ratio.py simulates)."""
     claim = ("3. No masking ratio is best everywhere: larger models and retrieval prefer higher ratios (slopes in "
-             "points per +10 points of masking); held when both trends are")
-    labels = ("larger models prefer higher ratios, the largest size's slope - the smallest's: ",
+             "points per +10 points of masking); held when all three parts are")
+    labels = ("no ratio is best everywhere, every ratio beaten by another in some size and family "
+              "(intersection-union test): ",
+              "larger models prefer higher ratios, the largest size's slope - the smallest's: ",
               "retrieval prefers higher ratios, retrieval's slope - the other families': ")
-    mlm = ratio_groups(mlm)
+    mlm = ratio_groups(_of(study.final, "MLM"))
     slopes = {size: group for size, group in mlm.groupby("size", sort=True) if group["mask_ratio"].nunique() > 1}
     if not slopes:
         return claim, UNRESOLVED, "one masking ratio per model size in this sweep: nothing to compare"
@@ -293,13 +301,18 @@ def _masking(study: Study, mlm: pd.DataFrame) -> tuple[str, str, str]:
         means = slopes[size].groupby(["family", "mask_ratio"])["score"].mean()
         preferred.append(f"{size + ' ' if size else ''}" + ", ".join(
             f"{family} {means[family].idxmax():.0%}" for family in means.index.get_level_values(0).unique()))
-    parts = []
+    places = {f"{size} {family}".strip(): cells for size in sizes
+              for family, cells in slopes[size].groupby("family", sort=True)}
+    best = no_best_ratio(places, study.effect)
+    shown = best if best is not None and any(c.effect for c in best.comparisons) else None  # None: no interval
+    parts = [] if best is None else [(labels[0], [("", shown, f"{best.ratios} ratios in "
+                                                            f"{plural(len(places), 'place')} (size and family)")])]
     if len(sizes) > 1:
         small, large = slopes[sizes[0]], slopes[sizes[-1]]
         common = set(small["task"]) & set(large["task"])
         trend = difference(slope_contrast(large[large["task"].isin(common)], "mask_ratio", RATIO_STEP),
                            slope_contrast(small[small["task"].isin(common)], "mask_ratio", RATIO_STEP))
-        parts.append((labels[0], [(f"{sizes[-1]} - {sizes[0]}", study.effect(trend),
+        parts.append((labels[1], [(f"{sizes[-1]} - {sizes[0]}", study.effect(trend),
                                     plural(len(common), "common task"))]))
     retrieval = []
     for size in sizes:
@@ -310,11 +323,10 @@ def _masking(study: Study, mlm: pd.DataFrame) -> tuple[str, str, str]:
             retrieval.append((size, study.effect(contrast), f"{group[ir]['task'].nunique()} IR and "
                                                             f"{plural(group[~ir]['task'].nunique(), 'other task')}"))
     if retrieval:
-        parts.append((labels[1], retrieval))
+        parts.append((labels[2], retrieval))
     claim, verdict, evidence = _verdict(claim, parts, "one size and no retrieval task beside another family: "
                                                       "no trend to test", both=labels)
-    return claim, verdict, (f"best ratio by family (mean over its tasks; descriptive, \"no ratio is best "
-                            f"everywhere\" is not tested): {'; '.join(preferred)} · {evidence}")
+    return claim, verdict, f"best ratio by size and family (mean over its tasks): {'; '.join(preferred)} · {evidence}"
 
 
 def _parameters(group: pd.DataFrame) -> float:
@@ -337,15 +349,15 @@ def _continued(study: Study) -> tuple[str, str, str]:
                     [("", _paired(study, continued_pairs(study.cells)))], "nothing to compare in this sweep (no continued runs from both)")
 
 
-def findings(s: pd.DataFrame) -> list[tuple[str, str, str]]:
+def findings(s: pd.DataFrame, unmeasured_sd: float = UNMEASURED_SD) -> list[tuple[str, str, str]]:
     """The paper's five findings, each (claim, verdict, evidence), from our checkpoints' cells (the enriched
     summary: objective, size, budget, mask_ratio, init_from, pretrain_step, final, score, ci, n_seeds, family,
     lr_spread, lr_spread_se and the dotted settings), each effect per size with its interval (at its Holm level)
-    and the decision of `raybiphase.results.inference`."""
-    return judge(Study(s))
+    and the decision of `raybiphase.results.inference`; `unmeasured_sd`: `Study`'s."""
+    return judge(Study(s, unmeasured_sd))
 
 
 def judge(study: Study) -> list[tuple[str, str, str]]:
     """`findings` of a study already pooled."""
     return [_mlm_beats_clm(study, study.final), _clm_early_and_lr(study, study.cells, study.final),
-            _masking(study, _of(study.final, "MLM")), fixed_budget(study), _continued(study)]
+            masking(study), fixed_budget(study), _continued(study)]

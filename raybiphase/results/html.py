@@ -18,6 +18,7 @@ import os
 import platform
 
 from raybiphase import storage
+from raybiphase.config.sweep import UNMEASURED_SD, check_unmeasured_sd
 from raybiphase.telemetry.provenance import code_version
 
 STYLE = """
@@ -67,11 +68,23 @@ def protocol(finetune) -> str:
             f"inputs up to {finetune.max_len} tokens")
 
 
-def run_info(spec_path: str = "", finetune=None) -> dict:
-    """The header of a sweep's report, recorded at its start (with the fine-tuning protocol when given)."""
+def run_info(spec_path: str = "", finetune=None, unmeasured_sd: float | None = None) -> dict:
+    """The header of a sweep's report, recorded at its start (with the fine-tuning protocol when given), and the
+    report's settings from the spec: sweep.unmeasured_sd when given (`unmeasured_sd_of` reads it back)."""
     return {"spec": spec_path, "code": code_version(), "hardware": hardware(),
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            **({"protocol": protocol(finetune)} if finetune is not None and finetune.tasks else {})}
+            **({"protocol": protocol(finetune)} if finetune is not None and finetune.tasks else {}),
+            **({"unmeasured_sd": unmeasured_sd} if unmeasured_sd is not None else {})}
+
+
+def unmeasured_sd_of(results_dir: str) -> float:
+    """The sweep.unmeasured_sd a results folder's sweep.json records, else its default (a recorded value below 1
+    or not a number: a ConfigError naming it)."""
+    recorded = (storage.read_json(storage.join(results_dir, storage.RUN_INFO)) or {}).get("unmeasured_sd")
+    if recorded is None:
+        return UNMEASURED_SD
+    check_unmeasured_sd(recorded, f"{storage.RUN_INFO} unmeasured_sd (sweep.unmeasured_sd)")
+    return float(recorded)
 
 
 def header_of(results_dir: str) -> dict:

@@ -14,7 +14,8 @@ study can see:
   scored from one trained model (nq and mldr ride on MS MARCO's trial). An arm with n runs adds c' S c / n, whether
   it was replicated or not. S is measured per stratum, a (model size, objective) pair (`Strata`): an arm takes its
   stratum's S; one whose stratum has no replicated arm is never taken as equal to another, it gets the noisiest
-  measured stratum's S times UNMEASURED_SD squared (a stated prior), and its effect names the widened strata.
+  measured stratum's S times the square of sweep.unmeasured_sd (a stated prior, 2 by default), and its effect
+  names the widened strata.
 - **Fine-tuning seeds only** (no replicates): each cell's standard error from its seeds, cells of one arm that
   share a trial added as fully correlated (the bound), Welch-Satterthwaite's degrees of freedom. Such an interval
   ignores pretraining noise, and the report says so.
@@ -27,6 +28,7 @@ simulation: many studies with a known truth.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from raybiphase.config.sweep import UNMEASURED_SD
 from raybiphase.results.aggregate import t_cdf, t_quantile
 
 ALPHA = 0.05
@@ -67,11 +70,20 @@ class Noise:
         """(c' S c, its degrees of freedom: the fewest behind any task used) of one run; None when a task has no
         replicate."""
         tasks = [t for t, c in coefficients.items() if c]
-        if not tasks or any(t not in self.covariance.index for t in tasks):
+        index = self._index
+        if not tasks or any(t not in index for t in tasks):
             return None
-        c = np.array([coefficients[t] for t in tasks])
-        s = self.covariance.loc[tasks, tasks].to_numpy()
-        return float(c @ s @ c), float(self.df.loc[tasks, tasks].to_numpy().diagonal().min())
+        c, at = np.array([coefficients[t] for t in tasks]), [index[t] for t in tasks]
+        s = self._matrices[0][np.ix_(at, at)]
+        return float(c @ s @ c), float(self._matrices[1][at, at].min())
+
+    @functools.cached_property
+    def _index(self) -> dict[str, int]:
+        return {task: i for i, task in enumerate(self.covariance.index)}
+
+    @functools.cached_property
+    def _matrices(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.covariance.to_numpy(), self.df.loc[self.covariance.index, self.covariance.columns].to_numpy()
 
 
 def replicate_noise(runs: pd.DataFrame, measure: str = "score") -> Noise | None:
@@ -98,20 +110,19 @@ def replicate_noise(runs: pd.DataFrame, measure: str = "score") -> Noise | None:
                  pd.DataFrame(dof[np.ix_(keep, keep)], index=tasks, columns=tasks), len(replicated))
 
 
-UNMEASURED_SD = 2.0
-"""How much noisier than the noisiest measured stratum an unmeasured one is taken to be (an SD factor: its
-covariance x 4): the stated prior for an arm whose model size and objective no replicated arm shares."""
 
 
 @dataclass(frozen=True)
 class Strata:
     """Replicate noise per stratum, a (model size, objective) pair: each measured on its own replicated arms, never
     borrowed as if equal. An arm whose stratum has no replicated arm takes the noisiest measured stratum's
-    covariance (by the mean of its diagonal) times UNMEASURED_SD squared, at that stratum's degrees of freedom."""
+    covariance (by the mean of its diagonal) times `inflation` squared (sweep.unmeasured_sd, by default
+    UNMEASURED_SD), at that stratum's degrees of freedom."""
 
     measured: Mapping[tuple[str, str], Noise]
     """(size, objective) -> the noise its replicated arms measure."""
     inflation: float = UNMEASURED_SD
+    """The SD factor of an unmeasured stratum over the noisiest measured one (at least 1)."""
 
     @property
     def noisiest(self) -> tuple[str, str]:
@@ -130,15 +141,15 @@ class Strata:
         return math.sqrt(float(np.mean(np.diag(self.measured[key].covariance.to_numpy()))))
 
 
-def strata_noise(runs: pd.DataFrame, measure: str = "score") -> Strata | None:
-    """`replicate_noise` per (size, objective) of `runs` (also columns size and objective); None when no stratum
-    has a replicated arm."""
+def strata_noise(runs: pd.DataFrame, measure: str = "score", inflation: float = UNMEASURED_SD) -> Strata | None:
+    """`replicate_noise` per (size, objective) of `runs` (also columns size and objective), an unmeasured stratum
+    widened by `inflation` (`Strata`); None when no stratum has a replicated arm."""
     measured = {}
     for key, group in runs.groupby([runs["size"].astype(str), runs["objective"].astype(str)], sort=True):
         noise = replicate_noise(group, measure)
         if noise is not None:
             measured[key] = noise
-    return Strata(measured) if measured else None
+    return Strata(measured, inflation) if measured else None
 
 
 @dataclass(frozen=True)
@@ -320,16 +331,17 @@ def conjoin(parts: Sequence[str]) -> str:
     return NOT_HELD if NOT_HELD in parts else PARTLY if HELD in parts else UNRESOLVED
 
 
-def pair_contrast(pairs: pd.DataFrame) -> dict[Cell, float]:
+def pair_contrast(pairs: pd.DataFrame | Mapping[str, Sequence[str]]) -> dict[Cell, float]:
     """The mean over tasks of the mean difference a - b over each task's matched pairs (columns task, arm_a,
-    arm_b): each task weighs the same whatever its number of pairs, an arm in several pairs appears once."""
-    if pairs.empty:
-        return {}
+    arm_b, of a frame or a mapping): each task weighs the same whatever its number of pairs, an arm in several
+    pairs appears once."""
+    by_task: dict[str, list[tuple[str, str]]] = {}
+    for task, a, b in zip(pairs["task"], pairs["arm_a"], pairs["arm_b"]):
+        by_task.setdefault(task, []).append((a, b))
     contrast: dict[Cell, float] = {}
-    tasks = pairs["task"].nunique()
-    for task, at in pairs.groupby("task", sort=True):
-        weight = 1.0 / (tasks * len(at))
-        for a, b in zip(at["arm_a"], at["arm_b"]):
+    for task in sorted(by_task):
+        weight = 1.0 / (len(by_task) * len(by_task[task]))
+        for a, b in by_task[task]:
             contrast[a, task] = contrast.get((a, task), 0.0) + weight
             contrast[b, task] = contrast.get((b, task), 0.0) - weight
     return contrast
@@ -338,13 +350,16 @@ def pair_contrast(pairs: pd.DataFrame) -> dict[Cell, float]:
 def slope_contrast(cells: pd.DataFrame, by: str, scale: float = 1.0) -> dict[Cell, float]:
     """Per (group, task) of `cells` (columns group, arm, task and the `by` variable), the least-squares slope of
     the score on `by` as coefficients (x `scale`), averaged over the (group, task) pairs with two values or more."""
+    grouped: dict[tuple[str, str], list[tuple[str, float]]] = {}
+    for group, task, arm, value in zip(cells["group"], cells["task"], cells["arm"], cells[by]):
+        grouped.setdefault((group, task), []).append((arm, float(value)))
     slopes = []
-    for _, at in cells.groupby(["group", "task"], sort=True):
-        x = at[by].astype(float).to_numpy()
+    for (_, task), at in sorted(grouped.items()):
+        x = np.array([value for _, value in at])
         if len(np.unique(x)) < 2:
             continue
         w = (x - x.mean()) / ((x - x.mean()) ** 2).sum() * scale
-        slopes.append({(arm, task): weight for arm, task, weight in zip(at["arm"], at["task"], w)})
+        slopes.append({(arm, task): weight for (arm, _), weight in zip(at, w)})
     contrast: dict[Cell, float] = {}
     for slope in slopes:
         for cell, weight in slope.items():

@@ -22,6 +22,7 @@ from matplotlib.figure import Figure  # figures without pyplot: no global state,
 
 from raybiphase import storage, transfer
 from raybiphase.config.run import Objective
+from raybiphase.config.sweep import UNMEASURED_SD
 from raybiphase.errors import UserError
 from raybiphase.naming import source_objective, steps_label
 from raybiphase.results import html
@@ -304,8 +305,9 @@ FINETUNE_SECTIONS = {"control": "Pretrained vs untrained control, with baselines
                      "continued": "Continued MLM pretraining"}
 
 
-def build_sections(pretrain: pd.DataFrame, trials: pd.DataFrame) -> list[Section]:
-    """Every section of the report from the raw rows (pure: no files); absent ones say why."""
+def build_sections(pretrain: pd.DataFrame, trials: pd.DataFrame, unmeasured_sd: float = UNMEASURED_SD) -> list[Section]:
+    """Every section of the report from the raw rows (pure: no files); absent ones say why. `unmeasured_sd`:
+    sweep.unmeasured_sd, for the findings."""
     empty = "Not drawn: no {} rows ({}.parquet is empty)."
     if len(trials):
         s = _enrich(summarize(trials))
@@ -319,14 +321,14 @@ def build_sections(pretrain: pd.DataFrame, trials: pd.DataFrame) -> list[Section
                     for name, title in FINETUNE_SECTIONS.items()]
     sections.append(curves_section(pretrain) if len(pretrain) else
                     Section("pretrain_curves", "Pretraining curves", None, empty.format("pretraining", "pretrain")))
-    return [*sections, summary_section(s), findings_section(s)] if len(trials) else sections
+    return [*sections, summary_section(s), findings_section(s, unmeasured_sd)] if len(trials) else sections
 
 
-def findings_section(s: pd.DataFrame) -> Section:
+def findings_section(s: pd.DataFrame, unmeasured_sd: float = UNMEASURED_SD) -> Section:
     """The paper's five findings, each held, not held, mixed or not resolved at this sweep's scale, from effects
     with 95% intervals and a calibrated rule (raybiphase.results.findings; docs/statistics.md)."""
     paper = s[s["knobs"] == ""]  # the paper's settings
-    study = Study(paper)
+    study = Study(paper, unmeasured_sd)
     table = pd.DataFrame(judge(study), columns=["finding", "verdict", "evidence"])
     return Section("findings", "The paper's findings at this scale", None,
                    "Each finding is an effect per model size (matched arms, the mean over tasks of the mean matched "
@@ -335,17 +337,18 @@ def findings_section(s: pd.DataFrame) -> Section:
                    "exactly when its test claims an effect). Held: the test in the paper's direction clears 5%, the "
                    "finding's tests adjusted together (Holm), so a finding claims an effect that is not there in at "
                    "most 5% of studies; not held: the same the other way; mixed: both; not resolved: neither. "
-                   "Findings 2 and 3 state two things at once: each part gets its own verdict, and the finding is "
-                   "held only when both parts are (\"partly held\" when one is and the other is not resolved). "
+                   "Findings 2 and 3 state several things at once: each part gets its own verdict, and the finding "
+                   "is held only when every part is (\"partly held\" when some are and the rest not resolved). "
                    "Over the five findings together, some finding claims an absent effect in at most 25% of "
                    "studies (five families at 5% each). Clauses the rule does not test are listed as such. "
                    f"{study.regime()} The method and its simulation: docs/statistics.md.",
                    markdown(table))
 
 
-def write_report(results_dir: storage.Location) -> tuple[str, list[Section]]:
+def write_report(results_dir: storage.Location, unmeasured_sd: float | None = None) -> tuple[str, list[Section]]:
     """Write RESULTS_DIR/report/report.md and its figures (PNG, SVG and PDF) and tables (CSV, LaTeX), and
-    report.html (a folder or a bucket); return the Markdown's location and the sections.
+    report.html (a folder or a bucket); return the Markdown's location and the sections. `unmeasured_sd`: the
+    findings' sweep.unmeasured_sd, else the one the folder's sweep.json records (`html.unmeasured_sd_of`).
 
     The sections' figures stay inspectable: titles, axes, legends.
     """
@@ -367,7 +370,7 @@ def write_report(results_dir: storage.Location) -> tuple[str, list[Section]]:
     header = html.header_of(results_dir)
     lines[1:1] = ["", " · ".join(f"{k}: {v}" for k, v in header.items() if v and k != "report drawn")]
     title, intro = lines[0][2:], lines[3:]
-    sections = build_sections(pretrain, trials)
+    sections = build_sections(pretrain, trials, html.unmeasured_sd_of(results_dir) if unmeasured_sd is None else unmeasured_sd)
     sections += filter(None, [staged_section(read_rows(storage.join(results_dir, storage.STAGES_FILE)))])
     target = storage.join(results_dir, storage.REPORT_DIR)
     with tempfile.TemporaryDirectory() as staging:

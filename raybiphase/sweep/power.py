@@ -9,7 +9,8 @@ its runs. Findings 2 (curves, LR spreads) and 3 (slopes) are not priced here. Th
 sweep's summary.parquet has replicated rows, else `power.ASSUMED` (with its part shared by a run's tasks), and
 the line says which. As the report does (raybiphase.results.inference.Strata), each (size, objective) stratum's
 noise is measured by its replicated arms, with their degrees of freedom (runs - 1, summed); an arm of a stratum
-without one counts UNMEASURED_SD^2 times the variance, and a size with no replicated arm at all is not decided.
+without one counts sweep.unmeasured_sd^2 times the variance, and a size with no replicated arm at all is not
+decided.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from raybiphase import storage
 from raybiphase.config import SweepSpec
 from raybiphase.finetune.tasks import get_task
 from raybiphase.results.findings import Study
-from raybiphase.results.inference import UNMEASURED_SD, pair_contrast
+from raybiphase.results.inference import pair_contrast
 from raybiphase.results.power import ASSUMED, NoiseModel, detected, effect_se, mde, measured_noise
 from raybiphase.results.store import read_table
 from raybiphase.sweep.replicates import extra_runs, replicate_arms
@@ -74,15 +75,16 @@ def strata_df(plan) -> dict[tuple[str, str], int]:
     return out
 
 
-def _judged(plan, pairs: pd.DataFrame, runs: dict[str, int], df: dict) -> tuple[dict[str, float], float] | None:
-    """(each arm's runs, an unmeasured arm's counted as 1 / UNMEASURED_SD^2 of a run; the test's degrees of
+def _judged(plan, pairs: pd.DataFrame, runs: dict[str, int], df: dict, unmeasured_sd: float
+            ) -> tuple[dict[str, float], float] | None:
+    """(each arm's runs, an unmeasured arm's counted as 1 / unmeasured_sd^2 of a run; the test's degrees of
     freedom) as the report will judge the pairs; None when no stratum of the plan is measured."""
     measured = [d for d in df.values() if d > 0]
     if not measured:
         return None
     arms = {*pairs["arm_a"], *pairs["arm_b"]}
     strata = {arm: (plan.runs[arm].config.model.size, OBJECTIVE[_kind(plan, plan.runs[arm])]) for arm in arms}
-    effective = {arm: runs[arm] / (1.0 if df.get(strata[arm], 0) else UNMEASURED_SD**2) for arm in arms}
+    effective = {arm: runs[arm] / (1.0 if df.get(strata[arm], 0) else unmeasured_sd**2) for arm in arms}
     dfs = [df[key] for key in set(strata.values()) if df.get(key, 0)] or [min(measured)]
     return effective, float(min(dfs))
 
@@ -106,11 +108,12 @@ def power_lines(plan, spec: SweepSpec) -> list[str]:
              f"and the chance a +{EFFECT:g}-point effect is, {noise.source}: fine-tuning seed SD "
              f"{noise.seed_sd:.2f} pts, pretraining-run SD {noise.pretrain_sd:.2f} pts of which "
              f"{noise.shared:.0%} of the variance is shared by a run's tasks (raybiphase.results.power), "
-             f"{seeds} seed(s)"]
+             f"{seeds} seed(s), an unreplicated size and objective at {spec.sweep.unmeasured_sd:g}x the noisiest "
+             f"measured one's SD (sweep.unmeasured_sd)"]
     for finding, by_size in found.items():
         parts = []
         for size, (pairs, runs) in by_size.items():
-            judged = _judged(plan, pairs, runs, df)
+            judged = _judged(plan, pairs, runs, df, spec.sweep.unmeasured_sd)
             count = len(pairs[["arm_a", "arm_b"]].drop_duplicates())
             if judged is None:
                 parts.append(f"{size} not decided: no replicated arm ({count} pair(s))")

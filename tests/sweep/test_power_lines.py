@@ -27,3 +27,18 @@ def test_the_paper_plan_prices_findings_1_4_and_5_with_the_replicated_headline_a
 def test_a_sweep_without_fine_tuning_prints_no_power_line():
     spec = load(SweepSpec, "sweeps/quickstart.yaml", ["finetune.tasks=[]"])
     assert power_lines(make_plan(spec), spec) == []
+
+
+def test_the_specs_widening_of_unmeasured_strata_prices_the_unreplicated_sizes_only(tmp_path):
+    """sweep.unmeasured_sd, as the report judges with it: 1b's arms are never replicated, 610m's headline arms are."""
+    lines = {}
+    for factor in (1, 4):
+        spec = load(SweepSpec, "sweeps/paper.yaml", [f"sweep.storage={tmp_path}", f"sweep.unmeasured_sd={factor}"])
+        lines[factor] = power_lines(make_plan(spec), spec)
+        assert f"an unreplicated size and objective at {factor}x the noisiest measured one's SD" in lines[factor][0]
+    f4 = {factor: next(line for line in found if line.startswith(f"power: {FINDINGS[1]}"))
+          for factor, found in lines.items()}
+    assert "1b 3.78 pts, +2 found in 16% (1 pair(s), 12 task(s), 4 df)" in f4[1]  # taken as quiet as the noisiest
+    assert "1b 15.13 pts, +2 found in 2% (1 pair(s), 12 task(s), 4 df, unreplicated strata widened)" in f4[4]
+    for factor in (1, 4):  # measured strata: the same MDE whatever the prior
+        assert "610m 1.29 pts, +2 found in 99% (11 pair(s), 12 task(s), up to 3 runs an arm, 4 df)" in f4[factor]
