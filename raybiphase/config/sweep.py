@@ -302,9 +302,9 @@ class SweepConfig:
     unmeasured_sd: float = UNMEASURED_SD
     """How much noisier (an SD factor, at least 1) than the noisiest measured (model size, objective) stratum the
     findings take a stratum no replicated arm measures: its covariance x this squared, at the measured one's degrees
-    of freedom (docs/statistics.md). The dry run's power lines use it. `raybiphase report` takes
-    `--unmeasured-sd`, else the `unmeasured_sd` a results folder's sweep.json records, else 2: pass it the spec's
-    value to judge the findings with the prior the power lines were priced with."""
+    of freedom (docs/statistics.md). The dry run's power lines use it, and the sweep records it in its sweep.json, so
+    its report, and `raybiphase report` on its folder later, judge the findings with the prior the power lines were
+    priced with (`raybiphase report --unmeasured-sd` overrides it)."""
     wandb_project: str | None = None
     """W&B project; runs go there: online when the driver has a key (WANDB_API_KEY or `wandb login`), else offline
     (WANDB_MODE overrides both). None disables W&B."""

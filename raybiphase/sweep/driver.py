@@ -107,7 +107,8 @@ def start(ctx: SweepContext, clock: Clock, spec_path: str) -> None:
         if made:
             storage.delete(ctx.paths.root)
         raise
-    storage.write_json(ctx.paths.run_info, run_info(spec_path, ctx.spec.finetune))  # the report's header
+    storage.write_json(ctx.paths.run_info,  # the report's header, and the prior it judges unmeasured strata by
+                       run_info(spec_path, ctx.spec.finetune, unmeasured_sd=ctx.spec.sweep.unmeasured_sd))
 
 
 def check_and_prepare(ctx: SweepContext, clock: Clock) -> None:

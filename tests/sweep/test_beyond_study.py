@@ -36,6 +36,7 @@ def shortened(tmp_path, small_data) -> dict:
             run["model.init_from"] = run["model.init_from"].replace("800", "16")
             run["phases.steps"] //= 50
     spec["phases"]["steps"] = 16
+    spec["sweep"]["unmeasured_sd"] = 3.0  # recorded in the sweep's sweep.json, where its report reads it back
     spec["data"] = {**SMALL_DATA, "dir": small_data[0].dir}
     spec["optim"].update(warmup_steps=2, decay_steps=4)
     spec["train"].update(eval_every=100, eval_batches=1, checkpoint_every=100)  # milestones only
@@ -75,6 +76,9 @@ def test_the_shortened_beyond_study_shares_its_prefixes_and_answers_every_questi
     trials = read_rows(root / "finetune.parquet")
     ours = trials[trials["source"] == "raybiphase"]
     assert len(ours) == 2 * (len(plan.runs) + 1)  # every run's final checkpoint and the control, 2 seeds each
+    from raybiphase.results.html import unmeasured_sd_of
+
+    assert unmeasured_sd_of(str(root)) == 3.0  # the spec's prior, as the report and `raybiphase report` take it
     report = (root / "report" / "report.md").read_text()
     for title in ("reset vs carried", "decayed vs fixed", "per-sequence rates vs one fixed rate",
                   "MNTP vs MLM from the same start", "every block vs frozen blocks"):
