@@ -197,3 +197,15 @@ def test_the_package_passes_its_linter() -> None:
     ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
     done = subprocess.run([ruff, "check", "raybiphase"], cwd=PACKAGE.parent, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1000:]
+
+
+def test_the_package_says_what_pip_and_an_index_show() -> None:
+    """PEP 621/639 metadata a user or an index reads: the license as an SPDX expression with its file, authors,
+    where the study and the model come from, classifiers that say it is typed, and the py.typed marker shipped."""
+    import tomllib
+
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0" and (PACKAGE.parent / project["license-files"][0]).is_file()
+    assert project["authors"] and project["urls"]["Paper"] == "https://arxiv.org/abs/2507.00994"
+    assert "Typing :: Typed" in project["classifiers"] and (PACKAGE / "py.typed").is_file()
+    assert project["scripts"]["raybiphase"].startswith("raybiphase")
