@@ -63,7 +63,15 @@ SQUAD, SQUAD_V2 = "rajpurkar/squad", "rajpurkar/squad_v2"
 DATASET_REVISIONS: dict[str, str | None] = {
     # Not pinned: no checked public source names their commit (OntoNotes' and ReCoRD's would be commits of the
     # parquet export, PARQUET_EXPORT, not of `main`).
-    GLUE: None, CONLL2003: None, ONTONOTES: None, UNER: None, SUPER_GLUE: None, SQUAD: None, SQUAD_V2: None,
+    CONLL2003: None, ONTONOTES: None, UNER: None, SUPER_GLUE: None,
+    # The commits `datasets` downloads recorded for these repositories: GLUE's in a download checksum key
+    # (`hf://datasets/nyu-mll/glue@<commit>/mrpc/train-00000-of-00001.parquet`, quoted in ZenML's Hugging Face
+    # datasets materializer), SQuAD's as the cache folder `squad/plain_text/0.0.0/<commit>` of NVIDIA's Llama 3
+    # LoRA fine-tuning benchmark recipe, SQuAD 2.0's with its parquet file's path and SHA-256 in projects that
+    # download it through `hf_hub_download` at that revision.
+    GLUE: "bcdcba79d07bc864c1c254ccfcedcce55bcc9a8c",
+    SQUAD: "7b6d24c440a36b6815f21b70d25016731768db1f",
+    SQUAD_V2: "3ffb306f725f7d2ce8394bc1873b24868140c412",
     # The commits MTEB reads these at, through the configs read here (embeddings-benchmark/mteb's task metadata:
     # mteb/tasks/retrieval/eng/msmarco_retrieval.py and nq_retrieval.py; for MLDR the commit MTEB reads with no
     # loading script, in mteb/tasks/reranking/multilingual/multi_long_doc_reranking.py).

@@ -50,7 +50,8 @@ def test_a_revision_the_snapshot_is_not_at_is_one_line_saying_how_to_get_it(glue
     assert f"--revision {OTHER}" in message and "\n" not in message
 
 
-def test_an_unpinned_read_is_a_warning_naming_the_dataset(glue_at):
+def test_an_unpinned_read_is_a_warning_naming_the_dataset(glue_at, monkeypatch):
+    monkeypatch.setitem(hub.DATASET_REVISIONS, hub.GLUE, None)  # no default commit, as CoNLL-2003 has none
     shutil.rmtree(glue_at / hub.GLUE / ".cache")  # a snapshot that records no commit
     with pytest.warns(hub.UnpinnedDatasetWarning, match=f"{hub.GLUE} is read unpinned"):
         splits = tasks.load_splits(tasks.get_task("sst2"), source="production")
@@ -83,10 +84,11 @@ def test_a_trials_row_records_the_commit_it_read_and_records_at_other_commits_ar
     assert tasks.load_splits(tasks.get_task("tweets"), max_examples=8).revisions == {}  # offline: no hub dataset
 
 
-def test_the_default_commits_pin_the_retrieval_datasets_and_hold_a_snapshot_to_them(tmp_path, monkeypatch):
+def test_the_default_commits_pin_the_datasets_a_source_names_and_hold_a_snapshot_to_them(tmp_path, monkeypatch):
     from tests.finetune.test_production_loaders import _retrieval
 
-    assert {k for k, v in hub.DATASET_REVISIONS.items() if v} == {hub.MSMARCO, hub.NQ, hub.MLDR}
+    pinned = {hub.GLUE, hub.SQUAD, hub.SQUAD_V2, hub.MSMARCO, hub.NQ, hub.MLDR}
+    assert {k for k, v in hub.DATASET_REVISIONS.items() if v} == pinned
     assert all(COMMIT_HEX.fullmatch(v) for v in hub.DATASET_REVISIONS.values() if v)
     _retrieval(tmp_path / "hub")  # downloaded at the default commits
     monkeypatch.setenv(hub.DATASETS_DIR_ENV, str(tmp_path / "hub"))
