@@ -3,7 +3,7 @@
     se = effect_se(pair_design(pairs=4, tasks=6), seeds=5, runs={"a": 1, "b": 1}, noise=ASSUMED)
     mde(se, tests=3)          # points: the true effect found 80% of the time at 5% two-sided, Holm over 3 sizes
 
-The variance model is raybiphase.results.inference's: an effect is a contrast of cells (arm, task) with
+The variance model is raybiphase.results.stats.effects': an effect is a contrast of cells (arm, task) with
 coefficients c; a cell's score is the mean over its arm's n pretraining runs of each run's mean test score over
 the fine-tuning seeds, so one run of a cell varies by a pretraining part and a fine-tuning part,
 
@@ -30,7 +30,8 @@ import numpy as np
 import pandas as pd
 
 from raybiphase.results.aggregate import t_cdf, t_quantile
-from raybiphase.results.inference import ALPHA, Cell, Noise, Strata
+from raybiphase.results.stats.effects import ALPHA, Cell
+from raybiphase.results.stats.noise import Noise, Strata
 
 POWER = 0.8
 """The chance the MDE is detected."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from raybiphase.results.aggregate import t_cdf
-from raybiphase.results.inference import ALPHA, Contrast, Effect, pair_contrast
+from raybiphase.results.stats.effects import ALPHA, Contrast, Effect, pair_contrast
 
 
 @dataclass(frozen=True)
