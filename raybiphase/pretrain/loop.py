@@ -5,7 +5,7 @@ sections: schedule, micro-steps, clip and step, what this step does (decided onc
 a causal mask, MLM bidirectional at its ratio) and its learning rate come from `Schedule.at(step)`; data for
 step k is global batch k (raybiphase.data.stream), so resuming or branching at any step is exact.
 
-Metrics (one dotted namespace, each a field of raybiphase.telemetry.report.PretrainReport): step, tokens_seen,
+Metrics (one dotted namespace, each a field of raybiphase.telemetry.metrics.PretrainReport): step, tokens_seen,
 phase, objective, train/{clm,mlm}_loss, val/clm_loss, val/mlm_loss, lr, tokens_per_s, unigram_entropy (with the
 evaluations: the corpus' unigram entropy, a reference), and on GPU mfu and peak_mem_gb (this worker's peak
 allocated memory), where
@@ -41,8 +41,8 @@ from raybiphase.schedule import Schedule
 from raybiphase.telemetry import wandb as wandb_log
 from raybiphase.telemetry import wandb_live
 from raybiphase.telemetry.history import RESUME_POINT, History
+from raybiphase.telemetry.metrics import PretrainReport
 from raybiphase.telemetry.progress import Beacon
-from raybiphase.telemetry.report import PretrainReport
 
 
 def model_flops_per_token(model, seq_len: int) -> float:

@@ -32,7 +32,7 @@ from raybiphase.results.grid import col as _col
 from raybiphase.results.grid import hub_references, palette, task_grid
 from raybiphase.results.next_size import next_size_section
 from raybiphase.results.questions import beyond_sections, knobs
-from raybiphase.results.replicates import replicates_section
+from raybiphase.results.replicate_spread import replicates_section
 from raybiphase.results.rows import BASELINE, HUB, OURS
 from raybiphase.results.stats.control import UNTRAINED, family_verdicts, versus_control
 from raybiphase.results.stats.findings import Study, judge

@@ -41,7 +41,7 @@ from raybiphase.pretrain.trainer import make_trainer
 from raybiphase.raycluster import ensure_ray, own_machine
 from raybiphase.results import rows as result_rows
 from raybiphase.results import store
-from raybiphase.results import wandb as results_wandb
+from raybiphase.results import wandb_upload as results_wandb
 from raybiphase.results.html import run_info
 from raybiphase.results.report import write_report
 from raybiphase.storage import SweepPaths
@@ -53,8 +53,8 @@ from raybiphase.sweep.hub_baselines import hub_baseline_rows, hub_sources
 from raybiphase.sweep.plan import Plan, Segment, dependencies
 from raybiphase.sweep.preflight import check_room, plan_sweep
 from raybiphase.sweep.scheduler import Scheduler
+from raybiphase.sweep.size_gate import SizeStages
 from raybiphase.sweep.space import check_space
-from raybiphase.sweep.stages import SizeStages
 from raybiphase.sweep.timeline import remaining_chain, simulate, wall_hours
 from raybiphase.telemetry.clock import Clock, step_seconds
 from raybiphase.telemetry.console import STDOUT, Console

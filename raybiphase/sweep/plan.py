@@ -33,7 +33,7 @@ from raybiphase.pretrain.budget import budget_lines, data_budget
 from raybiphase.schedule import Schedule
 from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, finetune_basis_text, gpu_hours_text, segment_gpu_hours
 from raybiphase.sweep.grids import check_export_grids, checkpoint_grid, grid_lines, grid_trials
-from raybiphase.sweep.replicates import replicate_lines
+from raybiphase.sweep.replicate_cost import replicate_lines
 from raybiphase.sweep.steps import first_difference, id_bytes, step_order, step_tag, step_value
 
 # per-step settings: the planner compares them step by step, so they stay out of a run's base

@@ -163,7 +163,7 @@ def test_figures_and_tables_have_a_panel_and_a_column_per_size() -> None:
 def test_replicated_arms_are_decided_on_the_spread_between_pretraining_runs() -> None:
     """The paper's SST-2 gap (92.41 ± 0.55 vs 91.74 ± 0.35 over fine-tuning seeds) with three pretraining runs per
     arm: the seed intervals are apart in each replicate pair, yet the runs' own spread swallows the gap."""
-    from raybiphase.results.replicates import replicates_section
+    from raybiphase.results.replicate_spread import replicates_section
     from raybiphase.results.stats.matching import pool_replicates
 
     rows = []

@@ -89,7 +89,7 @@ Part = tuple[str, Effect | NoBestRatio | None, str]
 
 def _size_text(who: str, effect: Effect | NoBestRatio | None, decision: str, rests_on: str, unit: str = "pts",
                level: float = ALPHA) -> str:
-    """One test's line: its effect with the interval at `level` (its Holm level: `inference.holm_levels`)."""
+    """One test's line: its effect with the interval at `level` (its Holm level: `rules.holm_levels`)."""
     head = f"{who}: " if who else ""
     if effect is None:
         return f"{head}{rests_on}, no interval (a cell with fewer than 3 fine-tuning seeds)"
@@ -98,7 +98,7 @@ def _size_text(who: str, effect: Effect | NoBestRatio | None, decision: str, res
 
 
 def _paired(study: Study, pairs: pd.DataFrame, measure: str = "score", at_step: bool = False) -> list[Part]:
-    """Per model size: the mean over tasks of the mean matched difference a - b (`inference.pair_contrast`)."""
+    """Per model size: the mean over tasks of the mean matched difference a - b (`effects.pair_contrast`)."""
     out = []
     for size, group in sorted(pairs.groupby("size", sort=True), key=lambda item: _parameters(item[1])):
         steps = sorted(set(group["pretrain_step"].astype(int)))

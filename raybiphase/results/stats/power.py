@@ -1,5 +1,7 @@
 """The smallest effect a planned study can resolve: a finding's minimum detectable effect (MDE), before any run.
 
+The dry run's lines that price each finding with it: raybiphase.sweep.power_lines.
+
     se = effect_se(pair_design(pairs=4, tasks=6), seeds=5, runs={"a": 1, "b": 1}, noise=ASSUMED)
     mde(se, tests=3)          # points: the true effect found 80% of the time at 5% two-sided, Holm over 3 sizes
 
@@ -95,7 +97,7 @@ def effect_se(contrast: Mapping[Cell, float], *, seeds: int, runs: Mapping[str, 
 
 
 def pair_design(pairs: int, tasks: int, shared_b: bool = True) -> dict[Cell, float]:
-    """The contrast of a matched-pair finding at one size (`inference.pair_contrast`'s shape): on each of `tasks`
+    """The contrast of a matched-pair finding at one size (`effects.pair_contrast`'s shape): on each of `tasks`
     tasks, the mean of `pairs` differences a_i - b. `shared_b`: every pair's b side is one arm (the CLM arm
     against every MLM ratio, the MLM arm against every split), which enters once; else each pair has its own b."""
     contrast: dict[Cell, float] = {}
@@ -109,7 +111,7 @@ def pair_design(pairs: int, tasks: int, shared_b: bool = True) -> dict[Cell, flo
 
 
 def measured_noise(cells: pd.DataFrame, noise: Noise | Strata | None) -> NoiseModel | None:
-    """Both SDs from a sweep's pooled cells (`verdicts.pool_replicates`: score_se, n_seeds) and the replicates'
+    """Both SDs from a sweep's pooled cells (`matching.pool_replicates`: score_se, n_seeds) and the replicates'
     Noise: the seed SD as the root mean square of score_se x sqrt(seeds), the pretraining SD from the mean of S's
     diagonal less the seeds' share (never below zero); None without seed intervals or replicates. A pooled cell's
     score_se is that of its mean over n_runs runs, hence the factor n_runs."""

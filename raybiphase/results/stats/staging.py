@@ -1,5 +1,6 @@
 """Staging a sweep by model size: which of a size's arms to launch, given the finished smaller sizes' rows
-(docs/statistics.md, "Staging by size").
+(docs/statistics.md, "Staging by size"). This is the decision; the sweep's gate that applies it to segments and
+records it is raybiphase.sweep.size_gate.
 
     decision = stage_decision(enriched_summary, "1b", plan_runs_at_1b, probability=0.9)
     decision.launch, decision.skipped
