@@ -206,7 +206,7 @@ class SweepSegments:
         self.records = tempfile.TemporaryDirectory(prefix="raybiphase-fits-")
         self.hours = wall_hours(ctx.plan, ctx.spec)
         self.chain = remaining_chain(ctx.plan, self.hours)
-        self.pace = Pace()
+        self.pace = EtaEstimator()
         self.began = self.last_end = time.perf_counter()
         self.gate: SizeStages | None = None  # sweep.stages by_size
 
@@ -232,7 +232,7 @@ class SweepSegments:
 
     def last_sign(self, segment: Segment) -> float:
         """The newest of the fit's controller's signs of life (its start, a state change, a report) and rank 0's
-        last progress beat (raybiphase.telemetry.progress.Beacon: one every RAYBIPHASE_PROGRESS_S while it steps)."""
+        last progress beat (raybiphase.telemetry.progress.ProgressWriter: one every RAYBIPHASE_PROGRESS_S while it steps)."""
         seen = ray_internals.fit_record(self.record(segment)) or {}
         try:
             beat = storage.read_json(self.ctx.paths.progress(segment.id)) or {}
@@ -275,7 +275,7 @@ def segment_ended(ctx: SweepContext, clock: Clock, segment: Segment, done: set[s
 
 
 @dataclasses.dataclass
-class Pace:
+class EtaEstimator:
     """Seconds per estimated hour, measured on the segments that ended: it turns the timeline's critical path into
     an ETA."""
 
