@@ -68,7 +68,7 @@ from raybiphase.config import SweepSpec, from_dict  # noqa: E402
 from raybiphase.config.load import parse_override, read_yaml  # noqa: E402
 from raybiphase.data.stream import open_dataset, read_samples, validation_batches  # noqa: E402
 from raybiphase.optim import param_groups  # noqa: E402
-from raybiphase.schedule import Schedule  # noqa: E402
+from raybiphase.phases import Schedule  # noqa: E402
 from raybiphase.results.aggregate import mean_ci  # noqa: E402
 from raybiphase.telemetry.provenance import code_version  # noqa: E402
 

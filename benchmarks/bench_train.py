@@ -22,7 +22,7 @@ controller and worker start-up, imports, process group, model build, every windo
 checkpoints (sharded + HF export), teardown).
 
 Plain side (the baseline): one process, `torch.set_num_threads(2)` (the whole machine), no Ray, no FSDP:
-`build_model` -> for each step: the LR from `raybiphase.schedule.Schedule`, then for each micro-batch of
+`build_model` -> for each step: the LR from `raybiphase.phases.Schedule`, then for each micro-batch of
 the global batch `raybiphase.data.stream.read_samples` + `raybiphase.data.stream.make_inputs` (`mlm_mask` or
 `clm_labels`), `loss_terms` (the token-weighted loss), backward; clip; `AdamW.step`. Each step is timed on its own; the plain
 steady rate covers exactly the steps of the Ray side's steady windows (the steps of the first window are
@@ -76,13 +76,13 @@ import torch  # noqa: E402
 
 from raybiphase.config import SweepSpec, from_dict  # noqa: E402
 from raybiphase.data.masking import MaskingSpec  # noqa: E402
+from raybiphase.data.stream import make_inputs, open_dataset, read_samples  # noqa: E402
+from raybiphase.phases import Schedule  # noqa: E402
 from raybiphase.pretrain.loop import step_tokens  # noqa: E402
 from raybiphase.pretrain.loss import token_weighted  # noqa: E402
 from raybiphase.pretrain.model import build_model, loss_terms  # noqa: E402
 from raybiphase.pretrain.parallel import use_bf16  # noqa: E402
 from raybiphase.pretrain.policy import CheckpointPolicy  # noqa: E402
-from raybiphase.schedule import Schedule  # noqa: E402
-from raybiphase.data.stream import make_inputs, open_dataset, read_samples  # noqa: E402
 
 
 def make_config(args, storage: str, *, size: str) -> SweepSpec:

@@ -35,10 +35,10 @@ from raybiphase.config import SweepSpec, load, replace  # noqa: E402
 from raybiphase.data.prepare import dataset_location  # noqa: E402
 from raybiphase.data.stream import make_inputs, open_dataset, read_samples, validation_batches  # noqa: E402
 from raybiphase.optim import adamw, set_lr  # noqa: E402
+from raybiphase.phases import Schedule  # noqa: E402
 from raybiphase.pretrain.loop import evaluate, masking_spec, step_tokens  # noqa: E402
 from raybiphase.pretrain.loss import token_weighted  # noqa: E402
 from raybiphase.pretrain.model import initial_model, loss_terms  # noqa: E402
-from raybiphase.schedule import Schedule  # noqa: E402
 
 PACKAGES = ("torch", "transformers", "tokenizers", "numpy")
 CLM_SHARE = {"mlm": 0.0, "clm": 1.0}

@@ -19,7 +19,7 @@ from raybiphase.config import RunConfig, from_dict
 from raybiphase.config.run import check_frozen_layers
 from raybiphase.config.sizes import SIZES
 from raybiphase.errors import UserError
-from raybiphase.schedule import Schedule
+from raybiphase.phases import Schedule
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Weight decay: matrices decay; norms and biases (1-D parameters) never do; embedding matrices decay unless
 `decay_embeddings=False` (pretraining: `optim.decay_embeddings`). The learning rate is warmup-stable-decay
-(raybiphase.schedule.wsd_lr, pure so that planning needs no torch): linear warmup from 0 to the peak over `warmup`
+(raybiphase.phases.wsd_lr, pure so that planning needs no torch): linear warmup from 0 to the peak over `warmup`
 steps, constant, then linear decay towards 0 over the last `decay` steps. Fine-tuning is the special case that
 decays from the end of its warmup (`decay = total - warmup`).
 

@@ -33,7 +33,7 @@ from raybiphase.results.aggregate import BOOTSTRAP_COLUMNS, SUMMARY_COLUMNS, sum
 from raybiphase.results.rows import FinetuneRow, PretrainRow
 from raybiphase.results.store import read_rows
 from raybiphase.telemetry.history import RESUME_POINT
-from raybiphase.telemetry.report import PretrainReport, column
+from raybiphase.telemetry.metrics import PretrainReport, column
 
 REPO = Path(__file__).resolve().parents[1]
 

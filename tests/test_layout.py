@@ -22,7 +22,7 @@ LAYERS = (
     ("locks",),  # a local file created only if absent, a lock beside a local file
     ("config",),  # the run config and the sweep spec (with the size table they validate against)
     ("naming",),  # run names and the phase tag rule, from a RunConfig
-    ("schedule",),  # phases and the WSD learning rate, step by step and piece by piece (pure: planning needs no torch)
+    ("phases",),  # phases and the WSD learning rate, step by step and piece by piece (pure: planning needs no torch)
     ("checkpoint_meta",),  # a checkpoint's typed meta, read and checked without torch (the tensors: pretrain)
     ("ray_internals",),  # the only reach past Ray's public API, checked when the driver starts Ray
     ("raycluster", "spot"),  # starting or joining Ray, counting its CPUs; a spot notice turned into a drain

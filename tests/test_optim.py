@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from raybiphase.optim import adamw, param_groups
-from raybiphase.schedule import wsd_lr
+from raybiphase.phases import wsd_lr
 
 
 def _model() -> torch.nn.Module:

@@ -1,4 +1,10 @@
-"""Shared command-line plumbing: a config file plus `--set dotted.key=value`, and one-line errors."""
+"""Shared command-line plumbing: a config file plus `--set dotted.key=value`, and one-line errors.
+
+Each module of this package is named for the command it parses (`raybiphase report` is report.py), so a few share
+a name with the library module behind that command: results/report.py, data/prepare.py, data/assets.py,
+pretrain/export.py and sweep/repair.py do what the command of their name asks, config/sweep.py is the spec the
+`sweep` command runs, and config/docs.py is every setting's text, which `docs` renders into the settings page.
+"""
 
 from __future__ import annotations
 

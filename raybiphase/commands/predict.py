@@ -21,8 +21,8 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="a JSON list on stdout: run, task, predicted, low, high "
                                                             "on the summary's scale (fractions)")
     args = parser.parse_args()
-    from raybiphase.results.predict import parameters, predict  # lazy: --help answers before pandas loads
     from raybiphase.results.report import enriched_summary
+    from raybiphase.results.stats.prediction import parameters, predict  # lazy: --help answers before pandas loads
     from raybiphase.results.tables import markdown
 
     parameters(args.size)  # an unknown size: one line before anything is read

@@ -34,7 +34,7 @@ def main() -> int:
     path, sections = write_report(args.results_dir, args.unmeasured_sd)
     print(f"wrote {path}")
     sweep = basename(args.results_dir)
-    from raybiphase.results.wandb import log_report
+    from raybiphase.results.wandb_upload import log_report
 
     if args.wandb_project:
         log_report(args.results_dir, args.wandb_project, sweep)

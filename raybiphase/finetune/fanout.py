@@ -57,7 +57,7 @@ from raybiphase.finetune.trial import TrialResult, find_hf_dir, load_checked_tok
 from raybiphase.results import rows as result_rows
 from raybiphase.results.aggregate import best_lr
 from raybiphase.results.rows import FinetuneRow, trial_key
-from raybiphase.results.wandb import FinetuneLog
+from raybiphase.results.wandb_upload import FinetuneLog
 from raybiphase.telemetry.wandb import sweep_settings
 
 REDUCTION_FACTOR = 3

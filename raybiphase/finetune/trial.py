@@ -52,7 +52,7 @@ from raybiphase.finetune.input_lengths import training_order
 from raybiphase.finetune.spec import TrialSpec
 from raybiphase.finetune.tasks import get_task, load_splits
 from raybiphase.optim import adamw, set_lr
-from raybiphase.schedule import wsd_lr
+from raybiphase.phases import wsd_lr
 
 ADAMW = {"betas": (0.9, 0.95), "eps": 1e-5, "weight_decay": 0.1}
 GRAD_CLIP = 1.0

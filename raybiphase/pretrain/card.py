@@ -21,8 +21,8 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from raybiphase.checkpoint_meta import CheckpointMeta
 from raybiphase.config import MASKED, RunConfig
+from raybiphase.phases import Schedule
 from raybiphase.results.tables import mean_ci
-from raybiphase.schedule import Schedule
 
 CARD = "README.md"
 TASK_TYPES = {"SC": "text-classification", "TC": "token-classification", "QA": "question-answering",

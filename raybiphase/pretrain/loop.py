@@ -5,7 +5,7 @@ sections: schedule, micro-steps, clip and step, what this step does (decided onc
 a causal mask, MLM bidirectional at its ratio) and its learning rate come from `Schedule.at(step)`; data for
 step k is global batch k (raybiphase.data.stream), so resuming or branching at any step is exact.
 
-Metrics (one dotted namespace, each a field of raybiphase.telemetry.report.PretrainReport): step, tokens_seen,
+Metrics (one dotted namespace, each a field of raybiphase.telemetry.metrics.PretrainReport): step, tokens_seen,
 phase, objective, train/{clm,mlm}_loss, val/clm_loss, val/mlm_loss, lr, tokens_per_s, unigram_entropy (with the
 evaluations: the corpus' unigram entropy, a reference), and on GPU mfu and peak_mem_gb (this worker's peak
 allocated memory), where
@@ -32,17 +32,17 @@ from raybiphase.config.sizes import PEAK_BF16_TFLOPS, flops_per_token
 from raybiphase.data.masking import IGNORE_INDEX, MaskingSpec
 from raybiphase.data.stream import epochs_read, open_dataset, phase_stream, validation_batches
 from raybiphase.optim import adamw, drop_grads, fill_fresh_state, reset_moments, set_lr
+from raybiphase.phases import Schedule
 from raybiphase.pretrain import checkpoint, preemption
 from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.loss import token_weighted
 from raybiphase.pretrain.model import block_parameters, initial_model, loss_terms
 from raybiphase.pretrain.parallel import apply_fsdp, use_bf16, wrap_blocks
-from raybiphase.schedule import Schedule
 from raybiphase.telemetry import wandb as wandb_log
 from raybiphase.telemetry import wandb_live
 from raybiphase.telemetry.history import RESUME_POINT, History
-from raybiphase.telemetry.progress import Beacon
-from raybiphase.telemetry.report import PretrainReport
+from raybiphase.telemetry.metrics import PretrainReport
+from raybiphase.telemetry.progress import ProgressWriter
 
 
 def model_flops_per_token(model, seq_len: int) -> float:
@@ -160,7 +160,7 @@ class Worker:
         self.stop_at = self.policy.stop_at  # a sweep segment's end
         # rank 0 keeps the run's history.json as it reports (raybiphase.telemetry.history)
         self.history = History(job.run_dir) if self.rank == 0 else None
-        self.beacon = Beacon(job.progress if self.rank == 0 else None, stop_at=self.stop_at,
+        self.beacon = ProgressWriter(job.progress if self.rank == 0 else None, stop_at=self.stop_at,
                              tokens_per_step=self.tokens_per_step, every_s=job.progress_every)
         # SIGTERM, a spot VM's notice: checkpoint after the step, restart from it
         preemption.install(self.world)

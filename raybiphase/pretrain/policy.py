@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Iterable
 
 from raybiphase.config import RunConfig
-from raybiphase.schedule import Schedule
+from raybiphase.phases import Schedule
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The report's section on the next model size: every arm's score there predicted from the sizes the sweep has
-(raybiphase.results.predict: a line in ln parameters per task with arm offsets, 95% prediction intervals), each
+(raybiphase.results.stats.prediction: a line in ln parameters per task with arm offsets, 95% prediction intervals), each
 finding's chance there, and, where the sweep has three sizes or more, its largest size predicted from the smaller
 ones only beside what it showed, with the share of the intervals that covered it: how far to trust the forecast.
 """
@@ -12,7 +12,7 @@ import pandas as pd
 
 from raybiphase.config.sizes import SIZES
 from raybiphase.errors import UserError
-from raybiphase.results.predict import observations, parameters, predict, sized_rows
+from raybiphase.results.stats.prediction import observations, parameters, predict, sized_rows
 from raybiphase.results.tables import Section, markdown
 
 TITLE = "Beyond the paper: the next model size, predicted from the smaller ones"

@@ -16,9 +16,11 @@ from dataclasses import dataclass
 import pandas as pd
 
 from raybiphase.naming import join_label, label_parts, strip_hash
-from raybiphase.results.inference import NO_REPLICATES, UNRESOLVED, estimate, pair_contrast, plural, shared_trials
+from raybiphase.results.stats.control import UNTRAINED
+from raybiphase.results.stats.effects import estimate, pair_contrast, shared_trials
+from raybiphase.results.stats.matching import compare, with_noise_columns
+from raybiphase.results.stats.rules import NO_REPLICATES, UNRESOLVED, plural
 from raybiphase.results.tables import Section, markdown, mean_ci
-from raybiphase.results.verdicts import UNTRAINED, compare, with_noise_columns
 
 
 @dataclass(frozen=True)

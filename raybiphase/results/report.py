@@ -28,17 +28,18 @@ from raybiphase.naming import source_objective, steps_label
 from raybiphase.results import html
 from raybiphase.results.aggregate import lr_table, summarize
 from raybiphase.results.compute import compute_section
-from raybiphase.results.findings import Study, judge
 from raybiphase.results.grid import col as _col
 from raybiphase.results.grid import hub_references, palette, task_grid
 from raybiphase.results.next_size import next_size_section
 from raybiphase.results.questions import beyond_sections, knobs
-from raybiphase.results.replicates import replicates_section
+from raybiphase.results.replicate_spread import replicates_section
 from raybiphase.results.rows import BASELINE, HUB, OURS
-from raybiphase.results.staging import staged_section
+from raybiphase.results.stats.control import UNTRAINED, family_verdicts, versus_control
+from raybiphase.results.stats.findings import Study, judge
+from raybiphase.results.stats.matching import MIN_SEEDS
+from raybiphase.results.stats.staging import staged_section
 from raybiphase.results.store import read_rows, write_summary
 from raybiphase.results.tables import Section, markdown, mean_ci, paper_files
-from raybiphase.results.verdicts import MIN_SEEDS, UNTRAINED, family_verdicts, versus_control
 from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE
 
 
@@ -67,7 +68,7 @@ def _enrich(summary: pd.DataFrame) -> pd.DataFrame:
     s["family"] = _col(s, "family").fillna("?")
     s["metric"] = _col(s, "metric").fillna("score")
     s["final"] = s["pretrain_step"] == s.groupby(["source", "run"])["pretrain_step"].transform("max")
-    s["knobs"] = s["run"].map(knobs)  # beyond the paper's settings (raybiphase.results.verdicts.QUESTIONS)
+    s["knobs"] = s["run"].map(knobs)  # beyond the paper's settings (raybiphase.results.questions.QUESTIONS)
     s["score"], s["ci"] = s["test_mean"] * 100, _interval(s["test_ci95"], s["n_seeds"])
     return s
 
@@ -326,7 +327,7 @@ def build_sections(pretrain: pd.DataFrame, trials: pd.DataFrame, unmeasured_sd: 
 
 def findings_section(s: pd.DataFrame, unmeasured_sd: float = UNMEASURED_SD) -> Section:
     """The paper's five findings, each held, not held, mixed or not resolved at this sweep's scale, from effects
-    with 95% intervals and a calibrated rule (raybiphase.results.findings; docs/statistics.md)."""
+    with 95% intervals and a calibrated rule (raybiphase.results.stats.findings; docs/statistics.md)."""
     paper = s[s["knobs"] == ""]  # the paper's settings
     study = Study(paper, unmeasured_sd)
     table = pd.DataFrame(judge(study), columns=["finding", "verdict", "evidence"])

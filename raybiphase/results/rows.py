@@ -56,7 +56,7 @@ class PretrainRow:
     step: int
     """The pretraining step of the report."""
     metrics: dict[str, Any]
-    """The report's metrics (raybiphase.telemetry.report.PretrainReport: tokens_seen, phase, objective, train/ and
+    """The report's metrics (raybiphase.telemetry.metrics.PretrainReport: tokens_seen, phase, objective, train/ and
     val/ losses, lr, tokens_per_s, workers, data_epochs, ...), a column each."""
     checkpoint: str = ""
     """The checkpoint written with this report; "" when none."""

@@ -3,7 +3,7 @@ so any Parquet reader opens a sweep's folder as it stands (`pd.read_parquet(fold
 `folder/*.parquet`, `ray.data.read_parquet(folder)`), none needing to union the parts' columns.
 
 The columns come from the typed records (raybiphase.results.rows.PretrainRow with every metric of
-raybiphase.telemetry.report.PretrainReport; raybiphase.results.rows.FinetuneRow) and every dotted run setting
+raybiphase.telemetry.metrics.PretrainReport; raybiphase.results.rows.FinetuneRow) and every dotted run setting
 (raybiphase.config.RunConfig), each with the Arrow type of its declared Python type: a column a part's rows leave
 empty is typed there, never Parquet's null. A setting whose value is a list or a mapping is text, as
 `config_columns` writes it.
@@ -22,7 +22,7 @@ import pyarrow as pa
 from raybiphase.config import RunConfig, flatten
 from raybiphase.config.load import field_type
 from raybiphase.results import rows as result_rows
-from raybiphase.telemetry.report import PretrainReport, column
+from raybiphase.telemetry.metrics import PretrainReport, column
 
 _RESOLVED = {"resources.num_workers": pa.int64(), "phases.clm_share": pa.float64(), "phases.clm_steps": pa.int64(),
              "train.checkpoint_every": pa.int64()}

@@ -7,7 +7,7 @@
 
 The report's blocks follow the Markdown report's sections: pretraining curves as line plots of the sweep's
 pretraining runs against tokens seen, fine-tuning scores as scatter plots of its (checkpoint, task) runs, every
-drawn figure as a media panel over the sweep's "report" run (which holds it: raybiphase.results.wandb.log_report),
+drawn figure as a media panel over the sweep's "report" run (which holds it: raybiphase.results.wandb_upload.log_report),
 and each section's note and table (the findings, the predictions of arms not launched) as Markdown.
 """
 

@@ -41,7 +41,7 @@ from raybiphase.pretrain.trainer import make_trainer
 from raybiphase.raycluster import ensure_ray, own_machine
 from raybiphase.results import rows as result_rows
 from raybiphase.results import store
-from raybiphase.results import wandb as results_wandb
+from raybiphase.results import wandb_upload as results_wandb
 from raybiphase.results.html import run_info
 from raybiphase.results.report import write_report
 from raybiphase.storage import SweepPaths
@@ -53,8 +53,8 @@ from raybiphase.sweep.hub_baselines import hub_baseline_rows, hub_sources
 from raybiphase.sweep.plan import Plan, Segment, dependencies
 from raybiphase.sweep.preflight import check_room, plan_sweep
 from raybiphase.sweep.scheduler import Scheduler
+from raybiphase.sweep.size_gate import SizeStages
 from raybiphase.sweep.space import check_space
-from raybiphase.sweep.stages import SizeStages
 from raybiphase.sweep.timeline import remaining_chain, simulate, wall_hours
 from raybiphase.telemetry.clock import Clock, step_seconds
 from raybiphase.telemetry.console import STDOUT, Console
@@ -206,7 +206,7 @@ class SweepSegments:
         self.records = tempfile.TemporaryDirectory(prefix="raybiphase-fits-")
         self.hours = wall_hours(ctx.plan, ctx.spec)
         self.chain = remaining_chain(ctx.plan, self.hours)
-        self.pace = Pace()
+        self.pace = EtaEstimator()
         self.began = self.last_end = time.perf_counter()
         self.gate: SizeStages | None = None  # sweep.stages by_size
 
@@ -232,7 +232,7 @@ class SweepSegments:
 
     def last_sign(self, segment: Segment) -> float:
         """The newest of the fit's controller's signs of life (its start, a state change, a report) and rank 0's
-        last progress beat (raybiphase.telemetry.progress.Beacon: one every RAYBIPHASE_PROGRESS_S while it steps)."""
+        last progress beat (raybiphase.telemetry.progress.ProgressWriter: one every RAYBIPHASE_PROGRESS_S while it steps)."""
         seen = ray_internals.fit_record(self.record(segment)) or {}
         try:
             beat = storage.read_json(self.ctx.paths.progress(segment.id)) or {}
@@ -275,7 +275,7 @@ def segment_ended(ctx: SweepContext, clock: Clock, segment: Segment, done: set[s
 
 
 @dataclasses.dataclass
-class Pace:
+class EtaEstimator:
     """Seconds per estimated hour, measured on the segments that ended: it turns the timeline's critical path into
     an ETA."""
 

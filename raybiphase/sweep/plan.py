@@ -5,7 +5,7 @@ batch, optimizer settings, masking probabilities: the run's *base*) and every st
 same kind (objective, optimizer reset, frozen blocks, masking range), masking ratio and learning rate
 (raybiphase.sweep.steps). Under WSD a 42k-step run is therefore, until its decay starts, the same run as its 12k and
 22k siblings, and a CLM->MLM run is a CLM run until its switch. The planner compares runs exactly, piece by piece of
-their schedules (raybiphase.schedule), and builds a trie: a segment covers steps [start, end) of every run below it,
+their schedules (raybiphase.phases), and builds a trie: a segment covers steps [start, end) of every run below it,
 starts from its parent's checkpoint at `start`, and leaves one at `end`. Executing a run as a chain of segments gives
 the same weights as running it alone (tests/sweep/test_driver.py). A segment's id hashes the base and every step up
 to its end, so a changed spec finds the segments it already has.
@@ -29,11 +29,11 @@ from raybiphase.config import ConfigError, FinetuneGrid, RunConfig, SweepSpec, f
 from raybiphase.config.estimates import resolve_checkpoint_every
 from raybiphase.config.identity import digest
 from raybiphase.naming import run_name, steps_label
+from raybiphase.phases import Schedule
 from raybiphase.pretrain.budget import budget_lines, data_budget
-from raybiphase.schedule import Schedule
 from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, finetune_basis_text, gpu_hours_text, segment_gpu_hours
 from raybiphase.sweep.grids import check_export_grids, checkpoint_grid, grid_lines, grid_trials
-from raybiphase.sweep.replicates import replicate_lines
+from raybiphase.sweep.replicate_cost import replicate_lines
 from raybiphase.sweep.steps import first_difference, id_bytes, step_order, step_tag, step_value
 
 # per-step settings: the planner compares them step by step, so they stay out of a run's base

@@ -16,8 +16,8 @@ from raybiphase.finetune.tasks import get_task
 from raybiphase.pretrain.budget import check_budget, data_budget
 from raybiphase.sweep.bill import bill_lines
 from raybiphase.sweep.plan import Plan, describe, make_plan
-from raybiphase.sweep.power import power_lines
-from raybiphase.sweep.stages import stage_lines
+from raybiphase.sweep.power_lines import power_lines
+from raybiphase.sweep.size_gate import stage_lines
 from raybiphase.sweep.timeline import timeline_lines
 from raybiphase.telemetry.console import STDOUT, Console
 

@@ -1,5 +1,5 @@
 """What the planner asks of two runs' steps (pure, no torch): where they first differ, what a step is, and the bytes a
-segment's id hashes, all read from the runs' schedule pieces (raybiphase.schedule), so the work grows with the
+segment's id hashes, all read from the runs' schedule pieces (raybiphase.phases), so the work grows with the
 pieces two runs pass through, not with their steps.
 
 Two runs of one base take the same step t when its `StepKind` (objective, optimizer reset, frozen blocks, masking
@@ -24,7 +24,7 @@ import numpy as np
 
 from raybiphase.config.identity import digest
 from raybiphase.naming import phase_tag
-from raybiphase.schedule import Piece, Schedule, StepKind
+from raybiphase.phases import Piece, Schedule, StepKind
 
 OBJECTIVE_CODE = {"clm": 0.0, "mlm": 1.0, "mntp": 2.0}
 RESET = 10.0

@@ -4,7 +4,8 @@ event-driven simulation of the driver (a segment starts as soon as its dependenc
 `resources.max_concurrent` slots is free, longest remaining chain first; fine-tuning fills the GPUs segments leave
 idle, a checkpoint's trials once its segment has ended).
 
-The same priority orders the driver's segments (raybiphase.sweep.driver.pretrain_all).
+This is a model of the time line, for the dry run and the progress line's ETA; the one loop that runs the jobs is
+raybiphase.sweep.scheduler, which orders segments by the same priority (`by_priority`).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ seconds, and the fine-tuning fan-out as trials done / total.
     fine-tuning: 12/48 trials done (3 stopped by ASHA), 2 running, ETA 1m20s
 
 Workers never print to the driver (Ray's log forwarding is off, see raybiphase.raycluster): rank 0 of a segment
-writes a small `progress.json` beside the segment's history every `every_s` seconds (`Beacon`, called once per
-optimizer step; it syncs the device only when it writes), and a driver thread (`Watch`) reads those files and
+writes a small `progress.json` beside the segment's history every `every_s` seconds (`ProgressWriter`, called once
+per optimizer step; it syncs the device only when it writes), and a driver thread (`Watch`) reads those files and
 prints what moved. The files live in the sweep's storage, so this works the same from a bucket on a cluster. The
 fine-tuning line (`trials_line`) is the sweep's scheduler's, as trials end. RAYBIPHASE_PROGRESS_S sets the
 interval (default 10 s; 0 turns the lines off). Lines go to the driver's console (raybiphase.telemetry.console).
@@ -53,7 +53,7 @@ LIFE_S = 60.0
 (sweep.stall_s)."""
 
 
-class Beacon:
+class ProgressWriter:
     """Rank 0 of a training loop: `beat(...)` after every optimizer step writes `progress.json` at most every
     `every_s` seconds (every LIFE_S when progress lines are off; the loss is read from the device only then)."""
 

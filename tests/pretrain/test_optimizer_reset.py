@@ -10,7 +10,7 @@ import torch
 from raybiphase.config import ConfigError, RunConfig, SweepSpec, from_dict, run_hash, weights_settings
 from raybiphase.naming import run_name
 from raybiphase.optim import adamw, reset_moments
-from raybiphase.schedule import Schedule
+from raybiphase.phases import Schedule
 from raybiphase.sweep.plan import make_plan, shared_steps
 
 OPTIM = {"lr": 1e-3, "warmup_steps": 2, "decay_steps": 4}

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from raybiphase.results.aggregate import mean_ci
-from raybiphase.results.findings import Study, masking
+from raybiphase.results.stats.findings import Study, masking
 
 TASKS = {"sst2": "SC", "conll2003": "TC", "squad": "QA", "msmarco": "IR", "nq": "IR", "mldr": "IR"}
 SIZES = ("210m", "610m")

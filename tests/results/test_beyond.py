@@ -11,9 +11,8 @@ import pandas as pd
 import pytest
 
 from raybiphase.results.aggregate import t_quantile
-
-from raybiphase.results.inference import NO_REPLICATES
 from raybiphase.results.questions import QUESTIONS, beyond_sections, knobs, question_pairs, question_verdict
+from raybiphase.results.stats.rules import NO_REPLICATES
 
 BY_NAME = {q.name: q for q in QUESTIONS}
 TASKS = (("tweets", "SC"), ("squad", "QA"))

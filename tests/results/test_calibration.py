@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from raybiphase.results.aggregate import mean_ci
-from raybiphase.results.findings import Study, fixed_budget
+from raybiphase.results.stats.findings import Study, fixed_budget
 
 TASKS = {"sst2": "SC", "mnli": "SC", "qqp": "SC", "conll2003": "TC", "ontonotes": "TC", "uner": "TC",
          "squad": "QA", "squad_v2": "QA", "record": "QA", "msmarco": "IR", "nq": "IR", "mldr": "IR"}
@@ -111,7 +111,8 @@ def test_an_interval_printed_beside_a_decision_excludes_zero_exactly_when_the_de
     """Holm's step-down decides; the interval of each test is printed at the level its decision used
     (`holm_levels`), so no printed interval excludes zero beside "not resolved", nor includes it beside a claim.
     Checked on 300 random families of 1 to 6 tests."""
-    from raybiphase.results.inference import Effect, holm, holm_levels
+    from raybiphase.results.stats.effects import Effect
+    from raybiphase.results.stats.rules import holm, holm_levels
 
     rng = np.random.default_rng(7)
     for _ in range(300):

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from raybiphase.results.aggregate import mean_ci
-from raybiphase.results.verdicts import UNTRAINED, family_verdicts, versus_control
+from raybiphase.results.stats.control import UNTRAINED, family_verdicts, versus_control
 
 TASKS = {"squad_shuffle": "SC", "squad_commas": "TC", "squad_sentence": "QA", "squad_retrieval": "IR"}
 MODELS = 3

@@ -11,8 +11,9 @@ import pytest
 
 from raybiphase.results import report
 from raybiphase.results.aggregate import t_quantile
-from raybiphase.results.findings import NO_REPLICATES, findings
-from raybiphase.results.verdicts import UNTRAINED, matched_pairs, versus_control
+from raybiphase.results.stats.control import UNTRAINED, versus_control
+from raybiphase.results.stats.findings import NO_REPLICATES, findings
+from raybiphase.results.stats.matching import matched_pairs
 
 
 def _row(size: str, objective: str, task: str, score: float, *, budget: int = 42000, share: float = 0.0,
@@ -162,8 +163,8 @@ def test_figures_and_tables_have_a_panel_and_a_column_per_size() -> None:
 def test_replicated_arms_are_decided_on_the_spread_between_pretraining_runs() -> None:
     """The paper's SST-2 gap (92.41 ± 0.55 vs 91.74 ± 0.35 over fine-tuning seeds) with three pretraining runs per
     arm: the seed intervals are apart in each replicate pair, yet the runs' own spread swallows the gap."""
-    from raybiphase.results.replicates import replicates_section
-    from raybiphase.results.verdicts import pool_replicates
+    from raybiphase.results.replicate_spread import replicates_section
+    from raybiphase.results.stats.matching import pool_replicates
 
     rows = []
     for seed, (two, mlm) in enumerate(((92.41, 91.74), (91.60, 92.30), (92.90, 91.20))):
@@ -193,7 +194,7 @@ def test_replicates_are_pooled_within_their_arm_and_splits_stay_apart() -> None:
     """sweeps/paper.yaml's 610m shape: MLM and the 10k split each pretrained three times, the 21k, 32k and 40k
     splits once. The splits differ in phases.clm_steps (which the matched-arm columns do not show): five arms, two
     of them with three runs, and finding 4 pairs each split with the MLM arm once."""
-    from raybiphase.results.verdicts import pool_replicates
+    from raybiphase.results.stats.matching import pool_replicates
 
     rows = []
     for clm, seeds in ((0, (0, 1, 2)), (10000, (0, 1, 2)), (21000, (0,)), (32000, (0,)), (40000, (0,))):

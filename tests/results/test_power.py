@@ -6,8 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from raybiphase.results.inference import Noise, pair_contrast
-from raybiphase.results.power import ASSUMED, NoiseModel, detected, effect_se, mde, measured_noise, pair_design, z
+from raybiphase.results.stats.effects import pair_contrast
+from raybiphase.results.stats.noise import Noise
+from raybiphase.results.stats.power import ASSUMED, NoiseModel, detected, effect_se, mde, measured_noise, pair_design, z
 
 
 def test_the_mde_is_the_two_sided_threshold_plus_the_power_quantile_in_standard_errors():
@@ -130,7 +131,7 @@ def test_the_paper_plans_replicates_hold_a_two_point_finding_4_effect_in_at_leas
     """The dry run's power line for sweeps/paper.yaml says a +2-point finding-4 effect is found at 610m in about 99%
     of studies under the assumed noise (0.8 points, half shared by a run's tasks); the report's own rule, applied to
     20 simulated studies of that design, holds it in at least 80% (and never says "not held")."""
-    from raybiphase.results.findings import Study, fixed_budget
+    from raybiphase.results.stats.findings import Study, fixed_budget
 
     rng = np.random.default_rng(20261129)
     verdicts = [fixed_budget(Study(_plan_study(rng, 2.0)))[1] for _ in range(20)]

@@ -14,12 +14,11 @@ import pytest
 
 from raybiphase.commands import predict as predict_command
 from raybiphase.commands import run_main
-from raybiphase.errors import UserError
-from raybiphase.results.inference import replicate_noise
 from raybiphase.results.next_size import next_size_section
-from raybiphase.results.predict import forecast, parameters, predict, run_at
 from raybiphase.results.report import enriched_summary
 from raybiphase.results.rows import FINETUNE_KEY
+from raybiphase.results.stats.noise import replicate_noise
+from raybiphase.results.stats.prediction import forecast, parameters, predict, run_at
 from raybiphase.results.store import append_rows
 from raybiphase.storage import FINETUNE_FILE
 

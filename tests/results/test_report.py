@@ -18,9 +18,9 @@ from raybiphase.commands import run_main
 from raybiphase.results import report
 from raybiphase.results.importer import import_tree
 from raybiphase.results.rows import FINETUNE_KEY, PRETRAIN_KEY
-from raybiphase.results.tables import mean_ci
-from raybiphase.results.verdicts import UNTRAINED, family_verdicts, versus_control
+from raybiphase.results.stats.control import UNTRAINED, family_verdicts, versus_control
 from raybiphase.results.store import append_rows
+from raybiphase.results.tables import mean_ci
 from raybiphase.storage import FINETUNE_FILE, PRETRAIN_FILE
 
 PAPER_TREE = Path(__file__).resolve().parents[1] / "fixtures" / "paper_tree"
@@ -326,7 +326,7 @@ def test_verdicts_against_the_untrained_control_come_from_the_intervals() -> Non
 def test_the_papers_five_findings_are_judged_from_the_intervals() -> None:
     """Every arm pretrained twice (train.seed 0 and 1, one point apart): the intervals count the spread between
     pretraining runs, and each finding is decided on them. The same rows from one run per arm decide nothing."""
-    from raybiphase.results.findings import NO_REPLICATES, findings
+    from raybiphase.results.stats.findings import NO_REPLICATES, findings
 
     def row(run, objective, task, family, score, *, budget=400, ratio=0.4, step=400, final=True, init=None):
         return {"source": "raybiphase", "run": run, "objective": objective, "task": task, "family": family,

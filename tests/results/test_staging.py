@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 
 from raybiphase.config import ConfigError, SweepConfig, SweepSpec
-from raybiphase.results.predict import forecast, observations, run_at
 from raybiphase.results.report import enriched_summary
 from raybiphase.results.rows import FINETUNE_KEY
-from raybiphase.results.staging import decide, decided, stage_decision, staged_section
+from raybiphase.results.stats.prediction import forecast, observations, run_at
+from raybiphase.results.stats.staging import decide, decided, stage_decision, staged_section
 from raybiphase.results.store import append_rows
 from raybiphase.storage import FINETUNE_FILE
 from tests.results.test_predict import _trials

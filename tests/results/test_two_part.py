@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from raybiphase.results.aggregate import mean_ci
-from raybiphase.results.findings import Study, judge
-from raybiphase.results.inference import conjoin
+from raybiphase.results.stats.findings import Study, judge
+from raybiphase.results.stats.rules import conjoin
 
 TASKS = {"sst2": "SC", "mnli": "SC", "squad": "QA", "conll2003": "TC"}
 STEPS = (1000, 2000, 10000, 42000)

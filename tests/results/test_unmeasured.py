@@ -14,8 +14,8 @@ from raybiphase.commands import report as report_command
 from raybiphase.commands import run_main
 from raybiphase.config import SweepConfig, SweepSpec
 from raybiphase.errors import ConfigError
-from raybiphase.results.findings import Study, fixed_budget
 from raybiphase.results.html import run_info, unmeasured_sd_of
+from raybiphase.results.stats.findings import Study, fixed_budget
 from raybiphase.storage import RUN_INFO
 from tests.results.test_calibration import _study
 

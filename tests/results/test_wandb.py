@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from raybiphase.results import wandb as results_wandb
-from raybiphase.telemetry import wandb as wandb_log
+from raybiphase.results import wandb_upload as results_wandb
 from raybiphase.results.importer import import_tree
 from raybiphase.results.report import write_report
+from raybiphase.telemetry import wandb as wandb_log
 
 FAKE_KEY = "local-0123456789abcdef0123456789abcdef01234567"
 PAPER_TREE = Path(__file__).resolve().parents[1] / "fixtures" / "paper_tree"

@@ -333,7 +333,7 @@ def test_a_shared_segment_exports_what_every_run_through_it_fine_tunes(lengths):
 
 
 def test_replicates_share_prefixes_only_within_a_seed_and_the_dry_run_prices_them():
-    from raybiphase.sweep.replicates import extra_runs, replicate_arms, replicate_lines
+    from raybiphase.sweep.replicate_cost import extra_runs, replicate_arms, replicate_lines
 
     one = make_plan(load(SweepSpec, "sweeps/quickstart.yaml"))
     grid = "sweep.grid={phases.clm_share: [0.0, 0.5, 1.0], train.seed: [0, 1, 2]}"

@@ -12,12 +12,12 @@ from raybiphase import storage
 from raybiphase.config import load
 from raybiphase.config.sweep import SweepSpec
 from raybiphase.results.rows import FINETUNE_KEY
+from raybiphase.results.stats.staging import Skip, StageDecision
 from raybiphase.results.store import append_rows, read_rows
 from raybiphase.storage import FINETUNE_FILE, STAGES_FILE, SweepPaths
-from raybiphase.sweep.plan import make_plan
 from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, segment_gpu_hours
-from raybiphase.results.staging import Skip, StageDecision
-from raybiphase.sweep.stages import SizeStages, stage_lines, staged_gpu_hours, with_sources
+from raybiphase.sweep.plan import make_plan
+from raybiphase.sweep.size_gate import SizeStages, stage_lines, staged_gpu_hours, with_sources
 from raybiphase.telemetry.console import Console
 from tests.results.test_staging import study_rows
 

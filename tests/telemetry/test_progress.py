@@ -5,15 +5,15 @@ import io
 import json
 
 from raybiphase.telemetry import progress
-from raybiphase.telemetry.progress import Beacon, Watch, line, trials_line
 from raybiphase.telemetry.console import Console
+from raybiphase.telemetry.progress import ProgressWriter, Watch, line, trials_line
 
 
 def test_a_beat_is_written_once_per_interval_and_reads_the_loss_only_then(tmp_path, monkeypatch):
     clock = iter([0.0, 1.0, 2.0, 11.0, 12.0, 25.0])
     monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
     target = tmp_path / "progress.json"
-    beacon = Beacon(str(target), stop_at=100, tokens_per_step=1000, every_s=10.0)  # starts at t=0
+    beacon = ProgressWriter(str(target), stop_at=100, tokens_per_step=1000, every_s=10.0)  # starts at t=0
     reads = []
 
     def loss():
@@ -37,7 +37,7 @@ def test_a_beat_is_written_once_per_interval_and_reads_the_loss_only_then(tmp_pa
 def test_the_last_step_of_a_segment_always_beats(tmp_path, monkeypatch):
     monkeypatch.setattr(progress.time, "perf_counter", lambda: 1.0)
     target = tmp_path / "progress.json"
-    Beacon(str(target), stop_at=7, tokens_per_step=10, every_s=60.0).beat(7, "mlm", lambda: 3.0)
+    ProgressWriter(str(target), stop_at=7, tokens_per_step=10, every_s=60.0).beat(7, "mlm", lambda: 3.0)
     assert json.loads(target.read_text())["step"] == 7
 
 
@@ -46,7 +46,7 @@ def test_with_progress_lines_off_a_beat_still_says_the_fit_is_alive_every_minute
     clock = iter([0.0, 30.0, 61.0])
     monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
     target = tmp_path / "progress.json"
-    beacon = Beacon(str(target), stop_at=100, tokens_per_step=10, every_s=0.0)  # RAYBIPHASE_PROGRESS_S=0
+    beacon = ProgressWriter(str(target), stop_at=100, tokens_per_step=10, every_s=0.0)  # RAYBIPHASE_PROGRESS_S=0
     beacon.beat(1, "clm", lambda: 3.0)  # t=30
     assert not target.exists()
     beacon.beat(2, "clm", lambda: 3.0)  # t=61

@@ -10,7 +10,7 @@ import pytest
 
 from raybiphase import storage
 from raybiphase.config import SweepSpec, load
-from raybiphase.results import wandb as results_wandb
+from raybiphase.results import wandb_upload as results_wandb
 from raybiphase.sweep.plan import make_plan
 from raybiphase.telemetry import wandb as wandb_log
 from raybiphase.telemetry import wandb_live

@@ -13,7 +13,7 @@ A prediction interval covers the score one run of the arm at the new size will s
 
 - the fit's own uncertainty, L Σ L': each prediction is a linear map L of the observed cells, whose covariance Σ
   holds the fine-tuning seeds' variance of each cell and, where some arm was pretrained several times, the
-  replicates' pretraining noise (`raybiphase.results.inference.replicate_noise`: the larger of the two, as the
+  replicates' pretraining noise (`raybiphase.results.stats.noise.replicate_noise`: the larger of the two, as the
   findings take it, and the replicates' correlation across the tasks one run is scored on);
 - model error: the residual variance the fit leaves beyond what Σ explains, pooled over the source's tasks (zero
   where the residuals show none). With three sizes or more it holds a curve the line misses; with two it can only
@@ -44,11 +44,13 @@ from raybiphase.config.sizes import SIZES
 from raybiphase.errors import UserError
 from raybiphase.naming import strip_hash
 from raybiphase.results.aggregate import t_cdf, t_quantile
-from raybiphase.results.findings import one_size_contrasts
-from raybiphase.results.inference import Noise, plural, replicate_noise
 from raybiphase.results.rows import BASELINE
+from raybiphase.results.stats.control import UNTRAINED
+from raybiphase.results.stats.findings import one_size_contrasts
+from raybiphase.results.stats.matching import arm_ids, pool, with_noise_columns
+from raybiphase.results.stats.noise import Noise, replicate_noise
+from raybiphase.results.stats.rules import plural
 from raybiphase.results.tables import POINTS
-from raybiphase.results.verdicts import UNTRAINED, arm_ids, pool, with_noise_columns
 
 SIZE_COLUMNS = ("size", "model.size", "init_from", "model.init_from")
 """Columns that name a model size (a continued run's start is a path with its size in it): an arm across sizes
@@ -105,7 +107,7 @@ class Forecast:
 
     def chances(self) -> list[tuple[str, float, int]]:
         """(claim, the probability its effect at this size is in the paper's direction, cells it rests on) for each
-        finding the predicted cells can compare (`raybiphase.results.findings.one_size_contrasts`), over the paper's
+        finding the predicted cells can compare (`raybiphase.results.stats.findings.one_size_contrasts`), over the paper's
         settings only (runs with knobs beyond the paper are left out, as the findings leave them)."""
         return [(claim, chance, len(runs)) for claim, chance, runs in self.served()]
 

@@ -1,8 +1,8 @@
 """The paper's five findings judged on a sweep's rows, each an effect per model size with an interval (at its Holm
-level) and a calibrated decision (raybiphase.results.inference; the method, its assumptions and its simulation:
-docs/statistics.md).
+level) and a calibrated decision (raybiphase.results.stats.effects and raybiphase.results.stats.rules; the
+method, its assumptions and its simulation: docs/statistics.md).
 
-Every comparison is between matched arms (raybiphase.results.verdicts.matched_pairs: the same size, budget,
+Every comparison is between matched arms (raybiphase.results.stats.matching.matched_pairs: the same size, budget,
 masking ratio, data and every other weight-shaping setting, only the compared factor differing), an arm pretrained
 several times is one side (its replicates pooled), and each size's effect is the mean over tasks of the mean
 matched difference, an arm reused by several pairs entering once. A finding holds where its Holm-adjusted test
@@ -17,28 +17,22 @@ from __future__ import annotations
 import pandas as pd
 
 from raybiphase.config.sizes import SIZES
+from raybiphase.config.sweep import UNMEASURED_SD
 from raybiphase.naming import steps_label
-from raybiphase.results.best_ratio import NoBestRatio, no_best_ratio
-from raybiphase.results.inference import (
+from raybiphase.results.stats.best_ratio import NoBestRatio, no_best_ratio
+from raybiphase.results.stats.control import UNTRAINED
+from raybiphase.results.stats.effects import (
     ALPHA,
-    NO_REPLICATES,
-    UNMEASURED_SD,
-    UNRESOLVED,
     Effect,
-    Strata,
-    combine,
-    conjoin,
-    decide,
     difference,
     estimate,
-    holm_levels,
     pair_contrast,
-    plural,
     shared_trials,
     slope_contrast,
-    strata_noise,
 )
-from raybiphase.results.verdicts import UNTRAINED, _key_text, arm_ids, matched_pairs, pool, with_noise_columns
+from raybiphase.results.stats.matching import arm_ids, key_text, matched_pairs, pool, with_noise_columns
+from raybiphase.results.stats.noise import Strata, strata_noise
+from raybiphase.results.stats.rules import NO_REPLICATES, UNRESOLVED, combine, conjoin, decide, holm_levels, plural
 
 RATIO_STEP = 0.1
 """Masking-ratio slopes are stated per 10 points of masking (20% -> 30%)."""
@@ -95,7 +89,7 @@ Part = tuple[str, Effect | NoBestRatio | None, str]
 
 def _size_text(who: str, effect: Effect | NoBestRatio | None, decision: str, rests_on: str, unit: str = "pts",
                level: float = ALPHA) -> str:
-    """One test's line: its effect with the interval at `level` (its Holm level: `inference.holm_levels`)."""
+    """One test's line: its effect with the interval at `level` (its Holm level: `rules.holm_levels`)."""
     head = f"{who}: " if who else ""
     if effect is None:
         return f"{head}{rests_on}, no interval (a cell with fewer than 3 fine-tuning seeds)"
@@ -104,7 +98,7 @@ def _size_text(who: str, effect: Effect | NoBestRatio | None, decision: str, res
 
 
 def _paired(study: Study, pairs: pd.DataFrame, measure: str = "score", at_step: bool = False) -> list[Part]:
-    """Per model size: the mean over tasks of the mean matched difference a - b (`inference.pair_contrast`)."""
+    """Per model size: the mean over tasks of the mean matched difference a - b (`effects.pair_contrast`)."""
     out = []
     for size, group in sorted(pairs.groupby("size", sort=True), key=lambda item: _parameters(item[1])):
         steps = sorted(set(group["pretrain_step"].astype(int)))
@@ -152,7 +146,7 @@ def _undecayed(ours: pd.DataFrame) -> pd.DataFrame:
         decay_start = early["budget"] - pd.to_numeric(early["optim.decay_steps"], errors="coerce")
         early = early[~(early["pretrain_step"] > decay_start)]  # unknown decay: kept
     if "trials_of" in early:
-        early = early[early["trials_of"].map(_key_text) == ""]
+        early = early[early["trials_of"].map(key_text) == ""]
     return early
 
 
@@ -353,7 +347,7 @@ def findings(s: pd.DataFrame, unmeasured_sd: float = UNMEASURED_SD) -> list[tupl
     """The paper's five findings, each (claim, verdict, evidence), from our checkpoints' cells (the enriched
     summary: objective, size, budget, mask_ratio, init_from, pretrain_step, final, score, ci, n_seeds, family,
     lr_spread, lr_spread_se and the dotted settings), each effect per size with its interval (at its Holm level)
-    and the decision of `raybiphase.results.inference`; `unmeasured_sd`: `Study`'s."""
+    and the decision of `raybiphase.results.stats.rules`; `unmeasured_sd`: `Study`'s."""
     return judge(Study(s, unmeasured_sd))
 
 

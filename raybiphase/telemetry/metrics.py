@@ -80,7 +80,7 @@ class PretrainReport:
         unknown = sorted(set(columns) - set(names))
         if unknown:
             raise TypeError(f"pretraining metrics {unknown} are not fields of PretrainReport: declare each, with its "
-                            "description, in raybiphase/telemetry/report.py")
+                            "description, in raybiphase/telemetry/metrics.py")
         return cls(**{names[name]: value for name, value in columns.items()})
 
     def columns(self) -> dict[str, Any]:

@@ -1,16 +1,11 @@
-"""Whether pretrained models beat their untrained control, per task and per family; the matched arms and the
-pooled replicates the paper's findings are built on (raybiphase.results.findings).
-
-Pure pandas on the report's enriched summary (raybiphase.results.report: columns source, run, task, family, final,
-objective, size, budget, mask_ratio, init_from, score and ci in points, n_seeds, and the run's dotted settings).
-A model against its control is decided only when both sides have a 95% interval (MIN_SEEDS seeds or more) and the
-intervals are apart; otherwise it says so.
+"""The matched arms and the pooled replicates the paper's findings are built on (docs/statistics.md, "What is
+compared"; raybiphase.results.stats.findings).
 
 Comparisons are between matched arms (`matched_pairs`): the same model size, budget, masking ratio, data,
 optimizer and every other setting that shapes the weights, only the compared factor differing. Every matched pair
 counts once and nothing is the best of several: the best 1b MLM model never stands in for a 610m comparison. An
 arm is every weight-shaping setting but the pretraining seed (`arm_ids`); its replicates are one side
-(`pool_replicates`).
+(`pool_replicates`). Pure pandas on the report's enriched summary (raybiphase.results.stats.control).
 """
 
 from __future__ import annotations
@@ -27,8 +22,6 @@ from raybiphase.results.aggregate import t_quantile
 MIN_SEEDS = 3
 """Fewest seeds behind a printed or drawn interval: with 2, Student's t at 1 degree of freedom makes it meaningless
 (12.7 standard errors); fewer seeds show the mean and the seed count only."""
-UNTRAINED = "untrained"
-"""The objective label of a sweep's control: its step-0 weights, fine-tuned like every checkpoint."""
 
 
 def compare(a: Mapping, b: Mapping) -> str:
@@ -42,66 +35,24 @@ def compare(a: Mapping, b: Mapping) -> str:
     return "overlap"
 
 
-def versus_control(s: pd.DataFrame) -> pd.DataFrame:
-    """Per task, each pretrained model's final score against the untrained control of its own arm (the same model
-    size, data and model settings: `CONTROL_ARM`): "above" or "below" when the 95% intervals are apart, "overlap"
-    when they are not, "not resolved" without intervals (fewer than MIN_SEEDS seeds). A model with no matching
-    control is left out. Columns: family, task, run, objective, score, ci, control, control_ci, verdict."""
-    ours = s[(s["source"] == "raybiphase") & s["final"]]
-    ours = ours.assign(size=ours["size"] if "size" in ours else "")
-    key = ["task", "size", *(c for c in _setting_columns(ours) if c.startswith(CONTROL_ARM))]
-    controls = ours[ours["objective"] == UNTRAINED]
-    models = ours[ours["objective"] != UNTRAINED].sort_values(["task", "run"])
-    rows = []
-    for _, r in models.iterrows():
-        same = (controls[key].map(_key_text) == [_key_text(r[c]) for c in key]).all(axis=1)
-        for _, c in controls[same].iterrows():
-            verdict = {"a": "above", "b": "below", "overlap": "overlap"}.get(compare(r, c), "not resolved")
-            rows.append({"family": r["family"], "task": r["task"], "run": r["run"], "objective": r["objective"],
-                         "score": r["score"], "ci": r["ci"], "n_seeds": r["n_seeds"], "control": c["score"],
-                         "control_ci": c["ci"], "control_seeds": c["n_seeds"], "verdict": verdict})
-    return pd.DataFrame(rows, columns=["family", "task", "run", "objective", "score", "ci", "n_seeds", "control",
-                                       "control_ci", "control_seeds", "verdict"])
-
-
-def family_verdicts(versus: pd.DataFrame) -> dict[str, str]:
-    """One sentence per family: do the pretrained models beat the untrained control, 95% intervals apart?"""
-    out = {}
-    for family, group in versus.groupby("family", sort=True):
-        above, n = int((group["verdict"] == "above").sum()), len(group)
-        unresolved = int((group["verdict"] == "not resolved").sum())
-        if above == n:
-            verdict = f"yes: all {n} pretrained model-task pairs beat the untrained control, 95% intervals apart"
-        elif unresolved == n:
-            verdict = f"not resolved: fewer than {MIN_SEEDS} seeds, no intervals"
-        else:
-            verdict = (f"{'partly' if above else 'no'}: {above} of {n} pretrained model-task pairs beat the untrained "
-                       f"control with 95% intervals apart ({n - above - unresolved} overlap or fall below"
-                       + (f", {unresolved} unresolved" if unresolved else "") + ")")
-        out[family] = verdict
-    return out
-
-
 # ------------------------------------------------------------------------------------------------ matched arms
 
 ARM = ("source", "task", "pretrain_step", "size", "budget", "mask_ratio", "init_from")
 """The enriched summary's columns that place a checkpoint in the grid; with every other weight-shaping setting
-column (`_setting_columns`) they define an arm. Two rows are matched when they agree on all of them except the
+column (`setting_columns`) they define an arm. Two rows are matched when they agree on all of them except the
 factor a comparison varies."""
 DESCRIBED = frozenset({"model.size", "phases.steps", "phases.mask_ratio", "model.init_from", "phases.clm_share",
                        "phases.clm_steps", "phases.plan"})
 """Settings the ARM columns (and the objective) already stand for; `phases.plan` is the explicit form of the same
 phases, and runs with knobs beyond the paper are kept out of the findings by the report (`knobs`)."""
-CONTROL_ARM = ("model.", "data.", "train.")
-"""The settings a model shares with its untrained control (phases and optimizer: the control has none)."""
 
 
-def _setting_columns(frame: pd.DataFrame) -> list[str]:
+def setting_columns(frame: pd.DataFrame) -> list[str]:
     """Dotted run settings that shape the weights (raybiphase.config.shapes_weights), besides those ARM stands for."""
     return sorted(c for c in frame.columns if "." in c and c not in DESCRIBED and shapes_weights(c))
 
 
-def _key_text(value: object) -> str:
+def key_text(value: object) -> str:
     """A setting as a match key: missing values (None, NaN) are one value, the rest compare by their text."""
     return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
 
@@ -112,8 +63,8 @@ def matched_pairs(a: pd.DataFrame, b: pd.DataFrame, vary: tuple[str, ...]) -> pd
     pair, each pair once, nothing chosen as the best of several. Columns: the key, run_a, run_b, score_a, ci_a,
     score_b, ci_b, arm_a and arm_b where the rows have an `arm`, side (`compare`'s answer)."""
     both = pd.concat([a, b])
-    key = [c for c in (*ARM, *_setting_columns(both)) if c in both and c not in vary and c != REPLICATE]
-    left, right = (frame.assign(**{f"_k{i}": frame[c].map(_key_text) for i, c in enumerate(key)}) for frame in (a, b))
+    key = [c for c in (*ARM, *setting_columns(both)) if c in both and c not in vary and c != REPLICATE]
+    left, right = (frame.assign(**{f"_k{i}": frame[c].map(key_text) for i, c in enumerate(key)}) for frame in (a, b))
     on = [f"_k{i}" for i in range(len(key))]
     carried = ["run", "score", "ci", *(["arm"] if "arm" in right else [])]
     merged = left.merge(right[[*on, *carried]], on=on, suffixes=("_a", "_b"))
@@ -139,12 +90,12 @@ def arm_ids(frame: pd.DataFrame, without: tuple[str, ...] = ()) -> pd.Series:
     columns = [c for c in (*ARM, "objective", *settings) if c in frame and c not in ("task", REPLICATE, *without)]
     out = pd.Series("", index=frame.index)
     for column in columns:
-        out = out + frame[column].map(_key_text).astype(str) + "\x1f"
+        out = out + frame[column].map(key_text).astype(str) + "\x1f"
     return out
 
 
 def with_noise_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows with what `raybiphase.results.inference` reads: `arm`, `lineage` (the arm but its checkpoint's
+    """The rows with what `raybiphase.results.stats.effects` reads: `arm`, `lineage` (the arm but its checkpoint's
     step: one recipe's runs), `replicate` (the pretraining seed), the
     fine-tuning standard error and degrees of freedom of the score (`score_se`, `score_df`: from its 95% interval
     over seeds) and of the LR spread in points (`spread`, `spread_se`, `spread_df`)."""
@@ -153,7 +104,7 @@ def with_noise_columns(frame: pd.DataFrame) -> pd.DataFrame:
     spread = pd.to_numeric(frame["lr_spread"], errors="coerce") * 100 if "lr_spread" in frame else math.nan
     spread_se = pd.to_numeric(frame["lr_spread_se"], errors="coerce") * 100 if "lr_spread_se" in frame else math.nan
     return frame.assign(
-        arm=arm_ids(frame), lineage=arm_ids(frame, without=("pretrain_step",)), replicate=frame[REPLICATE].map(_key_text) if REPLICATE in frame else "",
+        arm=arm_ids(frame), lineage=arm_ids(frame, without=("pretrain_step",)), replicate=frame[REPLICATE].map(key_text) if REPLICATE in frame else "",
         score_se=frame["ci"] / quantile, score_df=n - 1, spread=spread,
         spread_se=pd.Series(spread_se, index=frame.index).where(n >= MIN_SEEDS), spread_df=n - 1)
 

@@ -3,7 +3,7 @@
 
 "Everywhere" is every (model size, task family) of the sweep where two masking ratios or more were run from
 scratch as matched MLM arms. For a ratio r, a *loss* is a comparison d(g, r', r): in place g, the mean over g's
-tasks of the mean matched difference arm at r' - arm at r (`inference.pair_contrast`, with the findings' noise:
+tasks of the mean matched difference arm at r' - arm at r (`effects.pair_contrast`, with the findings' noise:
 per-stratum replicate covariance and degrees of freedom). The clause says every ratio loses somewhere:
 
 - **held** (no ratio is best everywhere): for *every* ratio r, some loss d(g, r', r) > 0 clears a one-sided
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from raybiphase.results.aggregate import t_cdf
-from raybiphase.results.inference import ALPHA, Contrast, Effect, pair_contrast
+from raybiphase.results.stats.effects import ALPHA, Contrast, Effect, pair_contrast
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """Staging a sweep by model size: which of a size's arms to launch, given the finished smaller sizes' rows
-(docs/statistics.md, "Staging by size").
+(docs/statistics.md, "Staging by size"). This is the decision; the sweep's gate that applies it to segments and
+records it is raybiphase.sweep.size_gate.
 
     decision = stage_decision(enriched_summary, "1b", plan_runs_at_1b, probability=0.9)
     decision.launch, decision.skipped
 
-Pure pandas, no Ray. The smaller sizes predict every arm at the size (raybiphase.results.predict) and, for each
+Pure pandas, no Ray. The smaller sizes predict every arm at the size (raybiphase.results.stats.prediction) and, for each
 finding an effect at one size decides (1, 3's retrieval trend, 4, 5), the probability that its effect there lies
 in the paper's direction, over the plan's arms at that size only. A finding is *decided* at `probability` p when
 that chance is at least p or at most 1 - p. An arm serves the findings whose contrast compares it; it is skipped
@@ -27,8 +28,8 @@ import numpy as np
 import pandas as pd
 
 from raybiphase.errors import UserError
-from raybiphase.results.predict import Forecast, predict, run_at
 from raybiphase.results.rows import OURS
+from raybiphase.results.stats.prediction import Forecast, predict, run_at
 from raybiphase.results.tables import Section, markdown
 
 

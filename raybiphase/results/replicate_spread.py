@@ -3,8 +3,9 @@ data order, nothing else) with the spread between their pretraining runs beside 
 
 A fine-tuning interval says how much a score moves with the fine-tuning seed on one set of weights; it says nothing
 of how much it moves when the same recipe is pretrained again. Where a sweep has replicates, the findings count the
-spread between runs in every arm's interval (raybiphase.results.inference.replicate_noise) and this table shows
-both, per arm (raybiphase.results.verdicts.pool_replicates).
+spread between runs in every arm's interval (raybiphase.results.stats.noise.replicate_noise) and this table shows
+both, per arm (raybiphase.results.stats.matching.pool_replicates). What replicates cost before they run is the
+dry run's (raybiphase.sweep.replicate_cost).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import pandas as pd
 
 from raybiphase.naming import strip_hash
+from raybiphase.results.stats.control import UNTRAINED
+from raybiphase.results.stats.matching import pool_replicates
 from raybiphase.results.tables import Section, markdown, mean_ci
-from raybiphase.results.verdicts import UNTRAINED, pool_replicates
 
 
 def replicates_section(s: pd.DataFrame) -> Section | None:

@@ -2,7 +2,7 @@
 records, and the dry run's lines on what staging is expected to save.
 
 The sizes run smallest first. A size's segments start once every smaller size's launched segments are done and no
-fine-tuning is left; at that moment the size's arms are decided once (raybiphase.results.staging.stage_decision on
+fine-tuning is left; at that moment the size's arms are decided once (raybiphase.results.stats.staging.stage_decision on
 the smaller sizes' rows at `sweep.decide_probability`) and the decision is appended to the sweep's
 `stages.parquet`, one row per run, never rewritten: a resumed sweep reads it back and decides the same. A segment
 starts only if some run through it was launched. Pure: no Ray, no torch (the dry run imports it).
@@ -19,7 +19,7 @@ from raybiphase import storage
 from raybiphase.config import SweepSpec
 from raybiphase.config.sizes import SIZES
 from raybiphase.results import store
-from raybiphase.results.staging import StageDecision, stage_decision
+from raybiphase.results.stats.staging import StageDecision, stage_decision
 from raybiphase.storage import SweepPaths
 from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, gpu_hours_text, segment_gpu_hours
 from raybiphase.sweep.plan import Plan, Segment

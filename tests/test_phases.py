@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from raybiphase.config import SweepSpec, from_dict
-from raybiphase.schedule import Schedule
+from raybiphase.phases import Schedule
 
 
 def _schedule(steps=20, share=0.5, warmup=4, decay=4, **phases):

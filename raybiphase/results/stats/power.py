@@ -1,9 +1,11 @@
 """The smallest effect a planned study can resolve: a finding's minimum detectable effect (MDE), before any run.
 
+The dry run's lines that price each finding with it: raybiphase.sweep.power_lines.
+
     se = effect_se(pair_design(pairs=4, tasks=6), seeds=5, runs={"a": 1, "b": 1}, noise=ASSUMED)
     mde(se, tests=3)          # points: the true effect found 80% of the time at 5% two-sided, Holm over 3 sizes
 
-The variance model is raybiphase.results.inference's: an effect is a contrast of cells (arm, task) with
+The variance model is raybiphase.results.stats.effects': an effect is a contrast of cells (arm, task) with
 coefficients c; a cell's score is the mean over its arm's n pretraining runs of each run's mean test score over
 the fine-tuning seeds, so one run of a cell varies by a pretraining part and a fine-tuning part,
 
@@ -30,7 +32,8 @@ import numpy as np
 import pandas as pd
 
 from raybiphase.results.aggregate import t_cdf, t_quantile
-from raybiphase.results.inference import ALPHA, Cell, Noise, Strata
+from raybiphase.results.stats.effects import ALPHA, Cell
+from raybiphase.results.stats.noise import Noise, Strata
 
 POWER = 0.8
 """The chance the MDE is detected."""
@@ -94,7 +97,7 @@ def effect_se(contrast: Mapping[Cell, float], *, seeds: int, runs: Mapping[str, 
 
 
 def pair_design(pairs: int, tasks: int, shared_b: bool = True) -> dict[Cell, float]:
-    """The contrast of a matched-pair finding at one size (`inference.pair_contrast`'s shape): on each of `tasks`
+    """The contrast of a matched-pair finding at one size (`effects.pair_contrast`'s shape): on each of `tasks`
     tasks, the mean of `pairs` differences a_i - b. `shared_b`: every pair's b side is one arm (the CLM arm
     against every MLM ratio, the MLM arm against every split), which enters once; else each pair has its own b."""
     contrast: dict[Cell, float] = {}
@@ -108,7 +111,7 @@ def pair_design(pairs: int, tasks: int, shared_b: bool = True) -> dict[Cell, flo
 
 
 def measured_noise(cells: pd.DataFrame, noise: Noise | Strata | None) -> NoiseModel | None:
-    """Both SDs from a sweep's pooled cells (`verdicts.pool_replicates`: score_se, n_seeds) and the replicates'
+    """Both SDs from a sweep's pooled cells (`matching.pool_replicates`: score_se, n_seeds) and the replicates'
     Noise: the seed SD as the root mean square of score_se x sqrt(seeds), the pretraining SD from the mean of S's
     diagonal less the seeds' share (never below zero); None without seed intervals or replicates. A pooled cell's
     score_se is that of its mean over n_runs runs, hence the factor n_runs."""

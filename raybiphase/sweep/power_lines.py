@@ -1,5 +1,5 @@
 """The dry run's power lines: per finding and model size, the smallest true effect the planned runs, seeds and
-replicates resolve (raybiphase.results.power: 5% two-sided, Holm over the finding's sizes, 80% power).
+replicates resolve (raybiphase.results.stats.power: 5% two-sided, Holm over the finding's sizes, 80% power).
 
 Each finding's design comes from the plan's final checkpoints as the report will match them (docs/statistics.md):
 finding 1 pairs every MLM arm from scratch with the CLM arm of its size and budget on the SC and QA tasks; finding 4
@@ -7,7 +7,7 @@ every CLM-then-MLM split with the MLM arm of its size, budget and ratio; finding
 checkpoint with the one of its length continued from an MLM checkpoint; an arm's replicates (train.seed) count as
 its runs. Findings 2 (curves, LR spreads) and 3 (slopes) are not priced here. The noise is measured where the
 sweep's summary.parquet has replicated rows, else `power.ASSUMED` (with its part shared by a run's tasks), and
-the line says which. As the report does (raybiphase.results.inference.Strata), each (size, objective) stratum's
+the line says which. As the report does (raybiphase.results.stats.noise.Strata), each (size, objective) stratum's
 noise is measured by its replicated arms, with their degrees of freedom (runs - 1, summed); an arm of a stratum
 without one counts sweep.unmeasured_sd^2 times the variance, and a size with no replicated arm at all is not
 decided.
@@ -20,11 +20,11 @@ import pandas as pd
 from raybiphase import storage
 from raybiphase.config import SweepSpec
 from raybiphase.finetune.tasks import get_task
-from raybiphase.results.findings import Study
-from raybiphase.results.inference import pair_contrast
-from raybiphase.results.power import ASSUMED, NoiseModel, detected, effect_se, mde, measured_noise
+from raybiphase.results.stats.effects import pair_contrast
+from raybiphase.results.stats.findings import Study
+from raybiphase.results.stats.power import ASSUMED, NoiseModel, detected, effect_se, mde, measured_noise
 from raybiphase.results.store import read_table
-from raybiphase.sweep.replicates import extra_runs, replicate_arms
+from raybiphase.sweep.replicate_cost import extra_runs, replicate_arms
 
 OBJECTIVE = {"clm": "CLM", "mlm": "MLM", "split": "CLM→MLM", "from-clm": "continued", "from-mlm": "continued"}
 """A planned arm's kind as the report's objective, the stratum its noise is measured in."""
@@ -107,7 +107,7 @@ def power_lines(plan, spec: SweepSpec) -> list[str]:
     lines = [f"power: the smallest true effect found 80% of the time at 5% two-sided (Holm over a finding's sizes), "
              f"and the chance a +{EFFECT:g}-point effect is, {noise.source}: fine-tuning seed SD "
              f"{noise.seed_sd:.2f} pts, pretraining-run SD {noise.pretrain_sd:.2f} pts of which "
-             f"{noise.shared:.0%} of the variance is shared by a run's tasks (raybiphase.results.power), "
+             f"{noise.shared:.0%} of the variance is shared by a run's tasks (raybiphase.results.stats.power), "
              f"{seeds} seed(s), an unreplicated size and objective at {spec.sweep.unmeasured_sd:g}x the noisiest "
              f"measured one's SD (sweep.unmeasured_sd)"]
     for finding, by_size in found.items():

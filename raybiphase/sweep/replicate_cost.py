@@ -4,6 +4,7 @@ A replicate is the same run with another `train.seed`: another init and another 
 name ends `-s1`, `-s2`...). Replicates share no segment with each other (the seed is part of every step's
 identity), so each costs a whole run; the dry run says which arms have them and what they add, for pretraining
 and fine-tuning alike, so that a user can weigh a finding's evidence against its price.
+The spread the replicates show once they ran is the report's (raybiphase.results.replicate_spread).
 """
 
 from __future__ import annotations
