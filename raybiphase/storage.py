@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 import pyarrow.fs as pafs
 
 from raybiphase.errors import DamagedFile, UserError, env_number
+from raybiphase.failures import final
 from raybiphase.outages import OUTAGE_ENV, OUTAGES, StorageOutage, minutes
 
 META = "meta.json"
@@ -83,9 +84,10 @@ def budget_setting() -> str:
 
 def transient(err: BaseException) -> bool:
     """An object-store error worth retrying: pyarrow's OSError for a connection refused, reset or timed out, or a
-    server error; not a missing bucket or key, a denied request, bad credentials, or an outage already waited out."""
+    server error; not a missing bucket or key, a denied request, bad credentials, or what the failure policy calls
+    final (an outage already waited out: raybiphase.failures.final)."""
     if not isinstance(err, OSError) or isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError,
-                                                        NotADirectoryError, StorageOutage)):
+                                                        NotADirectoryError)) or final(err):
         return False
     text = str(err)
     return not any(marker in text for marker in _PERMANENT)

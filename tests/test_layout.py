@@ -17,6 +17,7 @@ MAX_FUNCTION_LINES = 60  # body lines, the docstring not counted: the orchestrat
 LAYERS = (
     ("errors",),  # the two error kinds every layer raises
     ("outages",),  # how long an unreachable bucket is waited out, and what is said meanwhile
+    ("failures",),  # the one failure policy: what a try is, when a job, the sweep or a command gives up
     ("storage",),  # every path, URI and file name
     ("transfer",),  # copies between a bucket and this node's disk, never outside the copy
     ("locks",),  # a local file created only if absent, a lock beside a local file

@@ -5,12 +5,14 @@ and the unit tests compare them), so a page cannot drift from the code:
     docs/results.md      the columns of pretrain/finetune/summary.parquet: results.rows, telemetry.metrics (each
                          pretraining metric) and results.aggregate, each with its description; then how to read them
     docs/benchmarks.md   one line per record in benchmarks/results/*.json (benchmark_line reads each record's shape)
+    docs/failures.md     the one failure policy: raybiphase.failures.FailurePolicy's docstring and each of its settings
     docs/example-report/ the report drawn from the recorded quickstart rows (raybiphase.commands.example_report)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import re
 import typing
@@ -24,6 +26,7 @@ from raybiphase.config import SweepSpec
 from raybiphase.config.docs import REQUIRED, field_docs, sections, setting_list, type_name
 from raybiphase.config.run import RUN_SECTIONS
 from raybiphase.errors import UserError
+from raybiphase.failures import FailurePolicy
 from raybiphase.results.aggregate import BOOTSTRAP_COLUMNS, SUMMARY_COLUMNS, SUMMARY_KEY
 from raybiphase.results.rows import FINETUNE_KEY, PRETRAIN_KEY, FinetuneRow, PretrainRow
 from raybiphase.telemetry.history import RESUME_POINT
@@ -271,9 +274,23 @@ def benchmarks_page(records: Path) -> str:
     return "\n".join(lines + table(("record", "date", "code", "machine", "command", "figure"), rows)) + "\n"
 
 
+def failures_page() -> str:
+    """docs/failures.md: the one failure policy, its class docstring paragraph by paragraph, then each setting with
+    its default and docstring."""
+    paragraphs = [" ".join(p.split()) for p in inspect.getdoc(FailurePolicy).split("\n\n")]
+    docs, default = field_docs(FailurePolicy), FailurePolicy()
+    rows = [(f"`{f.name}`", f"`{getattr(default, f.name)!r}`", docs[f.name]) for f in dataclasses.fields(FailurePolicy)]
+    lines = [HEADER.rstrip(), "", "# Failures", "", *(line for p in paragraphs for line in (p, "")),
+             "## Its settings", "",
+             "The policy's settings (`raybiphase.failures.FailurePolicy`), their defaults and where each is set; "
+             "a sweep spec sets `tries` and `stall_s` ([settings.md](settings.md#sweep)), the `pretrain` command "
+             "`command_restarts`; the others are fixed.", ""]
+    return "\n".join(lines + table(("setting", "default", "description"), rows)) + "\n"
+
+
 def pages(root: Path) -> dict[str, str]:
     """{path under root: its text} of every generated page."""
-    return {"docs/settings.md": settings_page(), "docs/results.md": results_page(),
+    return {"docs/settings.md": settings_page(), "docs/results.md": results_page(), "docs/failures.md": failures_page(),
             "docs/benchmarks.md": benchmarks_page(root / "benchmarks" / "results"), **example_report.text_pages(root)}
 
 

@@ -26,7 +26,8 @@ What keeps this working on Tune's public surface:
   search_gen_state-*.json, callback-states-*.pkl, a trial's params.pkl and error.pkl) in a private temporary folder
   on the driver's own disk, removed by `join`. No Tuner is ever restored: a rerun starts new Tuners and learns
   which trials are done from their records (raybiphase.finetune.records). The searcher's own state is JSON.
-- A failed trial runs again from its start up to `TRIAL_RETRIES` times (a node lost); only then is it ended.
+- A failed trial runs again from its start up to `retries` times (a node lost; FailurePolicy.trial_retries, the one
+  failure policy's: raybiphase.failures); only then is it ended.
 - A finished trial's last report holds its rows, per-example test scores included, which Tune's default loggers
   (a JSON, CSV and TensorBoard file per trial) would copy: they are off (`TUNE_DISABLE_AUTO_CALLBACK_LOGGERS`, read
   when a Tuner starts), and one JSON logger of ours (`ScoresLog`) writes each trial's `result.json` without the
@@ -55,14 +56,12 @@ from ray.tune.search import Searcher
 from raybiphase import locks, storage
 from raybiphase.config import FinetuneConfig
 from raybiphase.errors import UserError
+from raybiphase.failures import FailurePolicy
 from raybiphase.finetune.fanout import ROWS, journaled, record_final, rider_metric
 from raybiphase.finetune.spec import TrialSpec
 from raybiphase.finetune.trial import run_trial
 from raybiphase.raycluster import ensure_ray
 
-TRIAL_RETRIES = 2
-"""Times a failed trial runs again from its start (a trial whose node was lost; a deterministic failure costs
-three attempts before it is reported)."""
 NO_TUNE_LOGGERS = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"
 """Tune's switch for its default per-trial loggers (ray.tune.utils.callback), "1" for our Tuners."""
 KEEPALIVE = "keepalive"
@@ -310,12 +309,12 @@ class TuneTrials:
     """The Tuners for every trial its caller submits (module docstring): the first starts with the first `submit`;
     `settle` moves what is queued to one that reuses processes; `close` ends them once their live trials end.
     `ended(ticket, metrics, error)` runs in a Tuner's thread; a Tuner that fails as a whole gives
-    `ended(None, {}, error)`."""
+    `ended(None, {}, error)`. `retries`: a failed trial's runs again from its start (FailurePolicy.trial_retries)."""
 
     def __init__(self, finetune: FinetuneConfig, *, experiment: str, max_concurrent: int,
                  capacity: Callable[[], int], ended: Callable, grace_period: int | None = None,
-                 reduction_factor: float = 3):
-        self.finetune, self.experiment, self.ended = finetune, experiment, ended
+                 reduction_factor: float = 3, retries: int = FailurePolicy().trial_retries):
+        self.finetune, self.experiment, self.ended, self.retries = finetune, experiment, ended, retries
         self.capacity, self.max_concurrent = capacity, max_concurrent
         self.asha = GroupedASHA(functools.partial(
             ASHAScheduler, time_attr="step", metric="val_score", mode="max", max_t=finetune.max_steps,
@@ -380,7 +379,7 @@ class TuneTrials:
                                         trial_dirname_creator=lambda t: f"trial_{t.trial_id}"),
             run_config=tune.RunConfig(storage_path=self.tune_dir, name=name, verbose=0,
                                       stop=KeepAliveStopper(searcher), callbacks=[Ended(self.ended), ScoresLog()],
-                                      failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES)))
+                                      failure_config=tune.FailureConfig(max_failures=self.retries)))
         thread = threading.Thread(target=self._fit, args=(tuner,), name=f"fine-tuning trials {number + 1}",
                                   daemon=True)
         self.searchers.append(searcher)

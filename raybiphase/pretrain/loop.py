@@ -31,6 +31,7 @@ from raybiphase.config import MASKED, Phase, RunConfig, flatten, to_dict
 from raybiphase.config.sizes import PEAK_BF16_TFLOPS, flops_per_token
 from raybiphase.data.masking import IGNORE_INDEX, MaskingSpec
 from raybiphase.data.stream import epochs_read, open_dataset, phase_stream, validation_batches
+from raybiphase.failures import FailurePolicy
 from raybiphase.optim import adamw, drop_grads, fill_fresh_state, reset_moments, set_lr
 from raybiphase.phases import Schedule
 from raybiphase.pretrain import checkpoint, preemption
@@ -81,10 +82,8 @@ def restore(run: RunConfig, model, optimizer, resume_from: str | None, run_dir: 
         try:
             with ray.train.Checkpoint(resume).as_directory() as local:
                 meta = checkpoint.load(local, model, optimizer, name=resume)
-        except checkpoint.Damaged as err:  # checked before any weight is set: the one before it, if any
-            if resume == resume_from:
-                raise
-            print(f"{err}; resuming from the committed checkpoint before it", flush=True)
+        except checkpoint.Damaged as err:  # checked before any weight is set: the policy passes it over, or raises
+            print(FailurePolicy().damaged(err, older=resume != resume_from), flush=True)
             continue
         return meta.step, meta.data_start
     source = run.model.init_from

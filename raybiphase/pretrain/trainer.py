@@ -16,6 +16,7 @@ from raybiphase.config.resources import check_room
 from raybiphase.data import assets
 from raybiphase.data.prepare import check_data, prepare
 from raybiphase.errors import UserError
+from raybiphase.failures import FailurePolicy
 from raybiphase.naming import run_name
 from raybiphase.pretrain.budget import check_run_budget
 from raybiphase.pretrain.job import SegmentJob
@@ -49,7 +50,8 @@ def make_trainer(job: SegmentJob, *, max_failures: int = 0, callbacks=(), train_
             name=job.name,
             storage_path=storage.parent(job.run_dir),
             # a drained node's restart (a spot notice) is counted apart, without bound: it never fails a segment
-            failure_config=ray.train.FailureConfig(max_failures=max_failures, max_preemption_failures=-1),
+            failure_config=ray.train.FailureConfig(max_failures=max_failures,
+                                                   max_preemption_failures=FailurePolicy().preemption_restarts),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=None),
             callbacks=list(callbacks),
         ),

@@ -28,6 +28,7 @@ from raybiphase.data import assets
 from raybiphase.data.fingerprint import fingerprint
 from raybiphase.data.prepare import check_data, prepare
 from raybiphase.errors import ConfigError, UserError
+from raybiphase.failures import FailurePolicy
 from raybiphase.finetune.fanout import Fanout, check_sources
 from raybiphase.finetune.heldout import evaluation_texts
 from raybiphase.finetune.records import check_settings
@@ -47,7 +48,6 @@ from raybiphase.results.report import write_report
 from raybiphase.storage import SweepPaths
 from raybiphase.sweep import lease
 from raybiphase.sweep.context import SweepContext
-from raybiphase.sweep.failures import FailurePolicy
 from raybiphase.sweep.finetuning import baseline_rows, control_sources, finetune_sources, say_planned, trials_done
 from raybiphase.sweep.hub_baselines import hub_baseline_rows, hub_sources
 from raybiphase.sweep.plan import Plan, Segment, dependencies

@@ -18,8 +18,8 @@ rows as a value: raybiphase.finetune.tuner), and starts what became ready. Nothi
   once no segment runs or waits, every trial slot is open. A ready segment waits at most for running trials.
 - Trials of an earlier job start first (a job's number is its rank; a completion pass keeps its job's rank).
 
-What a try is and when the sweep stops is `FailurePolicy` (raybiphase.sweep.failures), the one failure policy of both
-kinds of job.
+What a try is and when a job or the sweep gives up is `FailurePolicy` (raybiphase.failures), the one failure policy of
+both kinds of job (raybiphase.sweep.failures says its failures in one line).
 """
 
 from __future__ import annotations
@@ -34,13 +34,14 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from raybiphase.failures import FailurePolicy, FitStalled, Unstoppable
 from raybiphase.finetune.fanout import ROWS, CheckpointWaves, Fanout, check_tasks
 from raybiphase.finetune.spec import FinetuneSource, TrialSpec
 from raybiphase.finetune.tuner import TuneTrials
 from raybiphase.results import rows as result_rows
 from raybiphase.results import store
 from raybiphase.storage import absolute, join
-from raybiphase.sweep.failures import STOP_GRACE_S, FailurePolicy, FitStalled, Unstoppable, said, segment_failure
+from raybiphase.sweep.failures import STOP_GRACE_S, said, segment_failure
 from raybiphase.sweep.plan import Segment
 from raybiphase.sweep.timeline import by_priority
 from raybiphase.telemetry.console import STDOUT, Console
@@ -105,7 +106,8 @@ class Scheduler:
         self.events: queue.Queue = queue.Queue()
         make = trials or (lambda capacity, ended: TuneTrials(
             fanout.finetune, experiment=experiment, max_concurrent=fanout.max_concurrent, capacity=capacity,
-            ended=ended, grace_period=fanout.grace_period, reduction_factor=fanout.reduction_factor))
+            ended=ended, grace_period=fanout.grace_period, reduction_factor=fanout.reduction_factor,
+            retries=policy.trial_retries))
         self.trials = make(self.capacity, lambda *event: self.events.put(("trial", *event))) if fanout else None
         self.pending: list[Segment] = []
         self.running: dict[str, float] = {}  # segment id -> when it started
@@ -357,7 +359,7 @@ class Scheduler:
         self.progress(stopped=error is None and ROWS not in metrics)
         if job.waiting or job.number not in self.jobs:
             return
-        if job.failures:
+        if self.policy.job_fails(len(job.failures)):
             del self.jobs[job.number]
             self.failed(RuntimeError(f"{len(job.failures)} of {job.size} fine-tuning trials failed; first: "
                                      f"{job.failures[0]}"))
