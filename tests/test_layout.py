@@ -210,3 +210,13 @@ def test_the_package_says_what_pip_and_an_index_show() -> None:
     assert project["authors"] and project["urls"]["Paper"] == "https://arxiv.org/abs/2507.00994"
     assert "Typing :: Typed" in project["classifiers"] and (PACKAGE / "py.typed").is_file()
     assert project["scripts"]["raybiphase"].startswith("raybiphase")
+
+
+def test_no_two_modules_share_a_name_outside_the_commands() -> None:
+    """A module's name says which one it is: no two modules of the library share one (the commands, one module per
+    `raybiphase` subcommand, are named for their subcommand and may share a library module's name)."""
+    seen: dict[str, list[str]] = {}
+    for name, path in _modules().items():
+        if ".commands." not in name and path.stem not in ("__init__", "__main__"):
+            seen.setdefault(path.stem, []).append(name)
+    assert {stem: names for stem, names in seen.items() if len(names) > 1} == {}

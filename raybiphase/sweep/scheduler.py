@@ -19,7 +19,7 @@ rows as a value: raybiphase.finetune.tuner), and starts what became ready. Nothi
 - Trials of an earlier job start first (a job's number is its rank; a completion pass keeps its job's rank).
 
 What a try is and when a job or the sweep gives up is `FailurePolicy` (raybiphase.failures), the one failure policy of
-both kinds of job (raybiphase.sweep.failures says its failures in one line).
+both kinds of job (raybiphase.sweep.failure_lines says its failures in one line).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from raybiphase.finetune.tuner import TuneTrials
 from raybiphase.results import rows as result_rows
 from raybiphase.results import store
 from raybiphase.storage import absolute, join
-from raybiphase.sweep.failures import STOP_GRACE_S, said, segment_failure
+from raybiphase.sweep.failure_lines import STOP_GRACE_S, said, segment_failure
 from raybiphase.sweep.plan import Segment
 from raybiphase.sweep.timeline import by_priority
 from raybiphase.telemetry.console import STDOUT, Console
