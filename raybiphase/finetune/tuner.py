@@ -265,7 +265,7 @@ class GroupedASHA(FIFOScheduler):
                 asha.on_trial_error(controller, trial)
 
 
-class Ended(Callback):
+class TrialEndedCallback(Callback):
     """Passes every trial Tune ended (finished, stopped, or failed for good) but the keep-alive one to `ended`, with
     its last report. A finished trial's rows (fanout.ROWS) are taken out of that report as it arrives, before Tune
     keeps it as the trial's last result: Tune's experiment state, saved again and again while trials run, holds
@@ -378,7 +378,7 @@ class TuneTrials:
                                         reuse_actors=self.reuse, max_concurrent_trials=self.max_concurrent + 1,
                                         trial_dirname_creator=lambda t: f"trial_{t.trial_id}"),
             run_config=tune.RunConfig(storage_path=self.tune_dir, name=name, verbose=0,
-                                      stop=KeepAliveStopper(searcher), callbacks=[Ended(self.ended), ScoresLog()],
+                                      stop=KeepAliveStopper(searcher), callbacks=[TrialEndedCallback(self.ended), ScoresLog()],
                                       failure_config=tune.FailureConfig(max_failures=self.retries)))
         thread = threading.Thread(target=self._fit, args=(tuner,), name=f"fine-tuning trials {number + 1}",
                                   daemon=True)

@@ -127,7 +127,7 @@ def test_a_finished_trials_rows_reach_the_driver_but_not_tunes_saved_state():
     from raybiphase.finetune.fanout import ROWS
 
     ended = []
-    callback = tuner.Ended(lambda ticket, metrics, error: ended.append((ticket, metrics, error)))
+    callback = tuner.TrialEndedCallback(lambda ticket, metrics, error: ended.append((ticket, metrics, error)))
     trials = {name: types.SimpleNamespace(trial_id=name, config={"ticket": i}, last_result=None,
                                           get_pickled_error=lambda: None, get_error=lambda: None)
               for i, name in enumerate(["finished", "stopped", "failed"])}
