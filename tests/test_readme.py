@@ -215,7 +215,7 @@ def test_the_suites_time_is_the_recorded_runs():
     """The README's time for the whole suite is every run of the newest suite record, in its order."""
     records = sorted((REPO / "benchmarks" / "results").glob("suite-*.json"))
     record = json.loads(records[-1].read_text())
-    times = [f"{int(run['seconds'] // 60)}m{round(run['seconds'] % 60):02d}s" for run in record["runs"]]
+    times = [f"{round(run['seconds']) // 60}m{round(run['seconds']) % 60:02d}s" for run in record["runs"]]
     said = " ".join(", ".join(times[:-1]).split() + ["and", times[-1]]) if len(times) > 1 else times[0]
     readme = " ".join((REPO / "README.md").read_text().split())
     assert f"the whole suite took {said} on clean clones on 2 cores, two-node tests included " \
