@@ -22,15 +22,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:  # a test that needs the shared Ray (directly or through a fixture) is a `ray` test
         if "ray_cluster" in item.fixturenames:
             item.add_marker(pytest.mark.ray)
-        # Three groups, one pytest-xdist process each at a time (xdist hands out the largest group first): the
-        # tests without Ray; the tests on the shared Ray, the fault rehearsals first; and the studies whose segments
-        # train in the driver (LOCAL_STUDIES), which the first process takes once it is through its own. So the
-        # rehearsals, whose check that a failed fit leaves no CPU held fails when a second Ray loads the machine,
-        # run while the other process runs no Ray.
+        # Three groups in a whole run, one pytest-xdist process each at a time (xdist hands out the largest group
+        # first): the tests without Ray; the tests on the shared Ray, the fault rehearsals first; and the studies
+        # whose segments train in the driver (LOCAL_STUDIES), which the first process takes once it is through its
+        # own. So the rehearsals, whose check that a failed fit leaves no CPU held fails when a second Ray loads the
+        # machine, run while the other process runs no Ray.
         if {"ray", "cluster"} & set(item.keywords):
             local = any(f"/{name}" in item.nodeid for name in LOCAL_STUDIES)
             item.add_marker(pytest.mark.xdist_group("ray-local" if local else "ray"))
-        else:
+        elif not config.getoption("markexpr", ""):  # a selection by marks (the unit layer) spreads over both
             item.add_marker(pytest.mark.xdist_group("no-ray"))
     if torch.cuda.is_available():
         return
