@@ -181,7 +181,9 @@ def test_a_tree_in_a_bucket_imports_the_same_rows_into_a_bucket(s3_bucket, tmp_p
 
     root = f"{s3_bucket}/{uuid.uuid4().hex}"
     fs, path = storage.filesystem(f"{root}/tree")
-    pafs.copy_files(str(PAPER_TREE), path, destination_filesystem=fs)
+    # the test's own upload of its input, through storage's retries: the local S3 server, loaded by the other
+    # tests, now and then answers a write with a server error (INTERNAL_FAILURE), which a bucket client retries
+    storage.retrying()(lambda at: pafs.copy_files(str(PAPER_TREE), path, destination_filesystem=fs))(f"{root}/tree")
     assert import_tree(f"{root}/tree", f"{root}/results") == (60, 0)
     assert import_tree(PAPER_TREE, tmp_path) == (60, 0)
     remote, local = read_rows(f"{root}/results/finetune.parquet"), read_rows(tmp_path / "finetune.parquet")
