@@ -122,12 +122,14 @@ def evaluate(model, val: dict[str, list[dict]], device) -> dict[str, float]:
     return out
 
 
-def train_loop(loop_config: dict) -> None:
+def train_loop(loop_config: dict) -> list[dict] | None:
     """Ray Train worker entry point: `loop_config["job"]` is the worker's SegmentJob (raybiphase.pretrain.job).
-    Once the driver's lease is lost, the worker's writes to the sweep folder are refused (raybiphase.locks.fence):
-    it commits no checkpoint more."""
+    Returns, on rank 0, every report of the run folder in step order (its history's: what an earlier attempt
+    reported, then this one's), which Ray Train hands the driver as the fit's `Result.return_value`; None on the
+    other ranks. Once the driver's lease is lost, the worker's writes to the sweep folder are refused
+    (raybiphase.locks.fence): it commits no checkpoint more."""
     locks.fence_from_env()
-    Worker(loop_config["job"]).train()
+    return Worker(loop_config["job"]).train()
 
 
 class Worker:
@@ -178,10 +180,12 @@ class Worker:
                           decay_embeddings=optim.decay_embeddings, **fused)
         return model, optimizer
 
-    def train(self) -> None:
+    def train(self) -> list[dict] | None:
+        """Train to the segment's end; rank 0's reports (train_loop), None on the other ranks."""
         while self.step < self.stop_at:
             self._phase()
         wandb_log.finish(self.tracker)
+        return self.history.reports() if self.history is not None else None
 
     def _phase(self) -> None:
         """From this step to the end of its phase (or of the segment): a fresh stream, a pure function of the

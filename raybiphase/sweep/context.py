@@ -25,7 +25,8 @@ class SweepContext:
     """fingerprint(data config) -> prepared shards."""
     console: Console = STDOUT
     histories: dict[str, list[dict]] = dataclasses.field(default_factory=dict)
-    """segment id -> its history.json, read once when the segment is done (a done segment's history is final)."""
+    """segment id -> its reports once it is done (final): its fit's value's (raybiphase.sweep.segments), or its
+    history.json read once."""
 
     def data_dir(self, config: RunConfig) -> str:
         return self.data_dirs[fingerprint(config.data)]

@@ -1,11 +1,12 @@
 """The command users run: `raybiphase sweep SPEC [--set k=v] [--dry-run]` (or `python -m raybiphase.sweep`).
 
 SPEC is a sweep YAML (a base run plus `sweep.grid` / `sweep.runs`). The planner (raybiphase.sweep.plan) turns it into
-a tree of shared segments; one scheduler (raybiphase.sweep.scheduler) fits every ready segment's TorchTrainer
-(resuming from its parent's checkpoint) as soon as its dependencies are done and a slot is free, longest remaining
-chain first, and fine-tunes the final (and requested intermediate) checkpoints of every run as their segments end,
-beside the segments still training (raybiphase.sweep.finetuning names them); rows land in
-<storage>/<sweep>/{pretrain,finetune,summary}.parquet and the report is drawn.
+a tree of shared segments. The driver is three steps: `start` (storage checks, Ray, the data), `run_jobs` (one
+scheduler, raybiphase.sweep.scheduler, fits every ready segment's TorchTrainer as a job of its own,
+raybiphase.sweep.segments, resuming from its parent's checkpoint, as soon as its dependencies are done and a slot is
+free, longest remaining chain first, and fine-tunes the final and requested intermediate checkpoints of every run as
+their segments end, beside the segments still training: raybiphase.sweep.finetuning names them), and `finish` (the
+summary, the model cards, the report). Rows land in <storage>/<sweep>/{pretrain,finetune,summary}.parquet.
 
 One driver holds a sweep folder at a time (raybiphase.sweep.lease): a second one on the same folder stops with one
 line naming the holder, before Ray starts. Run it again after an interruption and it continues: a segment whose end
@@ -17,13 +18,10 @@ RAYBIPHASE_STORAGE, when set, overrides sweep.storage (the KubeRay job uses it).
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import tempfile
-import time
+import functools
 
-from raybiphase import outages, ray_internals, storage
-from raybiphase.config import SweepSpec, flatten
+from raybiphase import outages, storage
+from raybiphase.config import SweepSpec
 from raybiphase.data import assets
 from raybiphase.data.fingerprint import fingerprint
 from raybiphase.data.prepare import check_data, prepare
@@ -34,10 +32,7 @@ from raybiphase.finetune.heldout import evaluation_texts
 from raybiphase.finetune.records import check_settings
 from raybiphase.outages import outage_budget
 from raybiphase.pretrain.budget import check_budget, data_budget
-from raybiphase.pretrain.checkpoint import latest_committed
 from raybiphase.pretrain.export import write_card
-from raybiphase.pretrain.job import SegmentJob
-from raybiphase.pretrain.policy import CheckpointPolicy
 from raybiphase.pretrain.trainer import make_trainer
 from raybiphase.raycluster import ensure_ray, own_machine
 from raybiphase.results import rows as result_rows
@@ -48,20 +43,17 @@ from raybiphase.results.report import write_report
 from raybiphase.storage import SweepPaths
 from raybiphase.sweep import lease
 from raybiphase.sweep.context import SweepContext
-from raybiphase.sweep.finetuning import baseline_rows, control_sources, finetune_sources, say_planned, trials_done
+from raybiphase.sweep.finetuning import baseline_rows, finetune_sources, first_sources, say_planned, trials_done
 from raybiphase.sweep.hub_baselines import hub_baseline_rows, hub_sources
-from raybiphase.sweep.plan import Plan, Segment, dependencies
+from raybiphase.sweep.plan import Plan
 from raybiphase.sweep.preflight import check_room, plan_sweep
 from raybiphase.sweep.scheduler import Scheduler
+from raybiphase.sweep.segments import SweepPretraining, recover
 from raybiphase.sweep.size_gate import SizeStages
 from raybiphase.sweep.space import check_space
-from raybiphase.sweep.timeline import remaining_chain, simulate, wall_hours
-from raybiphase.telemetry.clock import Clock, step_seconds
+from raybiphase.telemetry.clock import Clock
 from raybiphase.telemetry.console import STDOUT, Console
-from raybiphase.telemetry.history import checkpoint_reports, results
 from raybiphase.telemetry.progress import Watch, interval
-from raybiphase.telemetry.wandb import log_pretraining_run, sweep_settings
-from raybiphase.telemetry.wandb_live import segment_settings
 
 
 def run_sweep(spec: SweepSpec, *, dry_run: bool = False, console: Console = STDOUT, spec_path: str = "") -> Plan:
@@ -156,211 +148,35 @@ def trials_run(rows: list[dict]) -> list[dict]:
 
 def run_jobs(ctx: SweepContext, clock: Clock) -> list[dict]:
     """Every segment not yet done and every fine-tuning trial without a row, on the one scheduler
-    (raybiphase.sweep.scheduler): a segment as soon as its dependencies are done and a slot is free, longest
-    remaining chain first, recorded and pruned as it ends with a line saying how far the sweep is; the controls'
-    and each checkpoint's trials as soon as they are ready. Returns the fine-tuning rows appended."""
+    (raybiphase.sweep.scheduler), each segment a job (raybiphase.sweep.segments) recorded and pruned as it ends with
+    a line saying how far the sweep is; the controls' and each checkpoint's trials as soon as they are ready. The
+    segments an earlier invocation finished but did not record are recorded first. Returns the fine-tuning rows
+    appended."""
     plan, spec, paths = ctx.plan, ctx.spec, ctx.paths
     done = {s.id for s in plan.segments.values() if ctx.segment_done(s)}
-    done_before = set(done)  # `done` grows as segments end
-    todo = [s for s in plan.segments.values() if s.id not in done]
     ctx.say(f"pretraining: {len(done)}/{len(plan.segments)} segments already done")
+    recover(ctx, done)
     fanout = Fanout.of(spec) if spec.finetune.tasks else None
     if fanout:
         say_planned(ctx)
     table = paths.table(storage.FINETUNE_FILE)
+    gate = (SizeStages(paths, plan, spec.sweep.decide_probability, console=ctx.console)
+            if spec.sweep.stages == "by_size" else None)  # a size starts once the smaller ones and their fine-tuning are done
     scheduler = Scheduler(fanout, slots=spec.run.resources.max_concurrent, experiment=storage.join(paths.root, "finetune"),
-                          table=table, console=ctx.console, done=lambda: trials_done(table),
-                          policy=FailurePolicy.of(spec.sweep))
+                          table=table, console=ctx.console, done_trials=trials_done(table) if fanout else frozenset(),
+                          policy=FailurePolicy.of(spec.sweep), gate=gate)
     with Watch({}, ctx.console) as watch:  # a line per running segment every few seconds
-        segments = SweepSegments(ctx, clock, todo, done, watch)
-        if spec.sweep.stages == "by_size":  # a size starts once the smaller ones and their fine-tuning are done
-            segments.gate = SizeStages(paths, plan, spec.sweep.decide_probability, done, console=ctx.console,
-                                       finetuning_open=lambda: bool(scheduler.jobs) or scheduler.error is not None)
+        pretraining = SweepPretraining(ctx, clock, watch, make_trainer)
+        todo = pretraining.jobs([s for s in plan.segments.values() if s.id not in done])
         try:
-            rows = scheduler.run(segments if todo else None,
-                                 lambda: control_sources(ctx) + finetune_sources(ctx, done))  # the controls first
+            rows = scheduler.run(todo, functools.partial(first_sources, ctx, frozenset(done)), done=done)
         finally:
             if todo:
-                clock.spans["pretraining"] = segments.last_end - segments.began
+                clock.spans["pretraining"] = pretraining.seconds()
                 clock.most_at_once = scheduler.most
             if fanout:
                 clock.spans["fine-tuning"] = scheduler.finetuning_ended - scheduler.began
-    for sid in done_before:  # rows of segments an earlier invocation finished but was interrupted before recording
-        record_pretraining(ctx, plan.segments[sid])
-        prune_checkpoints(ctx, plan.segments[sid])
-    log_runs(ctx, done=done)  # and the W&B runs it finished but did not log
     return rows
-
-
-class SweepSegments:
-    """The sweep's segments as the scheduler runs them (raybiphase.sweep.scheduler.Pretraining): each try one Ray
-    Train fit straight from the driver (no Tune trial stands between the driver and a segment: it would cost a
-    process and the loop's imports again), its checkpoints committed in the segment's own folder, its progress
-    watched, and, as it ends, recorded with the seconds of pretraining left. Each fit carries a guard
-    (raybiphase.ray_internals.fit_guard) whose record, a local file of this driver's (Ray Train runs a fit's
-    controller on the driver's node), says when the fit last showed a sign of life and lets a stalled fit be
-    stopped."""
-
-    def __init__(self, ctx: SweepContext, clock: Clock, todo: list[Segment], done: set[str], watch: Watch):
-        self.ctx, self.clock, self.todo, self.done, self.watch = ctx, clock, todo, done, watch
-        self.records = tempfile.TemporaryDirectory(prefix="raybiphase-fits-")
-        self.hours = wall_hours(ctx.plan, ctx.spec)
-        self.chain = remaining_chain(ctx.plan, self.hours)
-        self.pace = EtaEstimator()
-        self.began = self.last_end = time.perf_counter()
-        self.gate: SizeStages | None = None  # sweep.stages by_size
-
-    def ready(self, segment: Segment) -> bool:
-        return (all(d in self.done for d in dependencies(segment, self.ctx.plan.runs))
-                and (self.gate is None or self.gate.ready(segment)))
-
-    def fit(self, segment: Segment, restarts: int) -> None:
-        """The segment's TorchTrainer fit: Ray Train's run folder is the segment's own (<sweep>/runs/<segment>),
-        where its workers commit each checkpoint and a restart resumes from the newest committed one."""
-        record = self.record(segment)
-        if os.path.exists(record):
-            os.remove(record)  # an earlier try's
-        make_trainer(segment_job(self.ctx, segment), max_failures=restarts,  # its controller runs on this node
-                     callbacks=[ray_internals.fit_guard(record)]).fit()
-
-    def record(self, segment: Segment) -> str:
-        return os.path.join(self.records.name, f"{segment.id}.json")
-
-    def committed(self, segment: Segment) -> int:
-        location = latest_committed(self.ctx.paths.run_dir(segment.id))
-        return -1 if location is None else storage.step_of(location)
-
-    def last_sign(self, segment: Segment) -> float:
-        """The newest of the fit's controller's signs of life (its start, a state change, a report) and rank 0's
-        last progress beat (raybiphase.telemetry.progress.ProgressWriter: one every RAYBIPHASE_PROGRESS_S while it steps)."""
-        seen = ray_internals.fit_record(self.record(segment)) or {}
-        try:
-            beat = storage.read_json(self.ctx.paths.progress(segment.id)) or {}
-        except (OSError, ValueError):
-            beat = {}
-        return max(float(seen.get("time", 0.0)), float(beat.get("time", 0.0)))
-
-    def stop(self, segment: Segment) -> bool:
-        return ray_internals.stop_fit(self.record(segment))
-
-    def started(self, segment: Segment, running: int) -> None:
-        self.ctx.say(f"pretraining: starting {segment.id} ({running} running)")
-        self.watch.locations[segment.id] = self.ctx.paths.progress(segment.id)
-
-    def ended(self, segment: Segment, seconds: float | None, running: dict[str, float]) -> None:
-        self.watch.drop(segment.id)  # its last line: where it ended
-        self.last_end = time.perf_counter()
-        if seconds is not None:
-            self.pace.add(seconds, self.hours[segment.id])
-            segment_ended(self.ctx, self.clock, segment, self.done, self.pace.eta(self.ctx, self.done, running,
-                                                                                   self.hours))
-
-    def sources(self, segments: set[str]):
-        return finetune_sources(self.ctx, segments)
-
-
-def segment_ended(ctx: SweepContext, clock: Clock, segment: Segment, done: set[str], eta: float | None) -> None:
-    """A segment's rows, pruning, W&B curves and the sweep's progress line (with `eta`, the seconds of pretraining
-    left), as soon as it ends."""
-    record_pretraining(ctx, segment)
-    prune_checkpoints(ctx, segment)
-    clock.segments += 1
-    clock.in_steps += step_seconds(ctx.history(segment), segment.start,
-                                   segment.config.train.global_batch_tokens)
-    log_runs(ctx, done=done)
-    plan = ctx.plan
-    done_steps = sum(plan.segments[s].steps for s in done)
-    ctx.say(f"pretraining: {len(done)}/{len(plan.segments)} segments, {done_steps:,}/{plan.planned_steps:,} steps"
-            + (f", about {eta / 60:.0f} min left (the critical path at the pace so far)" if eta else ""))
-
-
-@dataclasses.dataclass
-class EtaEstimator:
-    """Seconds per estimated hour, measured on the segments that ended: it turns the timeline's critical path into
-    an ETA."""
-
-    seconds: float = 0.0
-    hours: float = 0.0
-
-    def add(self, seconds: float, hours: float) -> None:
-        self.seconds, self.hours = self.seconds + seconds, self.hours + hours
-
-    def eta(self, ctx: SweepContext, done: set[str], elapsed: dict[str, float], hours: dict[str, float]) -> float:
-        """Seconds until the last segment ends: the simulated schedule of what is left (running segments need
-        their estimate less what they ran), at this pace."""
-        ratio = self.seconds / self.hours if self.hours else 0.0
-        if not ratio:
-            return 0.0
-        left = {sid: max(0.0, hours[sid] - seconds / ratio) for sid, seconds in elapsed.items()}
-        return simulate(ctx.plan, ctx.spec, done=frozenset(done), running=left).pretraining_hours * ratio
-
-
-def segment_job(ctx: SweepContext, segment: Segment) -> SegmentJob:
-    """Everything the workers of one segment need."""
-    plan, paths = ctx.plan, ctx.paths
-    run = segment.config
-    source = plan.runs[segment.runs[0]].source  # continued pretraining: every segment names the source's weights
-    if source:
-        run = dataclasses.replace(run, model=dataclasses.replace(run.model, init_from=ctx.final_checkpoint(source)))
-    parent = plan.segments[segment.parent] if segment.parent else None
-    return SegmentJob(run=run, name=segment.id, run_dir=paths.run_dir(segment.id), data_dir=ctx.data_dir(run),
-                      resume_from=paths.checkpoint(parent.id, parent.end) if parent else None, stop_at=segment.end,
-                      exports=tuple(segment.exports),  # what every run through it fine-tunes, whichever `run` is
-                      serves=tuple(segment.runs), progress_every=interval(),
-                      wandb=segment_settings(ctx.spec, segment.id, parent=segment.parent, serves=segment.runs))
-
-
-def checkpoint_policy(segment: Segment) -> CheckpointPolicy:
-    """The segment's checkpoint policy: the one its workers train by (segment_job gives them the same config,
-    end and exports), so what they saved as a milestone is what pruning keeps."""
-    return CheckpointPolicy.of(segment.config, stop_at=segment.end, exports=segment.exports)
-
-
-def prune_checkpoints(ctx: SweepContext, segment: Segment) -> list[int]:
-    """After a segment is done, delete the checkpoints its policy does not keep (CheckpointPolicy.kept: the
-    milestones and the last train.keep_checkpoints); returns the deleted steps."""
-    if segment.config.train.keep_checkpoints is None or not ctx.segment_done(segment):
-        return []
-    steps = ctx.paths.checkpoint_steps(segment.id)
-    kept = checkpoint_policy(segment).kept(steps)
-    doomed = [step for step in steps if step not in kept]
-    for step in doomed:
-        storage.delete(ctx.paths.checkpoint(segment.id, step))
-    return doomed
-
-
-def record_pretraining(ctx: SweepContext, segment: Segment) -> int:
-    """Rows for every run through the segment, one per report an uninterrupted run makes (a preemption notice's
-    resume point is not one): (run, step) keyed, appended once."""
-    paths, plan = ctx.paths, ctx.plan
-    reports = {r["step"]: r for r in results(ctx.history(segment))}
-    # a worker died between a checkpoint's commit and its history: the checkpoint's meta holds its report
-    reports.update({r["step"]: r for r in results(checkpoint_reports(paths.run_dir(segment.id), set(reports)))})
-    rows = [result_rows.pretrain_row(name, plan.runs[name].config, sweep=ctx.spec.sweep.name, segment=segment.id,
-                                     report=report).record()
-            for report in reports.values() if segment.start < report["step"] <= segment.end
-            for name in segment.runs]
-    return store.append_rows(paths.table(storage.PRETRAIN_FILE), rows, key=result_rows.PRETRAIN_KEY) if rows else 0
-
-
-def log_runs(ctx: SweepContext, *, done: set[str]) -> None:
-    """W&B (when sweep.wandb_project is set): one run per pretraining run whose segments are all `done`, with the
-    reports of all its segments as one curve, each logged once: the runs logged are listed in the sweep's folder
-    (SweepPaths.wandb_logged), so a run an interrupted invocation finished is logged by the next one, and none
-    twice."""
-    settings = sweep_settings(ctx.spec)
-    if not settings:
-        return
-    logged = set(storage.read_json(ctx.paths.wandb_logged) or [])
-    for run in ctx.plan.runs.values():
-        if set(run.segments) <= done and run.name not in logged:
-            segments = [ctx.plan.segments[s] for s in run.segments]
-            history = [r for s in segments for r in results(ctx.history(s))
-                       if s.start < r["step"] <= s.end]
-            log_pretraining_run(settings, run.name, {**flatten(run.config), "lineage.segments": list(run.segments)},
-                                history)
-            logged.add(run.name)
-            storage.write_json(ctx.paths.wandb_logged, sorted(logged))
 
 
 def finish(paths: SweepPaths, spec: SweepSpec, console: Console = STDOUT, cards=()) -> None:

@@ -41,6 +41,12 @@ def finetune_sources(ctx: SweepContext, segments: set[str] | None = None) -> lis
     return out
 
 
+def first_sources(ctx: SweepContext, done: frozenset[str]) -> list[FinetuneSource]:
+    """What the sweep fine-tunes before any segment ends: the untrained controls first (`control_sources`), then the
+    checkpoints of the segments `done` as it starts."""
+    return control_sources(ctx) + finetune_sources(ctx, set(done))
+
+
 def control_sources(ctx: SweepContext, *, export: bool = True) -> list[FinetuneSource]:
     """The untrained controls (plan.controls): each one's step-0 weights exported once, under
     <sweep>/controls/<name>/hf (an `exported.json` beside it marks a finished export), as a source at step 0.

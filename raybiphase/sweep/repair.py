@@ -31,9 +31,9 @@ from raybiphase.results import store
 from raybiphase.storage import SweepPaths
 from raybiphase.sweep import lease
 from raybiphase.sweep.context import SweepContext
-from raybiphase.sweep.driver import record_pretraining
 from raybiphase.sweep.finetuning import baseline_rows, control_sources, finetune_sources, trials_done
 from raybiphase.sweep.preflight import plan_sweep
+from raybiphase.sweep.segments import record_pretraining
 from raybiphase.telemetry.console import STDOUT, Console
 
 TABLES = (storage.PRETRAIN_FILE, storage.FINETUNE_FILE, storage.SUMMARY_FILE)

@@ -1,12 +1,18 @@
 """The sweep's one scheduler: every segment and every fine-tuning trial, in one loop, on one slot budget.
 
-The sweep is a graph of jobs of two kinds, each ending as an event on the loop's queue:
-- A *segment* (raybiphase.sweep.plan) starts once the segments it depends on are done: one Ray Train fit of its
-  TorchTrainer, from the driver, in a thread of its own (a fit blocks), its checkpoints committed in the segment's
-  own folder (raybiphase.sweep.driver.SweepSegments gives the fit).
+The sweep is a graph of jobs of two kinds, each ending as an event on the loop's queue whose value carries its rows:
+- A *segment* (raybiphase.sweep.segments.SegmentFit) starts once the segments it depends on are done (and, with
+  sweep.stages by_size, its size's gate is open: raybiphase.sweep.size_gate): one Ray Train fit of its TorchTrainer,
+  from the driver, in a thread of its own (a fit blocks), its checkpoints committed in the segment's own folder.
+  Its value is what the fit returned (rank 0's reports, the checkpoints Ray Train registered).
 - Each checkpoint a segment holds (and each untrained control, at once) is then a *fine-tuning job*
   (raybiphase.finetune.fanout.CheckpointWaves): its trials, then its completion passes, each wave waiting for the
-  last, then its rows appended to the table.
+  last; its value is the rows its trials' last reports carried.
+
+A job of either kind ends in `finished(job, value)`: its rows (`job.rows(value)`) appended to its table once
+(pretrain.parquet, finetune.parquet), then, for a segment, what its own code does as it ends (pruning, W&B, the
+progress line: `SegmentFit.ended`) and its checkpoints' fine-tuning jobs, started at once. The loop keeps which
+segments are done; a segment's job never calls back into it.
 
 One loop, in the driver's main thread, waits on whatever ends first: a segment (its thread posts to the loop's
 event queue) or a fine-tuning trial (the Tuner's thread posts its last report, which carries a finished trial's
@@ -32,7 +38,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 from raybiphase.failures import FailurePolicy, FitStalled, Unstoppable
 from raybiphase.finetune.fanout import ROWS, CheckpointWaves, Fanout, check_tasks
@@ -42,7 +47,8 @@ from raybiphase.results import rows as result_rows
 from raybiphase.results import store
 from raybiphase.storage import absolute, join
 from raybiphase.sweep.failure_lines import STOP_GRACE_S, said, segment_failure
-from raybiphase.sweep.plan import Segment
+from raybiphase.sweep.segments import SegmentFit
+from raybiphase.sweep.size_gate import SizeStages
 from raybiphase.sweep.timeline import by_priority
 from raybiphase.telemetry.console import STDOUT, Console
 from raybiphase.telemetry.progress import interval, trials_line
@@ -56,60 +62,50 @@ def trial_capacity(trials: int, slots: int, running_segments: int, pretraining: 
     return math.ceil(trials * max(0, slots - running_segments) / slots)
 
 
-class Pretraining(Protocol):
-    """What the loop needs of the sweep's segments (raybiphase.sweep.driver gives it)."""
-
-    todo: list[Segment]
-    done: set[str]
-    chain: dict[str, float]
-
-    def ready(self, segment: Segment) -> bool: ...
-    def fit(self, segment: Segment, restarts: int) -> None:
-        """One try: the segment's Ray Train fit, restarted by Ray Train at most `restarts` times."""
-    def committed(self, segment: Segment) -> int:
-        """The step of the segment's newest committed checkpoint (-1: none): a failed fit's progress."""
-    def last_sign(self, segment: Segment) -> float:
-        """When (time.time()) the segment's running fit last showed a sign of life (0.0: none seen)."""
-    def stop(self, segment: Segment) -> bool:
-        """Stop the segment's running fit so that it raises; False when it cannot be stopped."""
-    def started(self, segment: Segment, running: int) -> None: ...
-    def ended(self, segment: Segment, seconds: float | None, running: dict[str, float]) -> None: ...
-    def sources(self, segments: set[str]) -> list[FinetuneSource]: ...
-
-
 @dataclasses.dataclass
 class Job:
-    """One checkpoint's fine-tuning: its work, and the wave of trials it waits on."""
+    """One checkpoint's fine-tuning: its work, and the wave of trials it waits on; its value, once it has no wave
+    left, is its rows."""
 
     number: int
     name: str
     work: CheckpointWaves
+    table: str | None = None
+    """Where its rows go (finetune.parquet; None: kept, not written), keyed by `key`."""
+    key: tuple[str, ...] = result_rows.FINETUNE_KEY
     waiting: set[int] = dataclasses.field(default_factory=set)
     """Tickets of the wave's trials not yet ended."""
     size: int = 0
-    rows: list = dataclasses.field(default_factory=list)
+    wave_rows: list = dataclasses.field(default_factory=list)
     failures: list[str] = dataclasses.field(default_factory=list)
+
+    def rows(self, value: list[dict]) -> list[dict]:
+        return value
 
 
 class Scheduler:
-    """The loop (module docstring). `run(pretraining, sources)` runs it until nothing is left and returns the rows
-    fine-tuning appended to `table` (None: kept, not written). `trials(capacity, ended)` makes the trial runner;
-    by default long-lived Tuners (raybiphase.finetune.tuner.TuneTrials) under `experiment`."""
+    """The loop (module docstring). `run(segments, sources, done)` runs it until nothing is left and returns the
+    rows fine-tuning appended to `table` (None: kept, not written). `done_trials`: the trial keys with a row
+    already (raybiphase.sweep.finetuning.trials_done); `gate`: whether a segment whose dependencies are done may start
+    (sweep.stages by_size). `trials(capacity, ended)` makes the trial runner; by default long-lived Tuners
+    (raybiphase.finetune.tuner.TuneTrials) under `experiment`."""
 
     def __init__(self, fanout: Fanout | None, *, slots: int, experiment: str = "", table: str | None = None,
-                 console: Console = STDOUT, done: Callable[[], set] = set, trials=None,
-                 policy: FailurePolicy = FailurePolicy()):
+                 console: Console = STDOUT, done_trials=frozenset(), trials=None,
+                 policy: FailurePolicy = FailurePolicy(), gate: SizeStages | None = None):
         self.fanout, self.slots, self.experiment, self.table = fanout, slots, experiment, table
-        self.policy = policy
+        self.policy, self.gate = policy, gate
         self.say = console.say
-        self.done_keys = done
+        self.done_trials = done_trials
         self.events: queue.Queue = queue.Queue()
         make = trials or (lambda capacity, ended: TuneTrials(
             fanout.finetune, experiment=experiment, max_concurrent=fanout.max_concurrent, capacity=capacity,
             ended=ended, grace_period=fanout.grace_period, reduction_factor=fanout.reduction_factor,
             retries=policy.trial_retries))
         self.trials = make(self.capacity, lambda *event: self.events.put(("trial", *event))) if fanout else None
-        self.pending: list[Segment] = []
+        self.segments: dict[str, SegmentFit] = {}  # id -> each segment to train
+        self.done: set[str] = set()  # ids of the segments done
+        self.pending: list[SegmentFit] = []
         self.running: dict[str, float] = {}  # segment id -> when it started
         self.segment_errors: dict[str, BaseException] = {}
         self.tries: dict[str, int] = collections.Counter()  # segment id -> its fits so far (the running one's number)
@@ -144,69 +140,77 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------------------------ the loop
 
-    def run(self, pretraining: Pretraining | None, sources: Callable[[], list[FinetuneSource]]) -> list[dict]:
-        self.pending = list(pretraining.todo) if pretraining else []
+    def run(self, segments: list[SegmentFit], sources: Callable[[], list[FinetuneSource]],
+            done: set[str] = frozenset()) -> list[dict]:
+        """Train `segments` (those in `done` count as done already) and fine-tune the checkpoints `sources()` gives
+        at once (the controls, and the checkpoints of segments done before) and each segment's as it ends."""
+        self.segments = {job.id: job for job in segments}
+        self.done = set(done)
+        self.pending = list(segments)
         self._snapshot()
         self.settle()
         self.add_jobs(sources)
         while True:
-            if pretraining:
-                self.start_segments(pretraining)
-                self.settle()
+            self.start_segments()
+            self.settle()
             if not self.running and not self.jobs:
                 break  # segments still pending can never start: one failed
-            if pretraining and self.running:
-                self.watch_stalls(pretraining)
+            if self.running:
+                self.watch_stalls()
             try:
                 kind, *event = self.events.get(timeout=0.5)  # short waits: Ctrl-C still reaches this thread
             except queue.Empty:
                 continue
             if kind == "segment":
-                self.segment_ended(pretraining, *event)
+                self.segment_ended(*event)
             else:
                 self.trial_ended(*event)
         if self.trials:
             self.trials.close()
             self.trials.join()
         if self.segment_errors:
-            raise segment_failure(self.segment_errors, [s.id for s in pretraining.todo], self.say, self.tries,
-                                  self.policy)
+            raise segment_failure(self.segment_errors, list(self.segments), self.say, self.tries, self.policy)
         if self.error is not None:
             raise self.error
         return self.rows
 
-    def start_segments(self, pretraining: Pretraining) -> None:
+    def ready(self, job: SegmentFit) -> bool:
+        """Every segment it waits on done, and (by_size) its size's gate open."""
+        return job.after <= self.done and (self.gate is None or self.gate.ready(
+            job.segment, self.done, finetuning_open=bool(self.jobs) or self.error is not None))
+
+    def start_segments(self) -> None:
         """Ready segments, longest remaining chain first, into the slots no segment holds; none after a failure."""
         if self.segment_errors:
             return
-        ready = [s for s in self.pending if pretraining.ready(s)]
-        for segment in by_priority(ready, pretraining.chain)[:max(0, self.slots - len(self.running))]:
-            self.pending.remove(segment)
-            self.running[segment.id] = time.time()
+        ready = [job for job in self.pending if self.ready(job)]
+        for job in by_priority(ready, {j.id: j.chain for j in ready})[:max(0, self.slots - len(self.running))]:
+            self.pending.remove(job)
+            self.running[job.id] = time.time()
             self.most = max(self.most, len(self.running))
             self._snapshot()
-            self.tries[segment.id] += 1
-            pretraining.started(segment, len(self.running))
-            threading.Thread(target=self._fit, args=(pretraining, segment, self.tries[segment.id]), daemon=True,
-                             name=f"segment {segment.id} try {self.tries[segment.id]}").start()
+            self.tries[job.id] += 1
+            job.started(len(self.running))
+            threading.Thread(target=self._fit, args=(job, self.tries[job.id]), daemon=True,
+                             name=f"segment {job.id} try {self.tries[job.id]}").start()
 
-    def _fit(self, pretraining: Pretraining, segment: Segment, attempt: int) -> None:
-        """Try number `attempt` of `segment` (in its own thread); its end, with whether a failed try committed a
-        newer checkpoint, goes to the loop."""
-        before, error, progressed = None, None, False
+    def _fit(self, job: SegmentFit, attempt: int) -> None:
+        """Try number `attempt` of a segment (in its own thread); its end goes to the loop: the fit's value, or its
+        error with whether the failed try committed a newer checkpoint."""
+        before, value, error, progressed = None, None, None, False
         try:
-            before = pretraining.committed(segment)
-            pretraining.fit(segment, self.policy.restarts)
+            before = job.committed()
+            value = job.fit(self.policy.restarts)
         except Exception as err:  # raised once every running segment has ended
             error = err
             try:
-                progressed = before is not None and pretraining.committed(segment) > before
+                progressed = before is not None and job.committed() > before
             except Exception:  # unreadable now: no progress seen
                 pass
         finally:
-            self.events.put(("segment", segment.id, attempt, error, progressed))
+            self.events.put(("segment", job.id, attempt, error, progressed, value))
 
-    def watch_stalls(self, pretraining: Pretraining) -> None:
+    def watch_stalls(self) -> None:
         """Stop each running fit that showed no sign of life for the policy's stall_s (its fit then raises, a
         failed try); one that cannot be stopped, or whose fit does not end within a minute of being stopped,
         fails its segment at once. Looked at every tenth of stall_s (at most every minute)."""
@@ -215,39 +219,39 @@ class Scheduler:
             return
         self.checked = now
         for sid, started in list(self.running.items()):
-            segment = next(s for s in pretraining.todo if s.id == sid)
+            job = self.segments[sid]
             if sid in self.stopping:
                 when, why = self.stopping[sid]
                 if now - when > STOP_GRACE_S:
-                    self.give_up(pretraining, sid, Unstoppable(f"{why}; its fit did not end once stopped"))
+                    self.give_up(sid, Unstoppable(f"{why}; its fit did not end once stopped"))
                 continue
             try:
-                sign = pretraining.last_sign(segment)
+                sign = job.last_sign()
             except Exception:  # unreadable now: the try's start stands
                 sign = 0.0
             quiet = now - max(started, sign)
             if quiet <= self.policy.stall_s:
                 continue
             why = f"no sign of life for {quiet:.0f} s (sweep.stall_s: {self.policy.stall_s:g})"
-            if pretraining.stop(segment):
+            if job.stop():
                 self.say(f"pretraining: {sid} showed {why}; stopping its fit")
                 self.stopping[sid] = (now, why)
             else:
-                self.give_up(pretraining, sid, Unstoppable(f"{why}; it has no Ray Train controller to stop"))
+                self.give_up(sid, Unstoppable(f"{why}; it has no Ray Train controller to stop"))
 
-    def give_up(self, pretraining: Pretraining, sid: str, error: BaseException) -> None:
+    def give_up(self, sid: str, error: BaseException) -> None:
         """End the running try of `sid` now with `error` (never tried again: FailurePolicy.retry); the end its
         thread may post later finds it no longer running and is ignored."""
-        self.segment_ended(pretraining, sid, self.tries[sid], error)
+        self.segment_ended(sid, self.tries[sid], error)
 
-    def segment_ended(self, pretraining: Pretraining, sid: str, attempt: int, error: BaseException | None,
-                      progressed: bool = False) -> None:
-        """A segment's try ended: on success its record (the driver's `ended`), then its checkpoints' fine-tuning,
-        at once; on failure another try or the segment's failure (FailurePolicy), said in one line."""
+    def segment_ended(self, sid: str, attempt: int, error: BaseException | None, progressed: bool = False,
+                      value=None) -> None:
+        """A segment's try ended: on success its `value` is recorded (`finished`) and its checkpoints' fine-tuning
+        starts at once; on failure another try or the segment's failure (FailurePolicy), said in one line."""
         if sid not in self.running or attempt != self.tries[sid]:
             return  # a try given up on earlier
         started = self.running.pop(sid)
-        segment = next(s for s in pretraining.todo if s.id == sid)
+        job = self.segments[sid]
         stopped = self.stopping.pop(sid, None)
         if error is not None and stopped is not None and not isinstance(error, FitStalled):
             error = FitStalled(f"{stopped[1]}; stopped ({said(error)})")
@@ -255,31 +259,28 @@ class Scheduler:
             self.failed_in_a_row[sid] = 0 if progressed else self.failed_in_a_row[sid] + 1
             if not self.segment_errors and self.policy.retry(error, self.failed_in_a_row[sid]):
                 left = self.policy.tries - self.failed_in_a_row[sid]
-                step = self.checkpoint_step(pretraining, segment)
+                step = self.checkpoint_step(job)
                 self.say(f"pretraining: {sid} try {attempt} failed ({said(error)}); fitting it again from "
                          + (f"step {step}" if step >= 0 else "its start")
                          + f" ({left} failed tr{'y' if left == 1 else 'ies'} in a row left)")
-                self.pending.insert(0, segment)  # it takes the slot it left
+                self.pending.insert(0, job)  # it takes the slot it left
                 self._snapshot()
                 return
             self.segment_errors[sid] = error
             self._snapshot()
             self.say(f"pretraining: {sid} failed on try {attempt} ({said(error)}); no segment starts after it, "
                      "the running ones and the fine-tuning of ready checkpoints go on")
-            pretraining.ended(segment, None, {})
+            job.try_over()
             return
         self._snapshot()
-        pretraining.done.add(sid)
-        now = time.time()
-        pretraining.ended(segment, now - started, {s: now - t for s, t in self.running.items()})
-        if self.fanout:
-            self.add_jobs(lambda: pretraining.sources({sid}))
+        self.done.add(sid)
+        self.finished(job, value, seconds=time.time() - started)
 
     @staticmethod
-    def checkpoint_step(pretraining: Pretraining, segment: Segment) -> int:
+    def checkpoint_step(job: SegmentFit) -> int:
         """The step a failed segment is fitted again from: its newest committed checkpoint's (-1: its start)."""
         try:
-            return pretraining.committed(segment)
+            return job.committed()
         except Exception:
             return -1
 
@@ -306,15 +307,14 @@ class Scheduler:
         names = ", ".join(f"{s.run}@{s.pretrain_step}" for s in ready)
         self.say(f"fine-tuning: batch {self.batches}, {len(ready)} checkpoint(s) ready: {names}"
                  + (f" ({len(self.running)} segment(s) still training)" if self.pretraining else ""))
-        done = self.done_keys()
         for source in ready:
             number = next(self.numbers)
             try:
-                waves = CheckpointWaves([source], self.fanout, experiment=self.experiment, done=done)
+                waves = CheckpointWaves([source], self.fanout, experiment=self.experiment, done=self.done_trials)
             except Exception as err:  # a bad checkpoint or task: said once the running work has ended
                 self.failed(err)
                 continue
-            job = Job(number, f"{source.run}@{source.pretrain_step}", waves)
+            job = Job(number, f"{source.run}@{source.pretrain_step}", waves, table=self.table)
             self.jobs[number] = job
             self.advance(job)
 
@@ -332,7 +332,7 @@ class Scheduler:
             del self.jobs[job.number]
             self.finished(job, ended)
             return
-        job.size, job.rows, job.failures = len(wave), [], []
+        job.size, job.wave_rows, job.failures = len(wave), [], []
         for spec in wave:
             ticket = next(self.ticket_numbers)
             self.tickets[ticket] = (job, spec)
@@ -355,7 +355,7 @@ class Scheduler:
             first = (str(error).strip().splitlines() or [""])[0]
             job.failures.append(f"{spec.key}: {type(error).__name__}: {first}")
         else:
-            job.rows += rows
+            job.wave_rows += rows
         self.progress(stopped=error is None and ROWS not in metrics)
         if job.waiting or job.number not in self.jobs:
             return
@@ -364,7 +364,7 @@ class Scheduler:
             self.failed(RuntimeError(f"{len(job.failures)} of {job.size} fine-tuning trials failed; first: "
                                      f"{job.failures[0]}"))
             return
-        self.advance(job, job.rows)
+        self.advance(job, job.wave_rows)
 
     def progress(self, *, stopped: bool) -> None:
         """A line at most every RAYBIPHASE_PROGRESS_S seconds, and once every trial submitted so far has ended."""
@@ -379,12 +379,23 @@ class Scheduler:
             running = min(len(self.tickets), self.capacity())
             self.say(trials_line(count["done"], count["total"], count["stopped"], running, pace))
 
-    def finished(self, job: Job, rows: list[dict]) -> None:
-        if self.table and rows:
-            store.append_rows(self.table, rows, key=result_rows.FINETUNE_KEY)
-        self.rows += rows
-        self.finetuning_ended = time.perf_counter()
-        self.say(f"fine-tuning: {len(rows)} trial row(s) recorded for {job.name}")
+    def finished(self, job: Job | SegmentFit, value, seconds: float = 0.0) -> None:
+        """A job of either kind ended with `value` (a fine-tuning job's: its rows; a segment's: its fit's value,
+        raybiphase.sweep.segments.FitValue): its rows (`job.rows(value)`) appended to its table, once; then a
+        fine-tuning job's line, or what a segment's end does (`SegmentFit.ended`: pruning, W&B, the progress line)
+        and its checkpoints' fine-tuning, started at once."""
+        rows = job.rows(value)
+        if job.table and rows:
+            store.append_rows(job.table, rows, key=job.key)
+        if isinstance(job, Job):
+            self.rows += rows
+            self.finetuning_ended = time.perf_counter()
+            self.say(f"fine-tuning: {len(rows)} trial row(s) recorded for {job.name}")
+            return
+        now = time.time()
+        job.ended(seconds, {s: now - t for s, t in self.running.items()}, self.done)
+        if self.fanout:
+            self.add_jobs(job.sources)
 
     def failed(self, err: BaseException) -> None:
         """Say a failure at once; the first is raised when the loop ends."""
@@ -402,5 +413,5 @@ def finetune_checkpoints(sources: list[FinetuneSource], fanout: Fanout, *, stora
     names or checkpoints raise UserError before anything runs."""
     check_tasks(fanout.finetune)
     scheduler = Scheduler(fanout, slots=fanout.max_concurrent, experiment=join(absolute(storage), name), console=console,
-                          done=lambda: set(done), trials=trials)
-    return scheduler.run(None, lambda: sources)
+                          done_trials=set(done), trials=trials)
+    return scheduler.run([], lambda: sources)

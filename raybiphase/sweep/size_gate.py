@@ -11,7 +11,6 @@ starts only if some run through it was launched. Pure: no Ray, no torch (the dry
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import pandas as pd
 
@@ -82,32 +81,31 @@ def with_sources(decision: StageDecision, plan: Plan) -> StageDecision:
 
 
 class SizeStages:
-    """The by_size gate the driver asks before a segment starts (module docstring). `done`: the segments done so
-    far (the driver's set, growing); `finetuning_open`: whether any fine-tuning job is still running or failed."""
+    """The by_size gate the scheduler asks before a segment whose dependencies are done starts (module docstring),
+    telling it the segments `done` so far and whether any fine-tuning job is still running or failed
+    (`finetuning_open`)."""
 
-    def __init__(self, paths: SweepPaths, plan: Plan, probability: float, done: set[str],
-                 finetuning_open: Callable[[], bool], console: Console = STDOUT):
-        self.paths, self.plan, self.probability, self.done = paths, plan, probability, done
-        self.finetuning_open, self.say = finetuning_open, console.say
+    def __init__(self, paths: SweepPaths, plan: Plan, probability: float, console: Console = STDOUT):
+        self.paths, self.plan, self.probability, self.say = paths, plan, probability, console.say
         self.sizes = plan_sizes(plan)
         self.size_of = {s.id: plan.runs[s.runs[0]].config.model.size for s in plan.segments.values()}
         self.launched = recorded(paths)
 
-    def ready(self, segment: Segment) -> bool:
+    def ready(self, segment: Segment, done: set[str], finetuning_open: bool = False) -> bool:
         size = self.size_of[segment.id]
-        return self.open(size) and bool(self.launch(size) & set(segment.runs))
+        return self.open(size, done, finetuning_open) and bool(self.launch(size) & set(segment.runs))
 
-    def open(self, size: str) -> bool:
+    def open(self, size: str, done: set[str], finetuning_open: bool = False) -> bool:
         """Decided already (a gate once open stays open), or every smaller size complete and, where there is one,
         no fine-tuning left."""
         if size in self.launched:
             return True
         smaller = [z for z in self.sizes if _params(z) < _params(size)]
-        return all(self.complete(z) for z in smaller) and not (smaller and self.finetuning_open())
+        return all(self.complete(z, done, finetuning_open) for z in smaller) and not (smaller and finetuning_open)
 
-    def complete(self, size: str) -> bool:
-        launched = self.launch(size) if self.open(size) else None
-        return launched is not None and all(s.id in self.done for s in self.plan.segments.values()
+    def complete(self, size: str, done: set[str], finetuning_open: bool = False) -> bool:
+        launched = self.launch(size) if self.open(size, done, finetuning_open) else None
+        return launched is not None and all(s.id in done for s in self.plan.segments.values()
                                             if self.size_of[s.id] == size and launched & set(s.runs))
 
     def launch(self, size: str) -> set[str]:

@@ -1,5 +1,7 @@
 """A run's metrics history: every report of rank 0, kept beside its checkpoints (<run dir>/history.json) by rank 0
-itself as it reports, and read back by the sweep (rows, W&B curves, the time summary) and the benchmarks.
+itself as it reports, its journal. Rank 0's training function also returns it whole (the fit's value: how a sweep
+gets a segment's rows); the sweep reads the file back only to recover (a segment an earlier invocation finished but
+did not record, a fit that returned no reports), as do `raybiphase repair` and the benchmarks.
 
 Rank 0 writes it, not Ray Train's controller: the controller collects a worker's reports when it next polls it, so a
 worker lost in between took its last reports with it (seen: a step whose checkpoint was committed had no row, as
@@ -58,9 +60,13 @@ class History:
             print(f"{err}; rebuilt from the {len(rows)} report(s) its committed checkpoints hold", flush=True)
         self.rows = {row["step"]: row for row in rows}
 
+    def reports(self) -> list[dict]:
+        """Every report held, in step order (what the file holds)."""
+        return [self.rows[k] for k in sorted(self.rows)]
+
     def add(self, metrics: dict, checkpoint: str | None = None) -> None:
         row = dict(metrics)
         if checkpoint is not None:
             row["checkpoint"] = checkpoint
         self.rows[row["step"]] = row
-        storage.write_json(storage.join(self.run_dir, storage.HISTORY), [self.rows[k] for k in sorted(self.rows)])
+        storage.write_json(storage.join(self.run_dir, storage.HISTORY), self.reports())

@@ -158,20 +158,17 @@ def _two_runs(tmp_path):
 
 
 class _Segments:
-    """The sweep's segments as the scheduler sees them, each one 'training' until the test ends it."""
+    """The sweep's segments as the scheduler's jobs (`jobs`), each one 'training' until the test ends it; a fit's
+    value is its one row."""
 
     def __init__(self, plan, ctx):
-        from raybiphase.sweep.finetuning import finetune_sources
-        from raybiphase.sweep.plan import dependencies
-
-        self.plan, self.todo, self.done, self.chain = plan, list(plan.segments.values()), set(), {}
+        self.plan, self.ctx = plan, ctx
         self.chain = {sid: -i for i, sid in enumerate(plan.segments)}  # plan order
         self.release = {sid: threading.Event() for sid in plan.segments}
         self.lines, self.fail, self.steps = [], {}, {}  # fail: segment -> tries that fail; steps: committed
         self.hang, self.stops, self.stoppable = set(), [], True  # hang: segments whose next fit blocks until stopped
         self.stopped = {sid: threading.Event() for sid in plan.segments}
-        self.ready = lambda s: all(d in self.done for d in dependencies(s, plan.runs))
-        self.sources = lambda segments: finetune_sources(ctx, segments)
+        self.jobs = [_Fit(self, segment) for segment in plan.segments.values()]
 
     def fit(self, segment, restarts):
         assert self.release[segment.id].wait(30) and restarts == 2
@@ -182,7 +179,7 @@ class _Segments:
             raise RuntimeError("The actor died unexpectedly before finishing this task.")
         tries = self.fail.get(segment.id, [])
         if not tries:
-            return
+            return [{"run": run, "step": segment.end} for run in segment.runs]
         how = tries.pop(0)  # "none": nothing committed; "progress": a checkpoint; "outage": one, then an outage
         if how != "none":
             self.steps[segment.id] = self.steps.get(segment.id, -1) + 1
@@ -190,23 +187,54 @@ class _Segments:
             raise StorageOutage("storage: s3://b unreachable for 15 min")
         raise RuntimeError("worker died\nValueError: loss is nan")
 
-    def committed(self, segment):
-        return self.steps.get(segment.id, -1)
-
-    def last_sign(self, segment):
-        return 0.0
-
     def stop(self, segment):
         self.stops.append(segment.id)
         if self.stoppable:
             self.stopped[segment.id].set()
         return self.stoppable
 
-    def started(self, segment, running):
-        self.lines.append(("started", segment.id, running))
 
-    def ended(self, segment, seconds, running):
-        self.lines.append(("ended", segment.id, seconds is not None))
+class _Fit:
+    """One segment as a job of the scheduler (raybiphase.sweep.segments.SegmentFit's interface)."""
+
+    def __init__(self, segments, segment):
+        from raybiphase.sweep.plan import dependencies
+
+        self.segments, self.segment, self.id = segments, segment, segment.id
+        self.after = frozenset(dependencies(segment, segments.plan.runs))
+        self.chain = segments.chain[segment.id]
+        self.table, self.key = None, ("run", "step")
+
+    def fit(self, restarts):
+        return self.segments.fit(self.segment, restarts)
+
+    def committed(self):
+        return self.segments.steps.get(self.id, -1)
+
+    def last_sign(self):
+        return 0.0
+
+    def stop(self):
+        return self.segments.stop(self.segment)
+
+    def started(self, running):
+        self.segments.lines.append(("started", self.id, running))
+
+    def rows(self, value):
+        return value
+
+    def ended(self, seconds, running, done):
+        assert self.id in done
+        self.segments.lines.append(("ended", self.id, True))
+
+    def sources(self):
+        from raybiphase.sweep.finetuning import finetune_sources
+
+        return finetune_sources(self.segments.ctx, {self.id})
+
+    def try_over(self):
+        if self.id not in [line[1] for line in self.segments.lines if line[0] == "ended"]:
+            self.segments.lines.append(("ended", self.id, False))
 
 
 def _scheduler(ctx, out, launched, monkeypatch, fail=(), policy=None):
@@ -257,7 +285,7 @@ def test_the_controls_start_at_once_and_each_checkpoint_once_its_segment_ends(tm
     sched = _scheduler(ctx, out, launched, monkeypatch)
     prefix, *tails = plan.segments
     runner = threading.Thread(target=lambda: segments.lines.append(("rows", sched.run(
-        segments, lambda: [FinetuneSource("init", 0, "")]))), daemon=True)
+        segments.jobs, lambda: [FinetuneSource("init", 0, "")]))), daemon=True)
     runner.start()
     segments.release[prefix].set()
     _until(lambda: len([line for line in segments.lines if line[0] == "started"]) == 3)
@@ -292,7 +320,7 @@ def test_a_fine_tuning_failure_is_said_at_once_and_raised_when_pretraining_ends(
 
     def run():
         try:
-            sched.run(segments, lambda: (_ for _ in ()).throw(OSError("bucket gone")))
+            sched.run(segments.jobs, lambda: (_ for _ in ()).throw(OSError("bucket gone")))
         except OSError as err:
             errors.append(err)
 
@@ -318,7 +346,7 @@ def test_a_failed_job_is_said_at_once_the_running_ones_finish_and_none_starts_af
         segments.release[prefix].set()
         segments.release[tails[0]].set()
         threading.Timer(2.0, segments.release[tails[1]].set).start()  # ready after the failure: not started
-        sched.run(segments, lambda: [FinetuneSource("init", 0, "")])
+        sched.run(segments.jobs, lambda: [FinetuneSource("init", 0, "")])
     assert [spec.run for spec in launched] == ["init", first]
     assert sched.rows == [{"run": "init"}]  # the controls' job finished and recorded its row
     assert "fine-tuning: failed (RuntimeError: 1 of 1 fine-tuning trials failed" in out.getvalue()
@@ -338,7 +366,7 @@ def test_a_segment_failing_every_try_stops_new_segments_and_is_raised_in_one_lin
     sched = _scheduler(ctx, out, launched, monkeypatch)
     segments.release[prefix].set()
     with pytest.raises(UserError) as raised:
-        sched.run(segments, lambda: [])
+        sched.run(segments.jobs, lambda: [])
     assert str(raised.value) == (f"sweep: segment {prefix} failed after 3 tries (sweep.segment_tries: 3), last "
                                  "error: worker died ValueError: loss is nan; run the sweep again to resume")
     assert [line[:2] for line in segments.lines] == [("started", prefix)] * 3 + [("ended", prefix)]
@@ -363,7 +391,7 @@ def test_a_failed_try_that_committed_a_checkpoint_starts_the_count_again(tmp_pat
     segments.fail = {prefix: ["progress", "progress", "none"]}
     segments.release[prefix].set()
     with pytest.raises(UserError, match=f"^sweep: segment {prefix} failed after 3 tries \\(sweep.segment_tries: 1\\)"):
-        _scheduler(ctx, out, launched, monkeypatch, policy=FailurePolicy(tries=1)).run(segments, lambda: [])
+        _scheduler(ctx, out, launched, monkeypatch, policy=FailurePolicy(tries=1)).run(segments.jobs, lambda: [])
     assert [line[:2] for line in segments.lines] == [("started", prefix)] * 3 + [("ended", prefix)]
     assert f"pretraining: {prefix} try 2 failed (worker died ValueError: loss is nan); fitting it again from step " \
            "1 (1 failed try in a row left)" in out.getvalue()
@@ -384,7 +412,7 @@ def test_a_failing_segment_leaves_the_jobs_that_do_not_wait_on_it_going_and_ends
     for event in segments.release.values():
         event.set()
     with pytest.raises(UserError, match=f"^sweep: segment {tails[0]} failed after 3 tries"):
-        sched.run(segments, lambda: [FinetuneSource("init", 0, "")])
+        sched.run(segments.jobs, lambda: [FinetuneSource("init", 0, "")])
     other = plan.segments[tails[1]].runs[0]
     assert ("ended", tails[1], True) in segments.lines  # trained beside the failing branch
     assert sorted(spec.run for spec in launched) == sorted(["init", other])  # its checkpoint fine-tuned
@@ -405,7 +433,7 @@ def test_a_stalled_fit_is_stopped_and_fitted_again_and_one_that_cannot_be_stoppe
     segments.hang = {prefix}
     segments.release[prefix].set()
     runner = threading.Thread(target=lambda: _scheduler(ctx, out, launched, monkeypatch, policy=FailurePolicy(
-        stall_s=1.0)).run(segments, lambda: []), daemon=True)
+        stall_s=1.0)).run(segments.jobs, lambda: []), daemon=True)
     runner.start()
     _until(lambda: ("ended", prefix, True) in segments.lines)
     segments.release[tails[0]].set(), segments.release[tails[1]].set()
@@ -424,7 +452,7 @@ def test_a_stalled_fit_is_stopped_and_fitted_again_and_one_that_cannot_be_stoppe
     segments.release[prefix].set()
     monkeypatch.setattr(scheduler, "STOP_GRACE_S", 1.0)
     with pytest.raises(UserError) as raised:
-        _scheduler(ctx, out, launched, monkeypatch, policy=FailurePolicy(stall_s=1.0)).run(segments, lambda: [])
+        _scheduler(ctx, out, launched, monkeypatch, policy=FailurePolicy(stall_s=1.0)).run(segments.jobs, lambda: [])
     assert re.fullmatch(f"sweep: segment {prefix} failed after 1 try \\(sweep.segment_tries: 3\\), last error: no "
                         "sign of life for [12] s \\(sweep.stall_s: 1\\); it has no Ray Train controller to stop; "
                         "run the sweep again to resume", str(raised.value)), str(raised.value)
@@ -443,5 +471,5 @@ def test_a_storage_outage_fails_the_segment_even_after_progress(tmp_path, monkey
     segments.release[prefix].set()
     with pytest.raises(UserError, match=f"segment {prefix} failed after 1 try .*last error: storage: s3://b "
                                         "unreachable for 15 min"):
-        _scheduler(ctx, out, launched, monkeypatch).run(segments, lambda: [])
+        _scheduler(ctx, out, launched, monkeypatch).run(segments.jobs, lambda: [])
     assert [line[:2] for line in segments.lines] == [("started", prefix), ("ended", prefix)]

@@ -263,7 +263,15 @@ def test_cpu_study_plans_the_papers_comparisons():
 
 def test_keep_checkpoints_prunes_only_what_no_resume_branch_or_export_needs(tmp_path):
     from raybiphase.storage import SweepPaths
-    from raybiphase.sweep.driver import SweepContext, checkpoint_policy, prune_checkpoints
+    from raybiphase.sweep.context import SweepContext
+    from raybiphase.sweep.segments import prune_checkpoints, segment_job
+
+    class AnyData(dict):
+        def __missing__(self, key):
+            return "data"
+
+    def checkpoint_policy(segment):  # the one the segment's workers save by
+        return segment_job(SweepContext(spec, plan, paths, AnyData()), segment).policy()
 
     # the quickstart's CLM-only run: its segment 400-800 has the decay start (720) and, here, an export at 600
     spec = load(SweepSpec, "sweeps/quickstart.yaml", ["train.keep_checkpoints=1", "train.export_steps=[600]",
@@ -277,25 +285,30 @@ def test_keep_checkpoints_prunes_only_what_no_resume_branch_or_export_needs(tmp_
         folder.mkdir(parents=True)
         (folder / "meta.json").write_text("{}")
     assert checkpoint_policy(segment).milestones == {600, 720, 800}
-    assert prune_checkpoints(SweepContext(spec, plan, paths), segment) == [500, 700, 740, 760, 780]  # 800 is also the last one
+    assert prune_checkpoints(SweepContext(spec, plan, paths), segment, checkpoint_policy(segment)) == [
+        500, 700, 740, 760, 780]  # 800 is also the last one
     assert sorted(int(p.name.split("-")[1]) for p in Path(paths.run_dir(segment.id)).iterdir()) == [600, 720, 800]
     parent = plan.segments[segment.parent]  # the shared CLM prefix ends at 400: the children start from it
     assert 400 in checkpoint_policy(parent).milestones
     unfinished = next(s for s in plan.segments.values() if s.id != segment.id and s.start == 400)
-    assert prune_checkpoints(SweepContext(spec, plan, paths), unfinished) == []  # a segment not done is never touched
+    assert prune_checkpoints(SweepContext(spec, plan, paths), unfinished,
+                             checkpoint_policy(unfinished)) == []  # a segment not done is never touched
     keep_all = load(SweepSpec, "sweeps/quickstart.yaml", [f"sweep.storage={tmp_path}"])
     default = make_plan(keep_all)
     assert segment.id in default.segments  # how many checkpoints are kept does not change what a segment is
-    assert prune_checkpoints(SweepContext(keep_all, default, paths), default.segments[segment.id]) == []  # the default keeps them all
+    kept_all = default.segments[segment.id]
+    assert prune_checkpoints(SweepContext(keep_all, default, paths), kept_all,
+                             checkpoint_policy(kept_all)) == []  # the default keeps them all
 
 
 @pytest.mark.parametrize("path", ["sweeps/quickstart.yaml", "sweeps/paper_mini.yaml"])
 def test_workers_save_by_the_policy_pruning_keeps_by_and_every_runs_milestones_are_kept(path):
-    """One checkpoint policy: the one a segment's workers get (segment_job) is the one pruning reads; each run's
+    """One checkpoint policy: the one a segment's workers get (segment_job), which its job prunes by; each run's
     own phase boundaries, decay start, exports and end are milestones of the segment that trains that step."""
     from raybiphase.pretrain.policy import CheckpointPolicy
     from raybiphase.storage import SweepPaths
-    from raybiphase.sweep.driver import SweepContext, checkpoint_policy, segment_job
+    from raybiphase.sweep.context import SweepContext
+    from raybiphase.sweep.segments import segment_job
 
     class AnyData(dict):
         def __missing__(self, key):
@@ -304,9 +317,11 @@ def test_workers_save_by_the_policy_pruning_keeps_by_and_every_runs_milestones_a
     spec = load(SweepSpec, path, ["train.keep_checkpoints=1"])
     plan = make_plan(spec)
     ctx = SweepContext(spec, plan, SweepPaths.of("/tmp/unused", spec.sweep.name), AnyData())
+    def checkpoint_policy(segment):
+        return segment_job(ctx, segment).policy()
+
     for segment in plan.segments.values():
         policy = checkpoint_policy(segment)
-        assert segment_job(ctx, segment).policy() == policy
         assert segment.end in policy.milestones and all(policy.evaluates(m) and policy.saves(m) for m in policy.milestones)
         assert [s for s in range(segment.start + 1, segment.end) if policy.saves(s) and s not in policy.milestones] == \
             [s for s in range(segment.start + 1, segment.end) if s % spec.run.train.checkpoint_every == 0 and s not in policy.milestones]
@@ -417,7 +432,8 @@ def test_a_preemption_notices_resume_point_leaves_no_row(tmp_path, monkeypatch):
     from raybiphase.results.store import read_rows
     from raybiphase.storage import SweepPaths
     from raybiphase.sweep import context
-    from raybiphase.sweep.driver import SweepContext, record_pretraining
+    from raybiphase.sweep.context import SweepContext
+    from raybiphase.sweep.segments import record_pretraining
     from raybiphase.telemetry.history import RESUME_POINT, History, read_history
 
     spec = load(SweepSpec, "sweeps/quickstart.yaml", [f"sweep.storage={tmp_path}"])
@@ -443,8 +459,8 @@ def test_each_pretraining_run_reaches_wandb_once_even_when_an_earlier_invocation
     """A driver killed after a run's last segment ended but before it logged that run to W&B: the next invocation
     logs it (every run whose segments are done and that the sweep's list does not name), and no run twice."""
     from raybiphase.storage import SweepPaths
-    from raybiphase.sweep import driver
-    from raybiphase.sweep.driver import SweepContext
+    from raybiphase.sweep import segments
+    from raybiphase.sweep.context import SweepContext
     from raybiphase.telemetry.history import History
 
     spec = load(SweepSpec, "sweeps/quickstart.yaml", [f"sweep.storage={tmp_path}", "sweep.wandb_project=p"])
@@ -453,13 +469,13 @@ def test_each_pretraining_run_reaches_wandb_once_even_when_an_earlier_invocation
     for segment in plan.segments.values():
         History(paths.run_dir(segment.id)).add({"step": segment.end, "train/clm_loss": 5.0})
     logged = []
-    monkeypatch.setattr(driver, "log_pretraining_run", lambda settings, name, config, history: logged.append(name))
+    monkeypatch.setattr(segments, "log_pretraining_run", lambda settings, name, config, history: logged.append(name))
     first = next(iter(plan.runs.values()))
-    driver.log_runs(SweepContext(spec, plan, paths), done=set(first.segments))  # then the driver was killed
+    segments.log_runs(SweepContext(spec, plan, paths), done=set(first.segments))  # then the driver was killed
     assert logged == [first.name]
     everything = set(plan.segments)
-    driver.log_runs(SweepContext(spec, plan, paths), done=everything)  # the next invocation, every segment done
-    driver.log_runs(SweepContext(spec, plan, paths), done=everything)
+    segments.log_runs(SweepContext(spec, plan, paths), done=everything)  # the next invocation, every segment done
+    segments.log_runs(SweepContext(spec, plan, paths), done=everything)
     assert sorted(logged) == sorted(plan.runs)
 
 

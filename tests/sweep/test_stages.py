@@ -30,10 +30,10 @@ def _spec(tmp_path, stages: str = "by_size") -> SweepSpec:
         "sweep.grid={'model.size': ['micro', 'tiny', 'mini'], 'phases.clm_share': [0.0, 0.2380952380952381, 1.0]}"])
 
 
-def _gate(spec: SweepSpec, done: set[str], finetuning_open=lambda: False) -> SizeStages:
+def _gate(spec: SweepSpec) -> SizeStages:
     plan = make_plan(spec)
-    return SizeStages(SweepPaths.of(spec.sweep.storage, spec.sweep.name), plan, spec.sweep.decide_probability, done,
-                      finetuning_open=finetuning_open, console=Console(io.StringIO()))
+    return SizeStages(SweepPaths.of(spec.sweep.storage, spec.sweep.name), plan, spec.sweep.decide_probability,
+                      console=Console(io.StringIO()))
 
 
 def _by_size(gate: SizeStages) -> dict[str, list]:
@@ -48,19 +48,16 @@ def test_a_by_size_sweep_skips_the_arm_the_smaller_sizes_decide_and_a_resume_dec
     paths = SweepPaths.of(spec.sweep.storage, spec.sweep.name)
     append_rows(paths.table(FINETUNE_FILE), study_rows(("micro", "tiny")), key=FINETUNE_KEY)
     done: set[str] = set()
-    gate = _gate(spec, done, finetuning_open=lambda: fine_tuning)
+    gate = _gate(spec)
     sizes = _by_size(gate)
-    fine_tuning = False
-    assert all(gate.ready(s) for s in sizes["micro"])  # the smallest size: everything, at once
-    assert not any(gate.ready(s) for s in sizes["tiny"] + sizes["mini"])  # micro not done yet
+    assert all(gate.ready(s, done) for s in sizes["micro"])  # the smallest size: everything, at once
+    assert not any(gate.ready(s, done) for s in sizes["tiny"] + sizes["mini"])  # micro not done yet
     done |= {s.id for s in sizes["micro"]}
-    assert all(gate.ready(s) for s in sizes["tiny"])  # two sizes needed to predict: tiny launches whole
+    assert all(gate.ready(s, done) for s in sizes["tiny"])  # two sizes needed to predict: tiny launches whole
     done |= {s.id for s in sizes["tiny"]}
-    fine_tuning = True
-    assert not any(gate.ready(s) for s in sizes["mini"])  # tiny's fine-tuning still runs
-    fine_tuning = False
+    assert not any(gate.ready(s, done, finetuning_open=True) for s in sizes["mini"])  # tiny's fine-tuning still runs
     clm = next(r for r in gate.plan.runs if r.startswith("mini-clm-420-"))
-    ready = {s.id: gate.ready(s) for s in sizes["mini"]}
+    ready = {s.id: gate.ready(s, done) for s in sizes["mini"]}
     # CLM serves finding 1 only, decided by micro and tiny: its own segment never starts; the prefix it shares
     # with the split run (which serves the open finding 4) does
     assert ready == {s.id: s.runs != [clm] for s in sizes["mini"]} and not all(ready.values())
@@ -71,8 +68,8 @@ def test_a_by_size_sweep_skips_the_arm_the_smaller_sizes_decide_and_a_resume_dec
     # a resumed sweep reads the decision back, whatever the rows say now (without them, a fresh decision would
     # launch every arm)
     storage.delete(paths.table(FINETUNE_FILE))
-    again = _gate(spec, set(done))
-    assert {s.id: again.ready(s) for s in sizes["mini"]} == ready
+    again = _gate(spec)
+    assert {s.id: again.ready(s, set(done)) for s in sizes["mini"]} == ready
     assert len(read_rows(paths.table(STAGES_FILE))) == 9  # nothing written twice
 
 
@@ -111,40 +108,43 @@ def test_a_launched_continued_run_launches_the_run_it_continues() -> None:
     assert set(after.launch) == {continued, source} and after.skipped == ()
 
 
-class _Segments:
-    """The sweep's segments as the one scheduler sees them, each trained at once, behind the by_size gate."""
+class _Fit:
+    """A segment as a job of the one scheduler (raybiphase.sweep.segments.SegmentFit's interface), trained at once;
+    `order` gets its size as it starts."""
 
-    def __init__(self, gate: SizeStages):
+    def __init__(self, gate: SizeStages, segment, order: list[str]):
         from raybiphase.sweep.plan import dependencies
 
-        self.gate, self.todo, self.done = gate, list(gate.plan.segments.values()), gate.done
-        self.chain = {sid: 0.0 for sid in gate.plan.segments}
-        self.dependencies = lambda s: dependencies(s, gate.plan.runs)
-        self.order: list[str] = []
+        self.gate, self.segment, self.id, self.order = gate, segment, segment.id, order
+        self.after, self.chain = frozenset(dependencies(segment, gate.plan.runs)), 0.0
+        self.table, self.key = None, ()
 
-    def ready(self, segment) -> bool:
-        return all(d in self.done for d in self.dependencies(segment)) and self.gate.ready(segment)
+    def fit(self, restarts) -> list:
+        return []
 
-    def fit(self, segment, restarts) -> None:
-        pass
-
-    def committed(self, segment) -> int:
+    def committed(self) -> int:
         return -1
 
-    def last_sign(self, segment) -> float:
+    def last_sign(self) -> float:
         return 0.0
 
-    def stop(self, segment) -> bool:
+    def stop(self) -> bool:
         return False
 
-    def started(self, segment, running) -> None:
-        self.order.append(self.gate.size_of[segment.id])
+    def started(self, running) -> None:
+        self.order.append(self.gate.size_of[self.id])
 
-    def ended(self, segment, seconds, running) -> None:
+    def rows(self, value) -> list:
+        return value
+
+    def ended(self, seconds, running, done) -> None:
         pass
 
-    def sources(self, segments):
+    def sources(self) -> list:
         return []
+
+    def try_over(self) -> None:
+        pass
 
 
 def test_the_scheduler_runs_the_sizes_in_order_and_ends_with_the_skipped_segment_never_started(tmp_path) -> None:
@@ -153,9 +153,10 @@ def test_the_scheduler_runs_the_sizes_in_order_and_ends_with_the_skipped_segment
     spec = _spec(tmp_path)
     append_rows(SweepPaths.of(spec.sweep.storage, spec.sweep.name).table(FINETUNE_FILE), study_rows(("micro", "tiny")),
                 key=FINETUNE_KEY)
-    segments = _Segments(_gate(spec, set()))
-    Scheduler(None, slots=2, console=Console(io.StringIO())).run(segments, lambda: [])
-    sizes = _by_size(segments.gate)
-    assert segments.order == sorted(segments.order, key=["micro", "tiny", "mini"].index)  # smallest first
-    never = {s.id for s in segments.gate.plan.segments.values()} - segments.done
+    gate, order = _gate(spec), []
+    scheduler = Scheduler(None, slots=2, console=Console(io.StringIO()), gate=gate)
+    scheduler.run([_Fit(gate, segment, order) for segment in gate.plan.segments.values()], lambda: [])
+    sizes = _by_size(gate)
+    assert order == sorted(order, key=["micro", "tiny", "mini"].index)  # smallest first
+    never = {s.id for s in gate.plan.segments.values()} - scheduler.done
     assert len(never) == 1 and [s.runs for s in sizes["mini"] if s.id in never][0][0].startswith("mini-clm-420-")
