@@ -5,9 +5,9 @@ the offline corpus in 128-token blocks, 800 steps of 2,048 tokens, LR 3e-3 under
 eps 1e-5, weight decay 0.1, clip 1.0, MLM at 40% with the mask token only; `--set data.seq_len=64` and the like
 change a setting for both sides), once as MLM only and once as CLM only, per seed:
 
-* ours: `raybiphase.pretrain.trainer.run_pretrain` with `resources.num_workers=0`, Ray Train's local mode: the
-  production loop (`raybiphase.pretrain.loop.train_loop`) in this process, its batches masked and streamed by Ray
-  Data as in every run. Its final HF export is loaded back.
+* ours: `raybiphase.pretrain.trainer.run_pretrain` with `resources.num_workers=1`: the production loop
+  (`raybiphase.pretrain.loop.train_loop`) on one Ray Train worker, its batches masked and streamed by Ray Data as in
+  every run. Its final HF export is loaded back.
 * peer: `transformers.Trainer` on the same prepared train blocks (a map-style dataset of all of them, Trainer's own
   seeded random sampler), `DataCollatorForLanguageModeling` (MLM: the same ratio and mask/random/keep split,
   special tokens never masked; CLM: `mlm=False`, `is_causal=True` in the batch and the model's loss set to
@@ -92,7 +92,7 @@ def run_spec(objective: str, seed: int, steps: int, storage: str, overrides: tup
         optim["decay_steps"] = max(1, round(optim["decay_steps"] * steps / base_steps))
     data["phases"].update(steps=steps, clm_share=1.0 if objective == "clm" else 0.0)
     data["train"].update(seed=seed, eval_every=10**9, checkpoint_every=10**9)  # one evaluation, at the end
-    data["resources"] = {"num_workers": 0, "cpus_per_worker": 1}
+    data["resources"] = {"num_workers": 1, "cpus_per_worker": 1}
     data["sweep"] = {"name": "parity", "storage": storage}
     data["data"]["row_order"] = ROW_ORDER[order]
     return from_dict(SweepSpec, data, dict(parse_override(o) for o in overrides))
@@ -101,39 +101,18 @@ def run_spec(objective: str, seed: int, steps: int, storage: str, overrides: tup
 # ------------------------------------------------------------------------------------------------------- ours
 
 
-def train_ours(spec: SweepSpec, keep: Path):
-    """The project's run, end to end (prepare finds the cached shards); returns its final weights and the held-out
-    losses its own loop reported at the last step.
-
-    Ray Train's local mode runs `train_loop` in this process but keeps none of its checkpoints (the temporary folder
-    a report carries is gone once the report returns), so the loop's own HF export of the last step is copied to
-    `keep` as it is written."""
-    import shutil
-
+def train_ours(spec: SweepSpec):
+    """The project's run, end to end (prepare finds the cached shards); returns its final weights (its last
+    checkpoint's HF export) and the held-out losses its own loop reported at the last step."""
     from transformers import EuroBertForMaskedLM
 
-    from raybiphase.pretrain import checkpoint
-    from raybiphase.pretrain.loop import train_loop
+    from raybiphase import storage
     from raybiphase.pretrain.trainer import run_pretrain
 
-    export_hf = checkpoint.export_hf
-
-    def export_and_keep(path, *args, **options):
-        export_hf(path, *args, **options)
-        shutil.rmtree(keep, ignore_errors=True)
-        shutil.copytree(path, keep)
-
-    def loop(config):  # in this process: Ray Train's local mode
-        checkpoint.export_hf = export_and_keep
-        try:
-            train_loop(config)
-        finally:
-            checkpoint.export_hf = export_hf
-
-    result = run_pretrain(spec, train_fn=loop)
+    result = run_pretrain(spec)
     if result.error:
         raise RuntimeError(f"run_pretrain failed: {result.error}")
-    model = EuroBertForMaskedLM.from_pretrained(str(keep), dtype=torch.float32)
+    model = EuroBertForMaskedLM.from_pretrained(storage.hf_dir(result.checkpoint.path), dtype=torch.float32)
     return model, {k: v for k, v in (result.metrics or {}).items() if k.startswith("val/")}
 
 
@@ -365,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                            **{k: ours_row[k] for k in ("ours_collator_masks",) if k in ours_row})
             else:
                 t0 = time.perf_counter()
-                ours_model, reported = train_ours(spec, Path(storage) / "final-hf")
+                ours_model, reported = train_ours(spec)
                 row.update(ours=held_out(ours_model, spec, manifest, objective),
                            ours_seconds=round(time.perf_counter() - t0, 1))
                 if objective == "mlm":

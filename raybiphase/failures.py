@@ -107,7 +107,7 @@ class FitStalled(RuntimeError):
 
 
 class Unstoppable(FitStalled):
-    """A stalled fit with no controller to stop (Ray Train's local mode, or one already gone): never fitted again
+    """A stalled fit with no controller to stop (one already gone, or a fit that never started one): never fitted again
     beside itself."""
 
 

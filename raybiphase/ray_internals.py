@@ -187,7 +187,7 @@ def fit_record(record: str) -> dict | None:
 def stop_fit(record: str) -> bool:
     """Kill the controller of the fit `record` guards, so that its `fit()` raises (Ray ends the worker group the
     controller owned, and Ray Train's placement-group cleaner its placement group). False when there is no
-    controller to kill: the fit never started one (Ray Train's local mode) or it has already gone."""
+    controller to kill: the fit never started one or it has already gone."""
     import os
     import signal
 

@@ -18,7 +18,7 @@ from raybiphase.errors import ConfigError
 @dataclass(frozen=True, kw_only=True)
 class ResourcesConfig:
     num_workers: int | tuple[int, int] = field(default=2, metadata=NOT_WEIGHTS)
-    """Ray Train workers per pretraining segment (0: Ray Train's local mode, the loop runs in the process that fits the segment, the sweep's driver, in a thread per segment, and persists its checkpoints itself: no worker group to start, no restarts and no preemption notices; for small CPU runs and tests); [min, max]: an elastic segment on spot GPUs, which starts with as many as it can place (at least min), restarts from its latest checkpoint with those left when a node is lost, and grows back to max by the same restart (checked every resources.resize_check_s). Every size in the range reads the same global batch in the same order, so the losses do not depend on it; the cost estimates and the bill plan for max."""
+    """Ray Train workers per pretraining segment (at least 1); [min, max]: an elastic segment on spot GPUs, which starts with as many as it can place (at least min), restarts from its latest checkpoint with those left when a node is lost, and grows back to max by the same restart (checked every resources.resize_check_s). Every size in the range reads the same global batch in the same order, so the losses do not depend on it; the cost estimates and the bill plan for max."""
     resize_check_s: float = field(default=60.0, metadata=NOT_WEIGHTS)
     """An elastic segment (num_workers [min, max]) below max looks this often, in seconds, for room to grow; each growth restarts the segment from its latest checkpoint, so the steps since it are trained again."""
     cpus_per_worker: float = field(default=0.5, metadata=NOT_WEIGHTS)
@@ -32,11 +32,11 @@ class ResourcesConfig:
         if isinstance(self.num_workers, tuple):
             low, high = self.num_workers
             check(low >= 1, "resources.num_workers", f"{list(self.num_workers)}: the minimum {low} is out of range; "
-                  "allowed: [min, max] with 1 <= min <= max (0, local mode, is a plain number)")
+                  "allowed: [min, max] with 1 <= min <= max")
             check(low <= high, "resources.num_workers", f"{list(self.num_workers)}: the minimum is above the "
                   "maximum; allowed: [min, max] with 1 <= min <= max")
         else:
-            non_negative(self.num_workers, "resources.num_workers")
+            positive(self.num_workers, "resources.num_workers")
         positive(self.resize_check_s, "resources.resize_check_s")
         positive(self.cpus_per_worker, "resources.cpus_per_worker")
         non_negative(self.gpus_per_worker, "resources.gpus_per_worker")

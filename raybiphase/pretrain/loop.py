@@ -25,7 +25,7 @@ import ray.train
 import torch
 import torch.distributed as dist
 
-from raybiphase import locks, storage, transfer
+from raybiphase import locks, storage
 from raybiphase.checkpoint_meta import CheckpointMeta
 from raybiphase.config import MASKED, Phase, RunConfig, flatten, to_dict
 from raybiphase.config.sizes import PEAK_BF16_TFLOPS, flops_per_token
@@ -303,11 +303,7 @@ class Worker:
             if self.step in self.policy.exports:
                 checkpoint.export_hf(Path(storage.hf_dir(tmp)), self.model, self.manifest.local_tokenizer(),
                                      seq_len=self.run.data.seq_len)
-            local = self.run.resources.max_workers == 0  # Ray Train's local mode persists nothing: the loop does
-            if local:
-                transfer.upload(Path(tmp), location)
-            saved = ray.train.Checkpoint(location) if local else ray.train.Checkpoint.from_directory(tmp)
-            ray.train.report(metrics, checkpoint=saved, checkpoint_dir_name=name)
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp), checkpoint_dir_name=name)
         if self.world > 1 and dist.is_initialized():
             dist.barrier()  # every rank's upload has returned: a shard still being copied is never committed
         if self.rank == 0:

@@ -9,7 +9,6 @@ EuroBERT's weight names equal LlamaForCausalLM's, so a Llama-family decoder is a
 from __future__ import annotations
 
 import functools
-import threading
 from pathlib import Path
 
 import torch
@@ -51,17 +50,11 @@ def eurobert_config(size: str, *, vocab_size: int, special_ids: dict[str, int], 
     )
 
 
-_INIT_LOCK = threading.Lock()
-"""Held while a model draws its initial weights from torch's process-wide generator: segments in Ray Train's local
-mode train in threads of one process (the sweep's driver), and two inits interleaving their draws would give
-weights that depend on timing."""
-
-
 def build_model(size: str, *, vocab_size: int, special_ids: dict[str, int], seed: int,
                 attn_implementation: str = "sdpa") -> EuroBertForMaskedLM:
     """A freshly initialised EuroBertForMaskedLM; the same seed gives the same weights."""
     config = eurobert_config(size, vocab_size=vocab_size, special_ids=special_ids, attn_implementation=attn_implementation)
-    with _INIT_LOCK, torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = EuroBertForMaskedLM(config)
         return learn_padding_row(model)

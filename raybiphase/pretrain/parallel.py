@@ -2,7 +2,7 @@
 transformer block, then FSDP2 (`fully_shard` per block, then the root).
 
 bf16 parameters with fp32 gradient reduction on CUDA; fp32 everywhere on CPU (gloo). A single process
-(Ray Train local mode, or one worker) trains the plain module. The step's loss (`raybiphase.pretrain.model.sparse_loss`:
+(one worker) trains the plain module. The step's loss (`raybiphase.pretrain.model.sparse_loss`:
 the encoder, then the head on labelled rows) is registered as a forward method of the root, so FSDP gathers the
 root's parameters (embeddings, final norm, LM head) around it as it does around `forward`.
 """

@@ -102,7 +102,7 @@ def _in_train_worker() -> bool:
     import ray
 
     if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
-        return False  # not in a worker's actor: Ray Train's local mode runs the loop in the fitting process itself
+        return False  # not in an actor: a loop run outside a Ray Train worker has no notices to watch
     import ray.train
 
     try:

@@ -43,7 +43,7 @@ def make_trainer(job: SegmentJob, *, max_failures: int = 0, callbacks=(), train_
         # (its workers resume from the newest committed checkpoint), and looks every resize_check_s for room to
         # grow back to max
         scaling_config=ray.train.ScalingConfig(num_workers=res.num_workers, use_gpu=use_gpu,
-                                               resources_per_worker=per_worker if res.max_workers else None,
+                                               resources_per_worker=per_worker,
                                                elastic_resize_monitor_interval_s=res.resize_check_s),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         run_config=ray.train.RunConfig(

@@ -19,6 +19,7 @@ RAYBIPHASE_STORAGE, when set, overrides sweep.storage (the KubeRay job uses it).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from raybiphase import outages, storage
 from raybiphase.config import SweepSpec
@@ -56,13 +57,16 @@ from raybiphase.telemetry.console import STDOUT, Console
 from raybiphase.telemetry.progress import Watch, interval
 
 
-def run_sweep(spec: SweepSpec, *, dry_run: bool = False, console: Console = STDOUT, spec_path: str = "") -> Plan:
+def run_sweep(spec: SweepSpec, *, dry_run: bool = False, console: Console = STDOUT, spec_path: str = "",
+              make_trainer: Callable = make_trainer) -> Plan:
     """Plan the spec (the dry run stops there), take the sweep folder's lease (raybiphase.sweep.lease: another
     driver holding it stops this one here, before Ray starts), then prepare the data, pretrain every segment and,
     beside it, fine-tune every distinct checkpoint and the controls as they are ready, and draw the report; resumes
     where an earlier invocation stopped. An unreachable bucket is waited out for sweep.storage_outage_s, by the
     driver and by every Ray worker it starts, counted from the outage's start as the first of them saw it (one
-    budget for the sweep however often Ray Train restarts a segment's workers)."""
+    budget for the sweep however often Ray Train restarts a segment's workers). `make_trainer(job, max_failures=,
+    callbacks=)` gives each segment's trainer, whose `fit()` returns a `ray.train.Result` (default: a TorchTrainer
+    on a worker group of resources' shape, raybiphase.pretrain.trainer.make_trainer)."""
     spec, plan = plan_sweep(spec, dry_run=dry_run, console=console)
     if dry_run:
         return plan
@@ -75,7 +79,7 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, console: Console = STDO
           lease.hold(ctx.paths.lease, spec.sweep.lease_timeout_s, console=console),  # one driver per sweep folder
           outages.sharing()):  # one outage budget for all of the sweep's processes (started once Ray is up)
         start(ctx, clock, spec_path)
-        rows = run_jobs(ctx, clock)
+        rows = run_jobs(ctx, clock, make_trainer)
         if spec.finetune.tasks:
             record_baselines(ctx, clock, rows)
         with clock.span("report"):
@@ -146,7 +150,7 @@ def trials_run(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r["source"] == result_rows.OURS and not r.get("trials_of")]
 
 
-def run_jobs(ctx: SweepContext, clock: Clock) -> list[dict]:
+def run_jobs(ctx: SweepContext, clock: Clock, make_trainer: Callable = make_trainer) -> list[dict]:
     """Every segment not yet done and every fine-tuning trial without a row, on the one scheduler
     (raybiphase.sweep.scheduler), each segment a job (raybiphase.sweep.segments) recorded and pruned as it ends with
     a line saying how far the sweep is; the controls' and each checkpoint's trials as soon as they are ready. The

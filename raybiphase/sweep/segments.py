@@ -58,7 +58,7 @@ class FitValue:
     @classmethod
     def of(cls, result) -> FitValue:
         """The value of a `ray.train.Result`: its `return_value`, and its `best_checkpoints` (every checkpoint of the
-        run: the trainer keeps them all) or, in Ray Train's local mode, its last checkpoint."""
+        run: the trainer keeps them all) or, where a Result lists none, its last checkpoint."""
         registered = list(getattr(result, "best_checkpoints", None) or [])
         if not registered and result.checkpoint is not None:
             registered = [(result.checkpoint, result.metrics or {})]

@@ -57,7 +57,7 @@ def saved_steps(segment: Segment) -> tuple[CheckpointPolicy, list[int]]:
 
 def storage_bytes(plan: Plan) -> tuple[int, int]:
     """(checkpoints the sweep's folder holds at most, in bytes; their count): every segment's kept ones and the
-    largest segment's periodic ones before pruning (in Ray Train's local mode too: the loop persists them)."""
+    largest segment's periodic ones before pruning."""
     kept_bytes, kept_count, unpruned = 0, 0, 0
     for segment in plan.segments.values():
         policy, steps = saved_steps(segment)

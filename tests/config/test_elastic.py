@@ -32,6 +32,7 @@ def test_a_range_reads_as_min_and_max_and_round_trips():
     ("[2, 1]", "resources.num_workers: [2, 1]: the minimum is above the maximum; allowed: [min, max] with 1 <= min"),
     ("[0, 2]", "resources.num_workers: [0, 2]: the minimum 0 is out of range; allowed: [min, max] with 1 <= min"),
     ("[1, 2, 3]", "resources.num_workers: expected 2 values, got 3"),
+    ("0", "resources.num_workers: 0 is out of range"),
     ("many", "resources.num_workers: 'many' is not allowed; allowed: an int or a list of 2 values"),
     ("[1, 3]", "resources.num_workers: [1, 3]: the global batch is 2 micro-batches (train.global_batch_tokens / "
                "(micro_batch_size x seq_len)), which 3 worker(s) cannot share evenly; allowed: a range whose every "

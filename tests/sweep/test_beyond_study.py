@@ -17,6 +17,7 @@ import yaml
 from safetensors.torch import load_file
 
 from tests.conftest import SMALL_DATA
+from tests.inprocess import InProcessTrainer
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 VERDICTS = {"held", "not held", "mixed", "not resolved"}
@@ -26,7 +27,6 @@ FREEZE = {"phases.plan": [{"objective": "clm", "steps": 8}, {"objective": "mlm",
 def shortened(tmp_path, small_data) -> dict:
     spec = yaml.safe_load(open("sweeps/beyond.yaml"))
     spec["sweep"]["storage"] = str(tmp_path)
-    spec["resources"]["num_workers"] = 0  # Ray Train's local mode: segments train in the driver, no worker group
     for run in spec["sweep"]["runs"]:
         for phase in run.get("phases.plan", []):
             phase["steps"] //= 50
@@ -59,7 +59,7 @@ def study(ray_cluster, small_data, tmp_path_factory):
     spec = from_dict(SweepSpec, shortened(tmp, small_data))
     dry = io.StringIO()
     run_sweep(spec, dry_run=True, console=Console(dry))
-    plan = run_sweep(spec, console=Console(io.StringIO()))
+    plan = run_sweep(spec, console=Console(io.StringIO()), make_trainer=InProcessTrainer)
     return {"spec": spec, "plan": plan, "dry": dry.getvalue(), "root": tmp / "beyond"}
 
 
@@ -113,14 +113,14 @@ def test_a_damaged_table_is_named_and_both_tables_come_back_from_the_sweeps_reco
     (part, *_) = sorted((copy / "finetune.parquet").iterdir())
     part.write_bytes(b"overwritten by something else")
     with pytest.raises(UserError) as refused:
-        run_sweep(spec, console=Console(io.StringIO()))
+        run_sweep(spec, console=Console(io.StringIO()), make_trainer=InProcessTrainer)
     assert len(str(refused.value).splitlines()) == 1 and f"{part}: not a readable Parquet table" in str(refused.value)
     assert "run `raybiphase repair SPEC`" in str(refused.value)
     for name, (path, _) in tables.items():
         shutil.move(path, tmp_path / f"{name}.damaged")
     records = {p.name: p.stat().st_mtime_ns for p in (copy / "finetune" / "records").iterdir()}
     out = io.StringIO()
-    run_sweep(spec, console=Console(out))
+    run_sweep(spec, console=Console(out), make_trainer=InProcessTrainer)
     segments = len(study["plan"].segments)
     assert f"pretraining: {segments}/{segments} segments already done" in out.getvalue(), out.getvalue()[-3000:]
     assert "pretraining: starting" not in out.getvalue()  # and no trial ran again: each would rewrite its record

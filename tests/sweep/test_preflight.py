@@ -169,7 +169,6 @@ def test_a_sweep_on_its_own_ray_that_asks_for_more_than_the_machine_has_is_refus
         laptop, **{"resources.gpus_per_worker": 1})
     assert refusal(laptop, **{"resources.cpus_per_worker": 1.5}).startswith("resources.cpus_per_worker:")
     assert refusal(laptop, **{"resources.num_workers": [1, 2], "resources.cpus_per_worker": 1.5}) == ""  # 1 fits
-    assert refusal(laptop, **{"resources.num_workers": 0, "resources.gpus_per_worker": 1}) == ""  # local mode
     assert refusal(laptop, **{"finetune.gpus_per_trial": 0.25}).startswith(
         "finetune.gpus_per_trial: a trial asks for 0.25 GPU, but this machine's Ray has 0")
     assert refusal(laptop, **{"finetune.gpus_per_trial": 0.25, "finetune.tasks": []}) == ""  # no trials
