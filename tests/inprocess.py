@@ -4,8 +4,9 @@ The studies a test runs end to end (several sizes, many segments, hundreds of tr
 starting a Ray Train worker group per segment on a 2-core machine. This trainer runs a segment's production loop
 (raybiphase.pretrain.loop.train_loop) in the process that fits it, as one rank, and does for it what Ray Train does
 for a worker: it takes the loop's reports (`ray.train.report`), copies each reported checkpoint into the segment's
-run folder under its checkpoint_dir_name, and hands back the `ray.train.Result` Ray Train would. It neither
-restarts nor drains: a test about restarts, preemption or several workers runs real worker groups.
+run folder under its checkpoint_dir_name, and hands back the `ray.train.Result` Ray Train would. Its torch
+threads are those Ray gives a worker of resources.cpus_per_worker (OMP_NUM_THREADS: the CPUs, at least one), so a
+segment ends with the weights a worker group of one trains, bit for bit. It neither restarts nor drains: a test about restarts, preemption or several workers runs real worker groups.
 
 Ray Train's training-function utilities are one object per process, and a model draws its initial weights from
 torch's process-wide generator: the sweep's scheduler fits segments from threads side by side, so these fits take
@@ -18,6 +19,7 @@ import threading
 from pathlib import Path
 
 import ray.train
+import torch
 from ray.train.v2._internal.execution import train_fn_utils as ray_fn_utils
 
 from raybiphase import storage, transfer
@@ -54,11 +56,14 @@ class InProcessTrainer:
 
         with _ONE_AT_A_TIME:
             utils, saved = _FitUtils(self.job.name, self.job.run_dir), ray_fn_utils._train_fn_utils
+            threads = torch.get_num_threads()
             ray_fn_utils.set_train_fn_utils(utils)
+            torch.set_num_threads(max(1, int(self.job.run.resources.cpus_per_worker)))  # as Ray sets a worker's
             try:
                 value = train_loop({"job": self.job})
             finally:
                 ray_fn_utils.set_train_fn_utils(saved)
+                torch.set_num_threads(threads)
         checkpoint, metrics = utils.registered[-1] if utils.registered else (None, utils._get_last_metrics())
         return ray.train.Result(metrics=metrics, checkpoint=checkpoint, error=None, path=self.job.run_dir,
                                 best_checkpoints=utils.registered, return_value=value)
