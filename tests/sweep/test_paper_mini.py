@@ -66,8 +66,8 @@ def shortened(tmp_path, small_data) -> dict:
     spec["data"] = {**SMALL_DATA, "dir": small_data[0].dir, "decontaminate": False}  # the shared shards hold none out
     spec["optim"].update(warmup_steps=2, decay_steps=4)
     spec["train"].update(eval_every=100, eval_batches=1, checkpoint_every=100, export_steps=[EARLY])  # the base run
-    spec["finetune"].update(tasks=list(TASKS), lrs=list(LRS), seeds=[0, 1, 2], max_examples=48, max_eval_examples=48,
-                           max_steps=3, eval_every=3, max_len=64,  # the small data's blocks: what it trained on
+    spec["finetune"].update(tasks=list(TASKS), lrs=list(LRS), seeds=[0, 1, 2], max_examples=16, max_eval_examples=16,
+                           max_steps=2, eval_every=2, max_len=64,  # the small data's blocks: what it trained on
                            exports=[{"steps": [EARLY], "tasks": list(TASKS), "lrs": [LRS[0]]}])  # one LR, early
     return spec
 
