@@ -46,10 +46,11 @@ class FailurePolicy:
     An unreachable bucket is waited out by every storage call (raybiphase.storage's retries) for
     RAYBIPHASE_STORAGE_RETRY_S, or within a sweep sweep.storage_outage_s, counted from the outage's start across the
     sweep's processes; once spent, the StorageOutage is final (`final`): no enclosing storage retry, no segment try
-    repeats it. A committed checkpoint whose files are not those its meta recorded (sizes and SHA-256) is passed
-    over, with one line, for the committed checkpoint before it (`damaged`); a damaged parent checkpoint a segment
-    was to start from fails its try, as nothing older may stand in for it. A sweep's lease that cannot be renewed
-    (its bucket down past storage's retries) is tried again at its next renewal, every fifth of its timeout."""
+    repeats it (`storage_outage_s`). A committed checkpoint whose files are not those its meta recorded (sizes and
+    SHA-256) is passed over, with one line, for the committed checkpoint before it (`damaged`); a damaged parent
+    checkpoint a segment was to start from fails its try, as nothing older may stand in for it. A sweep's lease that
+    cannot be renewed (its bucket down past storage's retries) is tried again at its next renewal (`lease_renewals` per
+    timeout)."""
 
     restarts: int = 2
     """Ray Train's restarts of one fit of a segment (its FailureConfig.max_failures)."""
@@ -66,11 +67,18 @@ class FailurePolicy:
     command_restarts: int = 2
     """Ray Train's restarts of the `pretrain` command's fit (--max-failures, else RAYBIPHASE_MAX_FAILURES; -1: no
     limit)."""
+    storage_outage_s: float = 900.0
+    """Seconds a sweep waits out a bucket it reached before and can no longer reach, counted from the outage's start
+    across all of the sweep's processes (sweep.storage_outage_s); then the StorageOutage is final."""
+    lease_renewals: int = 5
+    """Renewals of a sweep's lease per sweep.lease_timeout_s; a renewal that fails (its bucket down past storage's
+    retries) is tried again at the next, so the lease lapses to another driver only after this many failed in a
+    row."""
 
     @classmethod
     def of(cls, sweep) -> FailurePolicy:
         """The policy a sweep's settings (its SweepConfig) give."""
-        return cls(tries=sweep.segment_tries, stall_s=sweep.stall_s)
+        return cls(tries=sweep.segment_tries, stall_s=sweep.stall_s, storage_outage_s=sweep.storage_outage_s)
 
     @classmethod
     def for_command(cls, max_failures: int | None = None) -> FailurePolicy:

@@ -28,9 +28,10 @@ def carried(error: BaseException) -> BaseException:
 
 
 def test_a_segment_is_fitted_again_while_tries_are_left_and_the_sweep_sets_them():
-    spec = load(SweepSpec, "sweeps/quickstart.yaml", ["sweep.segment_tries=2", "sweep.stall_s=60"])
+    spec = load(SweepSpec, "sweeps/quickstart.yaml", ["sweep.segment_tries=2", "sweep.stall_s=60",
+                                                       "sweep.storage_outage_s=30"])
     policy = FailurePolicy.of(spec.sweep)
-    assert (policy.tries, policy.stall_s) == (2, 60.0)
+    assert (policy.tries, policy.stall_s, policy.storage_outage_s) == (2, 60.0, 30.0)
     error = RuntimeError("Training failed due to worker errors:\nValueError: loss is nan")
     assert policy.retry(error, 1) and not policy.retry(error, 2)
     assert not policy.retry(Unstoppable("no sign of life for 61 s"), 0)

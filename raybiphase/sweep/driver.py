@@ -70,12 +70,13 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, console: Console = STDO
     spec, plan = plan_sweep(spec, dry_run=dry_run, console=console)
     if dry_run:
         return plan
+    policy = FailurePolicy.of(spec.sweep)
     clock = Clock()
     ctx = SweepContext(spec, plan, SweepPaths.of(spec.sweep.storage, spec.sweep.name), console=console)
     # a bucket never reached is a wrong address or missing credentials, not an outage to wait out: said in seconds,
     # before the lease's first write would wait storage's retry budget
     storage.check_reachable(spec.sweep.storage, "sweep.storage")
-    with (outage_budget(spec.sweep.storage_outage_s),  # for this process and every Ray worker it starts
+    with (outage_budget(policy.storage_outage_s),  # for this process and every Ray worker it starts
           lease.hold(ctx.paths.lease, spec.sweep.lease_timeout_s, console=console),  # one driver per sweep folder
           outages.sharing()):  # one outage budget for all of the sweep's processes (started once Ray is up)
         start(ctx, clock, spec_path)

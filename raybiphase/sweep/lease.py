@@ -4,11 +4,11 @@ lives, given back when it exits.
 A second driver on the same folder stops with one line naming the holder (host, pid, since when, last renewal)
 before it starts anything; a dry run takes no lease. A lease not renewed for `sweep.lease_timeout_s` (its driver
 was killed, its node lost) is taken over, with a line saying so; so is at once one whose driver ran on this machine
-and whose process is gone (a driver killed and run again on the same machine need not wait). The holder renews it
-every fifth of the timeout from a daemon thread, so a long blocking call in the driver does not let it lapse; a
-holder that finds its lease taken over says so and interrupts its main thread (KeyboardInterrupt: the driver ends
-its segments and stops); a driver still running STOP_GRACE_S later (SIGINT ignored, as under `nohup ... &` and
-many job runners, or the main thread blocked in a call) exits at once, and with it the Ray job it drives, so its
+and whose process is gone (a driver killed and run again on the same machine need not wait). The holder renews it five
+times per timeout (FailurePolicy.lease_renewals) from a daemon thread, so a long blocking call in the driver does not
+let it lapse; a holder that finds its lease taken over says so and interrupts its main thread (KeyboardInterrupt: the
+driver ends its segments and stops); a driver still running STOP_GRACE_S later (SIGINT ignored, as under `nohup ... &`
+and many job runners, or the main thread blocked in a call) exits at once, and with it the Ray job it drives, so its
 workers commit nothing more. A holder is its host, its pid and its pid namespace: a lease from another container
 on a host of the same name is never taken for one whose process has ended. A lease this code cannot read (damaged,
 or from an incompatible version) is taken over only once it has been left unchanged for the timeout.
@@ -62,6 +62,7 @@ from collections.abc import Iterable, Iterator
 
 from raybiphase import locks, storage
 from raybiphase.errors import UserError
+from raybiphase.failures import FailurePolicy
 from raybiphase.locks import LEASE_HOLDER as HOLDER  # the lease file (a local disk, S3 with conditional writes)
 from raybiphase.telemetry.console import STDOUT, Console
 
@@ -297,12 +298,12 @@ class Lease:
         return not self.lost
 
     def start(self) -> None:
-        """Renew every fifth of the timeout from a daemon thread until `release`."""
+        """Renew FailurePolicy.lease_renewals times per timeout from a daemon thread until `release`."""
         self._thread = threading.Thread(target=self._renewing, name="sweep-lease", daemon=True)
         self._thread.start()
 
     def _renewing(self) -> None:
-        while not self._stop.wait(self.timeout_s / 5):
+        while not self._stop.wait(self.timeout_s / FailurePolicy().lease_renewals):
             try:
                 if self.renew():
                     continue

@@ -40,8 +40,8 @@ def shortened(tmp_path, small_data) -> dict:
     spec["data"] = {**SMALL_DATA, "dir": small_data[0].dir}
     spec["optim"].update(warmup_steps=2, decay_steps=4)
     spec["train"].update(eval_every=100, eval_batches=1, checkpoint_every=100)  # milestones only
-    spec["finetune"].update(tasks=["tweets"], lrs=[1e-3], seeds=[0, 1], max_examples=48, max_eval_examples=48,
-                           max_steps=3, eval_every=3, max_len=64)
+    spec["finetune"].update(tasks=["tweets"], lrs=[1e-3], seeds=[0, 1], max_examples=16, max_eval_examples=16,
+                           max_steps=2, eval_every=2, max_len=64)
     return spec
 
 

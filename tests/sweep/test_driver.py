@@ -1,5 +1,6 @@
 """The sweep on a real local Ray: a killed driver resumes without recomputing, a branch equals the run alone.
-(`ray job submit` against `ray start --head` nodes: tests/test_multinode.py.)"""
+Both invocations join the tests' running Ray through RAY_ADDRESS, as a sweep on a cluster does (`ray job submit`
+against `ray start --head` nodes, and a driver that starts a Ray of its own: tests/test_multinode.py)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,11 @@ def _spec(tmp_path: Path, small_data) -> Path:
     spec = tiny_base(tmp_path / "results", small_data, name="branch")
     spec["sweep"]["grid"] = {"phases.clm_share": [0.5, 1.0]}
     # continued pretraining: MLM on top of the decayed CLM run, with its own schedule (the paper's clm-dec recipe),
-    # for two lengths from the same source (the paper: 12k and 22k): they share their first 3 steps
+    # for two lengths from the same source (the paper: 12k and 22k): they share their first 3 steps; one worker each
+    # (the grid's segments keep the two workers of the run alone a branch is compared with)
     spec["sweep"]["runs"] = [{"model.init_from": "@tiny-clm-8", "phases.steps": steps, "phases.clm_share": 0.0,
-                              "optim.warmup_steps": 1, "optim.decay_steps": 1} for steps in (4, 6)]
+                              "optim.warmup_steps": 1, "optim.decay_steps": 1, "resources.num_workers": 1}
+                             for steps in (4, 6)]
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -40,12 +43,16 @@ def _sweep(spec: Path, env=None, **kwargs):
 
 
 @pytest.fixture(scope="module")
-def finished_sweep(small_data, tmp_path_factory):
-    """Run the sweep, kill the driver (and its local Ray) once the shared CLM segment is done, run it again."""
+def finished_sweep(ray_cluster, small_data, tmp_path_factory):
+    """Run the sweep, kill the driver (Ray ends its job's fits) once the shared CLM segment is done, run it again."""
+    import ray
+
     tmp = tmp_path_factory.mktemp("sweep")
     spec = _spec(tmp, small_data)
     root = tmp / "results" / "branch"
-    env = {**os.environ, "RAYBIPHASE_PROGRESS_S": "1"}
+    # a cluster's Ray as the driver finds it under `ray job submit` (no preemption watcher: no autoscaler drains it)
+    env = {**os.environ, "RAYBIPHASE_PROGRESS_S": "1", "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
+           "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
     proc = _sweep(spec, env=env)
     first = None
     deadline = time.time() + 420
@@ -65,10 +72,10 @@ def finished_sweep(small_data, tmp_path_factory):
                   if (d / f"step-{int(d.name.split('-')[3]):08d}" / "meta.json").exists())
     rerun = _sweep(spec, env=env)
     try:
-        output = rerun.communicate(timeout=600)[0]
-    except subprocess.TimeoutExpired:  # never leave a stuck sweep (and its Ray) behind: kill it, show its output
+        output = rerun.communicate(timeout=900)[0]
+    except subprocess.TimeoutExpired:  # never leave a stuck sweep behind: kill it, show its output
         os.killpg(rerun.pid, signal.SIGKILL)
-        pytest.fail(f"the resumed sweep did not finish within 600 s:\n{rerun.communicate()[0][-3000:]}")
+        pytest.fail(f"the resumed sweep did not finish within 900 s:\n{rerun.communicate()[0][-3000:]}")
     assert rerun.returncode == 0, output[-3000:]
     return {"spec": spec, "root": root, "first": first, "stamp": stamp, "output": output, "done": done}
 

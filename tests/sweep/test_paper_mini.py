@@ -24,6 +24,7 @@ import yaml
 
 from tests.conftest import SMALL_DATA
 from tests.finetune.test_production_loaders import squad_as_msmarco
+from tests.inprocess import InProcessTrainer
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 SIZES = ("micro", "tiny", "mini")
@@ -60,14 +61,13 @@ def scaled(run: dict) -> dict:
 def shortened(tmp_path, small_data) -> dict:
     spec = yaml.safe_load(open("sweeps/paper_mini.yaml"))
     spec["sweep"]["storage"] = str(tmp_path)
-    spec["resources"]["num_workers"] = 0  # Ray Train's local mode: segments train in the driver, no worker group
     spec["sweep"]["runs"] = [scaled(run) for run in spec["sweep"]["runs"] if kept(run)]
     spec["phases"]["steps"] //= SCALE
     spec["data"] = {**SMALL_DATA, "dir": small_data[0].dir, "decontaminate": False}  # the shared shards hold none out
     spec["optim"].update(warmup_steps=2, decay_steps=4)
     spec["train"].update(eval_every=100, eval_batches=1, checkpoint_every=100, export_steps=[EARLY])  # the base run
-    spec["finetune"].update(tasks=list(TASKS), lrs=list(LRS), seeds=[0, 1, 2], max_examples=48, max_eval_examples=48,
-                           max_steps=3, eval_every=3, max_len=64,  # the small data's blocks: what it trained on
+    spec["finetune"].update(tasks=list(TASKS), lrs=list(LRS), seeds=[0, 1, 2], max_examples=16, max_eval_examples=16,
+                           max_steps=2, eval_every=2, max_len=64,  # the small data's blocks: what it trained on
                            exports=[{"steps": [EARLY], "tasks": list(TASKS), "lrs": [LRS[0]]}])  # one LR, early
     return spec
 
@@ -161,7 +161,8 @@ def test_the_shortened_miniature_reports_per_size_what_its_rows_imply(ray_cluste
     monkeypatch.setenv(hub.DATASETS_DIR_ENV, str(hub_snapshots))
     _load_splits.cache_clear()
     out = io.StringIO()
-    plan = run_sweep(from_dict(SweepSpec, shortened(tmp_path, small_data)), console=Console(out))
+    plan = run_sweep(from_dict(SweepSpec, shortened(tmp_path, small_data)), console=Console(out),
+                     make_trainer=InProcessTrainer)  # segments in this process: no worker group per short segment
     root = tmp_path / "paper_mini"
     assert len(plan.runs) == 13 and sorted(c.config.model.size for c in plan.controls.values()) == sorted(
         [*SIZES, "tiny"])  # the replicates' seed has its own step-0 control

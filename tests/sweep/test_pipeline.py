@@ -44,11 +44,16 @@ def _spec(tmp_path: Path, small_data) -> Path:
     return path
 
 
-def test_a_ready_checkpoints_trials_start_and_end_while_a_long_segment_still_trains(small_data, tmp_path):
+def test_a_ready_checkpoints_trials_start_and_end_while_a_long_segment_still_trains(ray_cluster, small_data, tmp_path):
+    import ray
+
     spec = _spec(tmp_path, small_data)
     root = tmp_path / "results" / "pipeline"
-    proc = subprocess.Popen([sys.executable, "-m", "raybiphase.sweep", str(spec)], cwd=REPO,
-                            env={**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)},
+    # the driver joins the tests' running Ray through RAY_ADDRESS, as a sweep on a cluster does (no preemption
+    # watcher: no autoscaler drains it)
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
+           "RAY_ADDRESS": ray.get_runtime_context().gcs_address, "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "raybiphase.sweep", str(spec)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     long_end = None
     try:  # until the long segment's last checkpoint is committed; its own trials are not waited for
