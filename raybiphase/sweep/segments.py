@@ -58,12 +58,9 @@ class FitValue:
     @classmethod
     def of(cls, result) -> FitValue:
         """The value of a `ray.train.Result`: its `return_value`, and its `best_checkpoints` (every checkpoint of the
-        run: the trainer keeps them all) or, where a Result lists none, its last checkpoint."""
-        registered = list(getattr(result, "best_checkpoints", None) or [])
-        if not registered and result.checkpoint is not None:
-            registered = [(result.checkpoint, result.metrics or {})]
+        run: the trainer keeps them all)."""
         checkpoints = {}
-        for checkpoint, metrics in registered:
+        for checkpoint, metrics in getattr(result, "best_checkpoints", None) or []:
             step = storage.step_of(checkpoint.path)
             if step is not None and isinstance(metrics, dict) and metrics.get("step") == step:
                 checkpoints[step] = dict(metrics)

@@ -126,9 +126,10 @@ def test_a_segments_rows_come_from_its_fits_value_once_for_every_run_through_it_
     assert len(read_rows(ctx.paths.table(storage.PRETRAIN_FILE))) == len(rows)  # appended once
 
 
-def test_a_fit_without_reports_takes_its_rows_from_the_journal_and_local_modes_one_checkpoint_counts(tmp_path):
-    """Recovery: a training function that returned no reports leaves the segment's rows to its history.json; Ray
-    Train's local mode registers only its last checkpoint, whose report fills in a step the journal lacks."""
+def test_a_fit_without_reports_takes_its_rows_from_the_journal_and_a_committed_checkpoints_meta(tmp_path):
+    """Recovery: a training function that returned no reports leaves the segment's rows to its history.json, and a
+    committed checkpoint's report to its meta. A local-mode Result's last checkpoint is not the segment's own
+    (its fits share one process): it gives no row."""
     from raybiphase import storage
     from raybiphase.results.store import read_rows
     from raybiphase.telemetry.history import History
@@ -137,8 +138,8 @@ def test_a_fit_without_reports_takes_its_rows_from_the_journal_and_local_modes_o
     journal = History(ctx.paths.run_dir(prefix.id))
     for step in (100, 200, 300):
         journal.add({"step": step, "train/clm_loss": 5.0 - step / 1000})
-    _commit(ctx, prefix, 400)
-    _train(ctx, prefix, _result(None, {400: {"step": 400, "train/clm_loss": 4.0}}, last=400))
+    _commit(ctx, prefix, 400, {"step": 400, "train/clm_loss": 4.0})
+    _train(ctx, prefix, _result(None, {350: {"step": 350, "train/clm_loss": 4.1}}, last=350))
     rows = read_rows(ctx.paths.table(storage.PRETRAIN_FILE))
     assert sorted(rows["step"]) == sorted([100, 200, 300, 400] * 2)
     assert set(rows.loc[rows["step"] == 400, "checkpoint"]) == {ctx.paths.checkpoint(prefix.id, 400)}
