@@ -82,7 +82,7 @@ def _cpus_free(expected: float, timeout: float = 180.0) -> float:  # a loaded ma
 
 
 def test_a_worker_lost_at_launch_or_mid_training_and_a_lost_controller_each_end_as_a_clean_run(
-        ray_cluster, small_data, tmp_path, monkeypatch):
+        ray_cluster, small_data, tmp_path):
     """The shared CLM prefix loses its worker as its training function launches (Ray Train raises: a failed try,
     fitted again); the CLM branch loses a worker after its first report (Ray Train's own restart, within the fit);
     the MLM branch loses its controller after its first report (a failed try, fitted again from its newest
@@ -105,9 +105,8 @@ def test_a_worker_lost_at_launch_or_mid_training_and_a_lost_controller_each_end_
         callbacks = [*kwargs.pop("callbacks", ()), _fault(kind, str(tmp_path / f"{kind}.mark"))]
         return make(job, callbacks=callbacks, **kwargs)
 
-    monkeypatch.setattr(driver, "make_trainer", with_faults)
     out = io.StringIO()
-    driver.run_sweep(spec, console=Console(out))
+    driver.run_sweep(spec, console=Console(out), make_trainer=with_faults)
     text = out.getvalue()
     assert sorted(p.name for p in tmp_path.glob("*.mark")) == ["controller.mark", "launch.mark", "worker.mark"]
     rows = read_rows(tmp_path / "results" / "faults" / "pretrain.parquet")
@@ -121,8 +120,7 @@ def test_a_worker_lost_at_launch_or_mid_training_and_a_lost_controller_each_end_
     assert _cpus_free(cpus) == cpus  # no worker group, placement group or controller left holding CPUs
 
 
-def test_a_hung_fit_ends_the_sweep_in_one_line_within_the_stall_bound(ray_cluster, small_data, tmp_path,
-                                                                      monkeypatch):
+def test_a_hung_fit_ends_the_sweep_in_one_line_within_the_stall_bound(ray_cluster, small_data, tmp_path):
     """A training function that blocks: no step, no report, no change of the controller's state. sweep.stall_s
     after the fit's last sign of life it is stopped; with one try allowed, the sweep ends with one line naming the
     segment, its try and the stall, and the fit's CPUs are free again."""
@@ -137,11 +135,11 @@ def test_a_hung_fit_ends_the_sweep_in_one_line_within_the_stall_bound(ray_cluste
     cpus = ray.cluster_resources()["CPU"]
     spec = _spec(tmp_path, small_data, stall_s=15, segment_tries=1)
     make = driver.make_trainer
-    monkeypatch.setattr(driver, "make_trainer", lambda job, **kwargs: make(job, train_fn=_blocking_loop, **kwargs))
     out = io.StringIO()
     began = time.monotonic()
     with pytest.raises(UserError) as raised:
-        driver.run_sweep(spec, console=Console(out))
+        driver.run_sweep(spec, console=Console(out),
+                         make_trainer=lambda job, **kwargs: make(job, train_fn=_blocking_loop, **kwargs))
     took = time.monotonic() - began
     line = str(raised.value)
     assert "\n" not in line and re.fullmatch(

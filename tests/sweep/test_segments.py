@@ -34,8 +34,8 @@ class _Trainer:
 
 
 def _result(reports, registered, last=None):
-    """A Ray Train Result as a fit with a controller returns it (`registered`: its checkpoints, step -> report), or
-    in local mode (`last`: its one checkpoint's step)."""
+    """A Ray Train Result as a fit returns it (`registered`: its checkpoints, step -> report), or one that lists
+    none and names only a last checkpoint (`last`: its step)."""
     from ray.train import Checkpoint
     from ray.train.v2.api.result import Result
 
@@ -128,8 +128,8 @@ def test_a_segments_rows_come_from_its_fits_value_once_for_every_run_through_it_
 
 def test_a_fit_without_reports_takes_its_rows_from_the_journal_and_a_committed_checkpoints_meta(tmp_path):
     """Recovery: a training function that returned no reports leaves the segment's rows to its history.json, and a
-    committed checkpoint's report to its meta. A local-mode Result's last checkpoint is not the segment's own
-    (its fits share one process): it gives no row."""
+    committed checkpoint's report to its meta. A Result's last checkpoint that Ray Train did not register with its
+    report gives no row."""
     from raybiphase import storage
     from raybiphase.results.store import read_rows
     from raybiphase.telemetry.history import History
