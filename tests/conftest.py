@@ -10,7 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 
-LOCAL_STUDIES = ("test_paper_mini.py", "test_beyond_study.py", "test_staged_sweep.py")
+SECOND_RAY = ("test_paper_mini.py", "test_beyond_study.py", "test_staged_sweep.py", "test_driver.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks added here
@@ -23,13 +23,14 @@ def pytest_collection_modifyitems(config, items):
         if "ray_cluster" in item.fixturenames:
             item.add_marker(pytest.mark.ray)
         # Three groups in a whole run, one pytest-xdist process each at a time (xdist hands out the largest group
-        # first): the tests without Ray; the tests on the shared Ray, the fault rehearsals first; and the studies
-        # whose segments train in the driver (LOCAL_STUDIES), which the first process takes once it is through its
-        # own. So the rehearsals, whose check that a failed fit leaves no CPU held fails when a second Ray loads the
+        # first): the tests without Ray; the tests on the shared Ray, the fault rehearsals first; and SECOND_RAY,
+        # the studies whose segments train in the test's process and the killed-driver rehearsal, which the first
+        # process takes, on a Ray of its own, once it is through its own, so both processes carry about the same
+        # time. The rehearsals, whose check that a failed fit leaves no CPU held fails when a second Ray loads the
         # machine, run while the other process runs no Ray.
         if {"ray", "cluster"} & set(item.keywords):
-            local = any(f"/{name}" in item.nodeid for name in LOCAL_STUDIES)
-            item.add_marker(pytest.mark.xdist_group("ray-local" if local else "ray"))
+            second = any(f"/{name}" in item.nodeid for name in SECOND_RAY)
+            item.add_marker(pytest.mark.xdist_group("ray-second" if second else "ray"))
         elif not config.getoption("markexpr", ""):  # a selection by marks (the unit layer) spreads over both
             item.add_marker(pytest.mark.xdist_group("no-ray"))
     if torch.cuda.is_available():
