@@ -47,7 +47,7 @@ from raybiphase.config.estimates import (  # noqa: E402
 from raybiphase.optim import adamw  # noqa: E402
 from raybiphase.pretrain import checkpoint  # noqa: E402
 from raybiphase.pretrain.model import build_model  # noqa: E402
-from raybiphase.sweep.plan import make_plan  # noqa: E402
+from raybiphase.planning.plan import make_plan  # noqa: E402
 from raybiphase.telemetry.provenance import code_version  # noqa: E402
 
 SPECIAL = {"bos_token": 1, "eos_token": 2, "pad_token": 0, "mask_token": 3}

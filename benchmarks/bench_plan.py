@@ -1,4 +1,4 @@
-"""Planning a large grid: `make_plan` and the whole dry run (`raybiphase.sweep.preflight.plan_sweep(spec,
+"""Planning a large grid: `make_plan` and the whole dry run (`raybiphase.planning.preflight.plan_sweep(spec,
 dry_run=True)`, what `python -m raybiphase.sweep SPEC --dry-run` runs) at 100, 400 and 1,600 grid points.
 
 The grid is sweeps/split_grid.yaml's base (610m, WSD 2k/2k, the paper's fine-tuning grid) with
@@ -55,8 +55,8 @@ def measure(points: int) -> dict:
     import hashlib
 
     from raybiphase.config import SweepSpec, load
-    from raybiphase.sweep.plan import make_plan
-    from raybiphase.sweep.preflight import plan_sweep
+    from raybiphase.planning.plan import make_plan
+    from raybiphase.planning.preflight import plan_sweep
     from raybiphase.telemetry.console import Console
 
     spec = load(SweepSpec, REPO / "sweeps" / "split_grid.yaml", [grid(points)])

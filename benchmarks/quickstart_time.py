@@ -19,7 +19,7 @@ def seconds(text: str) -> int:
 
 
 PLAN_LINE = re.compile(r"^sweep (\S+): (\d+) runs, (\d+) segments$", re.M)
-"""The driver's first line of the plan (raybiphase.sweep.plan): `sweep paper_mini: 39 runs, 55 segments`."""
+"""The driver's first line of the plan (raybiphase.planning.plan): `sweep paper_mini: 39 runs, 55 segments`."""
 PEAK_LINE = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
 """GNU time's (`/usr/bin/time -v`) line on the driver process's peak memory."""
 

@@ -15,7 +15,6 @@ from packaging.version import Version
 
 from tests.test_cluster import AUTOSCALER_CONFIGS, CLUSTER, DIGEST, LOCKS, ROOT, kuberay_documents, load
 
-
 # --- Reproducible nodes: the locks and the images ---------------------------------------------------------------
 
 

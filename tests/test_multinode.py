@@ -14,8 +14,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import signal
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -365,7 +365,7 @@ def test_a_spot_notice_drains_the_worker_node_and_its_loss_costs_only_the_steps_
     try:
         prefix = _first_checkpointed(paths, job, started)
         assert prefix is not None, "the shared prefix never committed its first checkpoint"
-        cloud.reclaim_at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=60)
+        cloud.reclaim_at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=60)
         said = watcher.communicate(timeout=60)[0]
         found = _drain_checkpoint(paths, job)  # the prefix's: no later segment starts on a draining node
         assert found is not None, f"no checkpoint of the drain was committed: {said}"

@@ -175,9 +175,9 @@ def test_the_retrieval_figures_are_the_recorded_benchmarks():
 def test_the_status_line_quotes_the_papers_dry_run():
     """What the README's status says the paper's grid would cost is what its dry run prints today."""
     from raybiphase.config import SweepSpec, load
-    from raybiphase.sweep.bill import bill_lines
-    from raybiphase.sweep.plan import make_plan
-    from raybiphase.sweep.timeline import timeline_lines
+    from raybiphase.planning.bill import bill_lines
+    from raybiphase.planning.plan import make_plan
+    from raybiphase.planning.timeline import timeline_lines
 
     status = (REPO / "README.md").read_text().split("**Status**", 1)[1].split("\n\n", 1)[0].replace("\n", " ")
     spec = load(SweepSpec, "sweeps/paper.yaml")

@@ -59,7 +59,7 @@ def metadata():
 def test_no_notice_until_the_cloud_schedules_a_reclaim_then_the_time_left(metadata):
     handler, url = metadata
     assert spot.aws_notice(url) is None and spot.gcp_notice(url) is None
-    now = datetime.datetime(2026, 11, 28, 8, 0, 0, tzinfo=datetime.timezone.utc)
+    now = datetime.datetime(2026, 11, 28, 8, 0, 0, tzinfo=datetime.UTC)
     handler.reclaim_at = now + datetime.timedelta(seconds=120)
     assert spot.aws_notice(url, now=now.timestamp) == spot.Notice("aws", 120)
     assert spot.gcp_notice(url) == spot.Notice("gcp", spot.GCP_NOTICE_S)
@@ -72,7 +72,7 @@ def test_the_watch_drains_once_on_the_first_notice_and_says_so(metadata):
     def poll():
         polls.append(1)
         if len(polls) == 3:  # the cloud schedules the reclaim between the second and third poll
-            handler.reclaim_at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=90)
+            handler.reclaim_at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=90)
         return spot.aws_notice(url)
 
     notice = spot.watch(poll, drained.append, every_s=0.01, say=said.append)

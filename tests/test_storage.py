@@ -223,7 +223,8 @@ def test_the_processes_of_a_sweep_on_ray_wait_out_one_outage_budget_between_them
     def wait_out(seconds: float) -> int:
         import time as clock
 
-        from raybiphase import outages as shared, storage as store
+        from raybiphase import outages as shared
+        from raybiphase import storage as store
 
         calls = []
 

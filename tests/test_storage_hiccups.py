@@ -125,10 +125,10 @@ def _restored_step(run_dir: str, *, registered: str | None, model, optimizer) ->
 
 
 def _tiny_checkpoint(local, step: int = 3):
+    from raybiphase.checkpoint_meta import CheckpointMeta
     from raybiphase.config import RunConfig, from_dict, to_dict
     from raybiphase.optim import adamw
     from raybiphase.pretrain import checkpoint
-    from raybiphase.checkpoint_meta import CheckpointMeta
     from raybiphase.pretrain.model import build_model
 
     run = from_dict(RunConfig, {"phases": {"steps": 10, "clm_share": 0.5}, "optim": {"warmup_steps": 2,

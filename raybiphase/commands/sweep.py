@@ -25,7 +25,7 @@ def main() -> int:
         overrides.append(f"sweep.storage={os.environ['RAYBIPHASE_STORAGE']}")
     spec = load(SweepSpec, args.config, overrides)
     if args.dry_run:
-        from raybiphase.sweep.preflight import plan_sweep  # lazy: the dry run loads neither Ray nor the loop
+        from raybiphase.planning.preflight import plan_sweep  # lazy: the dry run loads neither Ray nor the loop
 
         if args.json:
             import io

@@ -17,7 +17,7 @@ def main() -> int:
     args = parser.parse_args()
     cfg = load(SweepSpec, args.config, args.overrides)
     from raybiphase.finetune.tasks import get_task  # lazy: --help answers before the task loaders import
-    from raybiphase.sweep.plan import make_plan
+    from raybiphase.planning.plan import make_plan
 
     for task in cfg.finetune.tasks:
         get_task(task)

@@ -1,6 +1,6 @@
 """What a run's steps and checkpoints cost on the sweep's GPUs, estimated before anything runs (no torch): a step's
 hours at `sweep.mfu` of `sweep.gpu_peak_tflops`, a checkpoint's stall, a segment's mean time between preemptions,
-and the checkpoint interval that loses least to both (Young's rule; raybiphase.sweep.bill states the model).
+and the checkpoint interval that loses least to both (Young's rule; raybiphase.planning.bill states the model).
 `train.checkpoint_every: auto` is that interval, resolved here for each run before it is planned or trained."""
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ def check_run_budget(run: RunConfig, storage_root: str | None) -> None:
 
 
 def data_budget(plan, spec: SweepSpec, train_blocks: Mapping[str, int] | None = None) -> list[RunBudget]:
-    """Every run of `plan` (a raybiphase.sweep.plan.Plan) with its budget, in the plan's order. A source's size is
+    """Every run of `plan` (a raybiphase.planning.plan.Plan) with its budget, in the plan's order. A source's size is
     `train_blocks[location]` when given, else its prepared manifest's, else a stated size; nothing is prepared."""
     starts: dict[str, int] = {}
     budgets: dict[str, RunBudget] = {}

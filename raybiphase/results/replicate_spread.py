@@ -5,7 +5,7 @@ A fine-tuning interval says how much a score moves with the fine-tuning seed on 
 of how much it moves when the same recipe is pretrained again. Where a sweep has replicates, the findings count the
 spread between runs in every arm's interval (raybiphase.results.stats.noise.replicate_noise) and this table shows
 both, per arm (raybiphase.results.stats.matching.pool_replicates). What replicates cost before they run is the
-dry run's (raybiphase.sweep.replicate_cost).
+dry run's (raybiphase.planning.replicate_cost).
 """
 
 from __future__ import annotations

@@ -1,1 +1,2 @@
-"""Sweeps: the planner (grid -> tree of shared segments), run names, and the driver that runs segments, fine-tuning and the report."""
+"""Running a sweep: the driver, its one scheduler of segments and fine-tuning trials, the lease, the by-size gate and
+the repair of its tables (what it carries out, planned before anything runs: raybiphase.planning)."""

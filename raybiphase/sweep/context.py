@@ -8,8 +8,8 @@ from raybiphase import storage
 from raybiphase.config import RunConfig, SweepSpec
 from raybiphase.data.fingerprint import fingerprint
 from raybiphase.errors import DamagedFile
+from raybiphase.planning.plan import Plan, Segment
 from raybiphase.storage import SweepPaths
-from raybiphase.sweep.plan import Plan, Segment
 from raybiphase.telemetry.console import STDOUT, Console
 from raybiphase.telemetry.history import checkpoint_reports, read_history
 

@@ -1,6 +1,6 @@
 """The command users run: `raybiphase sweep SPEC [--set k=v] [--dry-run]` (or `python -m raybiphase.sweep`).
 
-SPEC is a sweep YAML (a base run plus `sweep.grid` / `sweep.runs`). The planner (raybiphase.sweep.plan) turns it into
+SPEC is a sweep YAML (a base run plus `sweep.grid` / `sweep.runs`). The planner (raybiphase.planning.plan) turns it into
 a tree of shared segments. The driver is three steps: `start` (storage checks, Ray, the data), `run_jobs` (one
 scheduler, raybiphase.sweep.scheduler, fits every ready segment's TorchTrainer as a job of its own,
 raybiphase.sweep.segments, resuming from its parent's checkpoint, as soon as its dependencies are done and a slot is
@@ -32,6 +32,9 @@ from raybiphase.finetune.fanout import Fanout, check_sources
 from raybiphase.finetune.heldout import evaluation_texts
 from raybiphase.finetune.records import check_settings
 from raybiphase.outages import outage_budget
+from raybiphase.planning.plan import Plan
+from raybiphase.planning.preflight import check_room, plan_sweep
+from raybiphase.planning.space import check_space
 from raybiphase.pretrain.budget import check_budget, data_budget
 from raybiphase.pretrain.export import write_card
 from raybiphase.pretrain.trainer import make_trainer
@@ -46,12 +49,9 @@ from raybiphase.sweep import lease
 from raybiphase.sweep.context import SweepContext
 from raybiphase.sweep.finetuning import baseline_rows, finetune_sources, first_sources, say_planned, trials_done
 from raybiphase.sweep.hub_baselines import hub_baseline_rows, hub_sources
-from raybiphase.sweep.plan import Plan
-from raybiphase.sweep.preflight import check_room, plan_sweep
 from raybiphase.sweep.scheduler import Scheduler
 from raybiphase.sweep.segments import SweepPretraining, recover
 from raybiphase.sweep.size_gate import SizeStages
-from raybiphase.sweep.space import check_space
 from raybiphase.telemetry.clock import Clock
 from raybiphase.telemetry.console import STDOUT, Console
 from raybiphase.telemetry.progress import Watch, interval

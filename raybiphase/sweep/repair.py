@@ -26,13 +26,13 @@ from raybiphase import storage
 from raybiphase.config import SweepSpec
 from raybiphase.errors import DamagedFile, UserError
 from raybiphase.finetune.fanout import CheckpointWaves, Fanout
+from raybiphase.planning.preflight import plan_sweep
 from raybiphase.results import rows as result_rows
 from raybiphase.results import store
 from raybiphase.storage import SweepPaths
 from raybiphase.sweep import lease
 from raybiphase.sweep.context import SweepContext
 from raybiphase.sweep.finetuning import baseline_rows, control_sources, finetune_sources, trials_done
-from raybiphase.sweep.preflight import plan_sweep
 from raybiphase.sweep.segments import record_pretraining
 from raybiphase.telemetry.console import STDOUT, Console
 

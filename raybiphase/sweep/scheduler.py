@@ -18,7 +18,7 @@ One loop, in the driver's main thread, waits on whatever ends first: a segment (
 event queue) or a fine-tuning trial (the Tuner's thread posts its last report, which carries a finished trial's
 rows as a value: raybiphase.finetune.tuner), and starts what became ready. Nothing else decides what runs:
 - Segments hold `resources.max_concurrent` slots; among the ready ones, the longest remaining chain starts first
-  (raybiphase.sweep.timeline.by_priority).
+  (raybiphase.planning.timeline.by_priority).
 - Trials (at most finetune.max_concurrent, default resources.max_concurrent) run only in the share of the slots
   that segments leave free while pretraining goes on (`trial_capacity`, read each time Tune would start a trial);
   once no segment runs or waits, every trial slot is open. A ready segment waits at most for running trials.
@@ -43,13 +43,13 @@ from raybiphase.failures import FailurePolicy, FitStalled, Unstoppable
 from raybiphase.finetune.fanout import ROWS, CheckpointWaves, Fanout, check_tasks
 from raybiphase.finetune.spec import FinetuneSource, TrialSpec
 from raybiphase.finetune.tuner import TuneTrials
+from raybiphase.planning.timeline import by_priority
 from raybiphase.results import rows as result_rows
 from raybiphase.results import store
 from raybiphase.storage import absolute, join
 from raybiphase.sweep.failure_lines import STOP_GRACE_S, said, segment_failure
 from raybiphase.sweep.segments import SegmentFit
 from raybiphase.sweep.size_gate import SizeStages
-from raybiphase.sweep.timeline import by_priority
 from raybiphase.telemetry.console import STDOUT, Console
 from raybiphase.telemetry.progress import interval, trials_line
 

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from raybiphase import ray_internals, storage
 from raybiphase.config import flatten
 from raybiphase.finetune.spec import FinetuneSource
+from raybiphase.planning.plan import Segment, dependencies
+from raybiphase.planning.timeline import remaining_chain, simulate, wall_hours
 from raybiphase.pretrain.checkpoint import latest_committed
 from raybiphase.pretrain.job import SegmentJob
 from raybiphase.pretrain.policy import CheckpointPolicy
@@ -36,8 +38,6 @@ from raybiphase.results import rows as result_rows
 from raybiphase.results import store
 from raybiphase.sweep.context import SweepContext
 from raybiphase.sweep.finetuning import finetune_sources
-from raybiphase.sweep.plan import Segment, dependencies
-from raybiphase.sweep.timeline import remaining_chain, simulate, wall_hours
 from raybiphase.telemetry.clock import Clock, step_seconds
 from raybiphase.telemetry.history import checkpoint_reports, results
 from raybiphase.telemetry.progress import Watch, interval

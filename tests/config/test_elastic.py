@@ -10,8 +10,8 @@ import pytest
 from raybiphase.config import ConfigError, SweepSpec, from_dict, load, run_hash, to_dict
 from raybiphase.config.estimates import segment_gpus
 from raybiphase.naming import run_name
-from raybiphase.sweep.plan import make_plan
-from raybiphase.sweep.preflight import plan_sweep
+from raybiphase.planning.plan import make_plan
+from raybiphase.planning.preflight import plan_sweep
 from raybiphase.telemetry.console import Console
 
 TWO_MICRO_BATCHES = ["train.micro_batch_size=8"]  # the quickstart's 2,048-token batch as 2 micro-batches of 8 x 128

@@ -10,7 +10,7 @@ import pytest
 from raybiphase.config import ConfigError, RunConfig, SweepSpec, from_dict, run_hash, weights_settings
 from raybiphase.data.masking import MaskingSpec, mlm_mask
 from raybiphase.naming import run_name
-from raybiphase.sweep.plan import make_plan, shared_steps
+from raybiphase.planning.plan import make_plan, shared_steps
 
 VOCAB, SPECIALS, MASK = 1000, (0, 1, 2, 3), 3
 

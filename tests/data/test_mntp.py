@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from raybiphase.config import ConfigError, RunConfig, SweepSpec, from_dict
 from raybiphase.data.masking import MaskingSpec, mask_batch, mntp_labels
 from raybiphase.naming import parse_phase_tag, run_name, source_objective
-from raybiphase.sweep.plan import make_plan, shared_steps
+from raybiphase.planning.plan import make_plan, shared_steps
 
 VOCAB, SPECIALS, MASK = 97, {"bos_token": 0, "eos_token": 1, "pad_token": 2, "mask_token": 3}, 3
 OPTIM = {"warmup_steps": 2, "decay_steps": 2}

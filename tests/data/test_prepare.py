@@ -11,11 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from raybiphase import storage
-from raybiphase.errors import UserError
 from raybiphase.config import ConfigError, DataConfig
 from raybiphase.data import pieces as src
 from raybiphase.data import prepare as prep
 from raybiphase.data.stream import open_dataset, read_samples
+from raybiphase.errors import UserError
 
 SMALL = {"max_documents": 1200, "vocab_size": 512, "seq_len": 64, "val_blocks": 8, "shard_rows": 128,
          "piece_documents": 300}

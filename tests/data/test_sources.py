@@ -7,8 +7,7 @@ from collections import Counter
 
 import pytest
 
-from raybiphase.data import assets
-from raybiphase.data import sources
+from raybiphase.data import assets, sources
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raybiphase.errors import UserError
 from raybiphase.config import DataConfig
 from raybiphase.data.masking import MaskingSpec
 from raybiphase.data.prepare import pack, prepare, shard_name
@@ -22,6 +21,7 @@ from raybiphase.data.stream import (
     validation_batches,
     worker_sample_ids,
 )
+from raybiphase.errors import UserError
 
 
 def test_pack_splits_long_documents_and_keeps_every_token():

@@ -19,8 +19,8 @@ from raybiphase.data.prepare import TOKENIZER_DIR, prepare
 from raybiphase.data.stream import MANIFEST, open_dataset
 from raybiphase.finetune import hub, tasks
 from raybiphase.finetune.heldout import evaluation_texts
+from raybiphase.planning.plan import make_plan
 from raybiphase.pretrain.budget import budget_lines, data_budget
-from raybiphase.sweep.plan import make_plan
 from tests.finetune.test_production_loaders import SQUAD, _card, _retrieval, _sharded
 
 LONG = "the film is a quietly moving portrait of a family coming apart at the seams over one long summer"

@@ -150,7 +150,6 @@ def test_a_finished_trials_rows_reach_the_driver_but_not_tunes_saved_state():
 
 
 def test_a_table_of_trials_made_under_other_settings_is_refused_in_one_line(tmp_path):
-    from raybiphase.finetune import fanout
     from raybiphase.results import store
 
     table = str(tmp_path / "finetune.parquet")
@@ -173,7 +172,6 @@ def test_a_sweep_over_trials_made_under_other_settings_stops_before_any_work(tmp
     import subprocess
     import sys
 
-    from raybiphase.finetune import fanout
     from raybiphase.results import store
 
     table = tmp_path / "quickstart" / "finetune.parquet"
@@ -266,8 +264,8 @@ def test_finetune_command_refuses_bad_input_before_anything_runs(tmp_path, capsy
 @pytest.mark.ray
 @pytest.mark.slow
 def test_finetune_command_puts_any_hf_checkpoint_through_the_protocol(ray_cluster, tiny_checkpoint, tmp_path):
-    from raybiphase.sweep.published import finetune_model
     from raybiphase.results.store import read_rows
+    from raybiphase.sweep.published import finetune_model
 
     spec = fanout_config(lrs=[1e-3], seeds=[0], max_steps=4, eval_every=2, max_examples=32, asha=False)
     rows = finetune_model(str(tiny_checkpoint), str(tmp_path / "out"), spec, name="published-encoder")

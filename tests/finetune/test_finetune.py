@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raybiphase.errors import UserError
 from raybiphase.config import FinetuneConfig, SweepSpec, from_dict
+from raybiphase.errors import UserError
 
 TINY_RUN = FinetuneConfig(batch_size=8, max_steps=6, eval_every=3, max_examples=48)
 
@@ -23,8 +23,8 @@ def make_tiny_checkpoint(out: Path, *, vocab_size: int = 1024, seed: int = 0) ->
     from transformers import PreTrainedTokenizerFast
 
     from raybiphase.data import sources
-    from raybiphase.pretrain.model import build_model
     from raybiphase.data.prepare import SPECIAL_TOKENS
+    from raybiphase.pretrain.model import build_model
 
     docs = sources.squad_contexts("dev")[:600] + [t["text"] for t in sources.tweets()[:600]]
     bpe = ByteLevelBPETokenizer()
@@ -180,8 +180,8 @@ def test_a_gpu_trial_trains_on_cuda_in_bf16_and_scores_like_cpu(tiny_checkpoint,
 
 
 def test_trial_resources_follow_the_finetune_settings():
-    from raybiphase.finetune.tuner import trial_resources
     from raybiphase.finetune.records import trial_settings
+    from raybiphase.finetune.tuner import trial_resources
 
     assert trial_resources(FinetuneConfig()) == {"cpu": 1.0}
     assert trial_resources(FinetuneConfig(cpus_per_trial=4, gpus_per_trial=0.25)) == {"cpu": 4, "gpu": 0.25}
@@ -201,8 +201,8 @@ def test_trial_resources_follow_the_finetune_settings():
 @pytest.mark.parametrize("task", ["squad_shuffle", "squad_bio", "squad_commas", "squad", "squad_sentence",
                                   "squad_retrieval", "qnli"])
 def test_every_family_trains_and_scores(tiny_checkpoint, task):
-    from raybiphase.finetune.tasks import get_task
     from raybiphase.finetune.spec import TrialSpec
+    from raybiphase.finetune.tasks import get_task
     from raybiphase.finetune.trial import run_trial
 
     result = run_trial(TrialSpec.plain(tiny_checkpoint, task, lr=1e-3, seed=0), cfg=dataclasses.replace(TINY_RUN, max_len=96))
@@ -216,8 +216,8 @@ def test_every_family_trains_and_scores(tiny_checkpoint, task):
 def test_qa_training_targets_point_at_the_answer_text(tiny_checkpoint, task):
     from transformers import AutoTokenizer
 
-    from raybiphase.finetune import scoring
     from raybiphase.data import sources
+    from raybiphase.finetune import scoring
     from raybiphase.finetune.heads import head_for
     from raybiphase.finetune.tasks import answer_sentences, get_task
 

@@ -74,9 +74,8 @@ def test_ndcg_counts_graded_relevance_by_its_grade_and_binary_relevance_as_grade
 
 def test_a_stopped_riders_row_keeps_its_own_validation_score_not_the_trained_tasks():
     from raybiphase.finetune import fanout
-    from raybiphase.results.rows import FinetuneRow
-
     from raybiphase.finetune.spec import TrialSpec
+    from raybiphase.results.rows import FinetuneRow
 
     trial = TrialSpec.plain("unused", "msmarco", lr=1e-4, seed=0, also_test=("nq", "mldr"))
     metrics = {"step": 3, "val_score": 0.5, fanout.rider_metric("nq"): 0.7, fanout.rider_metric("mldr"): 0.2}
@@ -95,8 +94,8 @@ def _spec(**finetune) -> SweepSpec:
 
 
 def test_the_dry_runs_fine_tuning_gpu_hours_count_every_evaluation_of_every_task():
-    from raybiphase.sweep.cost import trial_count
-    from raybiphase.sweep.plan import describe, make_plan
+    from raybiphase.planning.cost import trial_count
+    from raybiphase.planning.plan import describe, make_plan
 
     spec = _spec()
     plan = make_plan(spec)

@@ -11,8 +11,8 @@ import pytest
 from raybiphase.config import FinetuneGrid, SweepSpec, from_dict, load
 from raybiphase.finetune import records
 from raybiphase.finetune.spec import FinetuneSource
+from raybiphase.planning.plan import make_plan
 from tests.finetune.recording import recording
-from raybiphase.sweep.plan import make_plan
 from tests.finetune.test_finetune import make_tiny_checkpoint
 
 
@@ -43,7 +43,6 @@ def _run(source, cfg, tmp_path, launched, done=frozenset()):
 
 def test_a_shared_checkpoint_is_fine_tuned_once_and_every_run_sharing_it_gets_its_rows(checkpoint, tmp_path,
                                                                                        monkeypatch):
-    from raybiphase.finetune import fanout
 
     cfg = from_dict(SweepSpec, {"finetune": {"tasks": ["tweets"], "lrs": [1e-4, 2e-3], "seeds": [0, 1],
                                              "batch_size": 8, "max_steps": 9, "eval_every": 3, "max_examples": 64}})

@@ -7,9 +7,8 @@ import math
 
 import pytest
 
-from raybiphase.finetune import scoring
-from raybiphase.finetune import tasks
 from raybiphase.errors import UserError
+from raybiphase.finetune import scoring, tasks
 
 # ------------------------------------------------------------------------------------------------ registry
 

@@ -169,7 +169,6 @@ def _key(row: dict) -> tuple:
 
 def test_a_stopped_trial_stops_every_task_of_its_group_and_the_completion_pass_reruns_it_once(checkpoint, tmp_path,
                                                                                             monkeypatch):
-    from raybiphase.finetune import fanout
 
     launched = []
     # 2e-3 leads on its finished seed (0.602 > 0.6001) for every task, so its stopped seed 1 is completed once

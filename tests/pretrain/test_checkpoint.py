@@ -172,9 +172,9 @@ def test_save_then_load_in_process_resumes_bit_for_bit(tmp_path):
     """Weights, optimizer state and the typed meta come back; the next step is the same as without a restart."""
     import torch
 
+    from raybiphase.checkpoint_meta import CheckpointMeta
     from raybiphase.config import RunConfig, from_dict, to_dict
     from raybiphase.pretrain import checkpoint
-    from raybiphase.checkpoint_meta import CheckpointMeta
 
     run = from_dict(RunConfig, {"phases": {"steps": 10, "clm_share": 0.5}, "data": {"seq_len": 16},
                                 "train": {"global_batch_tokens": 256, "micro_batch_size": 8},

@@ -193,10 +193,10 @@ def test_no_code_path_unpickles_what_it_reads_whole():
 def test_a_newest_checkpoint_whose_meta_was_cut_short_is_passed_over_for_the_one_before(tmp_path, capsys):
     """A resume reads the newest committed checkpoint; one whose meta.json is half written or empty is damaged
     like one whose shard is, and the sound checkpoint before it is resumed from, said in a line."""
+    from raybiphase import storage
     from raybiphase.checkpoint_meta import CheckpointMeta
     from raybiphase.config import RunConfig, from_dict, to_dict
     from raybiphase.pretrain import checkpoint, loop
-    from raybiphase import storage
 
     run = from_dict(RunConfig, {"phases": {"steps": 10}, "data": {"seq_len": 16}, "resources": {"num_workers": 1},
                                 "train": {"global_batch_tokens": 256, "micro_batch_size": 8},

@@ -14,10 +14,10 @@ from raybiphase.errors import UserError
 @pytest.fixture()
 def saved(small_shards, tmp_path):
     """A raybiphase checkpoint at step 3 (not an export step: only sharded weights) in a sweep's layout."""
+    from raybiphase.checkpoint_meta import CheckpointMeta
     from raybiphase.config import RunConfig, from_dict, to_dict
     from raybiphase.optim import adamw
     from raybiphase.pretrain import checkpoint
-    from raybiphase.checkpoint_meta import CheckpointMeta
     from raybiphase.pretrain.model import build_model, forward_loss
 
     data, manifest = small_shards
@@ -41,8 +41,8 @@ def saved(small_shards, tmp_path):
 def test_a_step_that_was_not_exported_loads_in_stock_transformers_with_its_card(saved, tmp_path):
     from transformers import AutoModelForMaskedLM
 
-    from raybiphase.pretrain.export import export_checkpoint
     from raybiphase.naming import run_name
+    from raybiphase.pretrain.export import export_checkpoint
 
     path, model, run = saved
     name = run_name(run)

@@ -10,8 +10,8 @@ import torch
 from raybiphase.config import ConfigError, RunConfig, SweepSpec, from_dict, run_hash, weights_settings
 from raybiphase.naming import frozen_tag, run_name
 from raybiphase.optim import adamw, drop_grads, fill_fresh_state
+from raybiphase.planning.plan import make_plan, shared_steps
 from raybiphase.pretrain.model import block_parameters, build_model, forward_loss
-from raybiphase.sweep.plan import make_plan, shared_steps
 
 OPTIM = {"lr": 1e-3, "warmup_steps": 2, "decay_steps": 4}
 SPECIALS = {"bos_token": 0, "eos_token": 1, "pad_token": 2, "mask_token": 3}
@@ -76,9 +76,9 @@ def test_a_checkpoint_taken_while_blocks_are_frozen_resumes_bit_for_bit(tmp_path
     """Blocks frozen from the first step have no AdamW state of their own; the loop fills it before the phase so
     the checkpoint holds it. Without that (`fill=False`), the checkpoint lacks their state and cannot be resumed
     (torch raises a CheckpointException, a BaseException)."""
+    from raybiphase.checkpoint_meta import CheckpointMeta
     from raybiphase.config import to_dict
     from raybiphase.pretrain import checkpoint
-    from raybiphase.checkpoint_meta import CheckpointMeta
 
     def frozen_phase(model, optimizer):
         if fill:
@@ -148,10 +148,10 @@ def test_frozen_layers_are_checked_against_the_depth_of_a_decoder_the_run_starts
     whatever the size says, one it lacks stops `raybiphase pretrain` and the sweep's plan before anything runs."""
     import json
 
-    from raybiphase.config import ConfigError
     from raybiphase.checkpoint_meta import check_blocks
+    from raybiphase.config import ConfigError
+    from raybiphase.planning.preflight import plan_sweep
     from raybiphase.pretrain.trainer import run_pretrain
-    from raybiphase.sweep.preflight import plan_sweep
     from tests.conftest import SMALL_DATA, TINY_BASE
 
     decoder = tmp_path / "decoder"

@@ -136,10 +136,10 @@ def test_the_fused_heads_gradients_are_those_of_full_fp32_logits_on_cuda():
 def test_a_checkpoint_saved_on_cuda_resumes_to_the_same_next_step(tmp_path):
     """Three bf16 steps on the GPU, save (DCP), load into other weights, one more step on each: the same loss and
     the same weights (the run's deterministic settings)."""
+    from raybiphase.checkpoint_meta import CheckpointMeta
     from raybiphase.config import RunConfig, from_dict, to_dict
     from raybiphase.optim import adamw
     from raybiphase.pretrain import checkpoint
-    from raybiphase.checkpoint_meta import CheckpointMeta
 
     torch.use_deterministic_algorithms(True, warn_only=True)
 

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from raybiphase.config.sizes import SIZES
 from raybiphase.data.masking import MaskingSpec, clm_labels, mlm_mask
 from raybiphase.pretrain.model import build_model, forward_loss, from_decoder, token_loss
-from raybiphase.config.sizes import SIZES
 
 SPECIALS = {"bos_token": 0, "eos_token": 1, "pad_token": 2, "mask_token": 3}
 VOCAB = 97

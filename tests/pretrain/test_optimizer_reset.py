@@ -11,7 +11,7 @@ from raybiphase.config import ConfigError, RunConfig, SweepSpec, from_dict, run_
 from raybiphase.naming import run_name
 from raybiphase.optim import adamw, reset_moments
 from raybiphase.phases import Schedule
-from raybiphase.sweep.plan import make_plan, shared_steps
+from raybiphase.planning.plan import make_plan, shared_steps
 
 OPTIM = {"lr": 1e-3, "warmup_steps": 2, "decay_steps": 4}
 

@@ -116,11 +116,10 @@ def test_a_preemption_notice_and_a_killed_worker_each_resume_to_identical_weight
     finished is redone. A worker killed hard after step 5: the group restarts from the latest checkpoint (step 4,
     the phase switch). The weights end as without either."""
     import pandas as pd
+    import ray.cloudpickle
 
     from raybiphase.pretrain.trainer import run_pretrain
     from raybiphase.telemetry.history import read_history
-
-    import ray.cloudpickle
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers need not import this test module
     cfg = tiny_config(tmp_path / "results", small_data)

@@ -11,9 +11,9 @@ import pytest
 
 from raybiphase.config import ConfigError, FinetuneGrid, SweepSpec, load
 from raybiphase.finetune import records
-from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours
-from raybiphase.sweep.grids import grid_lines
-from raybiphase.sweep.plan import make_plan
+from raybiphase.planning.cost import checkpoint_finetune_gpu_hours
+from raybiphase.planning.grids import grid_lines
+from raybiphase.planning.plan import make_plan
 from tests.finetune.test_finetune import make_tiny_checkpoint
 
 EXPORTS = "finetune.exports=[{steps: [200, 400], tasks: [nq, sst2], lrs: [2.0e-3]}, {steps: [600], seeds: [0]}]"
@@ -51,7 +51,7 @@ def test_the_plan_counts_each_intermediate_checkpoints_own_grid():
 
 
 def test_the_training_cost_follows_the_trials_and_the_timeline_each_checkpoints_grid():
-    from raybiphase.sweep.timeline import _finetune_hours
+    from raybiphase.planning.timeline import _finetune_hours
 
     spec, full = _small(EXPORTS), _small()
     plan, full_plan = make_plan(spec), make_plan(full)

@@ -144,9 +144,9 @@ class _Paths:
 def _two_runs(tmp_path):
     """A two-run sweep sharing its CLM prefix (2 segment slots, one fine-tuning task): its plan, a context whose
     lines go to the returned buffer."""
+    from raybiphase.planning.plan import make_plan
     from raybiphase.sweep.context import SweepContext
     from raybiphase.telemetry.console import Console
-    from raybiphase.sweep.plan import make_plan
 
     spec = from_dict(SweepSpec, {"sweep": {"name": "s", "storage": str(tmp_path), "grid": {"phases.clm_share": [0.5, 1.0]}},
                                  "model": {"size": "tiny"}, "phases": {"steps": 8},
@@ -198,7 +198,7 @@ class _Fit:
     """One segment as a job of the scheduler (raybiphase.sweep.segments.SegmentFit's interface)."""
 
     def __init__(self, segments, segment):
-        from raybiphase.sweep.plan import dependencies
+        from raybiphase.planning.plan import dependencies
 
         self.segments, self.segment, self.id = segments, segment, segment.id
         self.after = frozenset(dependencies(segment, segments.plan.runs))
@@ -240,14 +240,13 @@ class _Fit:
 def _scheduler(ctx, out, launched, monkeypatch, fail=(), policy=None):
     """A scheduler whose checkpoint work is one trial per source (a stand-in fan-out) on the recorder; trials of
     a run in `fail` fail."""
+    from raybiphase.failures import FailurePolicy
     from raybiphase.finetune.fanout import ROWS, Fanout
     from raybiphase.finetune.spec import TrialSpec
+    from raybiphase.finetune.tasks import get_task
     from raybiphase.sweep import scheduler
-    from raybiphase.failures import FailurePolicy
     from raybiphase.telemetry.console import Console
     from tests.finetune.recording import recording
-
-    from raybiphase.finetune.tasks import get_task
 
     class OneTrial:  # CheckpointWaves' interface: one wave of one trial, then its rows
         def __init__(self, sources, cfg, *, experiment, done):
@@ -424,8 +423,8 @@ def test_a_stalled_fit_is_stopped_and_fitted_again_and_one_that_cannot_be_stoppe
     """A fit with no sign of life for sweep.stall_s is stopped (its fit raises): a failed try, fitted again. One
     with no controller to stop fails the segment at once, never fitted again beside itself."""
     from raybiphase.errors import UserError
-    from raybiphase.sweep import scheduler
     from raybiphase.failures import FailurePolicy
+    from raybiphase.sweep import scheduler
 
     plan, ctx, out = _two_runs(tmp_path)
     segments, launched = _Segments(plan, ctx), []

@@ -32,7 +32,7 @@ def _lease(folder: str, timeout_s: float = 300.0, **kwargs) -> tuple[Lease, io.S
 
 def _left_by_a_dead_driver(seconds_ago: float, host: str = "gone-node", pid: int = 4242, pid_ns: str = "") -> dict:
     """What a driver killed `seconds_ago` left: its last renewal is that old."""
-    then = (datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=seconds_ago)).isoformat()
+    then = (datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=seconds_ago)).isoformat()
     return dataclasses.asdict(Holder(host, pid, then, then, f"{pid:016d}", pid_ns=pid_ns))
 
 
@@ -280,7 +280,7 @@ def test_a_lease_with_a_field_this_version_does_not_know_or_a_time_without_a_zon
     (folder / HOLDER).write_text(json.dumps(record))
     with pytest.raises(UserError, match="host gone-node, pid 4242"):
         _lease(str(folder))[0].acquire()
-    naive = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None).isoformat()
+    naive = datetime.datetime.now(datetime.UTC).replace(tzinfo=None).isoformat()
     (folder / HOLDER).write_text(json.dumps({**record, "renewed_at": naive}))
     with pytest.raises(UserError, match=r"host gone-node, pid 4242, .*renewed [01] s ago"):
         _lease(str(folder))[0].acquire()

@@ -152,10 +152,9 @@ def test_the_shortened_miniature_reports_per_size_what_its_rows_imply(ray_cluste
     from raybiphase.config import SweepSpec, from_dict
     from raybiphase.finetune import hub
     from raybiphase.finetune.tasks import _load_splits
+    from raybiphase.results.store import read_rows
     from raybiphase.sweep.driver import run_sweep
     from raybiphase.telemetry.console import Console
-
-    from raybiphase.results.store import read_rows
 
     squad_as_msmarco(hub_snapshots)  # Ray's workers read the session's snapshots; this process, from here on
     monkeypatch.setenv(hub.DATASETS_DIR_ENV, str(hub_snapshots))

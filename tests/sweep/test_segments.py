@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from raybiphase.config import SweepSpec, load
-from raybiphase.sweep.plan import make_plan
+from raybiphase.planning.plan import make_plan
 
 
 class _AnyData(dict):

@@ -11,13 +11,14 @@ import pytest
 from raybiphase import storage
 from raybiphase.config import load
 from raybiphase.config.sweep import SweepSpec
+from raybiphase.planning.cost import checkpoint_finetune_gpu_hours, segment_gpu_hours
+from raybiphase.planning.plan import make_plan
+from raybiphase.planning.stage_forecast import stage_lines, staged_gpu_hours
 from raybiphase.results.rows import FINETUNE_KEY
 from raybiphase.results.stats.staging import Skip, StageDecision
 from raybiphase.results.store import append_rows, read_rows
 from raybiphase.storage import FINETUNE_FILE, STAGES_FILE, SweepPaths
-from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, segment_gpu_hours
-from raybiphase.sweep.plan import make_plan
-from raybiphase.sweep.size_gate import SizeStages, stage_lines, staged_gpu_hours, with_sources
+from raybiphase.sweep.size_gate import SizeStages, with_sources
 from raybiphase.telemetry.console import Console
 from tests.results.test_staging import study_rows
 
@@ -113,7 +114,7 @@ class _Fit:
     `order` gets its size as it starts."""
 
     def __init__(self, gate: SizeStages, segment, order: list[str]):
-        from raybiphase.sweep.plan import dependencies
+        from raybiphase.planning.plan import dependencies
 
         self.gate, self.segment, self.id, self.order = gate, segment, segment.id, order
         self.after, self.chain = frozenset(dependencies(segment, gate.plan.runs)), 0.0

@@ -10,8 +10,8 @@ import pytest
 
 from raybiphase import storage
 from raybiphase.config import SweepSpec, load
+from raybiphase.planning.plan import make_plan
 from raybiphase.results import wandb_upload as results_wandb
-from raybiphase.sweep.plan import make_plan
 from raybiphase.telemetry import wandb as wandb_log
 from raybiphase.telemetry import wandb_live
 from raybiphase.telemetry.wandb_files import logged

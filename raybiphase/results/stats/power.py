@@ -1,6 +1,6 @@
 """The smallest effect a planned study can resolve: a finding's minimum detectable effect (MDE), before any run.
 
-The dry run's lines that price each finding with it: raybiphase.sweep.power_lines.
+The dry run's lines that price each finding with it: raybiphase.planning.power_lines.
 
     se = effect_se(pair_design(pairs=4, tasks=6), seeds=5, runs={"a": 1, "b": 1}, noise=ASSUMED)
     mde(se, tests=3)          # points: the true effect found 80% of the time at 5% two-sided, Holm over 3 sizes

@@ -20,11 +20,11 @@ import pandas as pd
 from raybiphase import storage
 from raybiphase.config import SweepSpec
 from raybiphase.finetune.tasks import get_task
+from raybiphase.planning.replicate_cost import extra_runs, replicate_arms
 from raybiphase.results.stats.effects import pair_contrast
 from raybiphase.results.stats.findings import Study
 from raybiphase.results.stats.power import ASSUMED, NoiseModel, detected, effect_se, mde, measured_noise
 from raybiphase.results.store import read_table
-from raybiphase.sweep.replicate_cost import extra_runs, replicate_arms
 
 OBJECTIVE = {"clm": "CLM", "mlm": "MLM", "split": "CLM→MLM", "from-clm": "continued", "from-mlm": "continued"}
 """A planned arm's kind as the report's objective, the stratum its noise is measured in."""

@@ -14,7 +14,7 @@ from raybiphase.config import SweepSpec, load
 from raybiphase.config.sizes import SIZES
 from raybiphase.finetune.input_lengths import MEASURED, QUANTILES, RECORD, STAND_INS, WIDTH_QUANTILE, width
 from raybiphase.finetune.tasks import OFFLINE_TASKS
-from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, trial_count
+from raybiphase.planning.cost import checkpoint_finetune_gpu_hours, trial_count
 
 REPO = Path(__file__).resolve().parents[2]
 PAPER_TASKS = "[sst2, mnli, qqp, conll2003, ontonotes, uner, squad, squad_v2, record, msmarco, nq, mldr]"

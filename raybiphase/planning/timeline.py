@@ -16,8 +16,8 @@ import math
 
 from raybiphase.config import SweepSpec
 from raybiphase.config.estimates import segment_gpus
-from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, hours_text, segment_gpu_hours
-from raybiphase.sweep.plan import Plan, Segment, dependencies
+from raybiphase.planning.cost import checkpoint_finetune_gpu_hours, hours_text, segment_gpu_hours
+from raybiphase.planning.plan import Plan, Segment, dependencies
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,9 +18,9 @@ from tests.conftest import TINY_BASE
 def test_the_papers_plan_with_its_checkpoints_kept_on_a_local_disk_is_refused_before_anything_runs(tmp_path,
                                                                                                    monkeypatch):
     from raybiphase.config import SweepSpec, load
-    from raybiphase.sweep import space
+    from raybiphase.planning import space
+    from raybiphase.planning.preflight import plan_sweep
     from raybiphase.sweep.driver import run_sweep
-    from raybiphase.sweep.preflight import plan_sweep
     from raybiphase.telemetry.console import Console
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)  # the workers would run here: TMPDIR counts too
@@ -42,8 +42,8 @@ def test_the_need_is_what_the_policy_keeps_and_what_is_already_written_counts_ag
     """Steps 2 and 6 are periodic saves, 4 ends CLM, 6 starts the decay, 8 ends the run (exported): with one
     periodic checkpoint kept, 4, 6 and 8 stay for good and 2 until the segment ends."""
     from raybiphase.config import SweepSpec, from_dict
-    from raybiphase.sweep import space
-    from raybiphase.sweep.plan import make_plan
+    from raybiphase.planning import space
+    from raybiphase.planning.plan import make_plan
 
     monkeypatch.setenv("RAY_ADDRESS", "auto")  # the workers run elsewhere: only sweep.storage is this machine's
     spec = from_dict(SweepSpec, {**TINY_BASE, "sweep": {"name": "s", "storage": str(tmp_path)}},

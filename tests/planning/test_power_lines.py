@@ -1,8 +1,8 @@
 """The dry run's power lines: each finding's design read from the plan, replicates counted as runs."""
 
 from raybiphase.config import SweepSpec, load
-from raybiphase.sweep.plan import make_plan
-from raybiphase.sweep.power_lines import FINDINGS, designs, power_lines, strata_df
+from raybiphase.planning.plan import make_plan
+from raybiphase.planning.power_lines import FINDINGS, designs, power_lines, strata_df
 
 
 def test_the_paper_plan_prices_findings_1_4_and_5_with_the_replicated_headline_arms(tmp_path):

@@ -1,5 +1,5 @@
 """The dry run's bill: on-demand and spot cost with the rework preemptions add, and the checkpoint interval that
-loses least on spot (raybiphase.sweep.bill)."""
+loses least on spot (raybiphase.planning.bill)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from raybiphase.config import ConfigError, SweepSpec, load
 from raybiphase.config.estimates import best_interval_hours, segment_nodes
-from raybiphase.sweep.bill import bill_lines, finetuning_rework, overhead, pretraining_rework
-from raybiphase.sweep.plan import make_plan
+from raybiphase.planning.bill import bill_lines, finetuning_rework, overhead, pretraining_rework
+from raybiphase.planning.plan import make_plan
 
 
 @pytest.mark.parametrize("stall_s, restart_min, mtbf_h", [(4.5, 5, 6.25), (30, 10, 25), (1, 1, 100)])
@@ -111,7 +111,7 @@ def test_checkpoint_every_auto_on_cpus_or_misspelt_is_one_line(overrides, messag
 def test_the_checkpoint_stall_says_whether_its_upload_rate_was_measured_or_assumed():
     """The default rate is nobody's measurement (the committed benchmark saw 0.14 GB/s to a local disk): the lines
     call it assumed until the spec sets one, and a tenth of the rate makes each stall ten times as long."""
-    from raybiphase.sweep.bill import checkpoint_lines
+    from raybiphase.planning.bill import checkpoint_lines
 
     spec = load(SweepSpec, "sweeps/paper.yaml")
     assumed = checkpoint_lines(make_plan(spec), spec)

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from raybiphase.config import ConfigError, RunConfig, SweepSpec, from_dict, load, run_hash, weights_settings
+from raybiphase.planning.plan import make_plan
 from raybiphase.pretrain.budget import budget_lines, check_budget, data_budget
-from raybiphase.sweep.plan import make_plan
 from tests.conftest import SMALL_DATA
 
 PAPER_ROWS = 2_359_296 // 2048  # sequences per step of the paper's batch

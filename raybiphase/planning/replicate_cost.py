@@ -10,7 +10,7 @@ The spread the replicates show once they ran is the report's (raybiphase.results
 from __future__ import annotations
 
 from raybiphase.config import SweepSpec, replace, run_hash
-from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, segment_gpu_hours
+from raybiphase.planning.cost import checkpoint_finetune_gpu_hours, segment_gpu_hours
 
 
 def replicate_arms(plan) -> dict[str, list[str]]:

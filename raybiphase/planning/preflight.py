@@ -13,12 +13,12 @@ from raybiphase.config.resources import check_fits
 from raybiphase.config.resources import check_room as check_run_room
 from raybiphase.finetune.heldout import check_held_out_tasks
 from raybiphase.finetune.tasks import get_task
+from raybiphase.planning.bill import bill_lines
+from raybiphase.planning.plan import Plan, describe, make_plan
+from raybiphase.planning.power_lines import power_lines
+from raybiphase.planning.stage_forecast import stage_lines
+from raybiphase.planning.timeline import timeline_lines
 from raybiphase.pretrain.budget import check_budget, data_budget
-from raybiphase.sweep.bill import bill_lines
-from raybiphase.sweep.plan import Plan, describe, make_plan
-from raybiphase.sweep.power_lines import power_lines
-from raybiphase.sweep.size_gate import stage_lines
-from raybiphase.sweep.timeline import timeline_lines
 from raybiphase.telemetry.console import STDOUT, Console
 
 

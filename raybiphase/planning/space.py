@@ -25,8 +25,8 @@ from raybiphase.config import RunConfig, SweepSpec
 from raybiphase.config.estimates import CHECKPOINT_BYTES_PER_PARAM, vocab_size
 from raybiphase.config.sizes import SIZES
 from raybiphase.errors import UserError
+from raybiphase.planning.plan import Plan, Segment
 from raybiphase.pretrain.policy import CheckpointPolicy
-from raybiphase.sweep.plan import Plan, Segment
 
 HF_BYTES_PER_PARAM = 4
 """An HF export (save_pretrained of the trained fp32 weights)."""

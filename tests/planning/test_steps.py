@@ -14,8 +14,8 @@ import pytest
 from raybiphase.config import MASKED, SweepSpec, from_dict, load
 from raybiphase.config.identity import digest
 from raybiphase.phases import Schedule, StepKind
-from raybiphase.sweep.plan import make_plan
-from raybiphase.sweep.steps import OBJECTIVE_CODE, RESET, first_difference, id_bytes, id_rows, step_order, step_value
+from raybiphase.planning.plan import make_plan
+from raybiphase.planning.steps import OBJECTIVE_CODE, RESET, first_difference, id_bytes, id_rows, step_order, step_value
 
 
 def _run(steps: int, plan: list[dict], lr: float = 1e-3, warmup: int = 2, decay: int = 2):

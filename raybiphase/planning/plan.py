@@ -3,7 +3,7 @@
 Two runs take the same optimizer step t when everything that shapes the weights is equal (model, data, seed,
 batch, optimizer settings, masking probabilities: the run's *base*) and every step up to t is the same step: the
 same kind (objective, optimizer reset, frozen blocks, masking range), masking ratio and learning rate
-(raybiphase.sweep.steps). Under WSD a 42k-step run is therefore, until its decay starts, the same run as its 12k and
+(raybiphase.planning.steps). Under WSD a 42k-step run is therefore, until its decay starts, the same run as its 12k and
 22k siblings, and a CLM->MLM run is a CLM run until its switch. The planner compares runs exactly, piece by piece of
 their schedules (raybiphase.phases), and builds a trie: a segment covers steps [start, end) of every run below it,
 starts from its parent's checkpoint at `start`, and leaves one at `end`. Executing a run as a chain of segments gives
@@ -30,11 +30,16 @@ from raybiphase.config.estimates import resolve_checkpoint_every
 from raybiphase.config.identity import digest
 from raybiphase.naming import run_name, steps_label
 from raybiphase.phases import Schedule
+from raybiphase.planning.cost import (
+    checkpoint_finetune_gpu_hours,
+    finetune_basis_text,
+    gpu_hours_text,
+    segment_gpu_hours,
+)
+from raybiphase.planning.grids import check_export_grids, checkpoint_grid, grid_lines, grid_trials
+from raybiphase.planning.replicate_cost import replicate_lines
+from raybiphase.planning.steps import first_difference, id_bytes, step_order, step_tag, step_value
 from raybiphase.pretrain.budget import budget_lines, data_budget
-from raybiphase.sweep.cost import checkpoint_finetune_gpu_hours, finetune_basis_text, gpu_hours_text, segment_gpu_hours
-from raybiphase.sweep.grids import check_export_grids, checkpoint_grid, grid_lines, grid_trials
-from raybiphase.sweep.replicate_cost import replicate_lines
-from raybiphase.sweep.steps import first_difference, id_bytes, step_order, step_tag, step_value
 
 # per-step settings: the planner compares them step by step, so they stay out of a run's base
 _PER_STEP = {"phases": {"plan"}, "optim": {"lr", "warmup_steps", "decay_steps"}}
@@ -124,13 +129,13 @@ class Plan:
 
     def grids(self, spec: SweepSpec) -> dict[tuple[str, int], FinetuneGrid]:
         """Each fine-tuned checkpoint's grid: the full one, or finetune.exports' for an intermediate step
-        (raybiphase.sweep.grids)."""
+        (raybiphase.planning.grids)."""
         return {(segment, step): checkpoint_grid([self.runs[n] for n in names], step, spec.finetune)
                 for (segment, step), names in self.checkpoints().items()}
 
     def finetune_trials(self, spec: SweepSpec, *, distinct: bool = True) -> int:
         """Fine-tuning trials, every one run to its end: each checkpoint's grid (`grids`) and each control's full
-        grid, tasks sharing a training task trained once (raybiphase.sweep.grids.grid_trials); with
+        grid, tasks sharing a training task trained once (raybiphase.planning.grids.grid_trials); with
         `distinct=False`, as if every run's checkpoint and every task were fine-tuned apart (what sharing saves)."""
         runs = self.checkpoints()
         controls = len(self.controls) * grid_trials(spec.finetune.grid(), distinct=distinct)
@@ -139,7 +144,7 @@ class Plan:
 
     def finetune_gpu_hours(self, spec: SweepSpec, *, evaluation_only: bool = False) -> float:
         """An upper bound on the fan-out's GPU-hours: every trial of each distinct checkpoint's grid and each
-        control's (no ASHA stop), its steps and evaluations as raybiphase.sweep.cost.trial_count counts them.
+        control's (no ASHA stop), its steps and evaluations as raybiphase.planning.cost.trial_count counts them.
         `evaluation_only`: the evaluations' share alone."""
         runs = self.checkpoints()
         sized = [(self.runs[runs[key][0]].config.model.size, grid) for key, grid in self.grids(spec).items()]
@@ -187,7 +192,7 @@ def _with_shorthand(combo: dict, base: dict) -> dict:
 
 def base_key(cfg: RunConfig, source: str | None) -> str:
     """What two runs must share to share any step: the settings that shape the weights (raybiphase.config.run),
-    less the per-step ones the planner compares (raybiphase.sweep.steps), with a continued run's source named by its run."""
+    less the per-step ones the planner compares (raybiphase.planning.steps), with a continued run's source named by its run."""
     data = weights_settings(cfg)
     for section, keys in _PER_STEP.items():
         data[section] = {k: v for k, v in data[section].items() if k not in keys}

@@ -112,7 +112,7 @@ def test_validate_refuses_what_the_sweep_would_refuse_in_its_grid_and_runs(tmp_p
 
 def test_fine_tuning_longer_than_pretraining_is_refused_before_anything_runs():
     from raybiphase.config import ConfigError, SweepSpec, load
-    from raybiphase.sweep.preflight import plan_sweep
+    from raybiphase.planning.preflight import plan_sweep
     from raybiphase.telemetry.console import Console
 
     spec = load(SweepSpec, "sweeps/quickstart.yaml", ["finetune.max_len=4096"])
@@ -150,8 +150,8 @@ def test_a_grid_over_a_setting_that_never_changes_the_weights_is_refused():
 def test_a_sweep_on_its_own_ray_that_asks_for_more_than_the_machine_has_is_refused_naming_the_setting():
     """A local Ray has no autoscaler: a worker group or trial asking for more than it has would wait forever."""
     from raybiphase.config import ConfigError, SweepSpec, from_dict
-    from raybiphase.sweep.plan import make_plan
-    from raybiphase.sweep.preflight import check_room
+    from raybiphase.planning.plan import make_plan
+    from raybiphase.planning.preflight import check_room
 
     def refusal(machine: dict, flash_attn: bool = True, **settings) -> str:
         spec = from_dict(SweepSpec, {**TINY_BASE, "finetune": {"tasks": ["tweets"]}}, settings)

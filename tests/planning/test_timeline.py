@@ -8,8 +8,8 @@ import random
 import pytest
 
 from raybiphase.config import SweepSpec, load
-from raybiphase.sweep.plan import dependencies, make_plan
-from raybiphase.sweep.timeline import (
+from raybiphase.planning.plan import dependencies, make_plan
+from raybiphase.planning.timeline import (
     _finetune_hours,
     by_priority,
     fewest_slots_for_the_chain,

@@ -8,7 +8,7 @@ import pytest
 
 from raybiphase.config import ConfigError, SweepSpec, from_dict, load
 from raybiphase.finetune.tasks import get_task
-from raybiphase.sweep.plan import describe, expand, make_plan, plan_runs, shared_steps
+from raybiphase.planning.plan import describe, expand, make_plan, plan_runs, shared_steps
 
 SWEEPS = sorted((Path(__file__).resolve().parents[2] / "sweeps").glob("*.yaml"))
 PAPER_DATASETS = {"sst2", "mnli", "qqp", "conll2003", "ontonotes", "uner", "squad", "squad_v2", "record", "msmarco",
@@ -59,7 +59,7 @@ def test_committed_specs_load_and_plan(path):
 def test_a_one_gpu_sweeps_estimates_say_minutes_and_hundredths_not_zeros():
     """A small sweep's dry run says what it costs (sweeps/gpu.yaml: a hundredth of a GPU-hour, seconds of steps);
     the paper's keep their whole GPU-hours, hours and days."""
-    from raybiphase.sweep.cost import gpu_hours_text, hours_text
+    from raybiphase.planning.cost import gpu_hours_text, hours_text
 
     spec = load(SweepSpec, "sweeps/gpu.yaml")
     estimate = next(line for line in describe(make_plan(spec), spec).splitlines() if line.startswith("estimate: "))
@@ -348,7 +348,7 @@ def test_a_shared_segment_exports_what_every_run_through_it_fine_tunes(lengths):
 
 
 def test_replicates_share_prefixes_only_within_a_seed_and_the_dry_run_prices_them():
-    from raybiphase.sweep.replicate_cost import extra_runs, replicate_arms, replicate_lines
+    from raybiphase.planning.replicate_cost import extra_runs, replicate_arms, replicate_lines
 
     one = make_plan(load(SweepSpec, "sweeps/quickstart.yaml"))
     grid = "sweep.grid={phases.clm_share: [0.0, 0.5, 1.0], train.seed: [0, 1, 2]}"
@@ -398,13 +398,17 @@ def test_the_sizes_of_the_miniature_order_as_the_papers():
 
 def test_the_dry_run_imports_no_torch():
     """Planning is arithmetic on configs: the dry run (the CLI's own path, with a data budget and a continued run)
-    runs in a fresh interpreter without torch ever being imported, so it answers in seconds on any machine."""
+    and every module of raybiphase.planning load in a fresh interpreter without torch, Ray or transformers ever
+    being imported, so the dry run answers in seconds on any machine."""
     import subprocess
     import sys
 
-    code = ("import io, sys\n"
+    code = ("import importlib, io, pkgutil, sys\n"
+            "import raybiphase.planning as planning\n"
+            "for module in pkgutil.iter_modules(planning.__path__):\n"
+            "    importlib.import_module(f'raybiphase.planning.{module.name}')\n"
             "from raybiphase.config import SweepSpec, load\n"
-            "from raybiphase.sweep.preflight import plan_sweep\n"
+            "from raybiphase.planning.preflight import plan_sweep\n"
             "from raybiphase.telemetry.console import Console\n"
             "plan_sweep(load(SweepSpec, 'sweeps/beyond.yaml'), dry_run=True, console=Console(io.StringIO()))\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray', 'transformers')))\n")

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from raybiphase.config import SweepConfig, SweepSpec
 from raybiphase.config.estimates import best_interval_hours, checkpoint_hours, mtbf_hours, segment_gpus, segment_nodes
 from raybiphase.config.sizes import SIZES
-from raybiphase.sweep.cost import gpu_hours_text
-from raybiphase.sweep.plan import Plan, Segment
-from raybiphase.sweep.timeline import wall_hours
+from raybiphase.planning.cost import gpu_hours_text
+from raybiphase.planning.plan import Plan, Segment
+from raybiphase.planning.timeline import wall_hours
 
 
 @dataclass(frozen=True)
