@@ -38,7 +38,11 @@ def worker_env() -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in (job.get("env_vars") or {})}
 
 
-def ensure_ray(num_cpus: int | None = None) -> None:
+def ensure_ray(num_cpus: int | None = None, *, dashboard: bool = True) -> None:
+    """Join the Ray at RAY_ADDRESS, else start one on this machine with `num_cpus` CPUs (RAYBIPHASE_NUM_CPUS, else
+    the machine's count) and, with `dashboard`, Ray's dashboard (where to watch jobs, actors and logs, and the job
+    API `ray job submit` talks to; it takes several percent of a core while trials and fits come and go, which a
+    Ray nobody watches, such as a test suite's, can spare). Prints the dashboard's address when there is one."""
     import ray
 
     if ray.is_initialized():
@@ -77,7 +81,7 @@ def ensure_ray(num_cpus: int | None = None) -> None:
             address="local",
             num_cpus=num_cpus or int(env_number("RAYBIPHASE_NUM_CPUS", os.cpu_count() or 2, minimum=1)),
             object_store_memory=1 << 30,
-            include_dashboard=True,
+            include_dashboard=dashboard,
             logging_level=logging.WARNING,
             log_to_driver=verbose,
             runtime_env=runtime_env,

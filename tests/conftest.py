@@ -10,7 +10,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
 
-SECOND_RAY = ("test_paper_mini.py", "test_beyond_study.py", "test_staged_sweep.py", "test_driver.py")
+SECOND_RAY = ("test_trainer.py", "test_driver.py", "test_paper_mini.py", "test_staged_sweep.py")
+"""The tests the second xdist process runs on a Ray of its own once its unit tests are done: the trainer's
+rehearsals and the killed-driver rehearsal, which share the tiny run trained alone (`tiny_run`, trained once per
+process that asks for it), and two of the studies whose segments train in the test's process."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks added here
@@ -24,10 +27,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.ray)
         # Three groups in a whole run, one pytest-xdist process each at a time (xdist hands out the largest group
         # first): the tests without Ray; the tests on the shared Ray, the fault rehearsals first; and SECOND_RAY,
-        # the studies whose segments train in the test's process and the killed-driver rehearsal, which the first
-        # process takes, on a Ray of its own, once it is through its own, so both processes carry about the same
-        # time. The rehearsals, whose check that a failed fit leaves no CPU held fails when a second Ray loads the
-        # machine, run while the other process runs no Ray.
+        # which the process through with the tests without Ray takes, on a Ray of its own, so both processes carry
+        # about the same time. The fault rehearsals, whose check that a failed fit leaves no CPU held fails when a
+        # second Ray loads the machine, run while the other process runs no Ray.
         if {"ray", "cluster"} & set(item.keywords):
             second = any(f"/{name}" in item.nodeid for name in SECOND_RAY)
             item.add_marker(pytest.mark.xdist_group("ray-second" if second else "ray"))
@@ -94,9 +96,10 @@ def hub_snapshots(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def ray_cluster(s3_bucket, hub_snapshots):
-    """One local Ray for the whole session, sized like this 2-core machine; its workers find the S3 server through
-    the same AWS_* environment as the tests, and the hub's datasets in `hub_snapshots` (the driver, this process,
-    reads them only in the tests that set RAYBIPHASE_DATASETS_DIR themselves)."""
+    """One local Ray for the whole session, sized like this 2-core machine and without Ray's dashboard (nobody
+    watches it here, and it took several percent of a core while the studies' trials came and went); its workers
+    find the S3 server through the same AWS_* environment as the tests, and the hub's datasets in `hub_snapshots`
+    (the driver, this process, reads them only in the tests that set RAYBIPHASE_DATASETS_DIR themselves)."""
     import ray
 
     from raybiphase.finetune.hub import DATASETS_DIR_ENV
@@ -105,7 +108,7 @@ def ray_cluster(s3_bucket, hub_snapshots):
     before = os.environ.get(DATASETS_DIR_ENV)
     os.environ[DATASETS_DIR_ENV] = str(hub_snapshots)  # Ray's workers take the environment at its start
     try:
-        ensure_ray(num_cpus=2)
+        ensure_ray(num_cpus=2, dashboard=False)
     finally:
         if before is None:
             os.environ.pop(DATASETS_DIR_ENV)

@@ -310,8 +310,9 @@ def test_the_quickstart_on_two_nodes_crosses_only_through_the_bucket(two_nodes, 
 
     root = f"{s3_bucket}/two-nodes"
     started = time.time()
-    two_nodes.run([f"sweep.storage={root}/results", f"data.dir={root}/shards", *SHRUNK])
+    output = two_nodes.run([f"sweep.storage={root}/results", f"data.dir={root}/shards", *SHRUNK])
     print(f"two-node quickstart: {time.time() - started:.0f}s")
+    assert "Ray dashboard: http://" in output  # printed as the driver joins the cluster: where to watch it
 
     results = f"{root}/results/quickstart"
     finetune = _table(results, storage.FINETUNE_FILE)
