@@ -508,3 +508,28 @@ def test_the_dry_runs_json_is_the_plan_its_text_prints(monkeypatch, capsys):
     with pytest.raises(SystemExit) as refused:
         main()
     assert refused.value.code == 2 and "--json goes with --dry-run" in capsys.readouterr().err
+
+
+def test_continued_runs_of_two_lengths_from_one_source_share_their_steps_until_the_shorter_one_decays():
+    """The paper's continued runs (12k and 22k MLM steps on one decayed CLM checkpoint), in miniature: 4 and 6
+    steps, each with its own warmup and 1-step decay, from the tiny grid's decayed CLM run. Their first 3 steps are
+    the same, so they are one segment, trained once; each run then has a segment of its own from step 3, both
+    below the source's last segment."""
+    from raybiphase.planning.plan import dependencies
+    from tests.conftest import SMALL_DATA, TINY_BASE
+
+    spec = {**TINY_BASE, "sweep": {"name": "t", "storage": "/tmp/unused", "grid": {"phases.clm_share": [0.5, 1.0]},
+                                   "runs": [{"model.init_from": "@tiny-clm-8", "phases.steps": steps,
+                                             "phases.clm_share": 0.0, "optim.warmup_steps": 1,
+                                             "optim.decay_steps": 1} for steps in (4, 6)]},
+            "data": {**SMALL_DATA, "dir": "/tmp/unused"}}
+    plan = make_plan(from_dict(SweepSpec, spec))
+    continued = [run for run in plan.runs.values() if run.source]
+    assert len(continued) == 2 and {run.source for run in continued} == {next(n for n in plan.runs
+                                                                              if n.startswith("tiny-clm-8-"))}
+    spans = {name: sorted((s.start, s.end) for s in plan.segments.values() if name in s.runs)
+             for name in (run.name for run in continued)}
+    assert sorted(spans.values()) == [[(0, 3), (3, 4)], [(0, 3), (3, 6)]]
+    (shared,) = [s for s in plan.segments.values() if (s.start, s.end) == (0, 3) and len(s.runs) == 2]
+    (parent,) = dependencies(shared, plan.runs)
+    assert plan.segments[parent].end == 8 and list(plan.segments[parent].runs) == [continued[0].source]

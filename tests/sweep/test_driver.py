@@ -26,12 +26,11 @@ REPO = Path(__file__).resolve().parents[2]
 def _spec(tmp_path: Path, small_data) -> Path:
     spec = tiny_base(tmp_path / "results", small_data, name="branch")
     spec["sweep"]["grid"] = {"phases.clm_share": [0.5, 1.0]}
-    # continued pretraining: MLM on top of the decayed CLM run, with its own schedule (the paper's clm-dec recipe),
-    # for two lengths from the same source (the paper: 12k and 22k): they share their first 3 steps; one worker each
-    # (the grid's segments keep the two workers of the run alone a branch is compared with)
-    spec["sweep"]["runs"] = [{"model.init_from": "@tiny-clm-8", "phases.steps": steps, "phases.clm_share": 0.0,
-                              "optim.warmup_steps": 1, "optim.decay_steps": 1, "resources.num_workers": 1}
-                             for steps in (4, 6)]
+    # continued pretraining: MLM on top of the decayed CLM run, with its own schedule (the paper's clm-dec recipe), on
+    # one worker (the grid's segments keep the two workers of the run alone a branch is compared with); two lengths
+    # of it share their first steps as any two runs do (tests/planning/test_plan.py, the beyond study)
+    spec["sweep"]["runs"] = [{"model.init_from": "@tiny-clm-8", "phases.steps": 6, "phases.clm_share": 0.0,
+                              "optim.warmup_steps": 1, "optim.decay_steps": 1, "resources.num_workers": 1}]
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -83,9 +82,9 @@ def finished_sweep(ray_cluster, small_data, tmp_path_factory):
 def test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once(finished_sweep):
     from raybiphase.results.store import read_rows
 
-    order = ["tiny-clm-0-4", "tiny-clm-4-8", "tiny-mlm40-0-3", "tiny-mlm40-4-8", "tiny-mlm40-3-6", "tiny-mlm40-3-4"]
+    order = ["tiny-clm-0-4", "tiny-clm-4-8", "tiny-mlm40-0-6", "tiny-mlm40-4-8"]
     assert finished_sweep["done"] in (order[:1], sorted(order[:2])), finished_sweep["done"]
-    skipped = re.search(r"^pretraining: (\d)/6 segments already done$", finished_sweep["output"], re.M)
+    skipped = re.search(r"^pretraining: (\d)/4 segments already done$", finished_sweep["output"], re.M)
     assert skipped, finished_sweep["output"][:3000]
     done = int(skipped[1])  # the shared CLM segment, and the one after it if it ended before its workers did
     assert len(finished_sweep["done"]) <= done <= 2, finished_sweep["output"][:3000]
@@ -93,14 +92,14 @@ def test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once(finis
     progress = re.findall(r"^pretraining: (tiny-\S+) step (\d+)/(\d+), (?:clm|mlm) loss [\d.]+, [\d.]+k? tok/s",
                           finished_sweep["output"], re.M)
     ended = {name for name, step, end in progress if step == end}
-    assert len(ended) == 6 - done, finished_sweep["output"][-3000:]  # the segments this invocation ran
-    # one slot: segments start by the longest remaining chain, not in waves: the CLM branch (the continued runs
-    # hang below it), then the continued runs' shared segment before the MLM branch (in waves the MLM branch ran
-    # beside the CLM branch, before anything continued from it), then the longer continued run's last segment
+    assert len(ended) == 4 - done, finished_sweep["output"][-3000:]  # the segments this invocation ran
+    # one slot: segments start by the longest remaining chain, not in waves: the CLM branch (the continued run
+    # hangs below it), then the continued run, 6 steps on one worker, before the MLM branch, 4 steps on two (in
+    # waves the MLM branch ran beside the CLM branch, before anything continued from it)
     started = re.findall(r"^pretraining: starting (tiny-\S+) \(1 running\)", finished_sweep["output"], re.M)
     assert ["-".join(s.split("-")[:4]) for s in started] == order[done:], started
     last = finished_sweep["output"].strip().splitlines()[-1]  # where the time went, stage by stage
-    assert last.startswith("time: ") and f"{6 - done} segment(s), at most" in last and "in optimizer steps" in last
+    assert last.startswith("time: ") and f"{4 - done} segment(s), at most" in last and "in optimizer steps" in last
     assert finished_sweep["first"].stat().st_mtime_ns == finished_sweep["stamp"]  # not recomputed
     from raybiphase.checkpoint_meta import read_meta
 
@@ -112,7 +111,7 @@ def test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once(finis
     cards = [p.read_text() for p in finished_sweep["root"].glob("runs/*/step-*/hf/README.md")]
     assert sorted(c.split("\n# ", 1)[1].split("\n", 1)[0] for c in cards) == sorted(rows["run"].unique())
     steps = rows.groupby("run")["step"].apply(sorted)
-    assert sorted(steps.tolist()) == [[1, 2, 3, 4], list(range(1, 7))] + [list(range(1, 9))] * 2
+    assert sorted(steps.tolist()) == [list(range(1, 7))] + [list(range(1, 9))] * 2
 
 
 def test_every_column_the_sweep_wrote_is_named_on_the_results_page(finished_sweep):
@@ -126,12 +125,11 @@ def test_continued_run_starts_from_the_decayed_source_with_its_own_schedule(fini
 
     (source,) = (finished_sweep["root"] / "runs").glob("tiny-clm-4-8-*/step-00000008")
     source = read_meta(source)
-    for end in (4, 6):  # both lengths, each past the segment they share: every segment starts from the source
-        (meta,) = (finished_sweep["root"] / "runs").glob(f"tiny-mlm40-3-{end}-*/step-0000000{end}")
-        meta = read_meta(meta)
-        assert source.decayed and meta.data_start == source.data_end  # continues the stream, no repeated samples
-        assert meta.run["model"]["init_from"].endswith("step-00000008") and meta.step == end
-        assert meta.metrics["val/mlm_loss"] < source.metrics["val/mlm_loss"]  # MLM on top of CLM helps MLM loss
+    (meta,) = (finished_sweep["root"] / "runs").glob("tiny-mlm40-0-6-*/step-00000006")
+    meta = read_meta(meta)
+    assert source.decayed and meta.data_start == source.data_end  # continues the stream, no repeated samples
+    assert meta.run["model"]["init_from"].endswith("step-00000008") and meta.step == 6
+    assert meta.metrics["val/mlm_loss"] < source.metrics["val/mlm_loss"]  # MLM on top of CLM helps MLM loss
 
 
 def test_a_branch_ends_with_the_weights_of_the_run_alone(finished_sweep, tiny_run):
