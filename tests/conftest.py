@@ -96,10 +96,9 @@ def hub_snapshots(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def ray_cluster(s3_bucket, hub_snapshots):
-    """One local Ray for the whole session, sized like this 2-core machine and without Ray's dashboard (nobody
-    watches it here, and it took several percent of a core while the studies' trials came and went); its workers
-    find the S3 server through the same AWS_* environment as the tests, and the hub's datasets in `hub_snapshots`
-    (the driver, this process, reads them only in the tests that set RAYBIPHASE_DATASETS_DIR themselves)."""
+    """One local Ray for the whole session, sized like this 2-core machine; its workers find the S3 server through
+    the same AWS_* environment as the tests, and the hub's datasets in `hub_snapshots` (the driver, this process,
+    reads them only in the tests that set RAYBIPHASE_DATASETS_DIR themselves)."""
     import ray
 
     from raybiphase.finetune.hub import DATASETS_DIR_ENV
@@ -108,7 +107,7 @@ def ray_cluster(s3_bucket, hub_snapshots):
     before = os.environ.get(DATASETS_DIR_ENV)
     os.environ[DATASETS_DIR_ENV] = str(hub_snapshots)  # Ray's workers take the environment at its start
     try:
-        ensure_ray(num_cpus=2, dashboard=False)
+        ensure_ray(num_cpus=2)
     finally:
         if before is None:
             os.environ.pop(DATASETS_DIR_ENV)

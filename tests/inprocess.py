@@ -44,12 +44,13 @@ class _FitUtils(ray_fn_utils.LocalTrainFnUtils):
 
 
 class InProcessTrainer:
-    """`make_trainer(job, max_failures=..., callbacks=...)`'s stand-in: `fit()` trains the SegmentJob in this
-    process and returns the `ray.train.Result` Ray Train would: the loop's return value, the last report and
-    checkpoint, and every checkpoint as `best_checkpoints` (the sweep keeps them all)."""
+    """`make_trainer(job, max_failures=..., callbacks=..., train_fn=...)`'s stand-in: `fit()` trains the
+    SegmentJob in this process (with `train_fn`, else the production loop) and returns the `ray.train.Result` Ray
+    Train would: the loop's return value, the last report and checkpoint, and every checkpoint as
+    `best_checkpoints` (the sweep keeps them all)."""
 
-    def __init__(self, job, *, max_failures: int = 0, callbacks=()):
-        self.job = job
+    def __init__(self, job, *, max_failures: int = 0, callbacks=(), train_fn=None):
+        self.job, self.train_fn = job, train_fn
 
     def fit(self) -> ray.train.Result:
         from raybiphase.pretrain.loop import train_loop
@@ -60,7 +61,7 @@ class InProcessTrainer:
             ray_fn_utils.set_train_fn_utils(utils)
             torch.set_num_threads(max(1, int(self.job.run.resources.cpus_per_worker)))  # as Ray sets a worker's
             try:
-                value = train_loop({"job": self.job})
+                value = (self.train_fn or train_loop)({"job": self.job})
             finally:
                 ray_fn_utils.set_train_fn_utils(saved)
                 torch.set_num_threads(threads)

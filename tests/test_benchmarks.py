@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -27,18 +28,22 @@ def test_masking_benchmark_runs_what_the_stream_runs_and_prints_the_ratio(offlin
 @pytest.mark.slow
 @pytest.mark.ray
 def test_parity_benchmark_trains_both_sides_and_clm_equals_the_trainer_when_both_read_the_same_order(
-        offline_cache, tmp_path):
+        offline_cache, ray_cluster, tmp_path):
     """bench_parity.py at a toy size (4 steps, one seed): the project's run and transformers' Trainer, scored by
     one evaluation; it prints the difference line and writes a strict JSON record. CLM has no masking draw: given
     the project's block order, the Trainer (its AdamW groups, clipping, token-weighted accumulation over two
     micro-batches, causal loss) and the project's loop end on the same held-out loss, so what the benchmark measures
     beyond seed noise is the data order (and for MLM the masks)."""
-    import json
+    import ray
 
     record = tmp_path / "parity.json"
+    # the benchmark joins the tests' running Ray through RAY_ADDRESS, as a run on a cluster does (no preemption
+    # watcher: no autoscaler drains it)
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
+           "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
     proc = subprocess.run([sys.executable, "benchmarks/bench_parity.py", "--seeds", "0", "--steps", "4",
                            "--objectives", "mlm", "clm", "--peer-order", "ours", "--ours-order", "stream",
-                           "--set", "train.micro_batch_size=8", "--json", str(record)], cwd=REPO,
+                           "--set", "train.micro_batch_size=8", "--json", str(record)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "mlm seed 0: held-out loss ours" in proc.stdout

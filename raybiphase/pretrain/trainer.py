@@ -59,10 +59,12 @@ def make_trainer(job: SegmentJob, *, max_failures: int = 0, callbacks=(), train_
 
 
 def run_pretrain(spec: SweepSpec, *, resume_from: str | None = None, max_failures: int = 0, train_fn=None,
-                 evaluation_texts=None):
+                 evaluation_texts=None, trainer_factory=None):
     """Prepare data (decontaminated against `evaluation_texts`' tasks: raybiphase.data.prepare), train the spec's
     base run, return the ray.train.Result. The run's data budget is checked as a sweep checks it
-    (`check_run_budget`), before Ray starts and once its data is prepared."""
+    (`check_run_budget`), before Ray starts and once its data is prepared. `trainer_factory`: what makes the run's
+    trainer from its job (`make_trainer`'s signature; run_sweep's make_trainer is the same seam), for a library
+    user who fits runs their own way."""
 
     if spec.sweep.grid or spec.sweep.runs:
         raise UserError("sweep.grid: this config is a sweep; run it with raybiphase sweep")
@@ -84,6 +86,6 @@ def run_pretrain(spec: SweepSpec, *, resume_from: str | None = None, max_failure
     name, paths = run_name(run), storage.SweepPaths.of(spec.sweep.storage, spec.sweep.name)
     job = SegmentJob(run=run, name=name, run_dir=paths.run_dir(name), data_dir=data_dir, resume_from=resume_from,
                      wandb=sweep_settings(spec), progress_every=interval())
-    trainer = make_trainer(job, max_failures=max_failures, train_fn=train_fn)
+    trainer = (trainer_factory or make_trainer)(job, max_failures=max_failures, train_fn=train_fn)
     with Watch({name: job.progress}):  # step, loss, tok/s, ETA every few seconds
         return trainer.fit()

@@ -181,14 +181,16 @@ def test_repair_moves_damaged_parts_and_records_aside_and_writes_back_what_the_j
     assert not again.moved and not any(again.written.values())
 
 
-def _alone(study, tmp_path, name: str, **overrides) -> Path:
-    """`raybiphase pretrain`'s path: the spec's base run with `overrides`, trained alone."""
+def _alone(study, tmp_path, name: str, *, worker_group: bool, **overrides) -> Path:
+    """`raybiphase pretrain`'s path: the spec's base run with `overrides`, trained alone, by a Ray Train worker
+    group of one or (`worker_group` false) in this process as the study's segments are."""
     from raybiphase.config import SweepSpec, from_dict, to_dict
     from raybiphase.pretrain.trainer import run_pretrain
 
     spec = to_dict(study["spec"])
     spec["sweep"] = {**spec["sweep"], "name": name, "storage": str(tmp_path), "grid": {}, "runs": []}
-    result = run_pretrain(from_dict(SweepSpec, spec, overrides))
+    result = run_pretrain(from_dict(SweepSpec, spec, overrides),
+                          trainer_factory=None if worker_group else InProcessTrainer)
     return Path(result.checkpoint.path)
 
 
@@ -212,12 +214,14 @@ KNOBS = {  # knob: (the tag of its run's name, the base run's overrides that mak
 @pytest.fixture(scope="module")
 def alone(study, tmp_path_factory) -> dict[str, Path]:
     """Each knob's run trained alone, one after the other (three at once starve their Ray Data readers of CPUs on
-    2 cores)."""
+    2 cores): the optimizer reset's by a Ray Train worker group of one, as `raybiphase pretrain` trains it (so a
+    branch trained in the test's process is held to a real worker group's weights), the others in this process."""
     tmp = tmp_path_factory.mktemp("alone")
     (source,) = (study["root"] / "runs").glob("tiny-clm-8-16-*/step-00000016")  # what the MNTP run continues
     overrides = {knob: dict(extra) for knob, (_, extra) in KNOBS.items()}
     overrides["mntp"]["model.init_from"] = str(source)
-    return {knob: _alone(study, tmp, f"alone-{knob}", **extra) for knob, extra in overrides.items()}
+    return {knob: _alone(study, tmp, f"alone-{knob}", worker_group=knob == "reset", **extra)
+            for knob, extra in overrides.items()}
 
 
 @pytest.mark.parametrize("knob", KNOBS)

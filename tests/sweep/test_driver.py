@@ -88,6 +88,7 @@ def test_resumed_sweep_skips_the_finished_segment_and_writes_each_row_once(finis
     assert skipped, finished_sweep["output"][:3000]
     done = int(skipped[1])  # the shared CLM segment, and the one after it if it ended before its workers did
     assert len(finished_sweep["done"]) <= done <= 2, finished_sweep["output"][:3000]
+    assert "Ray dashboard: http://127.0.0.1:" in finished_sweep["output"]  # printed at start: where to watch
     # live progress: each running segment's step, loss and throughput, and where it ended
     progress = re.findall(r"^pretraining: (tiny-\S+) step (\d+)/(\d+), (?:clm|mlm) loss [\d.]+, [\d.]+k? tok/s",
                           finished_sweep["output"], re.M)
