@@ -8,6 +8,7 @@ from raybiphase import storage
 from raybiphase.config import RunConfig, SweepSpec
 from raybiphase.data.fingerprint import fingerprint
 from raybiphase.errors import DamagedFile
+from raybiphase.failures import FailurePolicy
 from raybiphase.planning.plan import Plan, Segment
 from raybiphase.storage import SweepPaths
 from raybiphase.telemetry.console import STDOUT, Console
@@ -27,6 +28,11 @@ class SweepContext:
     histories: dict[str, list[dict]] = dataclasses.field(default_factory=dict)
     """segment id -> its reports once it is done (final): its fit's value's (raybiphase.sweep.segments), or its
     history.json read once."""
+
+    @property
+    def policy(self) -> FailurePolicy:
+        """The sweep's one failure policy (raybiphase.failures), from its spec."""
+        return FailurePolicy.of(self.spec.sweep)
 
     def data_dir(self, config: RunConfig) -> str:
         return self.data_dirs[fingerprint(config.data)]

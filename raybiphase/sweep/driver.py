@@ -27,7 +27,6 @@ from raybiphase.data import assets
 from raybiphase.data.fingerprint import fingerprint
 from raybiphase.data.prepare import check_data, prepare
 from raybiphase.errors import ConfigError, UserError
-from raybiphase.failures import FailurePolicy
 from raybiphase.finetune.fanout import Fanout, check_sources
 from raybiphase.finetune.heldout import evaluation_texts
 from raybiphase.finetune.records import check_settings
@@ -70,13 +69,12 @@ def run_sweep(spec: SweepSpec, *, dry_run: bool = False, console: Console = STDO
     spec, plan = plan_sweep(spec, dry_run=dry_run, console=console)
     if dry_run:
         return plan
-    policy = FailurePolicy.of(spec.sweep)
     clock = Clock()
     ctx = SweepContext(spec, plan, SweepPaths.of(spec.sweep.storage, spec.sweep.name), console=console)
     # a bucket never reached is a wrong address or missing credentials, not an outage to wait out: said in seconds,
     # before the lease's first write would wait storage's retry budget
     storage.check_reachable(spec.sweep.storage, "sweep.storage")
-    with (outage_budget(policy.storage_outage_s),  # for this process and every Ray worker it starts
+    with (outage_budget(ctx.policy.storage_outage_s),  # for this process and every Ray worker it starts
           lease.hold(ctx.paths.lease, spec.sweep.lease_timeout_s, console=console),  # one driver per sweep folder
           outages.sharing()):  # one outage budget for all of the sweep's processes (started once Ray is up)
         start(ctx, clock, spec_path)
@@ -169,7 +167,7 @@ def run_jobs(ctx: SweepContext, clock: Clock, make_trainer: Callable = make_trai
             if spec.sweep.stages == "by_size" else None)  # a size starts once the smaller ones and their fine-tuning are done
     scheduler = Scheduler(fanout, slots=spec.run.resources.max_concurrent, experiment=storage.join(paths.root, "finetune"),
                           table=table, console=ctx.console, done_trials=trials_done(table) if fanout else frozenset(),
-                          policy=FailurePolicy.of(spec.sweep), gate=gate)
+                          policy=ctx.policy, gate=gate)
     with Watch({}, ctx.console) as watch:  # a line per running segment every few seconds
         pretraining = SweepPretraining(ctx, clock, watch, make_trainer)
         todo = pretraining.jobs([s for s in plan.segments.values() if s.id not in done])
