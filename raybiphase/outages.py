@@ -86,16 +86,20 @@ _SHARED: list = [None]
 """The board `share` started: Ray ends an actor, named or not, once no handle to it is left."""
 
 
-def share() -> None:
+def share(ready_s: float = 60.0) -> None:
     """Start the job's OutageBoard (Ray must be up; within `sharing`, which ends it): from then on every process
     of this job counts a bucket's outage from its start as the first of them saw it. On the driver's node,
-    restarted if it is lost (it then forgets: each process counts from its own start again, as without it)."""
+    restarted if it is lost (it then forgets: each process counts from its own start again, as without it).
+    Returns once the board answers (at most `ready_s`): a process's first failure asks it when the outage began,
+    and that question must not wait out the actor's own start-up, which the caller would count as outage."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
     _SHARED[0] = ray.remote(num_cpus=0, max_restarts=-1)(OutageBoard).options(
         name=BOARD, get_if_exists=True, scheduling_strategy=here).remote()
+    with contextlib.suppress(Exception):  # a board slow to start is one not asked yet, not an error
+        ray.get(_SHARED[0].__ray_ready__.remote(), timeout=ready_s)
 
 
 @contextlib.contextmanager

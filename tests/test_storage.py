@@ -241,8 +241,10 @@ def test_the_processes_of_a_sweep_on_ray_wait_out_one_outage_budget_between_them
 
     with outages.sharing():
         outages.share()
-        first = ray.get(wait_out.remote(1.5))
-        second = ray.get(wait_out.remote(1.5))
+        # 5 s: the first process's own question to the board counts as outage, and on two busy cores it may take
+        # a second or two
+        first = ray.get(wait_out.remote(5.0))
+        second = ray.get(wait_out.remote(5.0))
     assert first >= 2 and second == 1, (first, second)
     assert outages._board() is None
 
