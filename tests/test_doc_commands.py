@@ -65,6 +65,8 @@ def takewhile_output(lines: list[str]) -> list[str]:
 
 RUN = "run here"
 HELP = "--help"
+QUICKSTART_ON_TWO_NODES = ("tests/test_multinode.py::test_the_quickstart_crosses_only_through_the_bucket_and_a_spot_"
+                           "notice_costs_only_the_steps_since_the_drain")
 
 
 def _test(node: str) -> str:
@@ -86,13 +88,11 @@ RULES: list[tuple[str, str]] = [  # (a regex the whole command matches, how it i
     # run by a test, shortened where it would take minutes
     (r"pip install -c constraints\.txt -e '\.\[dev\]' && python -m pytest", _test(".ci/run")),
     (r"pip install -c constraints\.txt -e \. && python -m raybiphase assets fetch && "
-     r"python -m raybiphase\.sweep sweeps/quickstart\.yaml", _test("tests/test_multinode.py::"
-                                                                   "test_the_quickstart_on_two_nodes_crosses_only_"
-                                                                   "through_the_bucket")),
+     r"python -m raybiphase\.sweep sweeps/quickstart\.yaml", _test(QUICKSTART_ON_TWO_NODES)),
     (r"pip install -c constraints\.txt -e \.", _test(".ci/run")),
     (r"python -m raybiphase assets fetch", _test("tests/data/test_assets.py")),
     (r"(python -m raybiphase\.sweep|raybiphase sweep) sweeps/quickstart\.yaml",
-     _test("tests/test_multinode.py::test_the_quickstart_on_two_nodes_crosses_only_through_the_bucket")),
+     _test(QUICKSTART_ON_TWO_NODES)),
     (r"raybiphase report results/quickstart", _test("tests/results/test_report.py")),
     (r"raybiphase repair (SPEC|sweeps/quickstart\.yaml).*", _test(
         "tests/sweep/test_beyond_study.py::test_repair_moves_damaged_parts_and_records_aside_and_writes_back_what_the"

@@ -303,40 +303,37 @@ def test_a_job_without_the_clusters_token_is_refused_and_one_with_it_runs(two_no
     assert all(token not in output for output in said)
 
 
-@pytest.mark.cluster
-@pytest.mark.slow
-def test_the_quickstart_on_two_nodes_crosses_only_through_the_bucket(two_nodes, s3_bucket):
-    from raybiphase import storage
+REFERENCE = """\
+import sys
+from raybiphase.config import SweepSpec, load
+from raybiphase.sweep.driver import run_sweep
+from tests.inprocess import InProcessTrainer
+run_sweep(load(SweepSpec, "sweeps/quickstart.yaml", sys.argv[1:]), make_trainer=InProcessTrainer)
+"""
 
-    root = f"{s3_bucket}/two-nodes"
-    started = time.time()
-    output = two_nodes.run([f"sweep.storage={root}/results", f"data.dir={root}/shards", *SHRUNK])
-    print(f"two-node quickstart: {time.time() - started:.0f}s")
-    assert "Ray dashboard: http://" in output  # printed as the driver joins the cluster: where to watch it
 
-    results = f"{root}/results/quickstart"
-    finetune = _table(results, storage.FINETUNE_FILE)
-    assert len(finetune[finetune["source"] == "raybiphase"]) == 3  # (two runs + their untrained control) x 1 x 1 x 1
-    assert finetune["test_score"].between(0, 1).all()
-    assert storage.exists(storage.join(results, storage.PRETRAIN_FILE))
-    assert storage.is_file(storage.join(results, storage.REPORT_DIR, "report.md"))
-    assert storage.is_file(storage.join(root, "shards", "manifest.json"))
-    # the worker node had no assets: it read them from the bucket, where the driver put them
-    assert storage.is_file(storage.join(root, "results", "assets", "tweets", "MANIFEST.json"))
-    assert not (REPO / "results" / "quickstart" / "two-nodes").exists()
+def _trained_alone(two_nodes: TwoNodes, overrides: list[str]) -> None:
+    """The same sweep's pretraining on this machine, beside the two nodes, uninterrupted: its segments trained in
+    one process (tests.inprocess: a worker group of one's weights, bit for bit), on a local Ray of its own (Ray Data
+    streams the shards from the same bucket)."""
+    env = {k: v for k, v in two_nodes.env.items() if k not in AUTH_ENV}
+    done = subprocess.run([sys.executable, "-c", REFERENCE, *overrides], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
 
 
 @pytest.mark.cluster
 @pytest.mark.slow
-def test_a_spot_notice_drains_the_worker_node_and_its_loss_costs_only_the_steps_since_the_drain(two_nodes,
-                                                                                                 s3_bucket):
-    """The same sweep's pretraining again (no fine-tuning), into another folder of the bucket: once the shared CLM
-    prefix has committed its first checkpoint, the cloud announces the worker node's reclaim (a metadata server
-    answering as AWS's does) and `raybiphase spot-watch` drains the node through Ray with the time left. The
-    segment's workers write a checkpoint at the step under way (its meta says "drain") and train on; then every
-    process of the node is SIGKILLed at once, as the cloud stops the VM, and a fresh node joins 2 s later. The job
-    succeeds with the clean run's rows, every loss equal, every run ending with the clean run's weights bit for bit
-    (the clean run: the test above, else run here), and the restart resumes after the drain's checkpoint. Ray
+def test_the_quickstart_crosses_only_through_the_bucket_and_a_spot_notice_costs_only_the_steps_since_the_drain(
+        two_nodes, s3_bucket):
+    """The shrunk quickstart submitted to the two nodes: data, assets, checkpoints and results cross from the driver
+    to the worker node only through the bucket. Once the shared CLM prefix has committed its first checkpoint, the
+    cloud announces the worker node's reclaim (a metadata server answering as AWS's does) and `raybiphase
+    spot-watch` drains the node through Ray with the time left. The segment's workers write a checkpoint at the
+    step under way (its meta says "drain") and train on; then every process of the node is SIGKILLed at once, as
+    the cloud stops the VM, and a fresh node (empty caches and temp folders) joins 2 s later. The job succeeds with
+    the quickstart's rows and report, the restart resumes after the drain's checkpoint, and every loss and every
+    run's final weights equal, bit for bit, those of the same runs trained uninterrupted on this machine. Ray
     Train's preemption watcher, and so the loop's read of it, polls every second here (every 5 s by default), so
     that the notice reaches the prefix's workers while it trains."""
     import datetime
@@ -348,11 +345,8 @@ def test_a_spot_notice_drains_the_worker_node_and_its_loss_costs_only_the_steps_
     from tests.test_spot import Metadata
 
     root = f"{s3_bucket}/two-nodes"
-    clean = f"{root}/results/quickstart"
-    if not storage.exists(storage.join(clean, storage.FINETUNE_FILE)):
-        two_nodes.run([f"sweep.storage={root}/results", f"data.dir={root}/shards", *SHRUNK])
-    lost = f"{root}/results-lost/quickstart"
-    paths, started = storage.SweepPaths(lost), time.time()
+    results = f"{root}/results/quickstart"
+    paths, started = storage.SweepPaths(results), time.time()
     cloud = type("Cloud", (Metadata,), {"reclaim_at": None})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), cloud)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -360,12 +354,11 @@ def test_a_spot_notice_drains_the_worker_node_and_its_loss_costs_only_the_steps_
                                 f"http://127.0.0.1:{server.server_address[1]}", "--node-id", two_nodes.worker_node_id(),
                                 "--address", f"127.0.0.1:{two_nodes.port}", "--every-s", "0.5"],
                                env=two_nodes.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    job = two_nodes.submit([f"sweep.storage={root}/results-lost", f"data.dir={root}/shards", *SHRUNK,
-                            "finetune.tasks=[]", "data.decontam_tasks=[tweets]"],  # the same runs and shards
-                           job_env=POLL)
+    job = two_nodes.submit([f"sweep.storage={root}/results", f"data.dir={root}/shards", *SHRUNK], job_env=POLL)
     try:
         prefix = _first_checkpointed(paths, job, started)
-        assert prefix is not None, "the shared prefix never committed its first checkpoint"
+        assert prefix is not None, (job.communicate()[0][-4000:] if job.poll() is not None else
+                                    "the shared prefix never committed its first checkpoint")
         cloud.reclaim_at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=60)
         said = watcher.communicate(timeout=60)[0]
         found = _drain_checkpoint(paths, job)  # the prefix's: no later segment starts on a draining node
@@ -395,16 +388,30 @@ def test_a_spot_notice_drains_the_worker_node_and_its_loss_costs_only_the_steps_
     trained = max(committed, int(beat.get("step", 0)))  # at least: the last beat lags by up to a second
     print(f"node drained at step {drain} and lost ({killed} processes) at step {trained}+ of {segment}, step "
           f"{committed} committed; its first step after the restart: {resumed}; job {time.time() - started:.0f}s")
+    assert "Ray dashboard: http://" in output  # printed as the driver joins the cluster: where to watch it
+
+    # the quickstart's results, written by a worker node that had no assets, shards or checkpoints of its own
+    finetune = _table(results, storage.FINETUNE_FILE)
+    assert len(finetune[finetune["source"] == "raybiphase"]) == 3  # (two runs + their untrained control) x 1 x 1 x 1
+    assert finetune["test_score"].between(0, 1).all()
+    assert storage.is_file(storage.join(results, storage.REPORT_DIR, "report.md"))
+    assert storage.is_file(storage.join(root, "shards", "manifest.json"))
+    assert storage.is_file(storage.join(root, "results", "assets", "tweets", "MANIFEST.json"))  # the driver put them
+    assert not (REPO / "results" / "quickstart" / "two-nodes").exists()
+
     assert read_meta(paths.checkpoint(segment, drain)).notice == "drain" and drain < int(segment.rsplit("-", 2)[1])
     # the restart began after the newest committed checkpoint (the drain's, or a due one after it), not from the
     # segment's start: at most the steps since that checkpoint were trained again
     assert drain <= committed and resumed is not None and committed < resumed <= committed + CHECKPOINT_EVERY
 
-    clean_pt, lost_pt = (_table(at, storage.PRETRAIN_FILE) for at in (clean, lost))
+    clean = f"{root}/results-alone/quickstart"
+    _trained_alone(two_nodes, [f"sweep.storage={root}/results-alone", f"data.dir={root}/shards", *SHRUNK,
+                               "finetune.tasks=[]", "data.decontam_tasks=[tweets]"])  # the same runs and shards
+    clean_pt, lost_pt = (_table(at, storage.PRETRAIN_FILE) for at in (clean, results))
     losses = [c for c in clean_pt.columns if c.endswith("_loss")]
     clean_pt, lost_pt = (t.sort_values(["run", "step"]).reset_index(drop=True)[["run", "step", *losses]]
                          for t in (clean_pt, lost_pt))
-    # every report of the clean run, with the same losses (a restarted group may add a report of its own)
+    # every report of the uninterrupted runs, with the same losses (a restarted group may add a report of its own)
     both = clean_pt.merge(lost_pt, on=["run", "step"], how="left", suffixes=("", "_lost"), indicator=True)
     assert losses and (both["_merge"] == "both").all(), both[["run", "step", "_merge"]]
     for loss in losses:

@@ -104,18 +104,19 @@ def _markdown(text: str) -> str:
 
 
 def svg(figure) -> str:
-    """A matplotlib figure as inline SVG markup (text kept as text)."""
+    """A matplotlib figure as an SVG document, its text kept as text (selectable on the page, editable in a vector
+    editor, in the reader's fonts)."""
     import matplotlib
 
     buffer = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "none"}):
         figure.savefig(buffer, format="svg")
-    markup = buffer.getvalue()
-    return markup[markup.index("<svg"):]
+    return buffer.getvalue()
 
 
-def render(title: str, *, header: dict, intro: list[str], sections: list) -> str:
-    """The whole page. `sections`: raybiphase.results.tables.Section (figure, note, table)."""
+def render(title: str, *, header: dict, intro: list[str], sections: list, svgs: dict[str, str] | None = None) -> str:
+    """The whole page. `sections`: raybiphase.results.tables.Section (figure, note, table); `svgs`: their figures'
+    SVG documents by section name, where drawn already (else drawn here)."""
     parts = [f"<h1>{html.escape(title)}</h1>", '<dl class="header">']
     parts += [f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>" for k, v in header.items() if v]
     parts += ["</dl>", _markdown("\n".join(intro))]
@@ -124,7 +125,8 @@ def render(title: str, *, header: dict, intro: list[str], sections: list) -> str
         if section.figure is None:
             parts.append(_markdown(f"_{section.note}_"))
         else:
-            parts += [f"<figure>{svg(section.figure)}</figure>", _markdown(section.note)]
+            document = (svgs or {}).get(section.name) or svg(section.figure)
+            parts += [f"<figure>{document[document.index('<svg'):]}</figure>", _markdown(section.note)]
         if section.table:
             parts.append(_markdown(section.table))
     body = "\n".join(parts)
