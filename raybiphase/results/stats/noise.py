@@ -67,7 +67,8 @@ def replicate_noise(runs: pd.DataFrame, measure: str = "score") -> Noise | None:
     runs = runs[runs[measure].notna()]
     if runs.empty:
         return None
-    table = runs.pivot_table(index=["arm", "replicate"], columns="task", values=measure, aggfunc="mean")
+    # pivot_table's (arm, replicate) x task means, without its overhead (this runs per stratum, per report)
+    table = runs.groupby(["arm", "replicate", "task"], sort=True)[measure].mean().unstack("task")
     counts = table.groupby(level="arm").count()
     replicated = counts.index[(counts >= 2).any(axis=1)]
     if not len(replicated):
