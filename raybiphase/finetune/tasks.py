@@ -191,8 +191,9 @@ def load_splits(task: Task, *, max_examples: int = 0, max_eval_examples: int = 0
     the splits' `revisions` say what was read."""
     if ir_relevance not in IR_RELEVANCE:
         raise UserError(f"finetune.ir_relevance: {ir_relevance!r} is not allowed; allowed: {', '.join(IR_RELEVANCE)}")
-    splits = _load_splits(task.name, max_examples, max_eval_examples or max_examples, source, ir_corpus,
-                          tuple(revisions))
+    parts, read = _load_splits(task.name, source, ir_corpus, tuple(revisions))
+    splits = dataclasses.replace(make_splits(task, parts, max_examples=max_examples,
+                                             max_eval=max_eval_examples or max_examples), revisions=read)
     if task.family != "IR" or ir_relevance == "graded":
         return splits
     return dataclasses.replace(splits, val=binary_relevance(splits.val), test=binary_relevance(splits.test))
@@ -213,9 +214,11 @@ def binary_relevance(rset: dict) -> dict:
     return {"queries": queries, "passages": rset["passages"]}
 
 
-@functools.lru_cache(maxsize=8)
-def _load_splits(name: str, max_examples: int, max_eval: int, source: str, ir_corpus: str = "judged",
-                 revisions: tuple[str, ...] = ()) -> TaskSplits:
+@functools.lru_cache(maxsize=4)
+def _load_splits(name: str, source: str, ir_corpus: str = "judged", revisions: tuple[str, ...] = ()) -> tuple:
+    """A task's loader's parts, uncapped, and the revisions read: kept for the process's later calls, whatever
+    their caps (a benchmark or a test caps one task several ways; a trial's process reads its task once).
+    `make_splits` builds its lists from them and never changes them."""
     task = get_task(name)
     hub.check_corpus(ir_corpus)
     if source == "auto":
@@ -225,7 +228,7 @@ def _load_splits(name: str, max_examples: int, max_eval: int, source: str, ir_co
         raise UserError(f"finetune: task {name!r} has no {source} loader")
     with hub.reading_at(revisions) as read:
         parts = loader(corpus=ir_corpus) if task.family == "IR" and source == "production" else loader()
-    return dataclasses.replace(make_splits(task, parts, max_examples=max_examples, max_eval=max_eval), revisions=read)
+    return parts, read
 
 
 def make_splits(task: Task, parts: tuple, *, max_examples: int = 0, max_eval: int = 0) -> TaskSplits:
