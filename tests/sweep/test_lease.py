@@ -404,7 +404,7 @@ with lease.hold(sys.argv[1], float(sys.argv[2]), Console(sys.stdout)):
         try:
             storage.write_json(sys.argv[3], time.time())
         except LeaseLost as err:
-            print("refused:", err, flush=True)
+            print(f"refused: {err}", flush=True)  # one write: the lease thread's own line may come beside it
             sys.exit(0)
         time.sleep(0.05)
 """
