@@ -89,16 +89,14 @@ def latex(frame: pd.DataFrame, caption: str = "") -> str:
     return "\n".join([*lines, r"\end{table}"]) + "\n"
 
 
-def paper_files(section: Section, out: Path, svg: str | None = None) -> str:
+def paper_files(section: Section, out: Path, svg: str = "") -> str:
     """What a paper takes from a section, written beside the report: its figure as SVG and PDF (vector), its table
     as CSV and as a LaTeX table; the Markdown line that links them ("" when the section has neither). `svg`: the
-    figure's SVG document where the caller drew it already (the report draws it once, for this file and its HTML)."""
+    figure's SVG document (a section with a figure needs it), drawn once by the report for this file and its HTML
+    page (`html.svg`)."""
     links = []
     if section.figure is not None:
-        if svg is None:
-            section.figure.savefig(out / f"{section.name}.svg")
-        else:
-            (out / f"{section.name}.svg").write_text(svg)
+        (out / f"{section.name}.svg").write_text(svg)
         section.figure.savefig(out / f"{section.name}.pdf")
         links += [f"[{kind.upper()}]({section.name}.{kind})" for kind in ("svg", "pdf")]
     frame = getattr(section.table, "frame", None)
