@@ -62,6 +62,7 @@ def test_the_committed_page_is_what_the_code_renders(name):
     assert (REPO / name).read_text() == rendered()[name], said
 
 
+@pytest.mark.slow  # the pages rendered again in a copy: about 4 s
 def test_check_exits_1_naming_the_first_page_that_differs(tmp_path, monkeypatch, capsys):
     from raybiphase.__main__ import main
 

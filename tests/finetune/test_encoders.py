@@ -100,6 +100,7 @@ def encoders(offline_cache, tmp_path_factory) -> dict[str, Path]:
 
 
 
+@pytest.mark.slow  # every family trained and scored: about 10 s a model
 @pytest.mark.parametrize("kind", ["bert", "modernbert"])
 def test_every_family_fine_tunes_a_foreign_encoder_with_its_own_tokenizer(encoders, kind):
     from raybiphase.finetune.spec import TrialSpec

@@ -13,6 +13,7 @@ from collections import Counter
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from raybiphase.results.aggregate import mean_ci
 from raybiphase.results.stats.findings import Study, masking
@@ -68,6 +69,7 @@ def _verdicts(truth: str, studies: int = STUDIES, **kwargs) -> Counter:
     return Counter(_clause(_study(rng, TRUTHS[truth], **kwargs)) for _ in range(studies))
 
 
+@pytest.mark.slow  # simulated studies, about 5 s: outside the unit layer
 def test_where_one_ratio_is_best_everywhere_the_clause_is_claimed_in_at_most_five_percent_of_studies() -> None:
     for truth in ("all ratios equal", "50% best everywhere: IR's best (1 point per 10), the others' ratios equal"):
         verdicts = _verdicts(truth)
@@ -75,6 +77,7 @@ def test_where_one_ratio_is_best_everywhere_the_clause_is_claimed_in_at_most_fiv
         assert verdicts["mixed"] == 0, (truth, verdicts)
 
 
+@pytest.mark.slow  # simulated studies, about 2 s: outside the unit layer
 def test_where_families_prefer_different_ratios_the_clause_is_held_in_most_studies() -> None:
     verdicts = _verdicts("IR prefers 50%, the others 20% (2 points per 10)")
     assert verdicts["held"] >= STUDIES * 0.8, verdicts

@@ -127,6 +127,7 @@ def _plan_study(rng: np.random.Generator, effect: float) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+@pytest.mark.slow  # simulated studies, about 4 s: outside the unit layer
 def test_the_paper_plans_replicates_hold_a_two_point_finding_4_effect_in_at_least_80_percent_of_studies():
     """The dry run's power line for sweeps/paper.yaml says a +2-point finding-4 effect is found at 610m in about 99%
     of studies under the assumed noise (0.8 points, half shared by a run's tasks); the report's own rule, applied to

@@ -200,6 +200,7 @@ def _append_many(path: str, worker: int) -> None:
         append_rows(path, [_pretrain(f"w{worker}", step)], key=PRETRAIN_KEY)
 
 
+@pytest.mark.slow  # processes appending at once: about 10 s
 def test_concurrent_appenders_lose_no_row(tmp_path) -> None:
     path = str(tmp_path / "pretrain.parquet")
     context = multiprocessing.get_context("fork")

@@ -14,6 +14,7 @@ from collections import Counter
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from raybiphase.results.aggregate import mean_ci
 from raybiphase.results.stats.findings import Study, judge
@@ -61,12 +62,14 @@ def test_a_two_part_claim_is_held_only_when_both_parts_are() -> None:
     assert conjoin(["not resolved", "not resolved"]) == "not resolved"
 
 
+@pytest.mark.slow  # simulated studies, about 5 s: outside the unit layer
 def test_with_only_the_early_part_true_finding_two_is_partly_held_not_held() -> None:
     verdicts = _verdicts(early=3.0, spread=0.0)
     assert verdicts["held"] <= STUDIES * 0.10, verdicts
     assert verdicts["partly held"] >= STUDIES * 0.8, verdicts
 
 
+@pytest.mark.slow  # simulated studies, about 5 s: outside the unit layer
 def test_with_both_parts_true_finding_two_is_held() -> None:
     verdicts = _verdicts(early=3.0, spread=3.0)
     assert verdicts["held"] >= STUDIES * 0.8, verdicts
