@@ -45,11 +45,13 @@ draws its blocks from the whole corpus and touches about 26 (128-token blocks). 
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime
 import json
 import math
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -304,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    storage = tempfile.mkdtemp(prefix="bench_parity-")
+    storage = tempfile.mkdtemp(prefix="bench_parity-")  # both sides' data and checkpoints: the record keeps the scores
+    atexit.register(shutil.rmtree, storage, ignore_errors=True)
     overrides = tuple(sorted(args.overrides))
     first = run_spec(args.objectives[0], args.seeds[0], args.steps, storage, overrides)
     manifest = open_dataset(prepare(first.run.data, quiet=True), seq_len=first.run.data.seq_len)
