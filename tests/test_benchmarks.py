@@ -42,8 +42,8 @@ def test_parity_benchmark_trains_both_sides_and_clm_equals_the_trainer_when_both
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
            "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
     proc = subprocess.run([sys.executable, "benchmarks/bench_parity.py", "--seeds", "0", "--steps", "4",
-                           "--objectives", "mlm", "clm", "--peer-order", "ours", "--ours-order", "stream",
-                           "--set", "train.micro_batch_size=8", "--json", str(record)], cwd=REPO, env=env,
+                           "--objectives", "mlm", "clm", "--peer-order", "ours", "--ours-order", "stream", "--threads",
+                           "1", "--set", "train.micro_batch_size=8", "--json", str(record)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "mlm seed 0: held-out loss ours" in proc.stdout
