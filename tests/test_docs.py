@@ -20,6 +20,7 @@ import pytest
 
 from raybiphase.commands.pages import (
     MISSING,
+    REFERENCE_PAGES,
     REGENERATE,
     benchmark_line,
     described,
@@ -48,8 +49,7 @@ def committed_pages() -> list[str]:
     """The generated pages this checkout commits (named without rendering any: collecting the tests draws nothing)."""
     from raybiphase.commands.example_report import TARGET, TEXT
 
-    fixed = ["docs/settings.md", "docs/results.md", "docs/failures.md", "docs/benchmarks.md"]
-    return fixed + sorted(str(p.relative_to(REPO)) for p in (REPO / TARGET).iterdir() if p.suffix in TEXT)
+    return list(REFERENCE_PAGES) + sorted(str(p.relative_to(REPO)) for p in (REPO / TARGET).iterdir() if p.suffix in TEXT)
 
 
 def test_the_code_renders_every_committed_page_and_no_other():

@@ -288,10 +288,14 @@ def failures_page() -> str:
     return "\n".join(lines + table(("setting", "default", "description"), rows)) + "\n"
 
 
+REFERENCE_PAGES = ("docs/settings.md", "docs/results.md", "docs/failures.md", "docs/benchmarks.md")
+"""The generated reference pages, in `pages`' order (the example report's text pages follow them)."""
+
+
 def pages(root: Path) -> dict[str, str]:
     """{path under root: its text} of every generated page."""
-    return {"docs/settings.md": settings_page(), "docs/results.md": results_page(), "docs/failures.md": failures_page(),
-            "docs/benchmarks.md": benchmarks_page(root / "benchmarks" / "results"), **example_report.text_pages(root)}
+    texts = (settings_page(), results_page(), failures_page(), benchmarks_page(root / "benchmarks" / "results"))
+    return {**dict(zip(REFERENCE_PAGES, texts, strict=True)), **example_report.text_pages(root)}
 
 
 def first_stale(root: Path) -> str | None:
