@@ -134,8 +134,9 @@ class FinetuneConfig:
     baselines: tuple[str, ...] = ()
     """Public encoders fine-tuned beside the sweep's arms on its tasks x lrs x seeds, each once: Hub ids (`id` or
     `id@revision`, pinned to the commit they resolve to), folders or bucket URIs of any encoder transformers'
-    AutoModel loads. Their rows have source `hub`, run the model's id, checkpoint its id@commit; the report shows
-    them beside our arms and its findings never pair them with ours. Their trials are kept under
+    AutoModel loads. Their trials run from the sweep's start, beside pretraining, in the trial slots segments leave
+    free. Their rows have source `hub`, run the model's id, checkpoint its id@commit; the report shows them beside
+    our arms and its findings never pair them with ours. Their trials are kept under
     <sweep.storage>/hub-baselines, one folder per fine-tuning settings, model and commit, so another sweep there
     reuses them at that commit and fine-tunes a newer commit afresh."""
     dataset_revisions: tuple[str, ...] = ()

@@ -47,7 +47,7 @@ from raybiphase.storage import SweepPaths
 from raybiphase.sweep import lease
 from raybiphase.sweep.context import SweepContext
 from raybiphase.sweep.finetuning import baseline_rows, finetune_sources, first_sources, say_planned, trials_done
-from raybiphase.sweep.hub_baselines import hub_baseline_rows, hub_sources
+from raybiphase.sweep.hub_baselines import hub_baseline_rows, hub_jobs, hub_sources
 from raybiphase.sweep.scheduler import Scheduler
 from raybiphase.sweep.segments import SweepPretraining, recover
 from raybiphase.sweep.size_gate import SizeStages
@@ -132,8 +132,9 @@ def check_and_prepare(ctx: SweepContext, clock: Clock) -> None:
 
 
 def record_baselines(ctx: SweepContext, clock: Clock, rows: list[dict]) -> None:
-    """The baselines' rows once every trial has ended (the public encoders of finetune.baselines fine-tuned
-    first, or read from their cache: raybiphase.sweep.hub_baselines), and the fine-tuning counts of the time line."""
+    """The baselines' rows once every trial has ended (the public encoders of finetune.baselines, fine-tuned
+    beside pretraining into their cache: raybiphase.sweep.hub_baselines), and the fine-tuning counts of the time
+    line."""
     hub, baselines = hub_baseline_rows(ctx.spec, console=ctx.console), baseline_rows(ctx.spec)
     for new in (hub, baselines):
         if len(new):
@@ -153,8 +154,9 @@ def run_jobs(ctx: SweepContext, clock: Clock, make_trainer: Callable = make_trai
     """Every segment not yet done and every fine-tuning trial without a row, on the one scheduler
     (raybiphase.sweep.scheduler), each segment a job (raybiphase.sweep.segments) recorded and pruned as it ends with
     a line saying how far the sweep is; the controls' and each checkpoint's trials as soon as they are ready. The
-    segments an earlier invocation finished but did not record are recorded first. Returns the fine-tuning rows
-    appended."""
+    segments an earlier invocation finished but did not record are recorded first; the public encoders' trials
+    (finetune.baselines) from the start, into their cache. Returns the fine-tuning rows appended to the sweep's
+    table."""
     plan, spec, paths = ctx.plan, ctx.spec, ctx.paths
     done = {s.id for s in plan.segments.values() if ctx.segment_done(s)}
     ctx.say(f"pretraining: {len(done)}/{len(plan.segments)} segments already done")
@@ -172,7 +174,8 @@ def run_jobs(ctx: SweepContext, clock: Clock, make_trainer: Callable = make_trai
         pretraining = SweepPretraining(ctx, clock, watch, make_trainer)
         todo = pretraining.jobs([s for s in plan.segments.values() if s.id not in done])
         try:
-            rows = scheduler.run(todo, functools.partial(first_sources, ctx, frozenset(done)), done=done)
+            rows = scheduler.run(todo, functools.partial(first_sources, ctx, frozenset(done)), done=done,
+                                 beside=functools.partial(hub_jobs, spec))  # the public encoders, from the start
         finally:
             if todo:
                 clock.spans["pretraining"] = pretraining.seconds()

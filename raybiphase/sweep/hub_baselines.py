@@ -8,6 +8,10 @@ the Hub's head has moved since. Two entries naming one model at one commit are o
 per model and commit: a later sweep at the same storage with the same fine-tuning settings reuses every trial already
 made at that commit and copies the rows into its own table with its name, and one whose id resolves to a newer commit
 fine-tunes that commit afresh (a trial at one commit never stands for another).
+
+In a sweep, each public encoder's trials run beside pretraining, from its start, on the sweep's one scheduler
+(`hub_jobs`, each with its cache as its `Records`); once every trial has ended, `hub_baseline_rows` finds them all in
+the caches and copies the rows into the sweep's table.
 """
 
 from __future__ import annotations
@@ -21,12 +25,13 @@ import pandas as pd
 from raybiphase import storage
 from raybiphase.config import SweepSpec
 from raybiphase.finetune.encoders import encoder_source, is_hub_id
-from raybiphase.finetune.fanout import Fanout
+from raybiphase.finetune.fanout import Fanout, plan_specs
 from raybiphase.finetune.records import trial_settings
 from raybiphase.finetune.spec import FinetuneSource
 from raybiphase.results import rows as result_rows
 from raybiphase.results import store
-from raybiphase.sweep.scheduler import finetune_checkpoints
+from raybiphase.results.rows import trial_key
+from raybiphase.sweep.scheduler import Records, finetune_checkpoints
 
 HUB_BASELINES_DIR = "hub-baselines"
 _RESOLVED: dict[tuple[str, str, str], str] = {}  # (sweep storage, sweep name, finetune.baselines entry) -> pinned
@@ -60,18 +65,41 @@ def hub_cache(spec: SweepSpec, source: FinetuneSource) -> str:
                         f"{readable}@{commit}-{digest}")
 
 
-def hub_baseline_rows(spec: SweepSpec, *, console=None) -> pd.DataFrame:
-    """Fine-tune each public encoder's trials not yet in its cache (`hub_cache`), then its rows for this sweep's
-    grid, under this sweep's name (the caller appends them to the sweep's table)."""
-    kwargs = {"console": console} if console is not None else {}
-    cfg, found = spec.finetune, []
+def _done(table: str) -> set[tuple]:
+    """The trial keys (rows.TRIAL_KEY) of the public encoders' rows in the cache table at `table`."""
+    return {key[:-1] for key in store.done_keys(table, result_rows.FINETUNE_KEY) if key[-1] == result_rows.HUB}
+
+
+def _missing(spec: SweepSpec, source: FinetuneSource, records: Records) -> bool:
+    """Whether a row of `source`'s grid is not yet in its cache."""
+    done = {trial_key(dict(zip(result_rows.TRIAL_KEY, key))) for key in records.done}
+    return any(trial.key not in done for trial in plan_specs([source], spec.finetune))
+
+
+def hub_jobs(spec: SweepSpec) -> list[tuple[FinetuneSource, Records]]:
+    """Each public encoder of finetune.baselines with where its trials are kept (`hub_cache`): the scheduler's jobs
+    beside pretraining (raybiphase.sweep.scheduler.Scheduler.run's `beside`)."""
+    out = []
     for source in hub_sources(spec):
         cache = hub_cache(spec, source)
         table = storage.join(cache, storage.FINETUNE_FILE)
-        done = {key[:-1] for key in store.done_keys(table, result_rows.FINETUNE_KEY) if key[-1] == result_rows.HUB}
-        rows = finetune_checkpoints([source], Fanout.of(spec), storage=cache, name="trials", done=done, **kwargs)
-        if rows:
-            store.append_rows(table, rows, key=result_rows.FINETUNE_KEY)
+        out.append((source, Records(storage.join(cache, "trials"), table, frozenset(_done(table)))))
+    return out
+
+
+def hub_baseline_rows(spec: SweepSpec, *, console=None) -> pd.DataFrame:
+    """Fine-tune each public encoder's trials not yet in its cache (`hub_cache`; none, after a sweep's scheduler ran
+    them), then its rows for this sweep's grid, under this sweep's name (the caller appends them to the sweep's
+    table)."""
+    kwargs = {"console": console} if console is not None else {}
+    cfg, found = spec.finetune, []
+    for source, records in hub_jobs(spec):
+        table = records.table
+        if _missing(spec, source, records):  # none once a sweep's scheduler ran its trials: run here, now
+            rows = finetune_checkpoints([source], Fanout.of(spec), storage=storage.parent(records.experiment),
+                                        name=storage.basename(records.experiment), done=records.done, **kwargs)
+            if rows:
+                store.append_rows(table, rows, key=result_rows.FINETUNE_KEY)
         cached = store.read_rows(table)
         if cached.empty:
             continue

@@ -5,9 +5,11 @@ The sweep is a graph of jobs of two kinds, each ending as an event on the loop's
   sweep.stages by_size, its size's gate is open: raybiphase.sweep.size_gate): one Ray Train fit of its TorchTrainer,
   from the driver, in a thread of its own (a fit blocks), its checkpoints committed in the segment's own folder.
   Its value is what the fit returned (rank 0's reports, the checkpoints Ray Train registered).
-- Each checkpoint a segment holds (and each untrained control, at once) is then a *fine-tuning job*
-  (raybiphase.finetune.fanout.CheckpointWaves): its trials, then its completion passes, each wave waiting for the
-  last; its value is the rows its trials' last reports carried.
+- Each checkpoint a segment holds (and each untrained control and public encoder, at once) is then a
+  *fine-tuning job* (raybiphase.finetune.fanout.CheckpointWaves): its trials, then its completion passes, each wave
+  waiting for the last; its value is the rows its trials' last reports carried. A public encoder's job
+  (finetune.baselines) keeps its records and rows where every sweep at this storage finds them (`Records`:
+  raybiphase.sweep.hub_baselines), and trains beside pretraining like any other.
 
 A job of either kind ends in `finished(job, value)`: its rows (`job.rows(value)`) appended to its table once
 (pretrain.parquet, finetune.parquet), then, for a segment, what its own code does as it ends (pruning, W&B, the
@@ -62,6 +64,16 @@ def trial_capacity(trials: int, slots: int, running_segments: int, pretraining: 
     return math.ceil(trials * max(0, slots - running_segments) / slots)
 
 
+@dataclasses.dataclass(frozen=True)
+class Records:
+    """Where a fine-tuning job keeps its trials' records and appends its rows when not in the sweep's own folder
+    (a public encoder's cache, shared by the sweeps at one storage), and the trial keys already done there."""
+
+    experiment: str
+    table: str
+    done: frozenset = frozenset()
+
+
 @dataclasses.dataclass
 class Job:
     """One checkpoint's fine-tuning: its work, and the wave of trials it waits on; its value, once it has no wave
@@ -75,6 +87,8 @@ class Job:
     key: tuple[str, ...] = result_rows.FINETUNE_KEY
     waiting: set[int] = dataclasses.field(default_factory=set)
     """Tickets of the wave's trials not yet ended."""
+    own: bool = True
+    """A checkpoint of this sweep (False: a public encoder's, which no size gate waits for)."""
     size: int = 0
     wave_rows: list = dataclasses.field(default_factory=list)
     failures: list[str] = dataclasses.field(default_factory=list)
@@ -141,15 +155,19 @@ class Scheduler:
     # ------------------------------------------------------------------------------------------------ the loop
 
     def run(self, segments: list[SegmentFit], sources: Callable[[], list[FinetuneSource]],
-            done: set[str] = frozenset()) -> list[dict]:
+            done: set[str] = frozenset(), beside: Callable[[], list[tuple[FinetuneSource, Records]]] = list
+            ) -> list[dict]:
         """Train `segments` (those in `done` count as done already) and fine-tune the checkpoints `sources()` gives
-        at once (the controls, and the checkpoints of segments done before) and each segment's as it ends."""
+        at once (the controls, and the checkpoints of segments done before), then those `beside()` gives with
+        where each keeps its records (the public encoders), and each segment's checkpoints as it ends. Returns
+        the rows appended to the scheduler's own table."""
         self.segments = {job.id: job for job in segments}
         self.done = set(done)
         self.pending = list(segments)
         self._snapshot()
         self.settle()
         self.add_jobs(sources)
+        self.add_jobs(beside)
         while True:
             self.start_segments()
             self.settle()
@@ -177,7 +195,7 @@ class Scheduler:
     def ready(self, job: SegmentFit) -> bool:
         """Every segment it waits on done, and (by_size) its size's gate open."""
         return job.after <= self.done and (self.gate is None or self.gate.ready(
-            job.segment, self.done, finetuning_open=bool(self.jobs) or self.error is not None))
+            job.segment, self.done, finetuning_open=any(j.own for j in self.jobs.values()) or self.error is not None))
 
     def start_segments(self) -> None:
         """Ready segments, longest remaining chain first, into the slots no segment holds; none after a failure."""
@@ -291,9 +309,9 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------------------------ fine-tuning
 
-    def add_jobs(self, sources: Callable[[], list[FinetuneSource]]) -> None:
-        """A job per checkpoint `sources()` gives, each started at once, ranked after every job before it; none
-        after a fine-tuning failure."""
+    def add_jobs(self, sources: Callable[[], list[FinetuneSource] | list[tuple[FinetuneSource, Records]]]) -> None:
+        """A job per checkpoint `sources()` gives (alone: its records in the sweep's folder; or with its `Records`),
+        each started at once, ranked after every job before it; none after a fine-tuning failure."""
         if not self.fanout or self.error is not None:
             return
         try:
@@ -304,17 +322,20 @@ class Scheduler:
         if not ready:
             return
         self.batches += 1
-        names = ", ".join(f"{s.run}@{s.pretrain_step}" for s in ready)
+        ready = [item if isinstance(item, tuple) else (item, None) for item in ready]
+        names = ", ".join(f"{s.run}@{s.pretrain_step}" for s, _ in ready)
         self.say(f"fine-tuning: batch {self.batches}, {len(ready)} checkpoint(s) ready: {names}"
                  + (f" ({len(self.running)} segment(s) still training)" if self.pretraining else ""))
-        for source in ready:
+        for source, records in ready:
             number = next(self.numbers)
+            experiment, table, done = ((self.experiment, self.table, self.done_trials) if records is None else
+                                       (records.experiment, records.table, records.done))
             try:
-                waves = CheckpointWaves([source], self.fanout, experiment=self.experiment, done=self.done_trials)
+                waves = CheckpointWaves([source], self.fanout, experiment=experiment, done=done)
             except Exception as err:  # a bad checkpoint or task: said once the running work has ended
                 self.failed(err)
                 continue
-            job = Job(number, f"{source.run}@{source.pretrain_step}", waves, table=self.table)
+            job = Job(number, f"{source.run}@{source.pretrain_step}", waves, table=table, own=records is None)
             self.jobs[number] = job
             self.advance(job)
 
@@ -388,7 +409,8 @@ class Scheduler:
         if job.table and rows:
             store.append_rows(job.table, rows, key=job.key)
         if isinstance(job, Job):
-            self.rows += rows
+            if job.own:
+                self.rows += rows
             self.finetuning_ended = time.perf_counter()
             self.say(f"fine-tuning: {len(rows)} trial row(s) recorded for {job.name}")
             return

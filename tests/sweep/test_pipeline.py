@@ -1,7 +1,8 @@
 """Fine-tuning beside pretraining, on a real local Ray: a sweep of two runs that share nothing, one short and one
 long; the short run's checkpoint is ready early, and its trials start as soon as a slot is free, beside the long
-segment still training. The sweep's own records tell: a trial's record is written as it ends and holds its
-seconds, and the long segment's last checkpoint is committed as it ends. W&B (offline here) sees the short segment
+segment still training; a public encoder's (finetune.baselines) trial runs from the sweep's start, beside both. The
+sweep's own records tell: a trial's record is written as it ends and holds its seconds, and the long segment's last
+checkpoint is committed as it ends. W&B (offline here) sees the short segment
 while it trains: its rank-0 worker's run, with its lineage, curves against tokens and its checkpoints by reference,
 and the short run's whole curve once its segment ended."""
 
@@ -27,6 +28,8 @@ SHORT_STEPS, LONG_STEPS = 4, 240
 
 
 def _spec(tmp_path: Path, small_data) -> Path:
+    from tests.finetune.test_encoders import make_tiny_bert
+
     spec = tiny_base(tmp_path / "results", small_data, name="pipeline")
     spec["sweep"]["wandb_project"] = "raybiphase-test"  # offline here: folders kept in <sweep>/wandb
     spec["resources"] = {"num_workers": 1, "cpus_per_worker": 0.4, "max_concurrent": 2}
@@ -38,7 +41,8 @@ def _spec(tmp_path: Path, small_data) -> Path:
     spec["sweep"]["runs"] = [{}, {"phases.steps": LONG_STEPS, "train.seed": 1}]
     spec["finetune"] = {"tasks": ["tweets"], "lrs": [1e-3], "seeds": [0], "asha": False, "control": False,
                         "batch_size": 8, "max_steps": 2, "eval_every": 2, "max_examples": 32,
-                        "max_eval_examples": 32, "max_len": 64, "cpus_per_trial": 0.1}
+                        "max_eval_examples": 32, "max_len": 64, "cpus_per_trial": 0.1,
+                        "baselines": [str(make_tiny_bert(tmp_path / "bert"))]}
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -73,8 +77,11 @@ def test_a_ready_checkpoints_trials_start_and_end_while_a_long_segment_still_tra
     ended = records[0].stat().st_mtime
     began = ended - json.loads(records[0].read_text())["seconds"]
     assert short_end.stat().st_mtime <= began < ended < long_end.stat().st_mtime, shown
-    assert any(line.startswith("fine-tuning: batch 1, 1 checkpoint(s) ready:")
+    assert any(line.startswith("fine-tuning: batch ") and f"-{SHORT_STEPS}-" in line
                and line.endswith("(1 segment(s) still training)") for line in output.splitlines()), shown
+    # the public encoder's one trial, kept in its cache for later sweeps, ended while the long segment trained
+    (baseline,) = (root.parent / "hub-baselines").glob("*/bert@local-*/trials/records/*.json")
+    assert baseline.stat().st_mtime < long_end.stat().st_mtime, shown
     # W&B: the short segment was logged live by its rank-0 worker (its run's folder reaches <sweep>/wandb as it
     # finishes), and the short run's whole curve by the driver as its segment ended
     from raybiphase.results.store import read_rows
