@@ -1,7 +1,8 @@
 """Fine-tuning trials on long-lived Ray Tune Tuners, fed trial by trial through Tune's public extension points.
 
 `TuneTrials` runs a `tune.Tuner` in a background thread for as long as its caller has trials to give it
-(raybiphase.sweep.scheduler: the sweep's one loop): one while pretraining goes on, then one for the rest (below).
+(raybiphase.sweep.scheduler: the sweep's one loop): one while segments may need a slot, then one that reuses its
+trials' processes (below).
 Trials reach it through `FeedSearcher`, a `ray.tune.search.Searcher`: `submit` queues a trial with its rank, and
 Tune's `suggest` hands out the lowest-ranked one while fewer trials are live than `capacity()` allows (read at that
 moment, so a trial never starts on a slot a segment took); `close` says no more will come, and a Tuner ends once
@@ -15,10 +16,13 @@ What keeps this working on Tune's public surface:
   It reports a placeholder `val_score` (Tune checks the scheduler's metric in every result) and ASHA passes it.
 - While segments may still need a slot, `reuse_actors=False`: an ended trial's actor is stopped, freeing what it
   held (Tune keeps one idle actor for reuse, and no public switch frees it: a segment placed on its CPU would wait
-  for good). Once no segment will run again (`settle`), the queued trials move to a second Tuner that reuses its
-  trials' processes: a trial then skips the new process's imports, task tokenization and model code loading
-  (several seconds each, against a few seconds of training per quickstart trial). Both Tuners share one ASHA
-  per group and one count of live trials, so the overlap while the first one's last trials end stays in bounds.
+  for good). Once no segment will run again, or none can start before the trials end (a size's gate waits on
+  them: `settle`), the queued trials move to another Tuner that reuses its trials' processes: a trial then skips
+  the new process's imports, task tokenization and model code loading (several seconds each, against a few
+  seconds of training per quickstart trial). When a segment may need a slot again (`unsettle`), that Tuner takes
+  no more trials and ends once its live ones have, freeing the process Tune keeps, and the next trials start on a
+  Tuner that does not reuse. The Tuners share one ASHA per group and one count of live trials, so the overlap
+  while one's last trials end stays in bounds.
 - `max_concurrent_trials`: Tune starts one trial at a time from a custom searcher otherwise.
 - The searcher and callback keep their lock and callables out of pickles (Tune pickles both with the experiment).
 - Nothing Tune writes reaches the bucket, and nothing Tune reads back can have been written by another: each
@@ -329,10 +333,22 @@ class TuneTrials:
         self._queue(rank, {"ticket": ticket, "group": group, "spec": spec.to_config()})
 
     def settle(self) -> None:
-        """No segment will need a slot again: trials from now on reuse their processes (module docstring)."""
-        if self.reuse:
+        """No segment needs a slot until the trials end: trials from now on reuse their processes (module
+        docstring)."""
+        self._reusing(True)
+
+    def unsettle(self) -> None:
+        """A segment may need a slot again (a size's gate opened): the Tuner that reuses processes takes no more
+        trials and ends once its live ones have, freeing the one process Tune keeps; trials from now on start
+        their own."""
+        self._reusing(False)
+
+    def _reusing(self, reuse: bool) -> None:
+        """Queued trials move to a Tuner that does (`reuse`) or does not reuse processes, unless the last one does
+        already."""
+        if self.reuse == reuse:
             return
-        self.reuse = True
+        self.reuse = reuse
         if self.searchers:
             for rank, config in self.searchers[-1].hand_back():
                 self._queue(rank, config)

@@ -303,9 +303,19 @@ class Scheduler:
             return -1
 
     def settle(self) -> None:
-        """Once no segment runs or will start, trials may keep their processes between them (TuneTrials.settle)."""
-        if self.trials and not self.pretraining:
+        """Once no segment runs or can start before the trials end (none will, or every pending one waits on a
+        size's gate, which waits on fine-tuning), trials may keep their processes between them
+        (TuneTrials.settle); once one may start again, they stop doing so (TuneTrials.unsettle)."""
+        if not self.trials:
+            return
+        if not self.pretraining or self.gated():
             self.trials.settle()
+        else:
+            self.trials.unsettle()
+
+    def gated(self) -> bool:
+        """No segment runs and every pending one waits on its size's gate, which opens once fine-tuning is done."""
+        return self.gate is not None and not self.running and not any(self.ready(job) for job in self.pending)
 
     # ------------------------------------------------------------------------------------------------ fine-tuning
 

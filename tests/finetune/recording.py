@@ -24,6 +24,9 @@ class RecordingTrials:
     def settle(self) -> None:
         pass
 
+    def unsettle(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

@@ -161,3 +161,43 @@ def test_the_scheduler_runs_the_sizes_in_order_and_ends_with_the_skipped_segment
     assert order == sorted(order, key=["micro", "tiny", "mini"].index)  # smallest first
     never = {s.id for s in gate.plan.segments.values()} - scheduler.done
     assert len(never) == 1 and [s.runs for s in sizes["mini"] if s.id in never][0][0].startswith("mini-clm-420-")
+
+
+class _Processes:
+    """The scheduler's trial runner, reduced to what it is told about keeping trials' processes."""
+
+    def __init__(self):
+        self.told: list[str] = []
+
+    def settle(self) -> None:
+        self.told.append("reuse")
+
+    def unsettle(self) -> None:
+        self.told.append("fresh")
+
+
+def test_trials_reuse_their_processes_only_while_every_pending_segment_waits_on_its_sizes_gate(tmp_path) -> None:
+    """While a size's segments wait for the smaller sizes' fine-tuning, no segment can take a slot before the trials
+    end: trials keep their processes then; once a size's gate opens and its segments train, trials start their own
+    again (a process Tune kept would hold what a segment's workers ask for); with no segment left, they keep them."""
+    from raybiphase.finetune.fanout import Fanout
+    from raybiphase.sweep.scheduler import Job, Scheduler
+
+    spec = _spec(tmp_path)
+    gate, runner = _gate(spec), _Processes()
+    scheduler = Scheduler(Fanout.of(spec), slots=2, console=Console(io.StringIO()), gate=gate,
+                          trials=lambda capacity, ended: runner)
+    sizes = {size: [_Fit(gate, s, []) for s in segments] for size, segments in _by_size(gate).items()}
+    scheduler.pending = [fit for fits in sizes.values() for fit in fits]
+    scheduler.settle()  # micro's segments are ready
+    scheduler.running = {fit.id: 0.0 for fit in sizes["micro"]}
+    scheduler.pending = sizes["tiny"] + sizes["mini"]
+    scheduler.settle()  # micro trains
+    scheduler.running, scheduler.done = {}, {fit.id for fit in sizes["micro"]}
+    scheduler.jobs = {1: Job(1, "micro@420", work=None)}  # micro's checkpoints still fine-tuned: tiny waits
+    scheduler.settle()
+    scheduler.jobs = {1: Job(1, "bert@0", work=None, own=False)}  # only a public encoder's trials: tiny may start
+    scheduler.settle()
+    scheduler.jobs, scheduler.pending = {}, []  # every segment done
+    scheduler.settle()
+    assert runner.told == ["fresh", "fresh", "reuse", "fresh", "reuse"]
