@@ -87,7 +87,7 @@ def test_a_trials_row_records_the_commit_it_read_and_records_at_other_commits_ar
 def test_the_default_commits_pin_the_datasets_a_source_names_and_hold_a_snapshot_to_them(tmp_path, monkeypatch):
     from tests.finetune.test_production_loaders import _retrieval
 
-    pinned = {hub.GLUE, hub.SQUAD, hub.SQUAD_V2, hub.MSMARCO, hub.NQ, hub.MLDR}
+    pinned = {hub.GLUE, hub.CONLL2003, hub.SQUAD, hub.SQUAD_V2, hub.MSMARCO, hub.NQ, hub.MLDR}
     assert {k for k, v in hub.DATASET_REVISIONS.items() if v} == pinned
     assert all(COMMIT_HEX.fullmatch(v) for v in hub.DATASET_REVISIONS.values() if v)
     _retrieval(tmp_path / "hub")  # downloaded at the default commits
