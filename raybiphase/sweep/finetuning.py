@@ -89,9 +89,10 @@ def say_planned(ctx: SweepContext) -> None:
             f"checkpoints are ready ({'ASHA' if ctx.spec.finetune.asha else 'full grid'})")
 
 
-def trials_done(table: str) -> set[tuple]:
-    """The keys (rows.TRIAL_KEY) of our trials with a row in the finetune.parquet at `table`."""
-    return {key[:-1] for key in store.done_keys(table, result_rows.FINETUNE_KEY) if key[-1] == result_rows.OURS}
+def trials_done(table: str, source: str = result_rows.OURS) -> set[tuple]:
+    """The keys (rows.TRIAL_KEY) of the trials of `source` (ours, or the public encoders') with a row in the
+    finetune.parquet at `table`."""
+    return {key[:-1] for key in store.done_keys(table, result_rows.FINETUNE_KEY) if key[-1] == source}
 
 
 def _planned_sources(ctx: SweepContext) -> list[FinetuneSource]:

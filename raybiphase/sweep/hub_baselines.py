@@ -31,6 +31,7 @@ from raybiphase.finetune.spec import FinetuneSource
 from raybiphase.results import rows as result_rows
 from raybiphase.results import store
 from raybiphase.results.rows import trial_key
+from raybiphase.sweep.finetuning import trials_done
 from raybiphase.sweep.scheduler import Records, finetune_checkpoints
 
 HUB_BASELINES_DIR = "hub-baselines"
@@ -65,11 +66,6 @@ def hub_cache(spec: SweepSpec, source: FinetuneSource) -> str:
                         f"{readable}@{commit}-{digest}")
 
 
-def _done(table: str) -> set[tuple]:
-    """The trial keys (rows.TRIAL_KEY) of the public encoders' rows in the cache table at `table`."""
-    return {key[:-1] for key in store.done_keys(table, result_rows.FINETUNE_KEY) if key[-1] == result_rows.HUB}
-
-
 def _missing(spec: SweepSpec, source: FinetuneSource, records: Records) -> bool:
     """Whether a row of `source`'s grid is not yet in its cache."""
     done = {trial_key(dict(zip(result_rows.TRIAL_KEY, key))) for key in records.done}
@@ -83,7 +79,7 @@ def hub_jobs(spec: SweepSpec) -> list[tuple[FinetuneSource, Records]]:
     for source in hub_sources(spec):
         cache = hub_cache(spec, source)
         table = storage.join(cache, storage.FINETUNE_FILE)
-        out.append((source, Records(storage.join(cache, "trials"), table, frozenset(_done(table)))))
+        out.append((source, Records(storage.join(cache, "trials"), table, frozenset(trials_done(table, result_rows.HUB)))))
     return out
 
 
