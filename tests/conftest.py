@@ -20,6 +20,11 @@ SECOND_RAY = ("test_trainer.py", "test_driver.py", "test_paper_mini.py", "test_s
 rehearsals and the killed-driver rehearsal, which share the tiny run trained alone (`tiny_run`, trained once per
 process that asks for it), and two of the studies whose segments train in the test's process."""
 
+BESIDE_SHARED_RAY = ("results/test_control_calibration.py",)
+"""Statistics simulations (no Ray, about 20 CPU-seconds) that a whole run hands to the process on the shared Ray:
+the other process carries the unit tests and then the second Ray's rehearsals, and ended 15-55 s after it without
+them once the pipeline rehearsal stopped at what it shows."""
+
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks added here
 def pytest_collection_modifyitems(config, items):
@@ -31,17 +36,18 @@ def pytest_collection_modifyitems(config, items):
         if "ray_cluster" in item.fixturenames:
             item.add_marker(pytest.mark.ray)
         # Three groups in a whole run, one pytest-xdist process each at a time (xdist hands out the largest group
-        # first): the tests without Ray; the tests on the shared Ray, the fault rehearsals first; and SECOND_RAY,
-        # which the process through with the tests without Ray takes, on a Ray of its own, so both processes carry
-        # about the same time (on a clean clone, 2 cores, they ended at 1374 s and 1464 s with the statistics'
-        # calibration simulations, about 60 s without Ray, on the shared Ray's process). The fault rehearsals, whose
-        # check that a failed fit leaves no CPU held fails when a second Ray loads the machine, run while the other
-        # process runs no Ray.
+        # first): the tests without Ray; the tests on the shared Ray, the fault rehearsals first, and among them
+        # BESIDE_SHARED_RAY; and SECOND_RAY, which the process through with the tests without Ray takes, on a Ray
+        # of its own, so both processes carry about the same time (on a clean clone, 2 cores, they ended at 1374 s
+        # and 1464 s with all the statistics' calibration simulations, about 60 s without Ray, on the shared Ray's
+        # process). The fault rehearsals, whose check that a failed fit leaves no CPU held fails when a second Ray
+        # loads the machine, run while the other process runs no Ray.
         if {"ray", "cluster"} & set(item.keywords):
             second = any(f"/{name}" in item.nodeid for name in SECOND_RAY)
             item.add_marker(pytest.mark.xdist_group("ray-second" if second else "ray"))
         elif not config.getoption("markexpr", ""):  # a selection by marks (the unit layer) spreads over both
-            item.add_marker(pytest.mark.xdist_group("no-ray"))
+            beside = any(f"/{name}" in item.nodeid for name in BESIDE_SHARED_RAY)
+            item.add_marker(pytest.mark.xdist_group("ray" if beside else "no-ray"))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

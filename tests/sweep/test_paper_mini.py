@@ -183,12 +183,18 @@ def test_the_shortened_miniature_reports_per_size_what_its_rows_imply(ray_cluste
 
 def check_report(root) -> None:
     """The report in root/report against root's rows: panels and columns per size, own-size controls, findings."""
-    from raybiphase.results.report import write_report
+    from raybiphase.results import html
+    from raybiphase.results.report import build_sections
+    from raybiphase.results.store import read_rows
     from raybiphase.results.tables import mean_ci
 
     report = (root / "report" / "report.md").read_text()
-    _, sections = write_report(root)  # the same rows drawn again: the figures' panels, inspectable
-    assert (root / "report" / "report.md").read_text() == report  # drawn from the Parquet rows alone
+    # the sections built again from the Parquet rows alone (no files drawn): the figures' panels, inspectable, and
+    # every section's title, note and table as the sweep's report printed them
+    sections = build_sections(read_rows(root / "pretrain.parquet"), read_rows(root / "finetune.parquet"),
+                              html.unmeasured_sd_of(str(root)))
+    for section in sections:
+        assert f". {section.title}\n" in report and section.note in report and (section.table or "") in report
     s = summary_rows(root)
     assert set(s["size"]) == set(SIZES) and set(s["task"]) == set(TASKS)
 
