@@ -4,9 +4,10 @@
     RAYBIPHASE_DATASETS_DIR=/data/hub ...            # read local snapshots instead of the hub
 
 Every load goes through `_hub(dataset_id, config, split)`, which calls `datasets.load_dataset` on a parquet-backed
-repository (datasets >= 4 refuses loading scripts). OntoNotes and ReCoRD exist on the hub only as script datasets;
-they are read from the hub's own parquet export of them, the `refs/convert/parquet` revision, where a config is a
-folder of `<config>/<split>/0000.parquet` files (EXPORTED).
+repository (datasets >= 4 refuses loading scripts). OntoNotes exists on the hub only as a script dataset; it is
+read from the hub's own parquet export of it, the `refs/convert/parquet` revision, where a config is a folder of
+`<config>/<split>/0000.parquet` files (EXPORTED). ReCoRD is read from `aps/super_glue`'s `main`, where each config is
+parquet files its card names.
 
 RAYBIPHASE_DATASETS_DIR, when set, names a folder where `<dir>/<org>/<name>` is a snapshot of each repository: the
 files the hub serves, in its layout, read by the same `datasets` parquet and json builders, with no network (for
@@ -14,7 +15,7 @@ clusters without hub access, and for the tests). A snapshot is made with
 
     hf download --repo-type dataset nyu-mll/glue --local-dir $RAYBIPHASE_DATASETS_DIR/nyu-mll/glue
 
-adding `--revision refs/convert/parquet` for the EXPORTED repositories. Splits: train = the official train split,
+adding `--revision refs/convert/parquet` for OntoNotes (EXPORTED). Splits: train = the official train split,
 test = the official validation split, except retrieval, which follows the authors' evaluation code (EncodEval's
 `encodeval/datasets.py`): MS MARCO validates on its dev qrels and tests on its `test` qrels (TREC-DL 2019), both
 ranking one corpus, every passage either qrels split judges; NQ's test qrels' queries are halved at random into
@@ -53,7 +54,7 @@ ONTONOTES = "ontonotes/conll2012_ontonotesv5"
 UNER = "BramVanroy/universal_ner"  # universalner/universal_ner (a script dataset) as parquet, same features
 SUPER_GLUE = "aps/super_glue"
 MSMARCO, NQ, MLDR = "mteb/msmarco", "mteb/nq", "Shitao/MLDR"
-EXPORTED = frozenset({ONTONOTES, SUPER_GLUE})
+EXPORTED = frozenset({ONTONOTES})
 IR_CORPORA: tuple[str, ...] = get_args(IrCorpus)
 """What a retrieval split ranks: the passages its qrels name (the authors' protocol) or the whole collection."""
 NQ_SPLIT_SEED = 42
@@ -61,9 +62,13 @@ NQ_SPLIT_SEED = 42
 
 SQUAD, SQUAD_V2 = "rajpurkar/squad", "rajpurkar/squad_v2"
 DATASET_REVISIONS: dict[str, str | None] = {
-    # Not pinned: no checked public source names their commit (OntoNotes' and ReCoRD's would be commits of the
-    # parquet export, PARQUET_EXPORT, not of `main`).
-    ONTONOTES: None, UNER: None, SUPER_GLUE: None,
+    # Not pinned: no checked public source names their commit (OntoNotes' would be a commit of its parquet export,
+    # PARQUET_EXPORT, whose history the hub's converter may rewrite).
+    ONTONOTES: None, UNER: None,
+    # The commit projects download SuperGLUE's parquet configs at (`<config>/<split>-00000-of-00001.parquet` through
+    # `hf_hub_download`, and `load_dataset("aps/super_glue", config, revision=...)` for BoolQ, CB, MultiRC and WiC):
+    # `main` after the loading script gave way to parquet, every config (ReCoRD's `record` with them) named by its card.
+    SUPER_GLUE: "3de24cf8022e94f4ee4b9d55a6f539891524d646",
     # The commit a project downloads CoNLL-2003's three parquet files at, by their SHA-256 (and checks them against
     # the original loader's archive: the same sentences and entities in each split, 14,041 / 3,250 / 3,453).
     CONLL2003: "19edcb426bfd625c275c17b9a99b2239243f4377",

@@ -85,20 +85,23 @@ def test_a_trials_row_records_the_commit_it_read_and_records_at_other_commits_ar
 
 
 def test_the_default_commits_pin_the_datasets_a_source_names_and_hold_a_snapshot_to_them(tmp_path, monkeypatch):
-    from tests.finetune.test_production_loaders import _retrieval
+    from tests.finetune.test_production_loaders import _record, _retrieval
 
-    pinned = {hub.GLUE, hub.CONLL2003, hub.SQUAD, hub.SQUAD_V2, hub.MSMARCO, hub.NQ, hub.MLDR}
+    pinned = {hub.GLUE, hub.CONLL2003, hub.SQUAD, hub.SQUAD_V2, hub.SUPER_GLUE, hub.MSMARCO, hub.NQ, hub.MLDR}
     assert {k for k, v in hub.DATASET_REVISIONS.items() if v} == pinned
     assert all(COMMIT_HEX.fullmatch(v) for v in hub.DATASET_REVISIONS.values() if v)
     _retrieval(tmp_path / "hub")  # downloaded at the default commits
+    _record(tmp_path / "hub")
     monkeypatch.setenv(hub.DATASETS_DIR_ENV, str(tmp_path / "hub"))
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "datasets-cache"))
     tasks._load_splits.cache_clear()
     with warnings.catch_warnings():
         warnings.simplefilter("error", hub.UnpinnedDatasetWarning)
         splits = tasks.load_splits(tasks.get_task("mldr"), source="production")
+        record = tasks.load_splits(tasks.get_task("record"), source="production")
     assert splits.revisions == {hub.MSMARCO: hub.DATASET_REVISIONS[hub.MSMARCO],
                                 hub.MLDR: hub.DATASET_REVISIONS[hub.MLDR]}
+    assert record.revisions == {hub.SUPER_GLUE: hub.DATASET_REVISIONS[hub.SUPER_GLUE]}
     record_commit(tmp_path / "hub" / hub.MLDR, OTHER)  # a snapshot at another commit than the default
     tasks._load_splits.cache_clear()
     with pytest.raises(UserError, match=f"revision {hub.DATASET_REVISIONS[hub.MLDR]} of {hub.MLDR} is not the snapshot"):

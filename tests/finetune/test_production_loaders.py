@@ -173,10 +173,12 @@ def _record(root: Path) -> None:
     def row(query, answers, q):
         return {"passage": RECORD_PASSAGE, "query": query, "entities": entities, "entity_spans": spans,
                 "answers": answers, "idx": {"passage": 7, "query": q}}
-    _exported(root / hub.SUPER_GLUE, "record", {
+    repo = root / hub.SUPER_GLUE
+    _card(repo, {"record": _sharded(repo, "record", {
         "train": [row("@placeholder was welcomed in Nairobi.", ["Barack Obama", "Obama"], 0)],
         "validation": [row("The trip ended in @placeholder.", ["Nairobi"], 1)],
-        "test": [row("@placeholder spoke.", [], 2)]}, features)
+        "test": [row("@placeholder spoke.", [], 2)]}, features)})
+    at_default(repo, hub.SUPER_GLUE)
 
 
 def _mteb(root: Path, dataset_id: str, corpus: list[dict], queries: list[dict], qrels: dict[str, list]) -> None:
@@ -445,9 +447,13 @@ def test_load_splits_reads_production_snapshots_into_the_papers_splits(hub_dir):
 def test_a_missing_snapshot_is_one_line_naming_the_dataset_and_how_to_get_it(tmp_path, monkeypatch):
     monkeypatch.setenv(hub.DATASETS_DIR_ENV, str(tmp_path))
     with pytest.raises(UserError) as err:
+        tasks.get_task("ontonotes").production()
+    message = str(err.value)
+    assert hub.ONTONOTES in message and "--revision refs/convert/parquet" in message and "\n" not in message
+    with pytest.raises(UserError) as err:
         tasks.get_task("record").production()
     message = str(err.value)
-    assert "aps/super_glue" in message and "--revision refs/convert/parquet" in message and "\n" not in message
+    assert "aps/super_glue" in message and "--revision" not in message and "\n" not in message
 
 
 def test_an_unknown_config_is_one_line_naming_the_dataset(hub_dir):
