@@ -65,9 +65,10 @@ DATASET_REVISIONS: dict[str, str | None] = {
     # Not pinned: no checked public source names their commit (OntoNotes' would be a commit of its parquet export,
     # PARQUET_EXPORT, whose history the hub's converter may rewrite).
     ONTONOTES: None, UNER: None,
-    # The commit projects download SuperGLUE's parquet configs at (`<config>/<split>-00000-of-00001.parquet` through
-    # `hf_hub_download`, and `load_dataset("aps/super_glue", config, revision=...)` for BoolQ, CB, MultiRC and WiC):
-    # `main` after the loading script gave way to parquet, every config (ReCoRD's `record` with them) named by its card.
+    # The commit projects read SuperGLUE's configs at (BoolQ's `boolq/<split>-00000-of-00001.parquet` through
+    # `hf_hub_download`; BoolQ, CB, MultiRC and WiC through `load_dataset(..., revision=...)`): `main` once its loading
+    # script gave way to parquet files its card names per config, which is how `load_dataset("aps/super_glue",
+    # "record")` reads ReCoRD with no script.
     SUPER_GLUE: "3de24cf8022e94f4ee4b9d55a6f539891524d646",
     # The commit a project downloads CoNLL-2003's three parquet files at, by their SHA-256 (and checks them against
     # the original loader's archive: the same sentences and entities in each split, 14,041 / 3,250 / 3,453).
