@@ -61,6 +61,8 @@ def test_a_ready_checkpoints_trials_start_and_end_while_a_long_segment_still_tra
     proc = subprocess.Popen([sys.executable, "-m", "raybiphase.sweep", str(spec)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     trial = baseline = long_end = beat = None
+    short_trials = f"finetune/records/tiny-clm-*-{SHORT_STEPS}-*__{SHORT_STEPS}__*.json"  # under root
+    baseline_trials = "*/bert@local-*/trials/records/*.json"  # under the public encoders' cache
 
     def trained_after(*records: Path | None) -> bool:  # the long segment's progress beat, newer than the records
         return all(records) and beat is not None and beat.stat().st_mtime > max(r.stat().st_mtime for r in records)
@@ -69,8 +71,8 @@ def test_a_ready_checkpoints_trials_start_and_end_while_a_long_segment_still_tra
         deadline = time.time() + 420
         while time.time() < deadline and proc.poll() is None and long_end is None and not trained_after(trial,
                                                                                                         baseline):
-            trial = next(root.glob(f"finetune/records/tiny-clm-*-{SHORT_STEPS}-*__{SHORT_STEPS}__*.json"), None)
-            baseline = next((root.parent / "hub-baselines").glob("*/bert@local-*/trials/records/*.json"), None)
+            trial = next(root.glob(short_trials), None)
+            baseline = next((root.parent / "hub-baselines").glob(baseline_trials), None)
             beat = next(root.glob(f"runs/tiny-*-{LONG_STEPS}-*/{storage.PROGRESS_FILE}"), None)
             long_end = next(root.glob(f"runs/tiny-*-{LONG_STEPS}-*/{storage.checkpoint_name(LONG_STEPS)}/"
                                       f"{storage.META}"), None)
@@ -83,7 +85,7 @@ def test_a_ready_checkpoints_trials_start_and_end_while_a_long_segment_still_tra
     # end (the sweep is stopped there: the rest of its steps would show nothing more)
     assert long_end is None and trained_after(trial, baseline), shown
     short_end = next(root.glob(f"runs/tiny-*-{SHORT_STEPS}-*/{storage.checkpoint_name(SHORT_STEPS)}/{storage.META}"))
-    records = list((root / "finetune" / "records").glob(f"tiny-clm-*-{SHORT_STEPS}-*__{SHORT_STEPS}__*.json"))
+    records = list(root.glob(short_trials))
     assert len(records) == 1, shown  # the short run's one trial
     ended = records[0].stat().st_mtime
     began = ended - json.loads(records[0].read_text())["seconds"]
@@ -91,7 +93,7 @@ def test_a_ready_checkpoints_trials_start_and_end_while_a_long_segment_still_tra
     assert any(line.startswith("fine-tuning: batch ") and f"-{SHORT_STEPS}-" in line
                and line.endswith("(1 segment(s) still training)") for line in output.splitlines()), shown
     # the public encoder's one trial (kept in its cache for later sweeps) ended while the long segment trained: above
-    assert len(list((root.parent / "hub-baselines").glob("*/bert@local-*/trials/records/*.json"))) == 1, shown
+    assert len(list((root.parent / "hub-baselines").glob(baseline_trials))) == 1, shown
     # W&B: the short segment was logged live by its rank-0 worker (its run's folder reaches <sweep>/wandb as it
     # finishes), and the short run's whole curve by the driver as its segment ended
     from raybiphase.results.store import read_rows
